@@ -1,0 +1,125 @@
+"""The backend contract: a small, kernel-level interface over canonical 2-D arrays.
+
+Every public function in :mod:`entmax_ref` validates its inputs, moves the reduction axis
+last, reshapes to a C-contiguous ``(rows, n)`` array of float32 or float64, and then calls
+exactly one method of a backend.  A backend therefore never sees axes, broadcasting, masks
+given as anything but ``-inf`` or exotic dtypes.
+
+Units.  Backends work with the *x-space threshold* ``theta`` of a row: with
+``e_alpha(y) = [1 + (alpha - 1) y]_+ ** (1 / (alpha - 1))`` (``exp(y)`` at ``alpha = 1``),
+
+    p_i = e_alpha(x_i - theta),      sum_i p_i = 1.
+
+``theta`` is finite for any row with a finite entry, is ``-inf`` for an all ``-inf`` row,
+and is well conditioned for every ``alpha >= 1`` (at ``alpha = 1`` it is ``logsumexp(x)``).
+The public layer converts it once to the ``tau`` of ``design.md``:
+``tau = (alpha - 1) * theta - 1`` for ``alpha > 1`` and ``tau = theta`` at ``alpha = 1``.
+The support of a row is ``{i : 1 + (alpha - 1)(x_i - theta) > 0}`` (``x_i > -inf`` at 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+#: Solver methods a backend may implement for the row transform.  ``None`` means "the
+#: backend's exact default": a closed form / sort for alpha in {1, 1.5, 2}, a
+#: full-precision root finder otherwise.
+METHODS = (None, "sort", "bisect", "newton")
+
+
+class RowSolve(NamedTuple):
+    """What a row transform returns.  All per-row fields have shape ``(rows,)``."""
+
+    p: Any  #: (rows, n), same dtype as the input
+    theta: Any  #: (rows,) float64 x-space threshold (see module docstring)
+    support: Any  #: (rows,) int64 number of nonzeros
+    n_iter: Any  #: (rows,) int64 iterations the solver took (0 for closed forms)
+    converged: Any  #: (rows,) bool
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Everything but q, k, v that defines an attention problem (already validated).
+
+    Scores are ``z_ij = s_i * scale * (q_i . k_j) + bias_ij`` with ``bias_ij`` ALiBi
+    (``-slope_h * (i_abs - j)`` when causal, ``-slope_h * |i_abs - j|`` otherwise, where
+    ``i_abs = i + Nk - Nq``), ``s_i = row_scale[b, h, i]`` (1 when ``row_scale`` is None),
+    and keys ``j > i_abs`` (causal) or ``j >= key_lengths[b]`` masked out.
+    """
+
+    alpha: float
+    scale: float
+    causal: bool = False
+    key_lengths: Any = None  #: (B,) int64 numpy array or None
+    alibi_slopes: Any = None  #: (Hq,) float64 numpy array or None
+    row_scale: Any = None  #: (B, Hq, Nq) float64 array (backend's array type) or None
+    chunk: int | None = None  #: query rows per chunk; None = the backend chooses
+
+
+class AttentionForward(NamedTuple):
+    out: Any  #: (B, Hq, Nq, Dv), dtype of q
+    theta: Any  #: (B, Hq, Nq) float64, x-space threshold of each score row (-inf if empty)
+    support: Any  #: (B, Hq, Nq) int64
+    skew: Any  #: (B, Hq, Nq, Dv) float64 skewed output sum_j u_ij v_j / sum_j u_ij, u = p^(2-alpha)
+
+
+class AttentionGrads(NamedTuple):
+    dq: Any
+    dk: Any
+    dv: Any
+    drow_scale: Any  #: (B, Hq, Nq) float64 dL/ds_i, or None when spec.row_scale is None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend implements.  Inputs are C-contiguous float32/float64 arrays of
+    the backend's own array type; ``alpha`` for row ops is a float64 array of shape
+    ``(rows,)`` with every entry finite and >= 1.  Backends never modify their inputs.
+    """
+
+    name: str
+
+    def owns(self, x: Any) -> bool:
+        """True when ``x`` is an array this backend computes on (no transfers)."""
+
+    def entmax_forward(self, x: Any, alpha: Any, method: str | None) -> RowSolve:
+        """Row-wise alpha-entmax of ``x`` (rows, n); ``-inf`` entries are masked."""
+
+    def entmax_vjp(self, p: Any, g: Any, alpha: Any) -> Any:
+        """dL/dx = u * (g - (u . g) / sum u) with u = p^(2-alpha) on the support."""
+
+    def entmax_alpha_vjp(self, p: Any, g: Any, alpha: Any) -> Any:
+        """dL/dalpha per row, shape (rows,) float64; continuous through alpha -> 1."""
+
+    def attention_forward(self, q: Any, k: Any, v: Any, spec: AttentionSpec) -> AttentionForward:
+        """Chunked attention forward; never holds an (Nq, Nk) matrix."""
+
+    def attention_backward(
+        self, do: Any, q: Any, k: Any, v: Any, theta: Any, skew: Any, spec: AttentionSpec
+    ) -> AttentionGrads:
+        """Chunked attention backward from the forward's theta and skewed output."""
+
+
+def xp_of(x: Any):
+    """The array namespace of ``x``: cupy for CuPy arrays, numpy otherwise (never imports)."""
+    import sys
+
+    if type(x).__module__.split(".")[0] == "cupy":
+        return sys.modules["cupy"]
+    return np
+
+
+def theta_to_tau(theta: Any, alpha: Any) -> Any:
+    """Convert the x-space threshold to design.md's tau."""
+    xp = xp_of(theta)
+    return xp.where(alpha == 1.0, theta, (alpha - 1.0) * theta - 1.0)
+
+
+def tau_to_theta(tau: Any, alpha: Any) -> Any:
+    """Inverse of :func:`theta_to_tau` (loses relative precision as alpha -> 1)."""
+    xp = xp_of(tau)
+    a1 = xp.where(alpha == 1.0, 1.0, alpha - 1.0)
+    return xp.where(alpha == 1.0, tau, (tau + 1.0) / a1)

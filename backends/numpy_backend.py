@@ -1,0 +1,238 @@
+"""The NumPy reference backend: the math written to be read, in float64.
+
+Every row is shifted by its maximum first (so the largest entry is 0 and the support lies
+in a bounded window below it), solved in float64 whatever the input dtype, and only the
+final probabilities are rounded to the input dtype.  Thresholds are x-space thresholds
+``theta`` (see :mod:`entmax_ref.backends._base`): ``p_i = e_alpha(x_i - theta)``.
+
+Solvers (``method``):
+
+``None`` / ``"sort"``
+    alpha = 1: ``theta = logsumexp(x)`` (scipy).  alpha = 2: the sort-based sparsemax
+    threshold (Held et al. 1974).  alpha = 1.5: the sort-based threshold of Peters et
+    al. (2019).  Both sort solutions are then polished by Newton steps on the exact
+    support and the support is re-identified from the polished threshold until it is
+    stable, so the result does not rest on the clamped-discriminant rule.
+``None`` for any other alpha / ``"bisect"``
+    Bisection on ``f(A) = sum_i e_alpha(y_i - A) - 1`` (``y = x - max x``) over the
+    bracket ``[0, (1 - n^(1-alpha)) / (alpha - 1)]`` (``[0, log n]`` at alpha = 1) until
+    the midpoint equals an endpoint, i.e. to the last bit of float64; the endpoint with
+    the smaller ``|f|`` is returned.  No renormalisation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import logsumexp
+
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
+
+_F64 = np.float64
+_MAX_BISECT = 2200  # > 1075 halvings from width log(n) to the smallest subnormal spacing
+_POLISH = 4  # Newton steps after a sort-based threshold (2 are always enough in practice)
+
+
+def e_alpha(y: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """``[1 + (alpha - 1) y]_+ ** (1 / (alpha - 1))``, and ``exp(y)`` where alpha == 1.
+
+    Computed as ``exp(log1p((alpha - 1) y) / (alpha - 1))``, which is accurate for every
+    alpha >= 1, including alpha -> 1 where it tends to ``exp(y)``.  ``y = -inf`` gives 0.
+    """
+    a1 = alpha - 1.0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = np.maximum(a1 * y, -1.0)
+        logp = np.where(a1 == 0.0, y, np.log1p(t) / np.where(a1 == 0.0, 1.0, a1))
+    return np.exp(logp)
+
+
+def skew_weights(p: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """``u = p ** (2 - alpha)`` on the support of p and 0 elsewhere (the Jacobian weights)."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        u = np.exp((2.0 - alpha) * np.log(p))
+    return np.where(p > 0, u, 0.0)
+
+
+def _h(w: np.ndarray) -> np.ndarray:
+    """``(exp(w) - 1 - w) / w**2`` without cancellation (1/2 at w = 0)."""
+    small = np.abs(w) < 1.0
+    ws = np.where(small, w, 0.0)
+    series = np.zeros_like(ws)
+    term = np.full_like(ws, 0.5)  # w^k / (k + 2)!
+    for k in range(18):
+        series = series + term
+        term = term * ws / (k + 3)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        wl = np.where(small, 1.0, w)
+        direct = (np.expm1(wl) - wl) / (wl * wl)
+    return np.where(small, series, direct)
+
+
+# --------------------------------------------------------------------------- row solvers
+def _softmax(y: np.ndarray):
+    theta = logsumexp(y, axis=1)
+    return theta, np.zeros(len(y), np.int64), np.ones(len(y), bool)
+
+
+def _polish(y: np.ndarray, alpha: float, A: np.ndarray) -> np.ndarray:
+    """Newton steps on f(A) = sum e_alpha(y - A) - 1 (f' = -sum p^(2-alpha)) until the
+    support is stable and the step no longer changes A."""
+    for _ in range(_POLISH):
+        p = e_alpha(y - A[:, None], alpha)
+        f = p.sum(axis=1) - 1.0
+        fprime = skew_weights(p, alpha).sum(axis=1)
+        A_new = A + f / fprime
+        if np.array_equal(A_new, A):
+            break
+        A = A_new
+    return A
+
+
+def _sparsemax(y: np.ndarray):
+    """Sort-based sparsemax in A-units (p = [1 + y - A]_+, so A = tau + 1)."""
+    n = y.shape[1]
+    ys = -np.sort(-y, axis=1)
+    finite = np.isfinite(ys)
+    k = np.arange(1, n + 1)
+    cs = np.cumsum(np.where(finite, ys, 0.0), axis=1)
+    in_support = finite & (1.0 + k * ys > cs)
+    ks = in_support.sum(axis=1)
+    tau = (cs[np.arange(len(y)), ks - 1] - 1.0) / ks
+    A = _polish(y, 2.0, tau + 1.0)
+    return A, np.zeros(len(y), np.int64), np.ones(len(y), bool)
+
+
+def _entmax15(y: np.ndarray):
+    """Sort-based 1.5-entmax (Peters et al. 2019) in A-units: with z = y / 2,
+    p = [z - tau]_+^2 and A = 2 (tau + 1)."""
+    n = y.shape[1]
+    zs = -np.sort(-y, axis=1) / 2.0
+    finite = np.isfinite(zs)
+    zf = np.where(finite, zs, 0.0)
+    k = np.arange(1, n + 1)
+    mean = np.cumsum(zf, axis=1) / k
+    meansq = np.cumsum(zf * zf, axis=1) / k
+    delta = (1.0 - k * (meansq - mean * mean)) / k
+    tau_k = mean - np.sqrt(np.maximum(delta, 0.0))
+    ks = (finite & (tau_k <= zs)).sum(axis=1)
+    tau = tau_k[np.arange(len(y)), ks - 1]
+    A = _polish(y, 1.5, 2.0 * (tau + 1.0))
+    return A, np.zeros(len(y), np.int64), np.ones(len(y), bool)
+
+
+def _bisect(y: np.ndarray, alpha: np.ndarray):
+    """Bisection on A to the last bit (see the module docstring); alpha is (rows,)."""
+    rows = len(y)
+    a = alpha[:, None]
+    nf = np.isfinite(y).sum(axis=1).astype(_F64)
+    a1 = alpha - 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hi_gen = -np.expm1(-a1 * np.log(nf)) / np.where(a1 == 0.0, 1.0, a1)
+    lo = np.zeros(rows)
+    hi = np.where(a1 == 0.0, np.log(nf), hi_gen)
+    n_iter = np.zeros(rows, np.int64)
+    active = hi > lo
+    for _ in range(_MAX_BISECT):
+        idx = np.flatnonzero(active)
+        if idx.size == 0:
+            break
+        mid = 0.5 * (lo[idx] + hi[idx])
+        done = (mid <= lo[idx]) | (mid >= hi[idx])
+        f = e_alpha(y[idx] - mid[:, None], a[idx]).sum(axis=1) - 1.0
+        go_up = (f >= 0.0) & ~done
+        go_down = (f < 0.0) & ~done
+        lo[idx[go_up]] = mid[go_up]
+        hi[idx[go_down]] = mid[go_down]
+        n_iter[idx[~done]] += 1
+        active[idx[done]] = False
+    converged = ~active
+    f_lo = np.abs(e_alpha(y - lo[:, None], a).sum(axis=1) - 1.0)
+    f_hi = np.abs(e_alpha(y - hi[:, None], a).sum(axis=1) - 1.0)
+    A = np.where(f_hi < f_lo, hi, lo)
+    return A, n_iter, converged
+
+
+class NumpyBackend:
+    """The readable float64 reference (always available)."""
+
+    name = "numpy"
+
+    def owns(self, x) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
+        if method not in (None, "sort", "bisect"):
+            raise NotImplementedError(
+                f"method {method!r} is not implemented on the numpy backend; use None, 'sort' or 'bisect'"
+            )
+        rows, n = x.shape
+        x64 = x.astype(_F64)
+        theta = np.full(rows, -np.inf)
+        n_iter = np.zeros(rows, np.int64)
+        converged = np.ones(rows, bool)
+        p = np.zeros((rows, n))
+        m = x64.max(axis=1, initial=-np.inf)
+        live = np.isfinite(m)
+        if method == "sort":
+            bad = ~np.isin(alpha, (1.0, 1.5, 2.0))
+            if bad.any():
+                raise NotImplementedError(
+                    f"method='sort' exists only for alpha in {{1, 1.5, 2}}, got alpha={alpha[bad][0]!r}; "
+                    "use method=None or 'bisect'"
+                )
+        exact = np.isin(alpha, (1.0, 1.5, 2.0)) if method != "bisect" else np.zeros(rows, bool)
+        groups = [(live & exact & (alpha == a), a) for a in (1.0, 1.5, 2.0)]
+        groups.append((live & ~exact, None))
+        for rows_mask, a in groups:
+            if not rows_mask.any():
+                continue
+            y = x64[rows_mask] - m[rows_mask, None]
+            if a == 1.0:
+                A, it, ok = _softmax(y)
+            elif a == 1.5:
+                A, it, ok = _entmax15(y)
+            elif a == 2.0:
+                A, it, ok = _sparsemax(y)
+            else:
+                A, it, ok = _bisect(y, alpha[rows_mask])
+            theta[rows_mask] = m[rows_mask] + A
+            p[rows_mask] = e_alpha(y - A[:, None], alpha[rows_mask, None])
+            n_iter[rows_mask] = it
+            converged[rows_mask] = ok
+        support = (p > 0).sum(axis=1).astype(np.int64)
+        return RowSolve(p.astype(x.dtype, copy=False), theta, support, n_iter, converged)
+
+    def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        p64, g64 = p.astype(_F64), g.astype(_F64)
+        u = skew_weights(p64, alpha[:, None])
+        su = u.sum(axis=1, keepdims=True)
+        ug = (u * g64).sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dx = u * (g64 - np.where(su > 0, ug / su, 0.0))
+        return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)
+
+    def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        """sum_i g_i dp_i/dalpha with dp_i/dalpha = p_i c_i - u_i (sum_j p_j c_j) / sum_j u_j,
+        c_i = -log(p_i)^2 h(-(alpha - 1) log p_i), h(w) = (e^w - 1 - w)/w^2 (the derivative
+        of log p_i at fixed x - theta); equal to Correia et al.'s formula, without its
+        1/(alpha-1)^2 cancellation, and p_i (K - log(p_i)^2)/2 at alpha = 1."""
+        p64, g64 = p.astype(_F64), g.astype(_F64)
+        a = alpha[:, None]
+        on = p64 > 0
+        with np.errstate(divide="ignore"):
+            L = np.where(on, np.log(np.where(on, p64, 1.0)), 0.0)
+        pc = np.where(on, -p64 * L * L * _h(-(a - 1.0) * L), 0.0)
+        u = skew_weights(p64, a)
+        su = u.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            corr = np.where(su > 0, (u * g64).sum(axis=1) * pc.sum(axis=1) / su, 0.0)
+        return (g64 * pc).sum(axis=1) - corr
+
+    def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
+        from .numpy_attention import attention_forward
+
+        return attention_forward(self, q, k, v, spec)
+
+    def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
+        from .numpy_attention import attention_backward
+
+        return attention_backward(self, do, q, k, v, theta, skew, spec)
