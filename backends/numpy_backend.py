@@ -207,7 +207,7 @@ class NumpyBackend:
         su = u.sum(axis=1, keepdims=True)
         ug = (u * g64).sum(axis=1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
-            dx = u * (g64 - np.where(su > 0, ug / su, 0.0))
+            dx = np.where(u > 0, u * (g64 - np.where(su > 0, ug / su, 0.0)), 0.0)
         return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:

@@ -1,0 +1,129 @@
+"""Input checks and the canonical (rows, n) layout shared by every public function.
+
+Public functions validate here, once, and hand backends C-contiguous float32/float64
+``(rows, n)`` arrays.  Nothing here writes to its inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends._base import xp_of
+
+_LOW_PRECISION = ("float16", "bfloat16")
+
+
+def as_array(x: Any, name: str) -> Any:
+    """``x`` as an array of its own namespace (lists become NumPy arrays)."""
+    return x if hasattr(x, "__array_namespace__") or type(x).__module__.startswith("cupy") else np.asarray(x)
+
+
+def compute_dtype(arr: Any, name: str) -> tuple[np.dtype, np.dtype]:
+    """(dtype to compute in, dtype to return) under design.md's dtype policy."""
+    dt = np.dtype(arr.dtype)
+    if dt.name in _LOW_PRECISION:
+        return np.dtype(np.float32), dt
+    if dt.kind == "f":
+        if dt.itemsize > 8:
+            raise TypeError(f"{name} has dtype {dt}; use float64 or narrower")
+        return dt, dt
+    if dt.kind in "iu":
+        return np.dtype(np.float64), np.dtype(np.float64)
+    raise TypeError(f"{name} has unsupported dtype {dt}; expected a real floating or integer array")
+
+
+def check_finite(arr: Any, name: str, *, allow_neg_inf: bool) -> None:
+    """ValueError naming how many bad values there are and where the first one is."""
+    xp = xp_of(arr)
+    bad = xp.isnan(arr) | (arr == np.inf) if allow_neg_inf else ~xp.isfinite(arr)
+    count = int(bad.sum())
+    if count:
+        first = tuple(int(i) for i in np.unravel_index(int(xp.argmax(bad.ravel())), arr.shape))
+        what = "NaN or +inf" if allow_neg_inf else "NaN or infinite"
+        hint = "; use -inf to mask an entry" if allow_neg_inf else ""
+        raise ValueError(
+            f"{name} contains {count} {what} value{'s' if count > 1 else ''}; the first is "
+            f"{name}[{', '.join(map(str, first))}] = {arr[first]!r}{hint}"
+        )
+
+
+def normalize_axis(axis: int, ndim: int, name: str = "x") -> int:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an integer, got {axis!r}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimension(s)")
+    return int(axis) % max(ndim, 1)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """An input laid out as C-contiguous (rows, n), with what is needed to undo it."""
+
+    data: Any  #: (rows, n) in the compute dtype
+    shape: tuple  #: the input's shape (0-d inputs are treated as shape (1,))
+    axis: int
+    out_dtype: np.dtype
+
+    @property
+    def batch_shape(self) -> tuple:
+        return self.shape[: self.axis] + self.shape[self.axis + 1 :]
+
+    def restore(self, a2d: Any) -> Any:
+        """(rows, n) back to the input's shape and dtype."""
+        xp = xp_of(a2d)
+        moved = a2d.reshape(self.batch_shape + (self.shape[self.axis],))
+        return xp.moveaxis(moved, -1, self.axis).astype(self.out_dtype, copy=False)
+
+    def per_row(self, a1d: Any) -> Any:
+        """(rows,) back to the batch shape (the input's shape without the axis)."""
+        return a1d.reshape(self.batch_shape)
+
+
+def to_rows(x: Any, axis: int, name: str, *, finite: bool = True, allow_neg_inf: bool = True,
+            dtype: np.dtype | None = None) -> Rows:
+    """Validate ``x`` and lay it out as (rows, n) along ``axis``."""
+    arr = as_array(x, name)
+    cdt, odt = compute_dtype(arr, name)
+    if dtype is not None:
+        cdt = dtype
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    ax = normalize_axis(axis, arr.ndim, name)
+    if finite:
+        check_finite(arr, name, allow_neg_inf=allow_neg_inf)
+    xp = xp_of(arr)
+    n = arr.shape[ax]
+    data = xp.ascontiguousarray(xp.moveaxis(arr, ax, -1).astype(cdt, copy=False)).reshape(-1, n)
+    return Rows(data, tuple(arr.shape), ax, odt)
+
+
+def same_shape(a: Rows, b: Rows, names: tuple[str, str]) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{names[0]} has shape {a.shape} but {names[1]} has shape {b.shape}; they must match")
+
+
+def common_dtype(*dts: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if any(np.dtype(d) == np.float64 for d in dts) else np.dtype(np.float32)
+
+
+def alpha_rows(alpha: Any, batch_shape: tuple, xp: Any = np) -> Any:
+    """alpha as a float64 (rows,) array; scalar or broadcastable to ``batch_shape``."""
+    a = np.asarray(alpha.get() if hasattr(alpha, "get") else alpha)
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"alpha must be real, got dtype {a.dtype}")
+    a = a.astype(np.float64)
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"alpha must be finite, got {a.ravel()[~np.isfinite(a.ravel())][0]!r}")
+    if np.any(a < 1.0):
+        raise ValueError(f"alpha must be >= 1, got {a.ravel()[a.ravel() < 1.0][0]!r}")
+    try:
+        a = np.broadcast_to(a, batch_shape)
+    except ValueError:
+        raise ValueError(
+            f"alpha of shape {a.shape} does not broadcast to the row shape {batch_shape} "
+            "(the input's shape with the axis removed)"
+        ) from None
+    return xp.asarray(np.ascontiguousarray(a).reshape(-1))
