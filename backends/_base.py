@@ -115,7 +115,8 @@ def xp_of(x: Any):
 def theta_to_tau(theta: Any, alpha: Any) -> Any:
     """Convert the x-space threshold to design.md's tau."""
     xp = xp_of(theta)
-    return xp.where(alpha == 1.0, theta, (alpha - 1.0) * theta - 1.0)
+    a1 = xp.where(alpha == 1.0, 1.0, alpha - 1.0)  # avoid 0 * -inf on all-masked rows
+    return xp.where(alpha == 1.0, theta, a1 * theta - 1.0)
 
 
 def tau_to_theta(tau: Any, alpha: Any) -> Any:

@@ -119,17 +119,14 @@ def _entmax15(y: np.ndarray):
     return A, np.zeros(len(y), np.int64), np.ones(len(y), bool)
 
 
-def _bisect(y: np.ndarray, alpha: np.ndarray):
-    """Bisection on A to the last bit (see the module docstring); alpha is (rows,)."""
-    rows = len(y)
-    a = alpha[:, None]
-    nf = np.isfinite(y).sum(axis=1).astype(_F64)
-    a1 = alpha - 1.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        hi_gen = -np.expm1(-a1 * np.log(nf)) / np.where(a1 == 0.0, 1.0, a1)
-    lo = np.zeros(rows)
-    hi = np.where(a1 == 0.0, np.log(nf), hi_gen)
-    n_iter = np.zeros(rows, np.int64)
+def _last_bit(excess, lo: np.ndarray, hi: np.ndarray):
+    """Bisect every row's bracket until its midpoint equals an endpoint.
+
+    ``excess(idx, mid)`` is the increasing-in-lo-direction residual of rows ``idx`` at
+    ``mid``: the root lies above ``mid`` when it is >= 0.  Returns lo, hi, iterations and
+    a converged flag per row; lo and hi bracket the root and are adjacent floats."""
+    lo, hi = lo.copy(), hi.copy()
+    n_iter = np.zeros(len(lo), np.int64)
     active = hi > lo
     for _ in range(_MAX_BISECT):
         idx = np.flatnonzero(active)
@@ -137,18 +134,75 @@ def _bisect(y: np.ndarray, alpha: np.ndarray):
             break
         mid = 0.5 * (lo[idx] + hi[idx])
         done = (mid <= lo[idx]) | (mid >= hi[idx])
-        f = e_alpha(y[idx] - mid[:, None], a[idx]).sum(axis=1) - 1.0
-        go_up = (f >= 0.0) & ~done
-        go_down = (f < 0.0) & ~done
-        lo[idx[go_up]] = mid[go_up]
-        hi[idx[go_down]] = mid[go_down]
+        up = excess(idx, mid) >= 0.0
+        lo[idx[up & ~done]] = mid[up & ~done]
+        hi[idx[~up & ~done]] = mid[~up & ~done]
         n_iter[idx[~done]] += 1
         active[idx[done]] = False
-    converged = ~active
-    f_lo = np.abs(e_alpha(y - lo[:, None], a).sum(axis=1) - 1.0)
-    f_hi = np.abs(e_alpha(y - hi[:, None], a).sum(axis=1) - 1.0)
-    A = np.where(f_hi < f_lo, hi, lo)
-    return A, n_iter, converged
+    return lo, hi, n_iter, ~active
+
+
+def _closest(p_lo: np.ndarray, p_hi: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """Of the two bracket ends, the one whose probabilities sum closer to 1."""
+    pick_hi = np.abs(p_hi.sum(axis=1) - 1.0) < np.abs(p_lo.sum(axis=1) - 1.0)
+    return np.where(pick_hi, hi, lo), np.where(pick_hi[:, None], p_hi, p_lo)
+
+
+def _power(t: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """t_+ ** (1/(a - 1)) for a > 1."""
+    with np.errstate(divide="ignore"):
+        return np.exp(np.log(np.maximum(t, 0.0)) / (a - 1.0))
+
+
+def _bisect(y: np.ndarray, alpha: np.ndarray):
+    """Bisection to the last bit (see the module docstring); alpha is (rows,).
+
+    alpha <= 2: bisect A, p = e_alpha(y - A) (accurate down to alpha -> 1).
+    alpha > 2: p_i = ((alpha - 1)(y_i - T))_+ ** (1/(alpha - 1)) with T = A - 1/(alpha-1)
+    the support threshold.  dp/dT grows like p^(2-alpha) at the support's edge, so T is
+    found in two stages: last-bit bisection of T, then of delta = c - T where c is the
+    smallest support entry, so an edge entry's tiny gap d_c + delta = delta keeps its
+    full relative precision (the probabilities are exact even where T itself cannot
+    resolve them).  Returns A (theta = max + A), iterations, convergence and p."""
+    a = alpha[:, None]
+    nf = np.isfinite(y).sum(axis=1).astype(_F64)
+    a1 = alpha - 1.0
+    big = alpha > 2.0
+    A = np.zeros(len(y))
+    p = np.zeros_like(y)
+    n_iter = np.zeros(len(y), np.int64)
+    ok = np.ones(len(y), bool)
+    small = ~big
+    if small.any():
+        ys, ass, a1s = y[small], a[small], a1[small]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            top = np.where(a1s == 0.0, np.log(nf[small]), -np.expm1(-a1s * np.log(nf[small])) / np.where(a1s == 0.0, 1.0, a1s))
+
+        def excess(idx, mid):
+            return e_alpha(ys[idx] - mid[:, None], ass[idx]).sum(axis=1) - 1.0
+
+        lo, hi, it, conv = _last_bit(excess, np.zeros(len(ys)), top)
+        A[small], p[small] = _closest(e_alpha(ys - lo[:, None], ass), e_alpha(ys - hi[:, None], ass), lo, hi)
+        n_iter[small], ok[small] = it, conv
+    if big.any():
+        yb, ab, a1b = y[big], a[big], a1[big]
+
+        def excess_T(idx, mid):
+            return _power(a1b[idx, None] * (yb[idx] - mid[:, None]), ab[idx]).sum(axis=1) - 1.0
+
+        lo, hi, it1, conv1 = _last_bit(excess_T, -1.0 / a1b, -np.exp(-a1b * np.log(nf[big])) / a1b)
+        c = np.where(yb > lo[:, None], yb, np.inf).min(axis=1)  # smallest support entry
+        d = yb - c[:, None]
+
+        def excess_delta(idx, mid):  # increasing in delta: the root is above mid when mass < 1
+            return 1.0 - _power(a1b[idx, None] * (d[idx] + mid[:, None]), ab[idx]).sum(axis=1)
+
+        dlo, dhi, it2, conv2 = _last_bit(excess_delta, np.zeros(len(yb)), (c - lo) * (1 + 4 * np.finfo(_F64).eps))
+        delta, p[big] = _closest(_power(a1b[:, None] * (d + dlo[:, None]), ab),
+                                 _power(a1b[:, None] * (d + dhi[:, None]), ab), dlo, dhi)
+        A[big] = c - delta + 1.0 / a1b
+        n_iter[big], ok[big] = it1 + it2, conv1 & conv2
+    return A, n_iter, ok, p
 
 
 class NumpyBackend:
@@ -193,9 +247,11 @@ class NumpyBackend:
             elif a == 2.0:
                 A, it, ok = _sparsemax(y)
             else:
-                A, it, ok = _bisect(y, alpha[rows_mask])
+                A, it, ok, p_rows = _bisect(y, alpha[rows_mask])
+            if a is not None:
+                p_rows = e_alpha(y - A[:, None], a)
             theta[rows_mask] = m[rows_mask] + A
-            p[rows_mask] = e_alpha(y - A[:, None], alpha[rows_mask, None])
+            p[rows_mask] = p_rows
             n_iter[rows_mask] = it
             converged[rows_mask] = ok
         support = (p > 0).sum(axis=1).astype(np.int64)

@@ -96,7 +96,8 @@ def to_rows(x: Any, axis: int, name: str, *, finite: bool = True, allow_neg_inf:
         check_finite(arr, name, allow_neg_inf=allow_neg_inf)
     xp = xp_of(arr)
     n = arr.shape[ax]
-    data = xp.ascontiguousarray(xp.moveaxis(arr, ax, -1).astype(cdt, copy=False)).reshape(-1, n)
+    rows = int(np.prod(arr.shape)) // n if n else int(np.prod(arr.shape[:ax] + arr.shape[ax + 1 :]))
+    data = xp.ascontiguousarray(xp.moveaxis(arr, ax, -1).astype(cdt, copy=False)).reshape(rows, n)
     return Rows(data, tuple(arr.shape), ax, odt)
 
 

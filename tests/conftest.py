@@ -1,0 +1,72 @@
+"""Shared fixtures: the backend parametrisation, Hypothesis profiles, required backends.
+
+Every test that takes the ``backend`` fixture runs once per registered backend; a backend
+that cannot run here is skipped with the reason, unless it is listed in
+``--require-backends`` / ``ENTMAX_REF_REQUIRE_BACKENDS``, in which case the skip becomes a
+failure (so a GPU job cannot silently skip its GPU tests).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from entmax_ref.backends import unavailable_reason
+
+settings.register_profile("dev", max_examples=40, deadline=None)
+settings.register_profile("ci", max_examples=150, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+BACKENDS = [
+    pytest.param("numpy", id="numpy"),
+    pytest.param("numba", id="numba", marks=pytest.mark.numba),
+    pytest.param("cupy", id="cupy", marks=pytest.mark.cuda),
+]
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--require-backends",
+        default=os.environ.get("ENTMAX_REF_REQUIRE_BACKENDS", ""),
+        help="comma-separated backends whose unavailability fails instead of skipping",
+    )
+
+
+def pytest_report_header(config):
+    names = [p.values[0] for p in BACKENDS]
+    found = {n: (unavailable_reason(n) or "available") for n in names}
+    env = {k: v for k, v in os.environ.items() if k.startswith("ENTMAX_REF_")}
+    return [f"entmax-ref backends: {found}", f"ENTMAX_REF_* env: {env}"]
+
+
+class BackendName(str):
+    """A backend name (pass it as ``backend=``) that also moves test data to and from it."""
+
+    def asarray(self, a):
+        if self == "cupy":
+            import cupy
+
+            return cupy.asarray(a)
+        return a
+
+    def numpy(self, a):
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request) -> BackendName:
+    """A backend name that can run here (skip, or fail when required, otherwise)."""
+    name = request.param
+    reason = unavailable_reason(name)
+    if reason is not None:
+        required = {s.strip() for s in request.config.getoption("--require-backends").split(",") if s.strip()}
+        if name in required:
+            pytest.fail(f"required backend {name!r} is unavailable: {reason}")
+        pytest.skip(f"{name}: {reason}")
+    return BackendName(name)
