@@ -8,40 +8,43 @@ import numpy as np
 DPS = 50
 
 
-def entmax_mp(x, alpha, theta0: float):
-    """Exact p (as mpf list) and x-space theta of alpha-entmax(x), refined by Newton from
-    the float64 estimate ``theta0`` with a sign-checked bracket, at 50 digits."""
+def entmax_mp(x, alpha, start: float | None = None):
+    """Exact probabilities (mpf list) of alpha-entmax(x) and the support threshold T
+    (p_i = ((alpha-1)(x_i - T))_+ ** (1/(alpha-1)); T = logsumexp(x) at alpha = 1).
+
+    Safeguarded Newton on T inside the bracket [max - 1/(alpha-1), max] (where the
+    mass is >= 1 and 0), at 50 digits; ``start`` (a float estimate of T) only speeds it up.
+    """
     with mp.workdps(DPS):
         xs = [mp.mpf(float(v)) for v in x if np.isfinite(v)]
-        a = mp.mpf(float(alpha))
-        a1 = a - 1
+        if float(alpha) == 1.0:
+            lse = mp.log(mp.fsum(mp.e ** v for v in xs))
+            return [mp.e ** (mp.mpf(float(v)) - lse) if np.isfinite(v) else mp.mpf(0) for v in x], lse
+        a1 = mp.mpf(float(alpha)) - 1
+        top = max(xs)
+        lo, hi = top - 1 / a1, top
 
-        def probs(theta):
-            out = []
-            for v in xs:
-                y = v - theta
-                if a1 == 0:
-                    out.append(mp.e ** y)
-                else:
-                    t = 1 + a1 * y
-                    out.append(t ** (1 / a1) if t > 0 else mp.mpf(0))
-            return out
+        def mass(T):
+            ps = [(a1 * (v - T)) ** (1 / a1) if v > T else mp.mpf(0) for v in xs]
+            return mp.fsum(ps) - 1, mp.fsum(p ** (2 - a1 - 1) for p in ps if p > 0)
 
-        def f_and_df(theta):
-            ps = probs(theta)
-            f = mp.fsum(ps) - 1
-            df = mp.fsum(pi ** (2 - a) for pi in ps if pi > 0)  # -df/dtheta
-            return f, df
-
-        theta = mp.mpf(theta0)
-        for _ in range(100):
-            f, df = f_and_df(theta)
-            step = f / df
-            theta += step
-            if abs(step) < mp.mpf(10) ** (-DPS + 5):
+        T = mp.mpf(start) if start is not None and lo < start < hi else (lo + hi) / 2
+        tol = mp.mpf(10) ** (-DPS + 3)
+        for _ in range(2000):
+            f, df = mass(T)
+            if f > 0:
+                lo = T
+            else:
+                hi = T
+            step = f / df if df > 0 else None
+            nxt = T + step if step is not None else None
+            if nxt is None or not (lo < nxt < hi):
+                nxt = (lo + hi) / 2
+            if abs(nxt - T) <= tol * (1 + abs(T)) or hi - lo <= tol * (1 + abs(T)):
+                T = nxt
                 break
-        else:  # pragma: no cover - would mean the float64 start was far off
-            raise RuntimeError("mpmath Newton did not converge")
-        ps = iter(probs(theta))
-        full = [next(ps) if np.isfinite(v) else mp.mpf(0) for v in x]
-        return full, theta
+            T = nxt
+        else:  # pragma: no cover
+            raise RuntimeError("mpmath oracle did not converge")
+        return [(a1 * (mp.mpf(float(v)) - T)) ** (1 / a1) if np.isfinite(v) and v > T else mp.mpf(0)
+                for v in x], T

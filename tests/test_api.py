@@ -1,0 +1,234 @@
+"""The public surface: names, errors, dtypes, no mutation, backend selection, imports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import entmax_ref as er
+from entmax_ref.backends import BackendUnavailableError
+
+ROW_FUNCS = [
+    ("softmax", lambda x, **kw: er.softmax(x, **kw)),
+    ("sparsemax", lambda x, **kw: er.sparsemax(x, **kw)),
+    ("entmax15", lambda x, **kw: er.entmax15(x, **kw)),
+    ("entmax", lambda x, **kw: er.entmax(x, 1.3, **kw)),
+    ("threshold", lambda x, **kw: er.entmax_threshold(x, 1.3, **kw)),
+    ("loss", lambda x, **kw: er.entmax_loss(x, np.zeros(x.shape[:-1], int), 1.3, **kw)),
+]
+
+
+def test_import_does_not_load_numba_or_cupy():
+    code = "import sys, entmax_ref as er; er.softmax([1.0, 2.0], backend='numpy'); " \
+           "print(sorted(m for m in ('numba', 'cupy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_no_top_level_backends_module_installed():
+    import importlib.util
+
+    spec = importlib.util.find_spec("backends")
+    assert spec is None or "entmax_ref" not in str(spec.origin), spec
+
+
+@pytest.mark.parametrize("name,fn", ROW_FUNCS)
+@pytest.mark.parametrize("bad,where", [(np.nan, "NaN"), (np.inf, "+inf")])
+def test_nan_and_posinf_rejected_with_location(backend, name, fn, bad, where):
+    x = np.zeros((2, 4))
+    x[1, 2] = bad
+    x[1, 3] = bad
+    with pytest.raises(ValueError, match=r"contains 2 NaN or \+inf values; the first is x\[1, 2\]"):
+        fn(backend.asarray(x), backend=backend)
+
+
+@pytest.mark.parametrize("alpha", [np.nan, np.inf, 0.999, -1.0])
+def test_bad_alpha(backend, alpha):
+    with pytest.raises(ValueError, match="alpha must be"):
+        er.entmax(backend.asarray(np.zeros(3)), alpha, backend=backend)
+
+
+def test_alpha_shape_mismatch(backend):
+    with pytest.raises(ValueError, match=r"alpha of shape \(3,\) does not broadcast to the row shape \(2,\)"):
+        er.entmax(backend.asarray(np.zeros((2, 4))), np.full(3, 1.5), backend=backend)
+
+
+def test_axis_out_of_range(backend):
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        er.entmax(backend.asarray(np.zeros((2, 4))), 1.5, axis=2, backend=backend)
+
+
+def test_vjp_shape_mismatch_names_shapes(backend):
+    with pytest.raises(ValueError, match=r"p has shape \(2, 3\) but grad has shape \(2, 4\)"):
+        er.entmax_vjp(backend.asarray(np.zeros((2, 3))), backend.asarray(np.zeros((2, 4))), backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.bool_, object, "U3"])
+def test_bad_dtypes(dtype):
+    with pytest.raises(TypeError):
+        er.entmax(np.zeros(3, dtype=dtype), backend="numpy")
+
+
+@pytest.mark.parametrize("dtype,out", [(np.float64, np.float64), (np.float32, np.float32),
+                                       (np.float16, np.float16), (np.int32, np.float64), (np.int64, np.float64)])
+def test_dtype_policy(backend, dtype, out):
+    x = np.array([[1, 2, 3, -1]], dtype=dtype)
+    p = er.entmax15(backend.asarray(x), backend=backend)
+    assert p.dtype == out
+    ref = er.entmax15(x.astype(np.float64), backend="numpy")
+    np.testing.assert_allclose(backend.numpy(p).astype(np.float64), ref, rtol=0, atol=float(np.finfo(out).eps) * 4)
+
+
+def test_bfloat16_when_available(backend):
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes not installed")
+    x = np.array([0.5, 0.0, -2.0], dtype=ml_dtypes.bfloat16)
+    p = er.sparsemax(backend.asarray(x), backend=backend)
+    assert p.dtype == x.dtype
+    np.testing.assert_allclose(backend.numpy(p).astype(np.float64), [0.75, 0.25, 0.0])
+
+
+@pytest.mark.parametrize("name,fn", ROW_FUNCS)
+def test_inputs_never_written_read_only_included(backend, name, fn):
+    x = np.random.default_rng(0).standard_normal((3, 5))
+    x[0, 1] = -np.inf
+    x.setflags(write=False)
+    before = x.copy()
+    fn(backend.asarray(x), backend=backend)
+    np.testing.assert_array_equal(x, before)
+
+
+def test_gradients_do_not_write_inputs(backend):
+    p = er.entmax15(np.random.default_rng(1).standard_normal((2, 5)))
+    g = np.random.default_rng(2).standard_normal((2, 5))
+    p.setflags(write=False)
+    g.setflags(write=False)
+    pc, gc = p.copy(), g.copy()
+    er.entmax_vjp(backend.asarray(p), backend.asarray(g), 1.5, backend=backend)
+    er.entmax_alpha_vjp(backend.asarray(p), backend.asarray(g), 1.5, backend=backend)
+    np.testing.assert_array_equal(p, pc)
+    np.testing.assert_array_equal(g, gc)
+
+
+def test_info_fields_have_row_shape(backend):
+    x = np.random.default_rng(0).standard_normal((2, 3, 7))
+    _, info = er.entmax(backend.asarray(x), 1.7, axis=1, backend=backend, return_info=True)
+    for field in ("tau", "support", "n_iter", "converged"):
+        assert getattr(info, field).shape == (2, 7), field
+
+
+def test_all_masked_row_conventions(backend):
+    x = np.array([[-np.inf, -np.inf], [0.0, -np.inf]])
+    for alpha in (1.0, 1.5, 2.0, 3.0):
+        p, info = er.entmax(backend.asarray(x), alpha, backend=backend, return_info=True)
+        p = backend.numpy(p)
+        assert p.tolist() == [[0.0, 0.0], [1.0, 0.0]]
+        assert np.isneginf(backend.numpy(info.tau)[0]) and backend.numpy(info.support).tolist() == [0, 1]
+        g = er.entmax_vjp(backend.asarray(p), backend.asarray(np.ones_like(p)), alpha, backend=backend)
+        assert np.all(backend.numpy(g) == 0)
+
+
+# ------------------------------------------------------------------ backend selection
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown backend 'nope'; valid names: cupy, numba, numpy"):
+        er.entmax([1.0], backend="nope")
+    with pytest.raises(ValueError, match="unknown backend"):
+        with er.use_backend("nope"):
+            pass
+
+
+def test_unavailable_backend_is_an_import_error_with_reason():
+    if "cupy" in er.available_backends():
+        pytest.skip("cupy is available here")
+    with pytest.raises(BackendUnavailableError, match="backend 'cupy' is unavailable: ") as exc:
+        er.entmax([1.0], backend="cupy")
+    assert isinstance(exc.value, ImportError)
+
+
+def test_use_backend_context_and_env(monkeypatch):
+    seen = []
+
+    class Spy:
+        name = "spy"
+
+        def owns(self, x):
+            return isinstance(x, np.ndarray)
+
+        def entmax_forward(self, x, alpha, method):
+            seen.append("spy")
+            return er.get_backend("numpy").entmax_forward(x, alpha, method)
+
+    er.backends.register_backend("spy", Spy)
+    try:
+        with er.use_backend("spy"):
+            er.sparsemax([1.0, 2.0])
+        assert seen == ["spy"]
+        er.sparsemax([1.0, 2.0])  # outside the context: not the spy
+        assert seen == ["spy"]
+        monkeypatch.setenv("ENTMAX_REF_BACKEND", "spy")
+        er.sparsemax([1.0, 2.0])
+        assert seen == ["spy", "spy"]
+        er.sparsemax([1.0, 2.0], backend="numpy")  # the argument beats the environment
+        assert seen == ["spy", "spy"]
+    finally:
+        er.backends._REGISTRY.pop("spy")
+        er.backends._instances.pop("spy", None)
+
+
+def test_use_backend_is_thread_local():
+    results = {}
+    barrier = threading.Barrier(2)
+
+    def worker(name):
+        with er.use_backend(name):
+            barrier.wait()
+            results[name] = er.backends._current.get()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in ("numpy", "auto")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {"numpy": "numpy", "auto": "auto"}
+
+
+def test_auto_picks_a_cpu_backend_for_numpy():
+    chosen = er.backends.resolve_backend(None, np.zeros(2))
+    assert chosen.name == ("numba" if "numba" in er.available_backends() else "numpy")
+
+
+def test_arrays_are_never_moved_between_devices():
+    class GpuOnly:
+        name = "gpu-only"
+
+        def owns(self, x):
+            return False
+
+    with pytest.raises(TypeError, match="backend 'gpu-only' cannot compute on numpy.ndarray arrays"):
+        er.backends.resolve_backend(GpuOnly(), np.zeros(2))
+
+
+def test_method_errors():
+    with pytest.raises(NotImplementedError, match="method='sort' exists only for alpha in"):
+        er.entmax([1.0, 2.0], 1.3, method="sort", backend="numpy")
+    with pytest.raises(NotImplementedError, match="method 'halley' is not implemented on the numpy backend"):
+        er.entmax([1.0, 2.0], 1.3, method="halley", backend="numpy")
+
+
+def test_public_names():
+    for name in er.__all__:
+        assert hasattr(er, name), name
+    assert {"softmax", "sparsemax", "entmax15", "entmax", "entmax_threshold", "entmax_vjp",
+            "entmax_alpha_vjp", "entmax_jacobian", "entmax_loss", "entmax_loss_grad",
+            "available_backends", "use_backend"} <= set(er.__all__)
+
+
+def test_env_var_unknown_backend(monkeypatch):
+    monkeypatch.setenv("ENTMAX_REF_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        er.entmax([1.0])
+    assert os.environ["ENTMAX_REF_BACKEND"] == "bogus"
