@@ -1,0 +1,40 @@
+"""Every docstring example in the package runs (and is checked) as a doctest."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import entmax_ref
+
+OPTIONAL = {"cupy", "torch", "jax", "matplotlib", "mkdocs"}
+
+
+def _modules():
+    names = []
+    for info in pkgutil.walk_packages(entmax_ref.__path__, "entmax_ref."):
+        names.append(info.name)
+    return sorted(set(names) | {"entmax_ref"})
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_docstring_examples(name):
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:  # a module of an optional extra whose package is absent
+        if getattr(exc, "name", None) and exc.name.split(".")[0] in OPTIONAL:
+            pytest.skip(f"{name} needs {exc.name}")
+        raise
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS, verbose=False)
+    assert result.failed == 0, f"{result.failed} doctest(s) failed in {name}"
+
+
+def test_readme_examples():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    result = doctest.testfile(str(readme), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
