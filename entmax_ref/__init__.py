@@ -6,7 +6,25 @@ and sparse attention, with interchangeable NumPy / Numba / CuPy backends.
 [0.0, 0.25, 0.75]
 """
 
+from .asentmax import (
+    ASEntmaxInfo,
+    asentmax,
+    asentmax_scale,
+    asentmax_scale_vjp,
+    asentmax_vjp,
+    ssmax,
+    ssmax_vjp,
+)
+from .attention import AttentionGradients, AttentionInfo, attention, attention_vjp, keys_visible
 from .backends import BackendUnavailableError, available_backends, get_backend, use_backend
+from .diagnostics import (
+    RowDiagnostics,
+    mass_on,
+    max_probability,
+    normalized_entropy,
+    row_diagnostics,
+    support_size,
+)
 from .gradients import entmax_alpha_vjp, entmax_jacobian, entmax_vjp
 from .losses import entmax_loss, entmax_loss_grad
 from .transforms import EntmaxInfo, entmax, entmax15, entmax_threshold, softmax, sparsemax
@@ -14,8 +32,18 @@ from .transforms import EntmaxInfo, entmax, entmax15, entmax_threshold, softmax,
 __version__ = "0.1.0"
 
 __all__ = [
+    "ASEntmaxInfo",
+    "AttentionGradients",
+    "AttentionInfo",
     "BackendUnavailableError",
     "EntmaxInfo",
+    "RowDiagnostics",
+    "asentmax",
+    "asentmax_scale",
+    "asentmax_scale_vjp",
+    "asentmax_vjp",
+    "attention",
+    "attention_vjp",
     "available_backends",
     "entmax",
     "entmax15",
@@ -26,7 +54,15 @@ __all__ = [
     "entmax_threshold",
     "entmax_vjp",
     "get_backend",
+    "keys_visible",
+    "mass_on",
+    "max_probability",
+    "normalized_entropy",
+    "row_diagnostics",
     "softmax",
     "sparsemax",
+    "ssmax",
+    "ssmax_vjp",
+    "support_size",
     "use_backend",
 ]

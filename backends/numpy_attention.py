@@ -1,0 +1,202 @@
+"""Query-chunked entmax attention: the forward and backward driver of the CPU backends.
+
+The driver never holds an ``(Nq, Nk)`` matrix.  It walks over ``(batch, kv-head)`` pairs
+and, inside each, over chunks of query rows; a chunk takes the rows of *all* query heads
+that share the kv-head (grouped-query attention), so a block of scores is
+``(group * chunk, keys)``.  Every block holds complete score rows (all the keys a row may
+attend), so each row is solved exactly, in one piece, by ``backend.entmax_forward``: the
+driver is backend-agnostic and uses only NumPy matmuls, elementwise NumPy and the
+backend's row solver (the Numba backend reuses it with its own row solver).
+
+Per block, in float64 whatever the input dtype:
+
+* ``a_ij = scale * (q_i . k_j)`` for the visible keys ``j < key_end`` of the chunk
+  (causal: ``key_end = min(i_last + Nk - Nq + 1, key_length)``, so a query chunk only
+  touches the keys it can see; otherwise ``key_end = key_length``);
+* ``z_ij = s_i * a_ij + bias_ij`` (ALiBi ``-slope_h * |i + Nk - Nq - j|``), ``-inf`` where
+  ``j > i + Nk - Nq`` under the causal mask;
+* forward: ``p, theta = backend.entmax_forward(z)``, ``o_i = sum_j p_ij v_j`` and the
+  skewed output ``skew_i = sum_j u_ij v_j / sum_j u_ij`` with ``u = p^(2-alpha)``;
+* backward: ``p = e_alpha(z - theta)`` from the forward's threshold, ``delta_i = dO_i .
+  skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)``, then ``dV += p^T dO``,
+  ``dQ = scale * (s * dZ) K``, ``dK += scale * (s * dZ)^T Q`` and
+  ``ds_i = sum_j dZ_ij a_ij``.
+
+A row with no visible key gets ``theta = -inf``, support 0, a zero output, a zero skewed
+output and zero gradients.
+
+Memory: besides the inputs and outputs (and float64 copies of one kv-head's K and V, and
+float64 dK/dV accumulators), the peak is a fixed number of ``(group * chunk, key_end)``
+float64 blocks.  The chunk is chosen so that one such block stays within
+:data:`BLOCK_BYTES` (``spec.chunk`` overrides it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import AttentionForward, AttentionGrads, AttentionSpec
+from .numpy_backend import e_alpha, skew_weights
+
+#: Bytes of one float64 ``(rows, keys)`` score block when the chunk is chosen
+#: automatically.  The row solver and the backward hold about 10-20 such blocks at once,
+#: so the working set is about 20 x this (~160 MiB), independent of Nq.
+BLOCK_BYTES = 8 * 2**20
+
+_F64 = np.float64
+
+
+def choose_chunk(spec: AttentionSpec, group: int, n_keys: int, n_queries: int) -> int:
+    """Query rows per chunk: ``spec.chunk``, or the most rows whose ``(group * rows,
+    n_keys)`` float64 block fits in :data:`BLOCK_BYTES` (at least 1)."""
+    if spec.chunk is not None:
+        return max(1, int(spec.chunk))
+    per_row = 8 * group * max(n_keys, 1)
+    return int(max(1, min(max(n_queries, 1), BLOCK_BYTES // per_row)))
+
+
+def _key_end(i1: int, offset: int, length: int, causal: bool) -> int:
+    """Keys ``[0, end)`` that some row of the chunk ending (exclusively) at ``i1`` sees."""
+    end = min(length, i1 + offset) if causal else length
+    return max(0, end)
+
+
+def _weights(p: np.ndarray, alpha: float) -> np.ndarray:
+    """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1)."""
+    return p if alpha == 1.0 else skew_weights(p, alpha)
+
+
+def _skewed(u: np.ndarray, vv: np.ndarray) -> np.ndarray:
+    """sum_j u_ij v_j / sum_j u_ij per row; 0 for a row without support."""
+    su = u.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(su[:, None] > 0, (u @ vv) / su[:, None], 0.0)
+
+
+class _Block:
+    """Scores of one chunk: rows of ``group`` query heads x ``chunk`` queries."""
+
+    def __init__(self, spec: AttentionSpec, qc: np.ndarray, kk: np.ndarray, b: int, h0: int,
+                 group: int, i0: int, i1: int, offset: int):
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
+            self.a = spec.scale * (qc @ kk.T)  # (rows, key_end), no row scale, no bias
+            self.z = self._scores(spec, b, h0, group, i0, i1, offset, kk.shape[0])
+
+    def _scores(self, spec, b, h0, group, i0, i1, offset, key_end):
+        i_abs = np.tile(np.arange(i0, i1) + offset, group)  # (rows,)
+        j = np.arange(key_end)
+        if spec.row_scale is not None:
+            self.s = np.asarray(spec.row_scale[b, h0:h0 + group, i0:i1], _F64).reshape(-1)
+            z = self.a * self.s[:, None]
+        else:
+            self.s = None
+            z = self.a  # never written to: every step below makes a new array
+        if spec.alibi_slopes is not None:
+            slopes = np.repeat(np.asarray(spec.alibi_slopes[h0:h0 + group], _F64), i1 - i0)
+            if np.any(slopes != 0.0):
+                z = z - slopes[:, None] * np.abs(i_abs[:, None] - j[None, :]).astype(_F64)
+        if not np.isfinite(z).all():
+            raise ValueError(
+                "attention scores overflowed (non-finite s * scale * q.k + bias); "
+                "rescale q, k, the scale or the ASEntmax scale"
+            )
+        if spec.causal:
+            z = np.where(j[None, :] <= i_abs[:, None], z, -np.inf)
+        return z
+
+
+def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                      spec: AttentionSpec) -> AttentionForward:
+    """Chunked forward; see the module docstring.  Returns out in q's dtype, and float64
+    theta, int64 support and float64 skewed output."""
+    B, Hq, Nq, _ = q.shape
+    Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
+    group = Hq // Hkv
+    offset = Nk - Nq
+    out = np.zeros((B, Hq, Nq, Dv), _F64)
+    skew = np.zeros((B, Hq, Nq, Dv), _F64)
+    theta = np.full((B, Hq, Nq), -np.inf)
+    support = np.zeros((B, Hq, Nq), np.int64)
+    lengths = spec.key_lengths
+    for b in range(B):
+        length = Nk if lengths is None else int(lengths[b])
+        chunk = choose_chunk(spec, group, length, Nq)
+        for hk in range(Hkv):
+            h0 = hk * group
+            kk_all = np.asarray(k[b, hk], _F64)
+            vv_all = np.asarray(v[b, hk], _F64)
+            for i0 in range(0, Nq, chunk):
+                i1 = min(Nq, i0 + chunk)
+                key_end = _key_end(i1, offset, length, spec.causal)
+                if key_end == 0:
+                    continue  # nothing visible: zero output, theta -inf
+                qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
+                blk = _Block(spec, qc, kk_all[:key_end], b, h0, group, i0, i1, offset)
+                res = backend.entmax_forward(blk.z, np.full(blk.z.shape[0], spec.alpha), None)
+                p = np.asarray(res.p, _F64)
+                vv = vv_all[:key_end]
+                o = p @ vv
+                sk = o if spec.alpha == 1.0 else _skewed(_weights(p, spec.alpha), vv)
+                shape = (group, i1 - i0)
+                out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
+                skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
+                theta[b, h0:h0 + group, i0:i1] = np.asarray(res.theta, _F64).reshape(shape)
+                support[b, h0:h0 + group, i0:i1] = np.asarray(res.support).reshape(shape)
+    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
+
+
+def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                       theta: np.ndarray, skew, spec: AttentionSpec) -> AttentionGrads:
+    """Chunked backward from the forward's theta (and skewed output, recomputed per chunk
+    when ``skew`` is None); see the module docstring.  dq, dk, dv come back in the dtypes
+    of q, k, v; drow_scale is float64 (None when ``spec.row_scale`` is None)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
+    group = Hq // Hkv
+    offset = Nk - Nq
+    dq = np.zeros((B, Hq, Nq, D), _F64)
+    dk = np.zeros((B, Hkv, Nk, D), _F64)
+    dv = np.zeros((B, Hkv, Nk, Dv), _F64)
+    ds = np.zeros((B, Hq, Nq), _F64) if spec.row_scale is not None else None
+    lengths = spec.key_lengths
+    for b in range(B):
+        length = Nk if lengths is None else int(lengths[b])
+        chunk = choose_chunk(spec, group, length, Nq)
+        for hk in range(Hkv):
+            h0 = hk * group
+            kk_all = np.asarray(k[b, hk], _F64)
+            vv_all = np.asarray(v[b, hk], _F64)
+            for i0 in range(0, Nq, chunk):
+                i1 = min(Nq, i0 + chunk)
+                key_end = _key_end(i1, offset, length, spec.causal)
+                if key_end == 0:
+                    continue
+                sl = (b, slice(h0, h0 + group), slice(i0, i1))
+                qc = np.asarray(q[sl], _F64).reshape(-1, D)
+                doc = np.asarray(do[sl], _F64).reshape(-1, Dv)
+                kk, vv = kk_all[:key_end], vv_all[:key_end]
+                blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
+                th = np.asarray(theta[sl], _F64).reshape(-1)
+                # Empty rows (theta = -inf) get p = 0: shift them by +inf instead.
+                th = np.where(np.isfinite(th), th, np.inf)
+                with np.errstate(invalid="ignore"):
+                    p = e_alpha(blk.z - th[:, None], spec.alpha)
+                u = _weights(p, spec.alpha)
+                if skew is None:
+                    sk = _skewed(u, vv)
+                else:
+                    sk = np.asarray(skew[sl], _F64).reshape(-1, Dv)
+                delta = np.einsum("rd,rd->r", doc, sk)
+                dz = u * ((doc @ vv.T) - delta[:, None])
+                dv[b, hk, :key_end] += p.T @ doc
+                if ds is not None:
+                    ds[sl] = np.einsum("rj,rj->r", dz, blk.a).reshape(group, i1 - i0)
+                    da = dz * blk.s[:, None]
+                else:
+                    da = dz
+                dq[sl] = (spec.scale * (da @ kk)).reshape(group, i1 - i0, D)
+                dk[b, hk, :key_end] += spec.scale * (da.T @ qc)
+    return AttentionGrads(
+        dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
+        dv.astype(v.dtype, copy=False), ds,
+    )

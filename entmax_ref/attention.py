@@ -1,0 +1,356 @@
+"""Multi-head alpha-entmax attention, forward and backward, without a seq x seq matrix.
+
+Scores ``z_ij = s_i * scale * (q_i . k_j) + bias_ij`` and ``o_i = sum_j p_ij v_j`` with
+``p_i = alpha-entmax(z_i)`` over the keys row i may attend.  ``s_i`` is the ASEntmax scale
+of the query row (:func:`entmax_ref.asentmax_scale` of the number of keys it may attend)
+when ``beta``/``gamma`` are given, else 1; ``bias`` is ALiBi.  The math, with the backward
+from the threshold and the skewed output, is in docs/attention.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _validate as V
+from .asentmax import _broadcast, _real, asentmax_scale, asentmax_scale_vjp
+from .backends import resolve_backend
+from .backends._base import AttentionSpec, tau_to_theta, theta_to_tau
+
+
+@dataclass(frozen=True)
+class AttentionInfo:
+    """Per-row facts of an :func:`attention` call, each shaped (B, Hq, Nq) unless noted.
+
+    Attributes
+    ----------
+    tau : float64 threshold of the score row, in :func:`entmax_ref.entmax`'s units
+        (logsumexp at alpha = 1); -inf for a row with nothing to attend.
+    support : int64 number of keys with nonzero probability.
+    s : float64 row scale (1 without ASEntmax; NaN for a row with nothing to attend,
+        where the ASEntmax scale is undefined).
+    n : int64 number of keys the row may attend after the causal and padding masks.
+    skew : float64 (B, Hq, Nq, Dv) skewed output sum_j u_ij v_j / sum_j u_ij with
+        u = p ** (2 - alpha) (the quantity FlashAttention-style backward kernels keep;
+        equal to the output at alpha = 1), 0 on empty rows.
+    """
+
+    tau: Any
+    support: Any
+    s: Any
+    n: Any
+    skew: Any
+
+
+class AttentionGradients(NamedTuple):
+    """Gradients of :func:`attention_vjp`.  dq, dk, dv are shaped and typed like q, k, v;
+    dbeta, dgamma, ddelta are float64 shaped like beta, gamma, delta (None without
+    ASEntmax)."""
+
+    dq: Any
+    dk: Any
+    dv: Any
+    dbeta: Any = None
+    dgamma: Any = None
+    ddelta: Any = None
+
+
+@dataclass(frozen=True)
+class _Problem:
+    q: Any
+    k: Any
+    v: Any
+    spec: AttentionSpec
+    backend: Any
+    n: np.ndarray  # (B, Hq, Nq) int64
+    s_info: np.ndarray  # (B, Hq, Nq) float64
+    params: dict | None  # beta, gamma, delta as float64 arrays, offset
+    out_dtypes: tuple  # q, k, v
+
+
+def _tensor(x: Any, name: str, ndim: int):
+    arr = V.as_array(x, name)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(arr.shape)}")
+    cdt, odt = V.compute_dtype(arr, name)
+    V.check_finite(arr, name, allow_neg_inf=False)
+    return arr, cdt, odt
+
+
+def _scalar(x: Any, name: str) -> float:
+    a = np.asarray(x)
+    if a.ndim != 0 or a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+        raise ValueError(f"{name} must be a real scalar, got {x!r}")
+    val = float(a)
+    if not np.isfinite(val):
+        raise ValueError(f"{name} must be finite, got {val!r}")
+    return val
+
+
+def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1) -> np.ndarray:
+    """Number of keys each query row may attend, shape (B, 1, Nq), int64.
+
+    Causal masking is bottom-right aligned: query i sees keys j <= i + Nk - Nq.
+    ``key_lengths[b]`` keys (a prefix) are valid in batch b.
+
+    >>> import entmax_ref as er
+    >>> er.keys_visible(3, 5, causal=True, key_lengths=[4]).tolist()
+    [[[3, 4, 4]]]
+    """
+    lengths = np.full(batch, nk, np.int64) if key_lengths is None else np.asarray(key_lengths, np.int64)
+    n = np.broadcast_to(lengths[:, None, None], (len(lengths), 1, nq))
+    if causal:
+        n = np.minimum(n, np.clip(np.arange(nq) + nk - nq + 1, 0, None)[None, None, :])
+    return np.ascontiguousarray(n, dtype=np.int64)
+
+
+def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
+             chunk, backend) -> _Problem:
+    q, cq, oq = _tensor(q, "q", 4)
+    k, ck, ok = _tensor(k, "k", 4)
+    v, cv, ov = _tensor(v, "v", 4)
+    B, Hq, Nq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in (batch, heads, keys)"
+        )
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if k.shape[3] != D:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same head dim")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(
+            f"the {Hq} query heads of q {tuple(q.shape)} must be a multiple of the {Hkv} "
+            f"key/value heads of k {tuple(k.shape)}"
+        )
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    a = _scalar(alpha, "alpha")
+    if a < 1.0:
+        raise ValueError(f"alpha must be >= 1, got {a!r}")
+    if scale is None:
+        if D == 0:
+            raise ValueError(f"q {tuple(q.shape)} has head dim 0; pass scale explicitly")
+        sc = 1.0 / float(np.sqrt(D))
+    else:
+        sc = _scalar(scale, "scale")
+    lengths = None
+    if key_lengths is not None:
+        kl = np.asarray(key_lengths)
+        if kl.shape != (B,):
+            raise ValueError(f"key_lengths must have shape ({B},) for q {tuple(q.shape)}, got {kl.shape}")
+        if kl.dtype.kind not in "iu":
+            if kl.dtype.kind != "f" or not np.all(np.isfinite(kl)) or np.any(kl != np.round(kl)):
+                raise ValueError(f"key_lengths must be integers, got {kl.tolist()!r}")
+        if np.any(kl < 0) or np.any(kl > Nk):
+            raise ValueError(f"key_lengths must lie in [0, {Nk}] for k {tuple(k.shape)}, got {kl.tolist()!r}")
+        lengths = np.ascontiguousarray(kl, np.int64)
+    slopes = None
+    if alibi_slopes is not None:
+        sl = _real(alibi_slopes, "alibi_slopes")
+        if sl.shape != (Hq,):
+            raise ValueError(
+                f"alibi_slopes must have one slope per query head, shape ({Hq},) for q "
+                f"{tuple(q.shape)}, got {sl.shape}"
+            )
+        slopes = np.ascontiguousarray(sl)
+    if chunk is not None and (not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1):
+        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
+
+    n = np.broadcast_to(keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B), (B, Hq, Nq))
+    params = None
+    row_scale = None
+    s_info = np.ones((B, Hq, Nq))
+    if (beta is None) != (gamma is None):
+        raise ValueError("beta and gamma must be given together (SSMax: gamma=1, delta=0, alpha=1)")
+    if beta is not None:
+        off = _scalar(offset, "offset")
+        if off <= 0.0:
+            raise ValueError(f"offset must be > 0 so that log(n + offset) > 0 for every row with a key, got {off!r}")
+        params = {"beta": _real(beta, "beta"), "gamma": _real(gamma, "gamma"), "delta": _real(delta, "delta")}
+        _broadcast(params, (B, Hq, Nq))
+        live = n > 0
+        s = asentmax_scale(np.where(live, n, 1), params["beta"], params["gamma"], params["delta"], off)
+        s = np.broadcast_to(s, (B, Hq, Nq))
+        row_scale = np.ascontiguousarray(np.where(live, s, 1.0))
+        s_info = np.where(live, s, np.nan)
+        params["offset"] = off
+    elif np.any(np.asarray(delta) != 1.0) or np.any(np.asarray(offset) != 1.0):
+        raise ValueError("delta and offset only apply with beta and gamma (the ASEntmax scale)")
+
+    cdt = V.common_dtype(cq, ck, cv)
+    be = resolve_backend(backend, q, k, v)
+    spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
+                         alibi_slopes=slopes, row_scale=row_scale, chunk=chunk)
+
+    def canon(x):
+        return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
+
+    return _Problem(canon(q), canon(k), canon(v), spec, be, np.ascontiguousarray(n), s_info, params,
+                    (oq, ok, ov))
+
+
+def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, alibi_slopes=None,
+              beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, return_info=False, backend=None):
+    """alpha-entmax attention ``o_i = sum_j entmax(z_i)_j v_j``, exact, in query chunks.
+
+    ``z_ij = s_i * scale * (q_i . k_j) + bias_ij`` over the keys row i may attend:
+
+    * causal masking is bottom-right aligned (query i of Nq sees keys j <= i + Nk - Nq, the
+      FlashAttention convention, so decoding Nq = 1 against a cache works);
+      ``key_lengths[b]`` masks right padding (keys j >= key_lengths[b]);
+    * ``bias_ij = -slope_h * |i + Nk - Nq - j|`` (ALiBi; with the causal mask this is
+      ``-slope_h * (i_abs - j)``), one slope per query head (0 = a NoPE head);
+    * ``s_i = delta + beta * log(n_i + offset) ** gamma`` (ASEntmax) when beta and gamma are
+      given, with n_i the number of keys row i may attend after masking; else 1.  SSMax is
+      gamma = 1, delta = 0, alpha = 1.  The scale multiplies the content score, not the bias.
+
+    The rows are solved exactly by the backend's row solver; the score matrix is never
+    materialised: peak extra memory is O(chunk x Nk) (``chunk`` query rows per step,
+    chosen automatically).  A row with nothing to attend gives a zero output.
+
+    Parameters
+    ----------
+    q : (B, Hq, Nq, D) array
+    k : (B, Hkv, Nk, D) array, Hq a multiple of Hkv (grouped-query heads share k and v)
+    v : (B, Hkv, Nk, Dv) array
+    alpha : float
+        Any alpha >= 1 (1 is softmax attention, 2 sparsemax).
+    scale : float or None
+        Multiplies q . k; default 1 / sqrt(D).
+    causal : bool
+    key_lengths : (B,) integers in [0, Nk] or None
+    alibi_slopes : (Hq,) floats or None
+    beta, gamma, delta : array_like or None
+        ASEntmax parameters, broadcast (NumPy rules) against (B, Hq, Nq): per head use
+        shape (Hq, 1), per head and token (Hq, Nq) or (B, Hq, Nq).  delta defaults to 1.
+    offset : float
+        The c > 0 in log(n + c) (1 in the paper's code: log(i + 2) for causal row i).
+    chunk : int or None
+        Query rows per step (None: the largest whose (rows, Nk) float64 block fits in
+        about 8 MiB).
+    return_info : bool
+        Also return :class:`AttentionInfo` (tau, support, s, n, skewed output).
+    backend : str or None
+        See :func:`entmax_ref.use_backend`.
+
+    Returns
+    -------
+    out : (B, Hq, Nq, Dv), in the floating dtype of q, k, v combined (float64 if any is
+        float64; float16/bfloat16 are computed in float32; integers become float64).
+        Accumulation is float64 throughout.  ``(out, info)`` when ``return_info``.
+
+    Raises
+    ------
+    ValueError: shape mismatches (naming the shapes), NaN/inf in q, k, v, alibi_slopes,
+    beta, gamma, delta, alpha < 1, key_lengths out of [0, Nk], beta/gamma not
+    broadcastable to (B, Hq, Nq), beta without gamma, offset <= 0, scores that overflow.
+
+    Examples
+    --------
+    One query, two keys with scores 0 and 1 (scale 1): sparsemax gives (0, 1); 1.5-entmax
+    p = [z/2 - tau]_+^2 with tau = (1 - sqrt(7)) / 4 gives ((1 + sqrt 7)/4)^2 = 0.8307 to
+    the second key.  With v = identity the output is p itself.
+
+    >>> import numpy as np, entmax_ref as er
+    >>> q = np.array([[[[1.0]]]]); k = np.array([[[[0.0], [1.0]]]]); v = np.eye(2)[None, None]
+    >>> er.attention(q, k, v, alpha=2, scale=1.0).tolist()
+    [[[[0.0, 1.0]]]]
+    >>> er.attention(q, k, v, alpha=1.5, scale=1.0).round(4).tolist()
+    [[[[0.1693, 0.8307]]]]
+    """
+    prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
+                    chunk, backend)
+    fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
+    out_dtype = np.result_type(*prob.out_dtypes)
+    out = fwd.out.astype(out_dtype, copy=False)
+    if not return_info:
+        return out
+    tau = theta_to_tau(fwd.theta, prob.spec.alpha)
+    return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew)
+
+
+def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=None, causal=False,
+                  key_lengths=None, alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0,
+                  chunk=None, backend=None):
+    """Gradients of a loss through :func:`attention`, given ``grad_out = dL/dout``.
+
+    Takes the same keyword arguments as :func:`attention`.  With ``tau`` (the forward's
+    ``info.tau``) the thresholds are not solved again: each query chunk recomputes
+    ``p = [(alpha - 1) z - tau]_+ ** (1/(alpha - 1))`` from the scores.  Without it the
+    forward is run first.  Per row, with ``u = p ** (2 - alpha)`` on the support, the
+    skewed output ``skew_i = sum_j u_ij v_j / sum_j u_ij`` and ``delta_i = dO_i . skew_i``:
+
+    * ``dZ_ij = u_ij (dO_i . v_j - delta_i)`` (the entmax VJP, never stored whole);
+    * ``dV_j = sum_i p_ij dO_i``, ``dQ_i = scale * s_i * sum_j dZ_ij k_j``,
+      ``dK_j = scale * sum_i s_i dZ_ij q_i`` (summed over the query heads of a kv head);
+    * ``dL/ds_i = sum_j dZ_ij * scale * (q_i . k_j)``, chained to beta, gamma and delta by
+      :func:`entmax_ref.asentmax_scale_vjp`.
+
+    ``out`` is used only at alpha = 1 together with ``tau``: there the skewed output is
+    the output, so no per-chunk recomputation of it is needed.  A row with nothing to
+    attend contributes nothing.
+
+    Returns
+    -------
+    AttentionGradients(dq, dk, dv, dbeta, dgamma, ddelta); the last three are None
+    without ASEntmax.
+
+    Raises
+    ------
+    ValueError: everything :func:`attention` rejects, and grad_out / out / tau of the
+    wrong shape or with NaN (tau may be -inf only on rows with nothing to attend).
+
+    Examples
+    --------
+    Sparsemax of (0, 1) is (0, 1), on the flat part of the simplex, so no gradient
+    reaches q or k; dv is p^T dO.
+
+    >>> import numpy as np, entmax_ref as er
+    >>> q = np.array([[[[1.0]]]]); k = np.array([[[[0.0], [1.0]]]]); v = np.eye(2)[None, None]
+    >>> g = er.attention_vjp(np.ones((1, 1, 1, 2)), q, k, v, alpha=2, scale=1.0)
+    >>> g.dq.tolist(), g.dv.tolist()
+    ([[[[0.0]]]], [[[[0.0, 0.0], [1.0, 1.0]]]])
+    """
+    prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
+                    chunk, backend)
+    B, Hq, Nq, _ = prob.q.shape
+    Dv = prob.v.shape[3]
+    do, _, _ = _tensor(grad_out, "grad_out", 4)
+    if tuple(do.shape) != (B, Hq, Nq, Dv):
+        raise ValueError(f"grad_out must have the output's shape {(B, Hq, Nq, Dv)}, got {tuple(do.shape)}")
+    do = np.ascontiguousarray(do.astype(prob.q.dtype, copy=False)) if isinstance(do, np.ndarray) else do
+    skew = None
+    if tau is None:
+        fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
+        theta, skew = fwd.theta, fwd.skew
+    else:
+        t = V.as_array(tau, "tau")
+        if tuple(t.shape) != (B, Hq, Nq):
+            raise ValueError(f"tau must have shape {(B, Hq, Nq)}, got {tuple(t.shape)}")
+        V.check_finite(t, "tau", allow_neg_inf=True)
+        t = t.astype(np.float64)
+        empty = prob.n == 0
+        if np.any(np.isneginf(t) & ~empty):
+            raise ValueError("tau is -inf on a row that has keys to attend; pass the forward's info.tau")
+        theta = np.ascontiguousarray(np.where(empty, -np.inf, tau_to_theta(t, prob.spec.alpha)))
+        if out is not None:
+            o, _, _ = _tensor(out, "out", 4)
+            if tuple(o.shape) != (B, Hq, Nq, Dv):
+                raise ValueError(f"out must have shape {(B, Hq, Nq, Dv)}, got {tuple(o.shape)}")
+            if prob.spec.alpha == 1.0:
+                skew = np.ascontiguousarray(o.astype(np.float64))
+    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, theta, skew, prob.spec)
+    dq = grads.dq.astype(prob.out_dtypes[0], copy=False)
+    dk = grads.dk.astype(prob.out_dtypes[1], copy=False)
+    dv = grads.dv.astype(prob.out_dtypes[2], copy=False)
+    if prob.params is None:
+        return AttentionGradients(dq, dk, dv)
+    live = prob.n > 0
+    ds = np.where(live, np.asarray(grads.drow_scale, np.float64), 0.0)
+    p = prob.params
+    sg = asentmax_scale_vjp(ds, np.where(live, prob.n, 1), p["beta"], p["gamma"], p["delta"], p["offset"])
+    return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta)
