@@ -1,0 +1,165 @@
+// entmax_attention.cu -- the row kernels of the cupy backend's query-chunked attention.
+//
+// The matrix products (q k^T, p v, dO v^T, ...) are cuBLAS calls made by cupy_backend.py;
+// these kernels do the per-row work between them, on a chunk of R score rows laid out as
+// (B, Hkv, group, chunk) with Kend keys each.  Row r is query i0 + (r % chunk) of query
+// head (r / chunk % (Hkv * group)) in batch r / (chunk * Hkv * group).  Scores are built
+// exactly as backends/numpy_attention.py builds them (er::ScoreRow in entmax_core.cuh).
+#include "entmax_teams.cuh"
+
+#ifndef ER_MAX_BLOCK
+#define ER_MAX_BLOCK 512
+#endif
+
+namespace {
+
+struct RowIndex {
+    int b, h;
+    long long i, out;  // query index in [0, Nq) and the flat (b, h, i) index of outputs
+};
+
+__device__ inline RowIndex row_index(long long r, int chunk, int heads, long long i0, long long nq) {
+    RowIndex ix;
+    long long bh = r / chunk;
+    ix.i = i0 + r % chunk;
+    ix.h = (int)(bh % heads);
+    ix.b = (int)(bh / heads);
+    ix.out = ((long long)ix.b * heads + ix.h) * nq + ix.i;
+    return ix;
+}
+
+// Forward: solve the row, write p over the raw dots (same index), u into u_out, and theta,
+// support, sum u; flag a non-finite visible score (the reference raises ValueError).
+template <class Team, class T>
+__device__ void attn_forward_row(const Team& team, T* dots, T* u_out, long long r, int n_keys, int chunk, int heads,
+                                 long long i0, long long nq, long long offset, double scale, double alpha,
+                                 const double* row_scale, const double* slopes, const long long* key_lengths,
+                                 int causal, int max_iter, double* theta, long long* support, double* sum_u,
+                                 int* bad) {
+    RowIndex ix = row_index(r, chunk, heads, i0, nq);
+    const long long off = r * (long long)n_keys;
+    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
+                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+    double nonfinite[1];
+    team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
+        double v = z(j);
+        if (j < z.limit && !er::is_finite(v)) acc.add(0, 1.0);
+    }, nonfinite);
+    if (nonfinite[0] > 0.0) {
+        if (team.leader()) atomicExch(bad, 1);
+        return;
+    }
+    er::Solve s = er::solve_row(team, z, n_keys, alpha, er::METHOD_DEFAULT, max_iter);
+    double su;
+    long long k = er::write_probs_weights(team, z, n_keys, alpha, s, dots + off, u_out + off, su);
+    if (team.leader()) {
+        theta[ix.out] = s.theta;
+        support[ix.out] = k;
+        sum_u[r] = su;
+        if (!s.converged) atomicExch(bad, 2);
+    }
+}
+
+// Backward: from theta, p = e_alpha(z - theta) over the raw dots, and over dp = dO . v_j
+// the scaled score gradient s_i * u_ij (dp_ij - delta_i); ds_i = sum_j dZ_ij a_ij.
+template <class Team, class T>
+__device__ void attn_backward_row(const Team& team, T* dots, T* dp, long long r, int n_keys, int chunk, int heads,
+                                  long long i0, long long nq, long long offset, double scale, double alpha,
+                                  const double* row_scale, const double* slopes, const long long* key_lengths,
+                                  int causal, const double* theta, const double* delta, double* ds) {
+    RowIndex ix = row_index(r, chunk, heads, i0, nq);
+    const long long off = r * (long long)n_keys;
+    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
+                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+    er::Alpha al = er::make_alpha(alpha);
+    const double th = theta[ix.out], dl = delta[r], si = z.s;
+    double out[1];
+    team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
+        double a = z.a(j);
+        er::Terms t = er::terms_from_theta(al, z(j), th);
+        double dz = t.u * (double(dp[off + j]) - dl);
+        acc.add(0, dz * a);
+        dots[off + j] = T(t.p);
+        dp[off + j] = T(z.has_s ? dz * si : dz);
+    }, out);
+    if (ds != nullptr && team.leader()) ds[ix.out] = out[0];
+}
+
+}  // namespace
+
+#define ER_ATTN_FWD_PARAMS                                                                                   \
+    T *dots, T *u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq,        \
+        long long offset, double scale, double alpha, const double *row_scale, const double *slopes,        \
+        const long long *key_lengths, int causal, int max_iter, double *theta, long long *support,          \
+        double *sum_u, int *bad
+#define ER_ATTN_FWD_ARGS                                                                                      \
+    dots, u_out, r, n_keys, chunk, heads, i0, nq, offset, scale, alpha, row_scale, slopes, key_lengths, causal, \
+        max_iter, theta, support, sum_u, bad
+
+template <typename T>
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_forward_warp(ER_ATTN_FWD_PARAMS) {
+    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    er::WarpTeam team{(int)(threadIdx.x & 31)};
+    attn_forward_row(team, ER_ATTN_FWD_ARGS);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_forward_block(ER_ATTN_FWD_PARAMS) {
+    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
+    er::BlockTeam team{scratch};
+    const long long r = blockIdx.x;
+    if (r >= rows) return;
+    attn_forward_row(team, ER_ATTN_FWD_ARGS);
+}
+
+#define ER_ATTN_BWD_PARAMS                                                                                   \
+    T *dots, T *dp, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq,           \
+        long long offset, double scale, double alpha, const double *row_scale, const double *slopes,        \
+        const long long *key_lengths, int causal, const double *theta, const double *delta, double *ds
+#define ER_ATTN_BWD_ARGS                                                                                      \
+    dots, dp, r, n_keys, chunk, heads, i0, nq, offset, scale, alpha, row_scale, slopes, key_lengths, causal, \
+        theta, delta, ds
+
+template <typename T>
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_backward_warp(ER_ATTN_BWD_PARAMS) {
+    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    er::WarpTeam team{(int)(threadIdx.x & 31)};
+    attn_backward_row(team, ER_ATTN_BWD_ARGS);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_backward_block(ER_ATTN_BWD_PARAMS) {
+    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
+    er::BlockTeam team{scratch};
+    const long long r = blockIdx.x;
+    if (r >= rows) return;
+    attn_backward_row(team, ER_ATTN_BWD_ARGS);
+}
+
+// Probabilities and skew weights from theta (the backward when no skewed output was kept).
+template <typename T>
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(
+    T* dots, T* u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq, long long offset,
+    double scale, double alpha, const double* row_scale, const double* slopes, const long long* key_lengths,
+    int causal, const double* theta, double* sum_u) {
+    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
+    er::BlockTeam team{scratch};
+    const long long r = blockIdx.x;
+    if (r >= rows) return;
+    RowIndex ix = row_index(r, chunk, heads, i0, nq);
+    const long long off = r * (long long)n_keys;
+    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
+                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+    er::Alpha al = er::make_alpha(alpha);
+    const double th = theta[ix.out];
+    double out[1];
+    team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
+        er::Terms t = er::terms_from_theta(al, z(j), th);
+        acc.add(0, t.u);
+        dots[off + j] = T(t.p);
+        u_out[off + j] = T(t.u);
+    }, out);
+    if (team.leader()) sum_u[r] = out[0];
+}

@@ -1,0 +1,573 @@
+// entmax_core.cuh -- the numerical core of the cupy backend's kernels.
+//
+// Everything here is __host__ __device__ (ER_HD) and free of CUDA intrinsics, so the very
+// same functions run inside the CUDA kernels (entmax_rows.cu, entmax_attention.cu) and on
+// the CPU in the g++ harness (harness.cpp, driven by tests/test_cuda_core.py).  The only
+// thing that differs between the two is the *team* that executes a row: a warp or a block
+// on the GPU, a serial loop that reproduces the lane/warp reduction order on the CPU.
+//
+// Units (see backends/_base.py): a row x is shifted by its maximum m, y = x - m, and the
+// solver finds A >= 0 with sum_i e_alpha(y_i - A) = 1; theta = m + A and
+// p_i = e_alpha(y_i - A), e_alpha(d) = [1 + (alpha-1) d]_+^(1/(alpha-1)) (exp at alpha=1).
+// For alpha > 2 the offset form cancels when p is small, so the solver variable is the
+// support threshold v = A - 1/(alpha-1) and p_i = [(alpha-1)(y_i - v)]_+^(1/(alpha-1)),
+// exactly as numpy_backend.py does.  All arithmetic is float64 whatever the storage type T.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define ER_HD __host__ __device__
+#define ER_ON_DEVICE 1
+#else
+#define ER_HD
+#include <math.h>
+#endif
+
+namespace er {
+
+// ------------------------------------------------------------------------ small helpers
+ER_HD inline double inf() { return __builtin_huge_val(); }
+ER_HD inline bool is_finite(double v) { return (v - v) == 0.0; }  // false for +-inf, nan
+ER_HD inline double dmax(double a, double b) { return a > b ? a : b; }
+
+// Compensated accumulators: each of K running sums is kept as (s, c) with s + c the value;
+// adds are Knuth's TwoSum, so a sum is exact to about one rounding whatever the order.
+template <int K>
+struct Acc {
+    double s[K];
+    double c[K];
+    ER_HD void zero() {
+        for (int k = 0; k < K; ++k) s[k] = c[k] = 0.0;
+    }
+    ER_HD void add(int k, double v) {
+        double t = s[k] + v;
+        double bp = t - s[k];
+        c[k] += (s[k] - (t - bp)) + (v - bp);
+        s[k] = t;
+    }
+    // Merge another partial sum; symmetric in (this, o) bit for bit (TwoSum is exact).
+    ER_HD void merge_one(int k, double os, double oc) {
+        double t = s[k] + os;
+        double bp = t - s[k];
+        double e = (s[k] - (t - bp)) + (os - bp);
+        s[k] = t;
+        c[k] = (c[k] + oc) + e;
+    }
+    ER_HD void merge(const Acc& o) {
+        for (int k = 0; k < K; ++k) merge_one(k, o.s[k], o.c[k]);
+    }
+    ER_HD double get(int k) const { return s[k] + c[k]; }
+};
+
+// ------------------------------------------------------------------------ host team
+// Executes a row on the CPU with the same partition and reduction tree as the device
+// teams: element i goes to lane i % LANES; lanes are reduced by a halving tree inside
+// each group of 32 (what __shfl_xor_sync computes in every lane), then the groups are
+// merged in order 0, 1, ... (what BlockTeam does through shared memory).  LANES = 1 is a
+// plain serial loop.
+template <int LANES>
+struct HostTeam {
+    bool leader() const { return true; }
+    template <int K, class F>
+    void reduce_sum(int n, F f, double out[K]) const {
+        static Acc<K> lane[LANES];  // host only; the harness is single-threaded
+        for (int l = 0; l < LANES; ++l) lane[l].zero();
+        for (int i = 0; i < n; ++i) f(i, lane[i % LANES]);
+        const int W = LANES < 32 ? LANES : 32;
+        for (int g = 0; g < LANES; g += W)
+            for (int off = W / 2; off > 0; off /= 2)
+                for (int l = 0; l < off; ++l) lane[g + l].merge(lane[g + l + off]);
+        Acc<K> tot = lane[0];
+        for (int g = W; g < LANES; g += W) tot.merge(lane[g]);
+        for (int k = 0; k < K; ++k) out[k] = tot.get(k);
+    }
+    template <class F>
+    double reduce_max(int n, F f) const {
+        double m = -inf();
+        for (int i = 0; i < n; ++i) m = dmax(m, f(i));
+        return m;
+    }
+    template <class F>
+    void for_each(int n, F f) const {
+        for (int i = 0; i < n; ++i) f(i);
+    }
+};
+
+// ------------------------------------------------------------------------ alpha
+enum Mode { SOFTMAX = 0, SPARSEMAX = 1, ENTMAX15 = 2, GENERAL = 3, GENERAL_GT2 = 4 };
+enum Method { METHOD_DEFAULT = 0, METHOD_BISECT = 1 };
+
+struct Alpha {
+    double a, a1;    // alpha and alpha - 1
+    double shift;    // A = v + shift: 1/(alpha-1) for alpha > 2, else 0
+    int mode;
+    bool halley;     // Halley steps are safe (f'' bounded at the support's edge): alpha < 1.5
+};
+
+ER_HD inline Alpha make_alpha(double a) {
+    Alpha al;
+    al.a = a;
+    al.a1 = a - 1.0;
+    al.shift = a > 2.0 ? 1.0 / al.a1 : 0.0;
+    al.mode = a == 1.0 ? SOFTMAX : a == 2.0 ? SPARSEMAX : a == 1.5 ? ENTMAX15 : a > 2.0 ? GENERAL_GT2 : GENERAL;
+    al.halley = a > 1.0 && a < 1.5;
+    return al;
+}
+
+// Probability at offset d = y - s from the solver variable s (A, or v when alpha > 2),
+// with u = p^(2-alpha) (-dp/ds) and w = (2-alpha) p^(3-2 alpha) (d2p/ds2; only used when
+// al.halley).  Off the support p = u = w = 0.  The expressions follow numpy_backend.py.
+struct Terms {
+    double p, u, w;
+};
+
+ER_HD inline Terms terms(const Alpha& al, double d) {
+    Terms r = {0.0, 0.0, 0.0};
+    switch (al.mode) {
+        case SOFTMAX: {
+            double p = exp(d);
+            r.p = p; r.u = p; r.w = p;
+            break;
+        }
+        case SPARSEMAX: {
+            double t = 1.0 + d;
+            if (t > 0.0) { r.p = t; r.u = 1.0; }
+            break;
+        }
+        case ENTMAX15: {
+            double t = 1.0 + 0.5 * d;
+            if (t > 0.0) { r.p = t * t; r.u = t; r.w = 0.5; }
+            break;
+        }
+        case GENERAL: {  // 1 < alpha < 2, alpha != 1.5: exp(log1p((a-1) d) / (a-1))
+            double t = al.a1 * d;
+            if (t > -1.0) {
+                double logp = log1p(t) / al.a1;
+                r.p = exp(logp);
+                if (r.p > 0.0) {
+                    r.u = exp((2.0 - al.a) * logp);
+                    r.w = (2.0 - al.a) * exp((3.0 - 2.0 * al.a) * logp);
+                }
+            }
+            break;
+        }
+        default: {  // alpha > 2, d = y - v: p = ((a-1) d)^(1/(a-1))
+            double t = al.a1 * d;
+            if (t > 0.0) {
+                double logp = log(t) / al.a1;
+                r.p = exp(logp);
+                if (r.p > 0.0) r.u = exp((2.0 - al.a) * logp);
+            }
+            break;
+        }
+    }
+    return r;
+}
+
+// ------------------------------------------------------------------------ row solver
+struct Solve {
+    double m;       // row max (-inf for an all -inf row)
+    double base;    // p_i = P((x_i - m - base) - s); base = 0 except in the second stage
+    double s;       //   of alpha > 2 (the smallest support entry, see solve_row)
+    double theta;   // x-space threshold m + ((base + s) + shift)
+    int n_iter;     // passes over the row that evaluated f
+    bool converged;
+};
+
+// Evaluation of f(s) = sum_i P((y_i - base) - s) - 1 and what the steps need, in one pass.
+struct Eval {
+    double f, d1, d2;  // f, -f', f''
+    double k;          // support size at s
+    double s1, s2;     // closed-form sums over the support (sparsemax: sum y; 1.5: sum w, sum w^2)
+};
+
+template <class Team, class X>
+ER_HD Eval evaluate(const Team& team, const X& x, int n, const Alpha& al, double m, double base, double s) {
+    double out[6];
+    team.template reduce_sum<6>(n, [&](int i, Acc<6>& acc) {
+        double y = x(i) - m;
+        Terms t = terms(al, (y - base) - s);
+        if (t.p > 0.0) {
+            acc.add(0, t.p);
+            acc.add(1, t.u);
+            if (al.halley) acc.add(2, t.w);
+            acc.add(3, 1.0);
+            if (al.mode == SPARSEMAX) {
+                acc.add(4, y);
+            } else if (al.mode == ENTMAX15) {
+                double w = 1.0 + 0.5 * y;
+                acc.add(4, w);
+                acc.add(5, w * w);
+            }
+        }
+    }, out);
+    Eval e;
+    e.f = out[0] - 1.0;
+    e.d1 = out[1];
+    e.d2 = out[2];
+    e.k = out[3];
+    e.s1 = out[4];
+    e.s2 = out[5];
+    return e;
+}
+
+// Root of f restricted to the current support (exact when that support is the true one).
+ER_HD inline double closed_form(const Alpha& al, const Eval& e) {
+    if (al.mode == SPARSEMAX) return (e.k + e.s1 - 1.0) / e.k;  // sum_S (1 + y_i - A) = 1
+    // 1.5: sum_S (w_i - A/2)^2 = 1 with w = 1 + y/2; the left root of the quadratic.
+    double mean = e.s1 / e.k;
+    double ss = e.s2 - e.s1 * mean;  // sum_S (w_i - mean)^2
+    double disc = (1.0 - ss) / e.k;
+    return 2.0 * (mean - sqrt(disc > 0.0 ? disc : 0.0));
+}
+
+// A bracket [lo, hi] of the root of the decreasing f: f(lo) >= 0 > f(hi) once evaluated.
+struct Bracket {
+    double lo, hi, flo, fhi;
+    bool has_lo, has_hi;
+    ER_HD void note(double s, double f) {
+        if (f >= 0.0) { lo = s; flo = f; has_lo = true; }
+        else { hi = s; fhi = f; has_hi = true; }
+    }
+    ER_HD bool closed() const {  // no float64 strictly inside
+        double mid = 0.5 * (lo + hi);
+        return mid <= lo || mid >= hi;
+    }
+};
+
+// Shrink [lo, hi] to two adjacent float64s around the root of f(s) = sum P((y - base) - s) - 1,
+// then return the end whose |f| is smaller (numpy_backend._last_bit and _closest).
+// METHOD_BISECT: plain bisection.  Otherwise: safeguarded Halley (alpha < 1.5) or Newton
+// steps from lo, a bisection whenever a step leaves the bracket or does not halve the step
+// before last; when a step no longer moves s, probes at 1, 2, 4, ... ulps on the far side
+// of s find the other end and bisection closes the gap.  Returns false if max_iter passes
+// ran out first.
+template <class Team, class X>
+ER_HD bool last_bit_root(const Team& team, const X& x, int n, const Alpha& al, double m, double base,
+                         Bracket& b, int method, int max_iter, int& n_iter, double& s_out) {
+    bool ok = true;
+    if (method != METHOD_BISECT && !b.closed()) {
+        double s = b.lo;
+        double dx_old = b.hi - b.lo, dx_older = b.hi - b.lo;
+        while (true) {
+            if (n_iter >= max_iter) { ok = false; break; }
+            Eval e = evaluate(team, x, n, al, m, base, s);
+            n_iter++;
+            b.note(s, e.f);
+            if (e.f == 0.0) {  // an exact root: nothing can beat |f| = 0
+                s_out = s;
+                return true;
+            }
+            if (b.closed()) break;
+            double cand = s + e.f / e.d1;
+            if (al.halley) {
+                double den = 2.0 * e.d1 * e.d1 - e.f * e.d2;
+                if (den > 0.0) cand = s + 2.0 * e.f * e.d1 / den;
+            }
+            if (cand == s) {  // converged to the last bits: find the other end next to s
+                double dir = e.f >= 0.0 ? inf() : -inf();
+                double gap = fabs(nextafter(s, dir) - s);
+                while (n_iter < max_iter) {
+                    double t = e.f >= 0.0 ? s + gap : s - gap;
+                    if (!(t > b.lo && t < b.hi)) break;
+                    Eval et = evaluate(team, x, n, al, m, base, t);
+                    n_iter++;
+                    b.note(t, et.f);
+                    if ((et.f >= 0.0) != (e.f >= 0.0)) break;
+                    gap *= 2.0;
+                }
+                break;
+            }
+            // A step that leaves the bracket or does not halve the step before last is
+            // replaced by bisection (entries entering the support are kinks with infinite
+            // slope for alpha > 2, where Newton alone stalls).
+            if (!(cand > b.lo && cand < b.hi) || fabs(cand - s) > 0.5 * fabs(dx_older)) cand = 0.5 * (b.lo + b.hi);
+            dx_older = dx_old;
+            dx_old = cand - s;
+            s = cand;
+        }
+    }
+    // Bisection to adjacent float64s (the whole solve for METHOD_BISECT).
+    while (ok && !b.closed()) {
+        if (n_iter >= max_iter) { ok = false; break; }
+        double mid = 0.5 * (b.lo + b.hi);
+        b.note(mid, evaluate(team, x, n, al, m, base, mid).f);
+        n_iter++;
+    }
+    if (!b.has_lo) { b.flo = evaluate(team, x, n, al, m, base, b.lo).f; b.has_lo = true; }
+    if (!b.has_hi) { b.fhi = evaluate(team, x, n, al, m, base, b.hi).f; b.has_hi = true; }
+    s_out = fabs(b.fhi) < fabs(b.flo) ? b.hi : b.lo;
+    return ok;
+}
+
+// Solve one row.
+//   alpha = 1 (default method): theta = m + log(sum exp(y)), no iteration.
+//   alpha in {1.5, 2} (default): Newton from A = 0 (a lower bound; f is convex, so the
+//     iterates stay below the root and the support only shrinks) and, at every point with
+//     f > 0, the closed-form root on its support; when that root keeps the support size it
+//     is exact (finite termination), and one Newton step from it removes its rounding.
+//   any other alpha, or method METHOD_BISECT: last_bit_root on A over
+//     [0, (1 - n^(1-alpha))/(alpha-1)] ([0, log n] at 1) for alpha <= 2.  For alpha > 2 the
+//     variable is the support threshold T = A - 1/(alpha-1) over
+//     [-1/(alpha-1), -n^(1-alpha)/(alpha-1)]; then, with c the smallest support entry, a
+//     second last_bit_root on s = T - c over [-(c - lo)(1 + 4 eps), 0], so that an edge
+//     entry's tiny gap (y_c - c) - s = -s keeps full relative precision (numpy does the same).
+template <class Team, class X>
+ER_HD Solve solve_row(const Team& team, const X& x, int n, double alpha, int method, int max_iter) {
+    Solve r;
+    Alpha al = make_alpha(alpha);
+    r.m = team.reduce_max(n, [&](int i) { return x(i); });
+    r.base = 0.0;
+    r.s = 0.0;
+    r.n_iter = 0;
+    r.converged = true;
+    if (!(r.m > -inf())) {  // all -inf (or n = 0)
+        r.theta = -inf();
+        return r;
+    }
+    const double m = r.m;
+    if (method != METHOD_BISECT && al.mode == SOFTMAX) {
+        double out[1];
+        team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) { acc.add(0, exp(x(i) - m)); }, out);
+        r.s = log(out[0]);
+        r.theta = m + r.s;
+        return r;
+    }
+    if (method != METHOD_BISECT && (al.mode == SPARSEMAX || al.mode == ENTMAX15)) {
+        double s = 0.0, lo = 0.0, hi = inf();
+        double closed_k = -1.0;  // support size the current point was computed from
+        bool done = false;
+        while (r.n_iter < max_iter) {
+            Eval e = evaluate(team, x, n, al, m, 0.0, s);
+            r.n_iter++;
+            if (closed_k >= 0.0 && e.k == closed_k) {
+                double t = s + e.f / e.d1;
+                if (t >= lo && t <= hi) s = t;
+                done = true;
+                break;
+            }
+            if (e.f == 0.0) { done = true; break; }
+            if (e.f > 0.0) lo = s; else hi = s;
+            double cand;
+            closed_k = -1.0;
+            if (e.f > 0.0) {
+                cand = closed_form(al, e);
+                closed_k = e.k;
+            } else {
+                cand = s + e.f / e.d1;  // Newton from the right: below the root (convexity)
+            }
+            if (cand == s) { done = true; break; }
+            if (!(cand > lo && cand < hi)) {
+                if (!(hi < inf())) { done = true; break; }  // cannot happen in exact arithmetic
+                closed_k = -1.0;
+                cand = 0.5 * (lo + hi);
+                if (cand <= lo || cand >= hi) { done = true; break; }
+            }
+            s = cand;
+        }
+        r.converged = done;
+        r.s = s;
+        r.theta = m + r.s;
+        return r;
+    }
+    // Count of finite entries: the uniform end of the bracket.
+    double nf;
+    {
+        double out[1];
+        team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
+            if (x(i) > -inf()) acc.add(0, 1.0);
+        }, out);
+        nf = out[0];
+    }
+    const double a1 = al.a1;
+    Bracket b;
+    b.has_lo = b.has_hi = false;
+    b.flo = b.fhi = 0.0;
+    if (al.mode == SOFTMAX) {
+        b.lo = 0.0;
+        b.hi = log(nf);
+    } else if (al.mode == GENERAL_GT2) {
+        b.lo = -1.0 / a1;
+        b.hi = -exp(-a1 * log(nf)) / a1;
+    } else {
+        b.lo = 0.0;
+        b.hi = -expm1(-a1 * log(nf)) / a1;
+    }
+    double s;
+    bool ok = last_bit_root(team, x, n, al, m, 0.0, b, method, max_iter, r.n_iter, s);
+    if (al.mode == GENERAL_GT2) {
+        const double lo = b.lo;
+        double c = -team.reduce_max(n, [&](int i) {
+            double y = x(i) - m;
+            return y > lo ? -y : -inf();
+        });
+        Bracket b2;
+        b2.has_lo = b2.has_hi = false;
+        b2.flo = b2.fhi = 0.0;
+        b2.lo = -((c - lo) * (1.0 + 4.0 * 2.220446049250313e-16));
+        b2.hi = 0.0;
+        ok = last_bit_root(team, x, n, al, m, c, b2, method, max_iter, r.n_iter, s) && ok;
+        r.base = c;
+    }
+    r.converged = ok;
+    r.s = s;
+    r.theta = m + ((r.base + r.s) + al.shift);
+    return r;
+}
+
+// Write p_i = P((x_i - m - base) - s) (zeros when theta = -inf); return the support size.
+template <class Team, class X, class T>
+ER_HD long long write_probs(const Team& team, const X& x, int n, double alpha, const Solve& r, T* p) {
+    Alpha al = make_alpha(alpha);
+    if (!(r.m > -inf())) {
+        team.for_each(n, [&](int i) { p[i] = T(0); });
+        return 0;
+    }
+    double out[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
+        double pi = terms(al, ((x(i) - r.m) - r.base) - r.s).p;
+        p[i] = T(pi);
+        if (pi > 0.0) acc.add(0, 1.0);  // counted in float64, as the reference does
+    }, out);
+    return (long long)out[0];
+}
+
+// Attention forward: p (may alias the scores x read, index by index) and the unnormalised
+// skew weights u = p^(2-alpha); returns the support size and sum_j u_j (0 for empty rows).
+template <class Team, class X, class T>
+ER_HD long long write_probs_weights(const Team& team, const X& x, int n, double alpha, const Solve& r, T* p, T* u,
+                                    double& sum_u) {
+    Alpha al = make_alpha(alpha);
+    if (!(r.m > -inf())) {
+        team.for_each(n, [&](int i) { p[i] = T(0); u[i] = T(0); });
+        sum_u = 0.0;
+        return 0;
+    }
+    double out[2];
+    team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
+        Terms t = terms(al, ((x(i) - r.m) - r.base) - r.s);
+        p[i] = T(t.p);
+        u[i] = T(t.u);
+        if (t.p > 0.0) {
+            acc.add(0, 1.0);
+            acc.add(1, t.u);
+        }
+    }, out);
+    sum_u = out[1];
+    return (long long)out[0];
+}
+
+// ------------------------------------------------------------------------ VJPs
+// u = p^(2-alpha) on the support (exp((2-alpha) log p), as numpy_backend.skew_weights).
+ER_HD inline double skew_weight(double p, double alpha) {
+    return p > 0.0 ? exp((2.0 - alpha) * log(p)) : 0.0;
+}
+
+// dx_i = u_i (g_i - sum_j u_j g_j / sum_j u_j).
+template <class Team, class P, class G, class D>
+ER_HD void vjp_row(const Team& team, const P* p, const G* g, int n, double alpha, D* dx) {
+    double out[2];
+    team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
+        double u = skew_weight(double(p[i]), alpha);
+        acc.add(0, u);
+        acc.add(1, u * double(g[i]));
+    }, out);
+    double r = out[0] > 0.0 ? out[1] / out[0] : 0.0;
+    team.for_each(n, [&](int i) {
+        double u = skew_weight(double(p[i]), alpha);
+        dx[i] = D(u * (double(g[i]) - r));
+    });
+}
+
+// h(w) = (e^w - 1 - w) / w^2 without cancellation (1/2 at w = 0); numpy_backend._h.
+ER_HD inline double h_series(double w) {
+    if (fabs(w) < 1.0) {
+        double series = 0.0, term = 0.5;
+        for (int k = 0; k < 18; ++k) {
+            series += term;
+            term = term * w / (k + 3);
+        }
+        return series;
+    }
+    return (expm1(w) - w) / (w * w);
+}
+
+// sum_i g_i dp_i/dalpha with dp_i/dalpha = p_i c_i - u_i sum_j p_j c_j / sum_j u_j and
+// p_i c_i = -p_i log(p_i)^2 h(-(alpha-1) log p_i) (numpy_backend.entmax_alpha_vjp).
+template <class Team, class P, class G>
+ER_HD double alpha_vjp_row(const Team& team, const P* p, const G* g, int n, double alpha) {
+    double out[4];
+    team.template reduce_sum<4>(n, [&](int i, Acc<4>& acc) {
+        double pi = double(p[i]);
+        if (pi > 0.0) {
+            double L = log(pi);
+            double pc = -pi * L * L * h_series(-(alpha - 1.0) * L);
+            double u = exp((2.0 - alpha) * L);
+            double gi = double(g[i]);
+            acc.add(0, gi * pc);
+            acc.add(1, pc);
+            acc.add(2, u);
+            acc.add(3, u * gi);
+        }
+    }, out);
+    double corr = out[2] > 0.0 ? out[3] * out[1] / out[2] : 0.0;
+    return out[0] - corr;
+}
+
+// ------------------------------------------------------------------------ attention rows
+// One score row of a query chunk, as numpy_attention._Block builds it: a_j = scale * dot_j,
+// z_j = s * a_j - slope * |i_abs - j|, -inf for keys the row may not see (j >= length, or
+// j > i_abs when causal).  dot is the row of raw q.k products (cuBLAS).
+template <class T>
+struct ScoreRow {
+    const T* dot;
+    double scale, s, slope;
+    long long i_abs;
+    int limit;  // keys j < limit are visible
+    bool has_s;
+    ER_HD double a(int j) const { return scale * double(dot[j]); }
+    ER_HD double operator()(int j) const {
+        if (j >= limit) return -inf();
+        double z = a(j);
+        if (has_s) z = z * s;
+        if (slope != 0.0) {
+            long long d = i_abs - j;
+            z = z - slope * double(d < 0 ? -d : d);
+        }
+        return z;
+    }
+};
+
+template <class T>
+ER_HD inline ScoreRow<T> score_row(const T* dot, int n_keys, double scale, const double* row_scale, const double* slopes,
+                                   const long long* key_lengths, bool causal, int b, int h, long long i, long long offset) {
+    ScoreRow<T> r;
+    r.dot = dot;
+    r.scale = scale;
+    r.has_s = row_scale != nullptr;
+    r.s = r.has_s ? row_scale[0] : 1.0;
+    r.slope = slopes != nullptr ? slopes[h] : 0.0;
+    r.i_abs = i + offset;
+    long long lim = key_lengths != nullptr ? key_lengths[b] : n_keys;
+    if (lim > n_keys) lim = n_keys;
+    if (causal && r.i_abs + 1 < lim) lim = r.i_abs + 1;
+    r.limit = lim < 0 ? 0 : (int)lim;
+    return r;
+}
+
+// p and u = p^(2-alpha) from the x-space threshold (backward; numpy's e_alpha(z - theta)).
+ER_HD inline Terms terms_from_theta(const Alpha& al, double z, double theta) {
+    if (!(theta > -inf()) || !(z > -inf())) {
+        Terms t = {0.0, 0.0, 0.0};
+        return t;
+    }
+    return terms(al, (z - theta) + al.shift);
+}
+
+// ------------------------------------------------------------------------ row readers
+template <class T>
+struct RowReader {
+    const T* x;
+    ER_HD double operator()(int i) const { return double(x[i]); }
+};
+
+}  // namespace er

@@ -1,0 +1,78 @@
+// harness.cpp -- runs the CUDA kernels' numerical core (entmax_core.cuh) on the CPU.
+//
+// Built by tests/test_cuda_core.py with
+//     g++ -std=c++17 -O2 -shared -fPIC -I backends/cuda backends/cuda/harness.cpp -o harness.so
+// and driven through ctypes.  Each entry point loops over rows exactly as the kernels do
+// (one team per row) with a HostTeam whose lane count is chosen at run time: 1 (serial),
+// 32 (the reduction order of a warp-per-row kernel) or 256 (a 256-thread block per row).
+#include "entmax_core.cuh"
+
+namespace {
+
+template <int LANES, class T>
+void forward_rows(const T* x, long rows, int n, const double* alpha, int method, int max_iter, T* p,
+                  double* theta, long long* support, long long* n_iter, unsigned char* converged) {
+    er::HostTeam<LANES> team;
+    for (long r = 0; r < rows; ++r) {
+        er::RowReader<T> row{x + r * n};
+        er::Solve s = er::solve_row(team, row, n, alpha[r], method, max_iter);
+        support[r] = er::write_probs(team, row, n, alpha[r], s, p + r * n);
+        theta[r] = s.theta;
+        n_iter[r] = s.n_iter;
+        converged[r] = s.converged ? 1 : 0;
+    }
+}
+
+template <int LANES, class T>
+void vjp_rows(const T* p, const T* g, long rows, int n, const double* alpha, T* dx) {
+    er::HostTeam<LANES> team;
+    for (long r = 0; r < rows; ++r) er::vjp_row(team, p + r * n, g + r * n, n, alpha[r], dx + r * n);
+}
+
+template <int LANES, class T>
+void alpha_vjp_rows(const T* p, const T* g, long rows, int n, const double* alpha, double* out) {
+    er::HostTeam<LANES> team;
+    for (long r = 0; r < rows; ++r) out[r] = er::alpha_vjp_row(team, p + r * n, g + r * n, n, alpha[r]);
+}
+
+#define ER_BY_LANES(lanes, call)          \
+    switch (lanes) {                      \
+        case 1: call(1); return 0;        \
+        case 32: call(32); return 0;      \
+        case 256: call(256); return 0;    \
+        default: return -1;               \
+    }
+
+}  // namespace
+
+extern "C" {
+
+#define ER_FWD(L) forward_rows<L>(x, rows, n, alpha, method, max_iter, p, theta, support, n_iter, converged)
+int er_forward_f64(const double* x, long rows, int n, const double* alpha, int method, int max_iter, int lanes,
+                   double* p, double* theta, long long* support, long long* n_iter, unsigned char* converged) {
+    ER_BY_LANES(lanes, ER_FWD)
+}
+int er_forward_f32(const float* x, long rows, int n, const double* alpha, int method, int max_iter, int lanes,
+                   float* p, double* theta, long long* support, long long* n_iter, unsigned char* converged) {
+    ER_BY_LANES(lanes, ER_FWD)
+}
+
+#define ER_VJP(L) vjp_rows<L>(p, g, rows, n, alpha, dx)
+int er_vjp_f64(const double* p, const double* g, long rows, int n, const double* alpha, int lanes, double* dx) {
+    ER_BY_LANES(lanes, ER_VJP)
+}
+int er_vjp_f32(const float* p, const float* g, long rows, int n, const double* alpha, int lanes, float* dx) {
+    ER_BY_LANES(lanes, ER_VJP)
+}
+
+#define ER_AVJP(L) alpha_vjp_rows<L>(p, g, rows, n, alpha, out)
+int er_alpha_vjp_f64(const double* p, const double* g, long rows, int n, const double* alpha, int lanes,
+                     double* out) {
+    ER_BY_LANES(lanes, ER_AVJP)
+}
+int er_alpha_vjp_f32(const float* p, const float* g, long rows, int n, const double* alpha, int lanes,
+                     double* out) {
+    ER_BY_LANES(lanes, ER_AVJP)
+}
+
+}  // extern "C"
