@@ -557,3 +557,78 @@ def test_bad_input_raises_value_errors_naming_shapes():
         er.attention_vjp(np.ones((2, 4, 3, 2)), q, k, v, tau=np.full((2, 4, 3), -np.inf))
     with pytest.raises(ValueError, match="overflowed"):
         er.attention(q * 1e200, k * 1e200, v)
+
+
+# --------------------------------------------------------------------------- peer: PyTorch autograd
+def _peer():
+    try:
+        import entmax
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        pytest.skip(f"cross-validation needs torch and the entmax package: {exc}")
+    return torch, entmax
+
+
+def torch_attention(torch, entmax, q, k, v, *, alpha, scale=None, causal=False, key_lengths=None,
+                    alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0):
+    """Eager attention as in the paper's code: q scaled by s_i, scores, ALiBi, mask,
+    entmax_bisect (softmax at alpha = 1), matmul with v; GQA by repeating k and v."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    kk, vv = k.repeat_interleave(Hq // Hkv, dim=1), v.repeat_interleave(Hq // Hkv, dim=1)
+    scale = 1.0 / D**0.5 if scale is None else scale
+    i_abs, j = torch.arange(Nq) + Nk - Nq, torch.arange(Nk)
+    lengths = torch.full((B,), Nk) if key_lengths is None else torch.as_tensor(key_lengths)
+    visible = j[None, None, None, :] < lengths[:, None, None, None]
+    if causal:
+        visible = visible & (j[None, :] <= i_abs[:, None])[None, None]
+    visible = visible.expand(B, Hq, Nq, Nk)
+    if beta is not None:
+        n = visible.sum(-1).to(q.dtype)
+        s = delta + beta * torch.log(n + offset) ** gamma
+        q = q * s[..., None]
+    scores = (q @ kk.transpose(-1, -2)) * scale
+    if alibi_slopes is not None:
+        dist = (i_abs[:, None] - j[None, :]).abs().to(q.dtype)
+        scores = scores - torch.as_tensor(alibi_slopes, dtype=q.dtype)[None, :, None, None] * dist
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if alpha == 1.0:
+        p = torch.softmax(scores, dim=-1)
+    else:
+        p = entmax.entmax_bisect(scores, alpha=alpha, dim=-1, n_iter=200)
+    return p @ vv
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("scaling", ["head", "token"])
+def test_matches_pytorch_autograd(backend, alpha, causal, scaling):
+    """Forward and every gradient (q, k, v, beta, gamma, delta) against torch autograd
+    through an eager entmax-package implementation, float64, GQA + ALiBi + padding."""
+    torch, entmax = _peer()
+    rng, q, k, v = problem(31 + int(alpha * 8) + 2 * causal, B=2, Hq=4, Hkv=2, Nq=5, Nk=6, D=3, Dv=2)
+    shape = (4, 1) if scaling == "head" else (2, 4, 5)
+    beta, gamma = rng.uniform(0.2, 1.2, shape), rng.uniform(-1.5, 1.5, shape)
+    delta = np.array(0.8)
+    kw = dict(causal=causal, key_lengths=[6, 5], alibi_slopes=[0.5, 0.25, 0.0, 0.0])
+    g_out = rng.standard_normal((2, 4, 5, 2))
+
+    out, info = er.attention(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, return_info=True,
+                             backend=backend, **kw)
+    grads = er.attention_vjp(g_out, q, k, v, out=out, tau=info.tau, alpha=alpha, beta=beta, gamma=gamma,
+                             delta=delta, backend=backend, **kw)
+
+    leaves = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v, beta, gamma, delta)]
+    t_out = torch_attention(torch, entmax, *leaves[:3], alpha=alpha, beta=leaves[3], gamma=leaves[4],
+                            delta=leaves[5], **kw)
+    t_out.backward(torch.tensor(g_out))
+
+    d = dense(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, **kw)
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=0, atol=out_tol(d, v, alpha, np.float64))
+    gtol = grad_tol(d, q, k, v, g_out, alpha)
+    for name, ours, leaf in zip(("dq", "dk", "dv", "dbeta", "dgamma", "ddelta"), grads, leaves):
+        theirs = leaf.grad.numpy()
+        assert np.shape(ours) == theirs.shape, name
+        reduce = 1 if name in ("dq", "dk", "dv") else q.shape[2] * q.shape[1] * q.shape[0]
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=gtol * reduce, err_msg=name)
