@@ -319,10 +319,11 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
                     chunk, backend)
     B, Hq, Nq, _ = prob.q.shape
     Dv = prob.v.shape[3]
-    do, _, _ = _tensor(grad_out, "grad_out", 4)
+    do, cdo, _ = _tensor(grad_out, "grad_out", 4)
     if tuple(do.shape) != (B, Hq, Nq, Dv):
         raise ValueError(f"grad_out must have the output's shape {(B, Hq, Nq, Dv)}, got {tuple(do.shape)}")
-    do = np.ascontiguousarray(do.astype(prob.q.dtype, copy=False)) if isinstance(do, np.ndarray) else do
+    # kept in its own precision: the backend accumulates in float64 whatever it gets
+    do = np.ascontiguousarray(do.astype(cdo, copy=False)) if isinstance(do, np.ndarray) else do.astype(cdo)
     skew = None
     if tau is None:
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
