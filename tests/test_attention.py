@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import entmax_ref as er
@@ -394,7 +394,7 @@ def test_gradients_without_scale_and_float32(backend):
 
 
 # --------------------------------------------------------------------------- the paper's theory
-def _probe(nk, dv=None):
+def _probe(nk):
     """v = identity, so that the attention output row is the probability row itself."""
     return np.eye(nk)[None, None]
 
