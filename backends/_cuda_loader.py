@@ -1,0 +1,95 @@
+"""Lazy compilation of the CUDA sources in ``cuda/`` with ``cupy.RawModule``.
+
+Nothing is compiled, and cupy is not imported, when this module is imported.  The first
+call of :func:`get_module` for a source builds a ``RawModule`` (CuPy caches the binary on
+disk, keyed by source, options, architecture and NVRTC version, under ``CUPY_CACHE_DIR``)
+and memoises it per ``(device id, source, options)``.
+
+The kernels are C++ templates on the scalar type; :data:`KERNELS` lists the templates of
+each source and :func:`name_expressions` instantiates them for float and double.  The same
+lists drive ``tests/test_cuda_compile.py`` (nvcc, sm_80 and sm_90) so that every kernel the
+backend can launch is compile-checked in CI.
+"""
+
+from __future__ import annotations
+
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+#: Template kernels of each source file in cuda/.
+KERNELS: dict[str, tuple[str, ...]] = {
+    "entmax_rows.cu": (
+        "entmax_forward_warp",
+        "entmax_forward_block",
+        "entmax_vjp_warp",
+        "entmax_vjp_block",
+        "entmax_alpha_vjp_warp",
+        "entmax_alpha_vjp_block",
+    ),
+    "entmax_attention.cu": (
+        "attn_forward_warp",
+        "attn_forward_block",
+        "attn_backward_warp",
+        "attn_backward_block",
+        "attn_probs_from_theta_block",
+    ),
+}
+#: Scalar types every template is instantiated for.
+SCALARS = ("float", "double")
+#: Most threads per block the adaptor launches (the kernels' __launch_bounds__).
+MAX_BLOCK = 512
+#: Compiler options shared by NVRTC (the loader) and nvcc (the compile test).  No fused
+#: multiply-add contraction, so the device computes what the g++ harness computes.
+OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=false", f"-DER_MAX_BLOCK={MAX_BLOCK}")
+
+_memo: dict[tuple[int, str, tuple[str, ...]], Any] = {}
+_lock = threading.Lock()
+
+
+def cuda_dir() -> Path:
+    """The folder holding the .cu/.cuh sources (package data of entmax_ref.backends)."""
+    path = resources.files(__package__).joinpath("cuda")
+    if not isinstance(path, Path):  # e.g. imported from a zip file
+        raise RuntimeError(f"the CUDA sources must be on a file system to be compiled, found {path!r}")
+    return path
+
+
+def name_expressions(source: str) -> tuple[str, ...]:
+    """``kernel<float>``, ``kernel<double>`` for every template kernel of ``source``."""
+    return tuple(f"{k}<{t}>" for k in KERNELS[source] for t in SCALARS)
+
+
+def read_source(source: str) -> str:
+    """The text of ``cuda/<source>`` with a ``#line`` directive so that compiler messages
+    name the real file."""
+    path = cuda_dir() / source
+    return f'#line 1 "{path}"\n' + path.read_text(encoding="utf-8")
+
+
+def get_module(source: str, extra_options: tuple[str, ...] = ()):
+    """The compiled ``cupy.RawModule`` of ``cuda/<source>`` for the current device."""
+    import cupy
+
+    options = (*OPTIONS, *extra_options)
+    key = (cupy.cuda.Device().id, source, options)
+    module = _memo.get(key)
+    if module is None:
+        with _lock:
+            module = _memo.get(key)
+            if module is None:
+                module = cupy.RawModule(
+                    code=read_source(source),
+                    options=(*options, f"-I{cuda_dir()}"),
+                    name_expressions=list(name_expressions(source)),
+                )
+                _memo[key] = module
+    return module
+
+
+def get_kernel(source: str, name: str, scalar: str):
+    """The kernel ``name<scalar>`` of ``cuda/<source>`` (compiling it on first use)."""
+    if scalar not in SCALARS:
+        raise TypeError(f"CUDA kernels exist for {SCALARS}, not {scalar!r}")
+    return get_module(source).get_function(f"{name}<{scalar}>")

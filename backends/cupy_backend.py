@@ -1,0 +1,296 @@
+"""The CuPy backend: raw CUDA kernels (``cuda/*.cu``) behind the backend contract.
+
+CuPy arrays in, CuPy arrays out; user data never leaves the device.  Small parameter
+arrays the contract gives as NumPy (per-row alpha, ALiBi slopes, key lengths, the ASEntmax
+row scale) are uploaded as they are, and each attention call reads back one int32 status
+flag (non-finite scores, an unconverged row) so that it can raise like the reference.
+
+Kernels are compiled on first use (``_cuda_loader``), never at import.  The numerical core
+of every kernel is the ``__host__ __device__`` code of ``cuda/entmax_core.cuh``, which the
+g++ harness (``cuda/harness.cpp``, ``tests/test_cuda_core.py``) runs on the CPU:
+
+* rows: sparsemax and 1.5-entmax by Newton with exact-support termination, softmax in
+  closed form, any other alpha (and ``method="bisect"``) by a last-bit root finder, all in
+  float64 whatever the storage dtype; ``n_iter`` counts passes over the row (it is not 0
+  for sparsemax / 1.5-entmax as on the NumPy backend, which sorts);
+* one warp per row when ``n <= CupyTuning.warp_max_n``, else one block per row;
+* attention: query chunks, ``cupy.matmul`` (cuBLAS) for the products, raw kernels for
+  the row solves and the backward's elementwise work; theta and the skewed output are
+  kept per row, memory is O(chunk x Nk).
+
+Methods: ``None`` and ``"newton"`` (the default solvers above) and ``"bisect"``;
+``"sort"`` is not implemented on the GPU (NotImplementedError).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cupy
+import numpy as np
+
+from . import _cuda_loader as L
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
+
+_METHODS = {None: 0, "newton": 0, "bisect": 1}
+_ROWS = "entmax_rows.cu"
+_ATTN = "entmax_attention.cu"
+_NULL = np.uint64(0)  # a null pointer argument
+
+
+@dataclass(frozen=True)
+class CupyTuning:
+    """Launch parameters of the cupy backend.
+
+    warp_max_n: rows of at most this many entries get one warp each, longer rows one block.
+    warps_per_block: rows per block for the warp-per-row kernels.
+    block: threads per block for the block-per-row kernels (multiple of 32, <= 512).
+    max_iter: cap on solver passes per row (a row that needs more is reported unconverged).
+    attention_bytes: budget for one chunk's score buffers when ``spec.chunk`` is None.
+    """
+
+    warp_max_n: int = 1024
+    warps_per_block: int = 4
+    block: int = 256
+    max_iter: int = 4400
+    attention_bytes: int = 512 * 2**20
+
+    @classmethod
+    def default(cls) -> "CupyTuning":
+        return cls()
+
+    def __post_init__(self):
+        if self.block % 32 or not 32 <= self.block <= L.MAX_BLOCK:
+            raise ValueError(f"block must be a multiple of 32 in [32, {L.MAX_BLOCK}], got {self.block}")
+        if not 1 <= self.warps_per_block <= L.MAX_BLOCK // 32:
+            raise ValueError(f"warps_per_block must be in [1, {L.MAX_BLOCK // 32}], got {self.warps_per_block}")
+
+
+def _scalar_name(dtype) -> str:
+    return "double" if np.dtype(dtype) == np.float64 else "float"
+
+
+def _compute_dtype(dtype) -> np.dtype:
+    """float64 stays; float32, float16 and bfloat16 are computed in float32."""
+    dt = np.dtype(dtype)
+    if dt == np.float64:
+        return dt
+    if dt.kind == "f" or dt.name == "bfloat16":
+        return np.dtype(np.float32)
+    raise TypeError(f"the cupy backend computes on float arrays, got {dt}")
+
+
+def _device(a, dtype=None):
+    """A C-contiguous device array (uploads NumPy parameter arrays, copies only if needed)."""
+    return cupy.ascontiguousarray(cupy.asarray(a, dtype=dtype))
+
+
+class CupyBackend:
+    """Raw CUDA kernels on CuPy arrays (see the module docstring)."""
+
+    name = "cupy"
+
+    def __init__(self, tuning: CupyTuning | None = None):
+        self.tuning = tuning or CupyTuning.default()
+
+    def owns(self, x) -> bool:
+        return isinstance(x, cupy.ndarray)
+
+    def warmup(self) -> None:
+        """Compile every kernel for the current device now (e.g. before benchmarking)."""
+        for source in L.KERNELS:
+            for expr in L.name_expressions(source):
+                L.get_module(source).get_function(expr)
+
+    # ------------------------------------------------------------------ launching
+    def _launch_rows(self, name: str, n: int, rows: int, scalar: str, args: tuple) -> None:
+        t = self.tuning
+        if n <= t.warp_max_n:
+            kernel = L.get_kernel(_ROWS, f"{name}_warp", scalar)
+            per = t.warps_per_block
+            kernel(((rows + per - 1) // per,), (32 * per,), args)
+        else:
+            kernel = L.get_kernel(_ROWS, f"{name}_block", scalar)
+            kernel((rows,), (t.block,), args)
+
+    def _attn_kernel(self, name: str, n_keys: int, rows: int, scalar: str):
+        t = self.tuning
+        if n_keys <= t.warp_max_n and name != "attn_probs_from_theta":
+            per = t.warps_per_block
+            return L.get_kernel(_ATTN, f"{name}_warp", scalar), ((rows + per - 1) // per,), (32 * per,)
+        return L.get_kernel(_ATTN, f"{name}_block", scalar), (rows,), (t.block,)
+
+    # ------------------------------------------------------------------ rows
+    def entmax_forward(self, x, alpha, method: str | None) -> RowSolve:
+        if method not in _METHODS:
+            raise NotImplementedError(
+                f"method {method!r} is not implemented on the cupy backend; use None, 'newton' or 'bisect' "
+                "(there is no sort on the GPU; the default solves alpha in {1, 1.5, 2} exactly)"
+            )
+        rows, n = x.shape
+        if n >= 2**31:
+            raise ValueError(f"rows longer than 2**31 - 1 entries are not supported (n = {n})")
+        cdt = _compute_dtype(x.dtype)
+        xc = cupy.ascontiguousarray(x, dtype=cdt)
+        a = _device(alpha, np.float64)
+        p = cupy.empty((rows, n), cdt)
+        theta = cupy.empty(rows, np.float64)
+        support = cupy.empty(rows, np.int64)
+        n_iter = cupy.empty(rows, np.int64)
+        converged = cupy.empty(rows, np.bool_)
+        if rows:
+            args = (xc, np.int64(rows), np.int32(n), a, np.int32(_METHODS[method]), np.int32(self.tuning.max_iter),
+                    p, theta, support, n_iter, converged)
+            self._launch_rows("entmax_forward", n, rows, _scalar_name(cdt), args)
+        return RowSolve(p.astype(x.dtype, copy=False), theta, support, n_iter, converged)
+
+    def _vjp_inputs(self, p, g, alpha):
+        out_dtype = np.result_type(p.dtype, g.dtype)
+        cdt = _compute_dtype(out_dtype)
+        return (cupy.ascontiguousarray(p, dtype=cdt), cupy.ascontiguousarray(g, dtype=cdt),
+                _device(alpha, np.float64), cdt, out_dtype)
+
+    def entmax_vjp(self, p, g, alpha):
+        pc, gc, a, cdt, out_dtype = self._vjp_inputs(p, g, alpha)
+        rows, n = pc.shape
+        dx = cupy.empty((rows, n), cdt)
+        if rows:
+            self._launch_rows("entmax_vjp", n, rows, _scalar_name(cdt), (pc, gc, np.int64(rows), np.int32(n), a, dx))
+        return dx.astype(out_dtype, copy=False)
+
+    def entmax_alpha_vjp(self, p, g, alpha):
+        pc, gc, a, cdt, _ = self._vjp_inputs(p, g, alpha)
+        rows, n = pc.shape
+        out = cupy.empty(rows, np.float64)
+        if rows:
+            self._launch_rows("entmax_alpha_vjp", n, rows, _scalar_name(cdt),
+                              (pc, gc, np.int64(rows), np.int32(n), a, out))
+        return out
+
+    # ------------------------------------------------------------------ attention
+    def _attn_setup(self, q, k, v, spec: AttentionSpec):
+        B, Hq, Nq, D = q.shape
+        Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
+        if Hq % Hkv:
+            raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+        if Nk >= 2**31:
+            raise ValueError(f"at most 2**31 - 1 keys are supported (Nk = {Nk})")
+        cdt = _compute_dtype(np.result_type(q.dtype, k.dtype, v.dtype))
+        qc, kc, vc = (cupy.ascontiguousarray(t, dtype=cdt) for t in (q, k, v))
+        lengths = None if spec.key_lengths is None else np.asarray(spec.key_lengths, np.int64)
+        params = dict(
+            row_scale=_NULL if spec.row_scale is None else _device(spec.row_scale, np.float64),
+            slopes=_NULL if spec.alibi_slopes is None else _device(spec.alibi_slopes, np.float64),
+            lengths=_NULL if lengths is None else _device(lengths, np.int64),
+        )
+        group = Hq // Hkv
+        if spec.chunk is not None:
+            chunk = max(1, int(spec.chunk))
+        else:
+            per_row = 2 * B * Hq * max(Nk, 1) * cdt.itemsize
+            chunk = int(max(1, min(max(Nq, 1), self.tuning.attention_bytes // per_row)))
+        max_len = Nk if lengths is None else int(min(Nk, max(int(lengths.max(initial=0)), 0)))
+        return (B, Hq, Nq, D, Hkv, Nk, Dv, group), cdt, (qc, kc, vc), params, chunk, max_len
+
+    @staticmethod
+    def _key_end(i1: int, offset: int, max_len: int, causal: bool) -> int:
+        return max(0, min(max_len, i1 + offset) if causal else max_len)
+
+    def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
+        (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
+        scalar = _scalar_name(cdt)
+        offset = Nk - Nq
+        out = cupy.zeros((B, Hq, Nq, Dv), cdt)
+        skew = cupy.zeros((B, Hq, Nq, Dv), np.float64)
+        theta = cupy.full((B, Hq, Nq), -np.inf, np.float64)
+        support = cupy.zeros((B, Hq, Nq), np.int64)
+        bad = cupy.zeros(1, np.int32)
+        q5 = qc.reshape(B, Hkv, G, Nq, D)
+        for i0 in range(0, Nq, chunk):
+            i1 = min(Nq, i0 + chunk)
+            cc = i1 - i0
+            kend = self._key_end(i1, offset, max_len, spec.causal)
+            if kend == 0:
+                continue
+            qch = cupy.ascontiguousarray(q5[:, :, :, i0:i1]).reshape(B, Hkv, G * cc, D)
+            kk, vv = kc[:, :, :kend], vc[:, :, :kend]
+            s = cupy.ascontiguousarray(cupy.matmul(qch, kk.transpose(0, 1, 3, 2)))  # (B, Hkv, G*cc, kend)
+            u = cupy.empty_like(s)
+            rows = B * Hq * cc
+            su = cupy.empty(rows, np.float64)
+            kernel, grid, block = self._attn_kernel("attn_forward", kend, rows, scalar)
+            kernel(grid, block, (s, u, np.int64(rows), np.int32(kend), np.int32(cc), np.int32(Hq), np.int64(i0),
+                                 np.int64(Nq), np.int64(offset), np.float64(spec.scale), np.float64(spec.alpha),
+                                 prm["row_scale"], prm["slopes"], prm["lengths"], np.int32(bool(spec.causal)),
+                                 np.int32(self.tuning.max_iter), theta, support, su, bad))
+            o = cupy.matmul(s, vv)  # p v
+            out[:, :, i0:i1] = o.reshape(B, Hq, cc, Dv)
+            if spec.alpha == 1.0:
+                sk = o.astype(np.float64)
+            else:
+                sum_u = su.reshape(B, Hkv, G * cc, 1)
+                sk = cupy.where(sum_u > 0, cupy.matmul(u, vv).astype(np.float64) / cupy.where(sum_u > 0, sum_u, 1.0), 0.0)
+            skew[:, :, i0:i1] = sk.reshape(B, Hq, cc, Dv)
+        self._check(bad)
+        return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
+
+    @staticmethod
+    def _check(bad) -> None:
+        status = int(bad.get()[0])  # the one scalar read back per call
+        if status == 1:
+            raise ValueError("attention scores overflowed (non-finite s * scale * q.k + bias); "
+                             "rescale q, k, the scale or the ASEntmax scale")
+        if status == 2:
+            raise RuntimeError("an attention row did not converge within CupyTuning.max_iter solver passes")
+
+    def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
+        (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
+        scalar = _scalar_name(cdt)
+        offset = Nk - Nq
+        doc = cupy.ascontiguousarray(do, dtype=cdt)
+        th = _device(theta, np.float64)
+        skew_all = None if skew is None else _device(skew, np.float64)
+        dq = cupy.zeros((B, Hq, Nq, D), cdt)
+        dk = cupy.zeros((B, Hkv, Nk, D), cdt)
+        dv = cupy.zeros((B, Hkv, Nk, Dv), cdt)
+        ds = cupy.zeros((B, Hq, Nq), np.float64) if spec.row_scale is not None else None
+        q5 = qc.reshape(B, Hkv, G, Nq, D)
+        do5 = doc.reshape(B, Hkv, G, Nq, Dv)
+        common_tail = (prm["row_scale"], prm["slopes"], prm["lengths"], np.int32(bool(spec.causal)))
+        for i0 in range(0, Nq, chunk):
+            i1 = min(Nq, i0 + chunk)
+            cc = i1 - i0
+            kend = self._key_end(i1, offset, max_len, spec.causal)
+            if kend == 0:
+                continue
+            rows = B * Hq * cc
+            head = (np.int64(rows), np.int32(kend), np.int32(cc), np.int32(Hq), np.int64(i0), np.int64(Nq),
+                    np.int64(offset), np.float64(spec.scale), np.float64(spec.alpha))
+            qch = cupy.ascontiguousarray(q5[:, :, :, i0:i1]).reshape(B, Hkv, G * cc, D)
+            doch = cupy.ascontiguousarray(do5[:, :, :, i0:i1]).reshape(B, Hkv, G * cc, Dv)
+            kk, vv = kc[:, :, :kend], vc[:, :, :kend]
+            s = cupy.ascontiguousarray(cupy.matmul(qch, kk.transpose(0, 1, 3, 2)))
+            if skew_all is None:  # recompute the skewed output from theta
+                p = s.copy()
+                u = cupy.empty_like(s)
+                su = cupy.empty(rows, np.float64)
+                kernel, grid, block = self._attn_kernel("attn_probs_from_theta", kend, rows, scalar)
+                kernel(grid, block, (p, u, *head, *common_tail, th, su))
+                if spec.alpha == 1.0:
+                    sk = cupy.matmul(p, vv).astype(np.float64)
+                else:
+                    sum_u = su.reshape(B, Hkv, G * cc, 1)
+                    sk = cupy.where(sum_u > 0, cupy.matmul(u, vv).astype(np.float64) / cupy.where(sum_u > 0, sum_u, 1.0), 0.0)
+                del p, u
+            else:
+                sk = skew_all[:, :, i0:i1].reshape(B, Hkv, G * cc, Dv)
+            delta = cupy.ascontiguousarray((doch.astype(np.float64) * sk).sum(axis=-1)).reshape(rows)
+            dp = cupy.ascontiguousarray(cupy.matmul(doch, vv.transpose(0, 1, 3, 2)))  # dO v^T
+            kernel, grid, block = self._attn_kernel("attn_backward", kend, rows, scalar)
+            kernel(grid, block, (s, dp, *head, *common_tail, th, delta, _NULL if ds is None else ds))
+            # s now holds p, dp holds s_i * dZ.
+            dv[:, :, :kend] += cupy.matmul(s.transpose(0, 1, 3, 2), doch)
+            dq[:, :, i0:i1] = (spec.scale * cupy.matmul(dp, kk)).reshape(B, Hq, cc, D)
+            dk[:, :, :kend] += spec.scale * cupy.matmul(dp.transpose(0, 1, 3, 2), qch)
+        return AttentionGrads(dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
+                              dv.astype(v.dtype, copy=False), ds)
