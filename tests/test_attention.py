@@ -213,12 +213,12 @@ def test_gqa_equals_repeated_kv(backend, alpha):
     g = er.attention_vjp(g_out, q, k, v, **kw)
     g_r = er.attention_vjp(g_out, q, kr, vr, **kw)
     summed = lambda a: a.reshape(a.shape[0], 2, 3, *a.shape[2:]).sum(axis=2)  # noqa: E731
-    gtol = grad_tol(d, q, k, v, g_out, alpha)
-    np.testing.assert_allclose(g.dq, g_r.dq, rtol=0, atol=gtol)
-    np.testing.assert_allclose(g.dk, summed(g_r.dk), rtol=0, atol=gtol)
-    np.testing.assert_allclose(g.dv, summed(g_r.dv), rtol=0, atol=gtol)
-    for a, b_ in zip(g[3:], g_r[3:]):
-        np.testing.assert_allclose(a, b_, rtol=0, atol=gtol * q.shape[2])
+    tols = grad_tols(d, q, k, v, g_out, alpha, beta=kw["beta"], gamma=kw["gamma"])
+    np.testing.assert_allclose(g.dq, g_r.dq, rtol=0, atol=tols[0])
+    np.testing.assert_allclose(g.dk, summed(g_r.dk), rtol=0, atol=tols[1])
+    np.testing.assert_allclose(g.dv, summed(g_r.dv), rtol=0, atol=tols[2])
+    for a, b_, t in zip(g[3:], g_r[3:], tols[3:]):
+        np.testing.assert_allclose(a, b_, rtol=0, atol=t)
 
 
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0])
@@ -245,12 +245,13 @@ def test_chunk_size_does_not_change_results(backend):
     ref = er.attention(q, k, v, chunk=1, **kw)
     g_out = rng.standard_normal(ref.shape)
     g_ref = er.attention_vjp(g_out, q, k, v, chunk=1, **kw)
-    tol, gtol = out_tol(d, v, 1.5, np.float64), grad_tol(d, q, k, v, g_out, 1.5)
+    tol = out_tol(d, v, 1.5, np.float64)
+    tols = grad_tols(d, q, k, v, g_out, 1.5, beta=kw["beta"], gamma=0.5)
     for chunk in (2, 4, 9, None):
         np.testing.assert_allclose(er.attention(q, k, v, chunk=chunk, **kw), ref, rtol=0, atol=tol)
         g = er.attention_vjp(g_out, q, k, v, chunk=chunk, **kw)
-        for a, b_ in zip(g, g_ref):
-            np.testing.assert_allclose(a, b_, rtol=0, atol=gtol * q.shape[2])
+        for a, b_, t in zip(g, g_ref, tols):
+            np.testing.assert_allclose(a, b_, rtol=0, atol=t)
 
 
 def test_rows_with_nothing_to_attend(backend):
@@ -294,20 +295,46 @@ def test_inputs_not_modified(backend):
 
 
 # --------------------------------------------------------------------------- gradients
-def grad_tol(d: Dense, q, k, v, g_out, alpha) -> float:
-    """Bound on the rounding difference of two float64 evaluations of the gradients.
+def grad_tols(d: Dense, q, k, v, g_out, alpha, *, scale=None, beta=None, gamma=None, offset=1.0):
+    """Rounding bounds for (dq, dk, dv, dbeta, dgamma, ddelta) of two float64 evaluations.
 
-    Every gradient entry is a sum of at most Nq Nk (D + Dv) products of factors bounded by
-    U = max(1, max sum_j u_ij) (the Jacobian weights), |dO|, |v|, |q|, |k|, |s| scale and
-    the scores; each product carries O(eps) relative error, plus the forward's dz
-    propagated through u."""
-    u = weights(d.p, alpha)
-    U = max(1.0, float(u.sum(-1).max()))
-    nq, nk = d.p.shape[-2:]
-    terms = nq * nk * (q.shape[-1] + v.shape[-1])
-    mags = [np.abs(a).max(initial=1.0) for a in (g_out, v, q, k, d.s, np.where(np.isfinite(d.z), d.z, 0))]
-    mag = float(np.prod([max(1.0, m) for m in mags]))
-    return 8 * terms * U * mag * (EPS + float(d.dz.max(initial=0.0)))
+    Each gradient is a chain of sums of products; its rounding error is at most
+    (terms x eps + the forward's relative error) times the same sums taken over absolute
+    values (the running-error bound), which are computed here from the dense p:
+    |dZ| <= u (|dO| |v|^T + |dO| . skew_abs), |dQ| <= scale |s| |dZ| |K|, and so on.  The
+    forward's score error dz moves u and p relatively by at most p^(1-alpha) * 2 (2 dz +
+    Nk eps) on the support; terms = Hq Nq + Nk + D + Dv (+ B Hq Nq for the reductions of
+    the scale's parameters)."""
+    q, k, v, g_out = (np.asarray(a, np.float64) for a in (q, k, v, g_out))
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
+    grp = Hq // Hkv
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    kk, vv = np.abs(np.repeat(k, grp, axis=1)), np.abs(np.repeat(v, grp, axis=1))
+    p, u = d.p, weights(d.p, alpha)
+    su = u.sum(-1, keepdims=True)
+    skew_abs = np.where(su > 0, (u @ vv) / np.where(su > 0, su, 1.0), 0.0)
+    dO = np.abs(g_out)
+    dz_abs = u * (dO @ np.swapaxes(vv, -1, -2) + (dO * skew_abs).sum(-1, keepdims=True))
+    s_abs = np.abs(d.s)[..., None]
+    group_sum = lambda a: a.reshape(B, Hkv, grp, *a.shape[2:]).sum(axis=2)  # noqa: E731
+    abs_bounds = [
+        scale * s_abs * (dz_abs @ kk),
+        group_sum(scale * np.swapaxes(s_abs * dz_abs, -1, -2) @ np.abs(q)),
+        group_sum(np.swapaxes(p, -1, -2) @ dO),
+    ]
+    ds_abs = (dz_abs * scale * (np.abs(q) @ np.swapaxes(kk, -1, -2))).sum(-1)
+    if beta is not None:
+        L = np.log(np.maximum(d.n, 1) + offset)
+        b_ = np.broadcast_to(np.abs(beta), ds_abs.shape)
+        g_ = np.broadcast_to(gamma, ds_abs.shape)
+        abs_bounds += [np.sum(ds_abs * L**g_), np.sum(ds_abs * b_ * L**g_ * np.abs(np.log(L))), np.sum(ds_abs)]
+    with np.errstate(divide="ignore"):
+        sens = np.where(p > 0, p ** (1.0 - alpha), 0.0).max(initial=1.0)
+    rel_fwd = 2 * max(1.0, float(sens)) * (2 * float(d.dz.max(initial=0.0)) + Nk * EPS)
+    terms = Hq * Nq + Nk + D + Dv
+    return [4 * ((terms + (B * Hq * Nq if i >= 3 else 0)) * EPS + rel_fwd) * float(np.max(a))
+            for i, a in enumerate(abs_bounds)]
 
 
 def fd_check(f, args, analytic, loss_terms):
@@ -372,9 +399,9 @@ def test_gradients_match_finite_differences(backend, alpha, causal):
                              backend=backend, **kw)
     g2 = er.attention_vjp(g_out, q, k, v, out=out, tau=info.tau, alpha=alpha, beta=beta, gamma=gamma,
                           delta=delta, backend=backend, **kw)
-    gtol = grad_tol(d, q, k, v, g_out, alpha)
-    for a, b_ in zip(g, g2):
-        np.testing.assert_allclose(a, b_, rtol=0, atol=gtol * q.shape[2])
+    tols = grad_tols(d, q, k, v, g_out, alpha, beta=beta, gamma=gamma)
+    for a, b_, t in zip(g, g2, tols):
+        np.testing.assert_allclose(a, b_, rtol=0, atol=t)
 
 
 def test_gradients_without_scale_and_float32(backend):
@@ -626,9 +653,8 @@ def test_matches_pytorch_autograd(backend, alpha, causal, scaling):
 
     d = dense(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, **kw)
     np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=0, atol=out_tol(d, v, alpha, np.float64))
-    gtol = grad_tol(d, q, k, v, g_out, alpha)
-    for name, ours, leaf in zip(("dq", "dk", "dv", "dbeta", "dgamma", "ddelta"), grads, leaves):
+    tols = grad_tols(d, q, k, v, g_out, alpha, beta=beta, gamma=gamma)
+    for name, ours, leaf, tol in zip(("dq", "dk", "dv", "dbeta", "dgamma", "ddelta"), grads, leaves, tols):
         theirs = leaf.grad.numpy()
         assert np.shape(ours) == theirs.shape, name
-        reduce = 1 if name in ("dq", "dk", "dv") else q.shape[2] * q.shape[1] * q.shape[0]
-        np.testing.assert_allclose(ours, theirs, rtol=0, atol=gtol * reduce, err_msg=name)
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=tol, err_msg=name)
