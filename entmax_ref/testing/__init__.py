@@ -1,6 +1,49 @@
 """Tools for testing entmax implementations against this reference.
 
-``entmax_ref.testing.strategies`` holds Hypothesis strategies (needs ``hypothesis``, from
-the ``test`` extra); it is imported on demand, so ``import entmax_ref.testing`` does not
-require Hypothesis.
+* assertions: :func:`assert_entmax_close`, :func:`assert_threshold_close`,
+  :func:`assert_entmax_vjp_close`, :func:`assert_attention_close`,
+  :func:`assert_attention_grads_close` (they compute the float64 reference themselves);
+* tolerances: :mod:`entmax_ref.testing.tolerance` (the documented formula);
+* batteries returning a :class:`CheckReport`: :func:`check_entmax`,
+  :func:`check_threshold`, :func:`check_entmax_vjp`, :func:`check_attention`;
+* the built-in corpus: :mod:`entmax_ref.testing.corpus`;
+* adapters: :func:`to_numpy` / :func:`from_numpy` (NumPy, CuPy, PyTorch, JAX, DLPack,
+  ``__array__``; a framework is imported only when its objects are involved);
+* ``entmax_ref.testing.strategies`` holds Hypothesis strategies (needs ``hypothesis``, from
+  the ``test`` extra); it is imported on demand, so ``import entmax_ref.testing`` does not
+  require Hypothesis.
+
+The command ``entmax-ref check`` (:mod:`entmax_ref.testing.command`) runs the batteries.
 """
+
+from . import tolerance
+from ._adapters import from_numpy, to_numpy
+from .assertions import (
+    Comparison,
+    assert_attention_close,
+    assert_attention_grads_close,
+    assert_entmax_close,
+    assert_entmax_vjp_close,
+    assert_threshold_close,
+    compare,
+)
+from .checks import CheckReport, CheckRow, check_attention, check_entmax, check_entmax_vjp, check_threshold
+
+__all__ = [
+    "CheckReport",
+    "CheckRow",
+    "Comparison",
+    "assert_attention_close",
+    "assert_attention_grads_close",
+    "assert_entmax_close",
+    "assert_entmax_vjp_close",
+    "assert_threshold_close",
+    "check_attention",
+    "check_entmax",
+    "check_entmax_vjp",
+    "check_threshold",
+    "compare",
+    "from_numpy",
+    "to_numpy",
+    "tolerance",
+]

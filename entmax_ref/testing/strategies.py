@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-__all__ = ["alphas", "score_arrays", "score_rows"]
+__all__ = ["alpha_columns", "alphas", "attention_problems", "score_arrays", "score_rows"]
 
 #: alphas every suite should hit: softmax, near-softmax, the paper's 1.5, sparsemax, beyond.
 SPECIAL_ALPHAS = (1.0, 1.0 + 1e-6, 1.25, 1.33, 1.5, 2.0, 3.0)
@@ -57,3 +57,41 @@ def score_arrays(**kwargs):
     return score_rows(**kwargs).flatmap(
         lambda x: st.sampled_from([x, x[None], x[:, None, :]])
     )
+
+
+@st.composite
+def alpha_columns(draw, rows: int, *, min_value: float = 1.0, max_value: float = 4.0):
+    """A (rows,) float64 array of per-row alphas (for batched-alpha properties)."""
+    return np.array([draw(alphas(min_value, max_value)) for _ in range(rows)], dtype=np.float64)
+
+
+@st.composite
+def attention_problems(draw, *, dtype=np.float64, max_batch: int = 2, max_heads: int = 4, max_len: int = 19,
+                       max_dim: int = 8, causal: bool | None = None, gqa: bool = True, key_lengths: bool = True,
+                       alibi: bool = True, asentmax: bool = False):
+    """An attention problem ``(q, k, v, kwargs)`` for :func:`entmax_ref.attention`.
+
+    Sizes are irregular (any length up to ``max_len``, Nq != Nk), heads may be grouped
+    (Hq a multiple of Hkv), and kwargs may hold ``causal`` (drawn when ``causal`` is
+    None), ``key_lengths`` (including 0: a batch with nothing to attend), ``alibi_slopes``
+    (including NoPE heads with slope 0) and per-head ASEntmax ``beta``/``gamma``.
+    """
+    dtype = np.dtype(dtype)
+    B = draw(st.integers(1, max_batch))
+    Hkv = draw(st.integers(1, max(1, max_heads // 2)))
+    Hq = Hkv * (draw(st.integers(1, 2)) if gqa else 1)
+    Nq, Nk = draw(st.integers(1, max_len)), draw(st.integers(1, max_len))
+    D, Dv = draw(st.integers(1, max_dim)), draw(st.integers(1, max_dim))
+    el = st.floats(-3, 3, width=32 if dtype == np.float32 else 64, allow_subnormal=False)
+    q = draw(hnp.arrays(dtype, (B, Hq, Nq, D), elements=el))
+    k = draw(hnp.arrays(dtype, (B, Hkv, Nk, D), elements=el))
+    v = draw(hnp.arrays(dtype, (B, Hkv, Nk, Dv), elements=el))
+    kw: dict = {"causal": draw(st.booleans()) if causal is None else causal}
+    if key_lengths and draw(st.booleans()):
+        kw["key_lengths"] = np.array([draw(st.integers(0, Nk)) for _ in range(B)])
+    if alibi and draw(st.booleans()):
+        kw["alibi_slopes"] = np.array([draw(st.sampled_from([0.0, 0.0625, 0.25, 1.0])) for _ in range(Hq)])
+    if asentmax and draw(st.booleans()):
+        kw["beta"] = np.array([[draw(st.floats(0.1, 2.0))] for _ in range(Hq)])
+        kw["gamma"] = np.array([[draw(st.floats(0.25, 2.0))] for _ in range(Hq)])
+    return q, k, v, kw

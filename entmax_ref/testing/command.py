@@ -1,0 +1,397 @@
+"""``entmax-ref check``: cross-validate backends, installed peers, or your implementation.
+
+Usage::
+
+    entmax-ref check                       # every available backend + installed peers
+    entmax-ref check --quick | --thorough  # corpus size
+    entmax-ref check --impl pkg.mod:fn --op entmax --alpha 1.5 [--framework torch]
+    entmax-ref check --json report.json --seed 3
+
+Exit status: 0 when every backend row (and every ``--impl`` row) is within tolerance,
+1 otherwise, 2 on bad command-line usage.  Peer rows (the PyTorch ``entmax`` package,
+torch.softmax, AdaSplash) are measured and shown with their verdict, but count towards
+the exit status only with ``--strict-peers``: a third-party package's accuracy is not a
+fault of this installation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+from .checks import CheckReport, CheckRow, check_attention, check_entmax, check_entmax_vjp, check_threshold
+from .corpus import FEATURES, row_corpus
+from . import tolerance as T
+from .assertions import compare
+
+ALPHAS = (1.0, 1.25, 1.5, 2.0, 3.0)
+OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp")
+
+
+class _Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal, or forced)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.perf_counter()
+
+    def step(self, label: str) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        fill = int(width * self.done / max(self.total, 1))
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
+                         f"{time.perf_counter() - self.t0:5.1f}s  {label[:48]:<48}")
+        sys.stderr.flush()
+        self.done += 1
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- backend jobs
+
+
+def _skip(op: str, impl: str, why: str, peer: bool = False) -> CheckReport:
+    return CheckReport([CheckRow(op, impl, "-", verdict="SKIP", notes=[why], peer=peer)])
+
+
+def _guard(op: str, impl: str, probe: Callable[[], object], run: Callable[[], CheckReport]) -> CheckReport:
+    """SKIP when the backend does not implement the op (NotImplementedError on a tiny call)."""
+    try:
+        probe()
+    except NotImplementedError as exc:
+        return _skip(op, impl, f"not implemented ({str(exc).splitlines()[0][:80]})")
+    except Exception:  # noqa: BLE001 - the battery reports it properly
+        pass
+    return run()
+
+
+def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
+    """entmax_loss and its gradient on backend b vs the float64 NumPy reference.
+
+    Budget: |dL| <= delta_n (1 + |L| + max |x_i - max x| over the support of p and the
+    target); the gradient p - q takes the probability budgets."""
+    import entmax_ref as er
+
+    rep = CheckReport()
+    rng = np.random.default_rng(seed + 21)
+    for dt in (np.dtype(np.float64), np.dtype(np.float32)):
+        row = CheckRow(f"loss a={alpha:g}", b, dt.name)
+        rep.rows.append(row)
+        t0 = time.perf_counter()
+        for case in row_corpus(size, seed):
+            if case.name in ("all-masked", "long"):
+                continue
+            x = case.x.astype(dt)
+            x64 = x.astype(np.float64)
+            target = np.where(np.isfinite(x64[:, 0]), 0, 0).astype(np.int64)  # column 0 is finite
+            target = np.where(rng.random(len(x)) < 0.5, target, np.argmax(x64, axis=1))
+            try:
+                got = er.entmax_loss(x, target, alpha, backend=b)
+                grad = er.entmax_loss_grad(x, target, alpha, backend=b)
+            except Exception as exc:  # noqa: BLE001
+                row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
+                continue
+            L = er.entmax_loss(x64, target, alpha, backend="numpy")
+            p = er.entmax(x64, alpha, backend="numpy")
+            onehot = np.eye(x.shape[1])[target]
+            y = x64 - x64.max(axis=1, keepdims=True)
+            reach = np.where((p > 0) | (onehot > 0), np.abs(y), 0.0).max(axis=1)
+            tol = T.threshold_budget(dt, x.shape[1]) * (1 + np.abs(L) + reach)
+            cmp = compare(got, L, tol, dt, name="loss")
+            row.measure(cmp)
+            if not cmp.ok:
+                row.fail(f"[{case.name}] {cmp.describe('loss')}")
+            cg = compare(grad, p - onehot, T.entmax_tolerance(p, alpha, dt), dt, name="grad")
+            row.measure(cg)
+            if not cg.ok:
+                row.fail(f"[{case.name}] {cg.describe('loss gradient')}")
+            if case.name == "random":
+                row.prop("loss >= 0", bool(np.all(np.asarray(got) >= 0)))
+                zero = er.entmax_loss(x, p.astype(dt).astype(np.float64) / p.astype(dt).astype(np.float64).sum(1, keepdims=True),
+                                      alpha, backend=b)
+                row.prop("loss(x; entmax(x)) = 0", bool(np.all(np.abs(zero) <= tol)), f"max {np.abs(zero).max():.3g}")
+        row.seconds = time.perf_counter() - t0
+    return rep
+
+
+def _check_asentmax(b: str, alpha: float, size: str, seed: int) -> CheckReport:
+    """asentmax forward and dx on backend b vs the float64 NumPy reference (per-row beta,
+    gamma); budgets of the probabilities and of the VJP of the scaled row times |s|."""
+    import entmax_ref as er
+
+    rep = CheckReport()
+    rng = np.random.default_rng(seed + 31)
+    for dt in (np.dtype(np.float64), np.dtype(np.float32)):
+        row = CheckRow(f"asentmax a={alpha:g}", b, dt.name)
+        rep.rows.append(row)
+        t0 = time.perf_counter()
+        for case in row_corpus(size, seed):
+            if case.name in ("extreme", "long"):
+                continue
+            x = case.x.astype(dt)
+            x64 = x.astype(np.float64)
+            beta = rng.uniform(0.2, 1.5, len(x))
+            gamma = rng.uniform(0.5, 1.5, len(x))
+            g = rng.standard_normal(x.shape)
+            try:
+                p = er.asentmax(x, alpha, beta=beta, gamma=gamma, backend=b)
+                dx = er.asentmax_vjp(g.astype(dt), x, alpha, beta=beta, gamma=gamma, backend=b).dx
+            except Exception as exc:  # noqa: BLE001
+                row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
+                continue
+            pr, info = er.asentmax(x64, alpha, beta=beta, gamma=gamma, backend="numpy", return_info=True)
+            cmp = compare(p, pr, T.entmax_tolerance(pr, alpha, dt, masked=np.isneginf(x64)), dt)
+            row.measure(cmp)
+            if not cmp.ok:
+                row.fail(f"[{case.name}] {cmp.describe('p')}")
+            s = np.where(np.isfinite(info.s), info.s, 1.0)
+            dz = er.entmax_vjp(pr, g, alpha, backend="numpy")
+            dxr = er.asentmax_vjp(g, x64, alpha, beta=beta, gamma=gamma, backend="numpy").dx
+            tol = np.abs(s)[:, None] * T.vjp_tolerance(pr, g, dz, alpha, dt)
+            c2 = compare(dx, dxr, tol, dt, name="dx")
+            row.measure(c2)
+            if not c2.ok:
+                row.fail(f"[{case.name}] {c2.describe('dx')}")
+            if case.name == "masks":
+                row.prop("masked entries are exactly 0", bool(np.all(np.asarray(p)[np.isneginf(x64)] == 0)))
+        row.seconds = time.perf_counter() - t0
+    return rep
+
+
+def backend_jobs(b: str, size: str, seed: int) -> list[tuple[str, Callable[[], CheckReport]]]:
+    """(label, thunk) for every operation on backend ``b``."""
+    import entmax_ref as er
+
+    x0 = np.array([[0.0, 1.0, -1.0]])
+    q0 = np.zeros((1, 1, 2, 2))
+    jobs = []
+    for a in ALPHAS:
+        jobs.append((f"entmax a={a:g} [{b}]", lambda a=a: _guard(
+            f"entmax a={a:g}", b, lambda: er.entmax(x0, a, backend=b),
+            lambda: check_entmax(lambda x, alpha: er.entmax(x, alpha, backend=b), a, name=b, size=size, seed=seed))))
+        jobs.append((f"threshold a={a:g} [{b}]", lambda a=a: _guard(
+            f"threshold a={a:g}", b, lambda: er.entmax_threshold(x0, a, backend=b),
+            lambda: check_threshold(lambda x, alpha: er.entmax_threshold(x, alpha, backend=b), a, name=b,
+                                    size=size, seed=seed))))
+        jobs.append((f"vjp a={a:g} [{b}]", lambda a=a: _guard(
+            f"vjp a={a:g}", b, lambda: er.entmax_vjp(x0 ** 2 / 2, x0, a, backend=b),
+            lambda: check_entmax_vjp(lambda p, g, alpha: er.entmax_vjp(p, g, alpha, backend=b), a, inputs="p",
+                                     name=b, size=size, seed=seed))))
+    for a in (1.0, 1.5, 2.0):
+        jobs.append((f"loss a={a:g} [{b}]", lambda a=a: _check_loss(b, a, size, seed)))
+    jobs.append((f"asentmax a=1.5 [{b}]", lambda: _check_asentmax(b, 1.5, size, seed)))
+    for a in ALPHAS:
+        jobs.append((f"attention a={a:g} [{b}]", lambda a=a: _guard(
+            f"attention a={a:g}", b, lambda: er.attention(q0, q0, q0, alpha=a, backend=b),
+            lambda: check_attention(
+                lambda q, k, v, **kw: er.attention(q, k, v, backend=b, **kw), a,
+                vjp=lambda do, q, k, v, **kw: er.attention_vjp(do, q, k, v, backend=b, **kw)[:3],
+                name=b, features=FEATURES, size=size, seed=seed))))
+    return jobs
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def _torch_vjp(f):
+    import torch
+
+    def vjp(x, g, alpha=None):
+        xt = x.detach().clone().requires_grad_(True)
+        (f(xt, alpha) * g).sum().backward()
+        return xt.grad
+
+    return vjp
+
+
+def peer_jobs(size: str, seed: int) -> list[tuple[str, Callable[[], CheckReport]]]:
+    """The installed peers: torch.softmax and the PyTorch ``entmax`` package (forward and
+    autograd gradients), and AdaSplash (GPU only).  The entmax package does not accept
+    all -inf rows (IndexError / NaN), so those rows are left out of its batteries."""
+    jobs = []
+    have_torch = importlib.util.find_spec("torch") is not None
+    if not have_torch:
+        return [("torch", lambda: _skip("entmax package", "torch", "torch is not installed", peer=True))]
+    if importlib.util.find_spec("entmax") is None:
+        jobs.append(("entmax", lambda: _skip("entmax package", "entmax (PyTorch)", "not installed", peer=True)))
+        fns = []
+    else:
+        def fns_entmax():
+            import entmax
+
+            return [
+                ("entmax.sparsemax", 2.0, lambda x, alpha=None: entmax.sparsemax(x, dim=-1)),
+                ("entmax.entmax15", 1.5, lambda x, alpha=None: entmax.entmax15(x, dim=-1)),
+                *[(f"entmax.entmax_bisect", a, lambda x, alpha=None, a=a: entmax.entmax_bisect(x, a, dim=-1))
+                  for a in (1.25, 1.5, 2.0, 3.0)],
+            ]
+        fns = [("entmax", None, fns_entmax)]
+
+    def torch_softmax(x, alpha=None):
+        import torch
+
+        return torch.softmax(x, dim=-1)
+
+    peers = [("torch.softmax", 1.0, torch_softmax)]
+
+    def run_peer(label, a, f):
+        rep = check_entmax(f, a, name=label, framework="torch", size=size, seed=seed, masked_rows=False, peer=True)
+        rep.extend(check_entmax_vjp(_torch_vjp(f), a, name=label, framework="torch", size=size, seed=seed,
+                                    masked_rows=False, peer=True))
+        return rep
+
+    for label, a, f in peers:
+        jobs.append((f"{label} a={a:g}", lambda label=label, a=a, f=f: run_peer(label, a, f)))
+    if fns:
+        import entmax  # noqa: F401 - found above
+
+        for label, a, f in fns[0][2]():
+            jobs.append((f"{label} a={a:g}", lambda label=label, a=a, f=f: run_peer(label, a, f)))
+    if importlib.util.find_spec("adasplash") is None:
+        why = "not installed (GPU only)"
+    else:
+        why = ("installed; check it with: entmax-ref check --impl adasplash:adasplash --op attention "
+               "--framework torch --device cuda")
+    jobs.append(("adasplash", lambda: _skip("attention", "adasplash", why, peer=True)))
+    return jobs
+
+
+# ----------------------------------------------------------------------------- --impl
+
+
+def resolve_impl(path: str) -> Callable:
+    """``package.module:function`` (``function`` may be dotted) to the callable; raises
+    ValueError with a one-line message when it does not resolve."""
+    if ":" not in path:
+        raise ValueError(f"--impl {path!r} must look like package.module:function")
+    mod_name, attr = path.split(":", 1)
+    try:
+        obj = importlib.import_module(mod_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a usage problem
+        raise ValueError(f"cannot import module {mod_name!r} for --impl {path!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"module {mod_name!r} has no attribute {attr!r} (--impl {path!r})") from None
+    return obj
+
+
+def impl_report(path: str, op: str, alphas, args) -> CheckReport:
+    label = path
+    try:
+        fn = resolve_impl(path)
+    except ValueError as exc:
+        return CheckReport([CheckRow(op, label, "-", verdict="FAIL", notes=[str(exc)])])
+    common = dict(name=label, framework=args.framework, device=args.device, size=args.size, seed=args.seed,
+                  dtypes=args.dtype)
+    rep = CheckReport()
+    for a in alphas:
+        if op == "entmax":
+            rep.extend(check_entmax(fn, a, masked_rows=not args.no_masked_rows, **common))
+        elif op == "threshold":
+            rep.extend(check_threshold(fn, a, masked_rows=not args.no_masked_rows, **common))
+        elif op == "entmax_vjp":
+            rep.extend(check_entmax_vjp(fn, a, inputs=args.vjp_inputs, masked_rows=not args.no_masked_rows, **common))
+        elif op == "attention":
+            rep.extend(check_attention(fn, a, features=args.features, **common))
+        elif op == "attention_vjp":
+            rep.extend(check_attention(None, a, vjp=fn, features=args.features, **common))
+    return rep
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="entmax-ref check", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="size", action="store_const", const="quick", help="small corpus")
+    size.add_argument("--thorough", dest="size", action="store_const", const="thorough", help="large corpus")
+    ap.set_defaults(size="default")
+    ap.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    ap.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    ap.add_argument("--impl", metavar="PKG.MOD:FN", help="check your function instead of the backends")
+    ap.add_argument("--op", choices=OPS, default="entmax", help="what --impl computes (default entmax)")
+    ap.add_argument("--alpha", type=float, action="append", help="alpha (repeatable; default 1.5 for --impl)")
+    ap.add_argument("--framework", choices=("numpy", "torch", "jax", "cupy"), default="numpy",
+                    help="array type --impl takes (default numpy)")
+    ap.add_argument("--device", default=None, help="device for torch/cupy inputs (e.g. cuda)")
+    ap.add_argument("--dtype", action="append", choices=("float64", "float32", "float16"),
+                    help="dtypes to test (repeatable; default float64 and float32)")
+    ap.add_argument("--vjp-inputs", choices=("x", "p"), default="x",
+                    help="--op entmax_vjp: fn(x, grad, alpha) (default) or fn(p, grad, alpha)")
+    ap.add_argument("--features", default="causal,gqa,cross",
+                    help=f"attention features your function supports, from {','.join(FEATURES)}")
+    ap.add_argument("--no-masked-rows", action="store_true", help="leave all -inf rows out of the corpus")
+    ap.add_argument("--backends", default=None, help="comma-separated backends (default: every available one)")
+    ap.add_argument("--no-peers", action="store_true", help="do not run the installed peers")
+    ap.add_argument("--strict-peers", action="store_true", help="peer failures count in the exit status")
+    ap.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    args.dtype = tuple(args.dtype or ("float64", "float32"))
+    args.features = tuple(f for f in args.features.split(",") if f)
+    bad = set(args.features) - set(FEATURES)
+    if bad:
+        print(f"entmax-ref check: unknown --features {sorted(bad)}; choose from {', '.join(FEATURES)}", file=sys.stderr)
+        return 2
+    import entmax_ref as er
+
+    t0 = time.perf_counter()
+    if args.impl:
+        jobs = [(f"{args.op} [{args.impl}]", lambda: impl_report(args.impl, args.op, args.alpha or [1.5], args))]
+    else:
+        names = er.available_backends() if args.backends is None else [s for s in args.backends.split(",") if s]
+        jobs = []
+        for b in names:
+            reason = er.backends.unavailable_reason(b) if b in ("numpy", "numba", "cupy") else None
+            if reason:
+                jobs.append((b, lambda b=b, reason=reason: _skip("all", b, reason)))
+            else:
+                jobs.extend(backend_jobs(b, args.size, args.seed))
+        if not args.no_peers:
+            jobs.extend(peer_jobs(args.size, args.seed))
+    bar = _Progress(len(jobs), args.progress or sys.stderr.isatty())
+    report = CheckReport()
+    for label, job in jobs:
+        bar.step(label)
+        try:
+            report.extend(job())
+        except Exception as exc:  # noqa: BLE001 - one broken job must not stop the others
+            report.rows.append(CheckRow(label, "-", "-", verdict="FAIL",
+                                        notes=[f"raised {type(exc).__name__}: {exc}"]))
+    bar.close()
+    wall = time.perf_counter() - t0
+    print(report.table())
+    counted = [r for r in report.rows if r.failed and (args.strict_peers or not r.peer)]
+    peer_fail = [r for r in report.rows if r.failed and r.peer and not args.strict_peers]
+    summary = (f"\n{len(report.rows)} rows, {sum(r.failed for r in report.rows)} failed"
+               + (f" ({len(peer_fail)} peer rows, not counted; --strict-peers counts them)" if peer_fail else "")
+               + f", wall time {wall:.1f}s")
+    print(summary)
+    if args.json:
+        d = report.to_dict()
+        d.update(wall_seconds=wall, seed=args.seed, size=args.size, exit_status=int(bool(counted)))
+        import json
+
+        with open(args.json, "w") as fh:
+            json.dump(d, fh, indent=2, default=float)
+    return 1 if counted else 0

@@ -1,0 +1,205 @@
+r"""Tolerances for judging an entmax implementation against the float64 reference.
+
+They are error *budgets* of a correct implementation that works in ``dtype`` (shifts each
+row by its maximum, sums in that precision, evaluates pow/exp/log1p to a few ulps), derived
+from a first-order error analysis, never from what happened to pass.  Every function takes
+the *expected* (reference) values, because how much rounding can move an entry depends on
+where it sits relative to the threshold.
+
+The formula
+-----------
+Let ``u = finfo(dtype).eps / 2`` (the unit roundoff of the dtype the implementation
+returns), ``n`` the row length, and ``e_alpha(t) = [1 + (alpha-1) t]_+ ** (1/(alpha-1))``
+(``exp(t)`` at alpha = 1), so that ``p_i = e_alpha(t_i)`` with ``t_i = x_i - theta``.
+
+1. Threshold budget (x-space).  Solving ``sum_i e_alpha(t_i) = 1`` for theta makes an error
+   of at most (error of the computed sum) / ``sum_i p_i^(2-alpha)``, and that denominator is
+   >= 1 for every alpha >= 1, so::
+
+       delta_n = u * (C_THETA + LAMBDA * sqrt(n))
+
+   ``C_THETA = 8`` ulps cover the elementwise pow/exp/log1p, the max shift and the solver's
+   stopping rule; ``LAMBDA * sqrt(n)`` with ``LAMBDA = 4`` is the probabilistic bound on the
+   rounding error of a sum of n terms (Higham & Mary 2019; it covers recursive and cumulative
+   sums, which sort-based sparsemax uses, and pairwise sums a fortiori).
+
+2. Probabilities.  Entry i may additionally carry the rounding of its own argument,
+   ``2 u |t_i|``, so with ``d_i = delta_n + 2 u |t_i|`` the budget is the exact range of p_i
+   when the threshold moves by ``+-d_i`` (the *threshold envelope*), plus the final rounding::
+
+       tol_i = max(e_alpha(t_i + d_i) - p_i, p_i - e_alpha(t_i - d_i)) + u p_i + tiny
+
+   This is relative at alpha = 1 (``p (e^d - 1)``), ``d * p^(2-alpha)`` to first order for
+   1 < alpha <= 2, and the Hölder term ``((alpha-1) d)^(1/(alpha-1))`` for entries at the
+   threshold (where alpha-entmax is not Lipschitz when alpha > 2: an honest implementation
+   can be that far off there).  Zeros of the reference use ``t_i`` = the threshold.
+   ``tiny`` (the smallest normal number) allows for underflow; masked (-inf) entries get 0.
+
+3. Threshold tau = (alpha-1) theta - 1 (theta at alpha = 1)::
+
+       tol_tau = max(alpha-1, 1[alpha=1]) * delta_n + 2 u |tau|
+
+4. Jacobian-vector products ``dx = u_i (g_i - sum_j u_j g_j / sum_j u_j)``, u = p^(2-alpha),
+   row-wise: a threshold error d moves u_i relatively by ``|2-alpha| p_i^(1-alpha) d``
+   (first order), hence the row's condition number
+   ``kappa = 1 + max_{p_i>0} |2-alpha| p_i^(1-alpha)`` and::
+
+       tol_row = 4 * delta_n * kappa * max|g| * max_i u_i + 2 u max|dx|
+
+   (4: two terms of size <= u_i max|g|, each with the same relative error, and the
+   weighted mean).  Rows where an entry sits within ``1000 delta_n`` of the threshold have
+   an ill-posed gradient for alpha >= 2 (u jumps there) and are reported, not compared.
+
+5. Attention: the score of query i carries ``u (C_THETA + LAMBDA sqrt(D)) s_i scale
+   max_j sum_d |q_id k_jd|`` on top of ``delta_{Nk}``; outputs and gradients are sums of
+   the per-entry budgets above weighted by |v|, |dO|, |q|, |k| (see the functions).
+
+``rtol`` / ``atol`` arguments of the assertions add to (never replace) these budgets;
+``factor`` multiplies them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+C_THETA = 8.0  #: ulps for elementwise evaluation, the max shift and the solver's stopping rule
+LAMBDA = 4.0  #: multiple of sqrt(n) u in the probabilistic summation bound
+ILL_POSED = 1e3  #: gradient rows with an entry within ILL_POSED * delta_n of the threshold
+
+__all__ = [
+    "C_THETA",
+    "LAMBDA",
+    "e_alpha",
+    "entmax_tolerance",
+    "threshold_budget",
+    "threshold_tolerance",
+    "unit_roundoff",
+    "vjp_tolerance",
+]
+
+
+def unit_roundoff(dtype) -> float:
+    """Half the machine epsilon of ``dtype`` ('bfloat16' accepted): 2^-53 for float64."""
+    if str(dtype) == "bfloat16":
+        return 2.0**-8
+    return float(np.finfo(np.dtype(dtype)).eps) / 2
+
+
+def tiny(dtype) -> float:
+    if str(dtype) == "bfloat16":
+        return float(np.finfo(np.float32).tiny)
+    return float(np.finfo(np.dtype(dtype)).tiny)
+
+
+def threshold_budget(dtype, n) -> np.ndarray | float:
+    """delta_n = u (C_THETA + LAMBDA sqrt(n)): the x-space threshold error of a correct
+    implementation in ``dtype`` on rows of length ``n`` (formula 1 of the module docs)."""
+    return unit_roundoff(dtype) * (C_THETA + LAMBDA * np.sqrt(np.maximum(n, 1)))
+
+
+def e_alpha(t, alpha):
+    """[1 + (alpha-1) t]_+ ** (1/(alpha-1)), exp(t) where alpha == 1."""
+    t = np.asarray(t, np.float64)
+    a1 = np.asarray(alpha, np.float64) - 1.0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        base = np.maximum(1.0 + a1 * t, 0.0)
+        out = np.where(a1 == 0.0, np.exp(t), np.power(base, 1.0 / np.where(a1 == 0.0, 1.0, a1)))
+    return out
+
+
+def _t_of(p, alpha):
+    """x-space distance t = x - theta from p (the threshold itself where p == 0)."""
+    a1 = np.asarray(alpha, np.float64) - 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_pos = np.where(a1 == 0.0, np.log(np.where(p > 0, p, 1.0)),
+                         (np.power(np.where(p > 0, p, 1.0), a1) - 1.0) / np.where(a1 == 0.0, 1.0, a1))
+        t_zero = np.where(a1 == 0.0, -np.inf, -1.0 / np.where(a1 == 0.0, 1.0, a1))
+    return np.where(p > 0, t_pos, t_zero)
+
+
+def entmax_tolerance(expected, alpha, dtype, *, masked=None, extra_delta=0.0, factor=1.0):
+    """Per-entry absolute tolerance for alpha-entmax probabilities (formula 2).
+
+    Parameters
+    ----------
+    expected : (rows, n) float64 reference probabilities.
+    alpha : scalar or (rows,) alpha.
+    dtype : the dtype the implementation computed in.
+    masked : (rows, n) bool, entries that were -inf (budget 0: they must be exactly 0).
+    extra_delta : scalar or (rows,) extra x-space error (e.g. of attention scores).
+    factor : multiplies the budget.
+    """
+    p = np.asarray(expected, np.float64)
+    rows, n = p.shape
+    a = np.broadcast_to(np.asarray(alpha, np.float64).reshape(-1), (rows,))[:, None]
+    uu = unit_roundoff(dtype)
+    t = _t_of(p, a)
+    live = np.isfinite(t)
+    extra = np.asarray(extra_delta, np.float64)
+    extra = extra.reshape(-1, 1) if extra.ndim else extra
+    d = factor * (threshold_budget(dtype, n) + extra)
+    d = d + factor * 2 * uu * np.where(live, np.abs(t), 0.0)
+    # the envelope, written without cancellation: with w = (alpha-1) d / p^(alpha-1),
+    # e_alpha(t +- d) = p (1 +- w)^(1/(alpha-1)) on the support (p e^(+-d) at alpha = 1)
+    a1 = a - 1.0
+    pos = p > 0
+    safe_p = np.where(pos, p, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        w = np.where(a1 == 0.0, d, a1 * d / np.power(safe_p, a1))
+        inv = 1.0 / np.where(a1 == 0.0, 1.0, a1)
+        up = np.where(a1 == 0.0, np.expm1(d), np.expm1(np.log1p(w) * inv))
+        down = np.where(a1 == 0.0, -np.expm1(-d),
+                        np.where(w >= 1.0, 1.0, -np.expm1(np.log1p(-np.minimum(w, 1.0)) * inv)))
+        zero = np.where(a1 == 0.0, 0.0, np.power(np.maximum(a1 * d, 0.0), inv))
+    env = np.where(pos, safe_p * np.maximum(up, down), np.where(live, zero, 0.0))
+    tol = env + uu * p + np.where(live, tiny(dtype), 0.0)
+    if masked is not None:
+        tol = np.where(masked, 0.0, tol)
+    return tol
+
+
+def threshold_tolerance(expected_tau, alpha, dtype, n, *, factor=1.0):
+    """Absolute tolerance for tau per row (formula 3)."""
+    tau = np.asarray(expected_tau, np.float64)
+    a = np.broadcast_to(np.asarray(alpha, np.float64), tau.shape)
+    scale = np.where(a == 1.0, 1.0, a - 1.0)
+    with np.errstate(invalid="ignore"):
+        tol = factor * (scale * threshold_budget(dtype, n) + 2 * unit_roundoff(dtype) * np.abs(tau))
+    return np.where(np.isfinite(tau), tol, 0.0)
+
+
+def vjp_kappa(p, alpha):
+    """1 + max over the support of |2 - alpha| p^(1 - alpha), per row."""
+    p = np.asarray(p, np.float64)
+    a = np.broadcast_to(np.asarray(alpha, np.float64).reshape(-1), (p.shape[0],))[:, None]
+    with np.errstate(divide="ignore", over="ignore"):
+        c = np.where(p > 0, np.abs(2.0 - a) * np.power(np.where(p > 0, p, 1.0), 1.0 - a), 0.0)
+    return 1.0 + c.max(axis=1, initial=0.0)
+
+
+def vjp_tolerance(p, g, expected_dx, alpha, dtype, *, factor=1.0, extra_delta=0.0):
+    """Per-row absolute tolerance (broadcast to (rows, n)) for entmax VJPs (formula 4)."""
+    p = np.asarray(p, np.float64)
+    g = np.asarray(g, np.float64)
+    a = np.broadcast_to(np.asarray(alpha, np.float64).reshape(-1), (p.shape[0],))[:, None]
+    rows, n = p.shape
+    with np.errstate(divide="ignore", over="ignore"):
+        u = np.where(p > 0, np.power(np.where(p > 0, p, 1.0), 2.0 - a), 0.0)
+    d = threshold_budget(dtype, n) + np.asarray(extra_delta, np.float64).reshape(-1)
+    gmax = np.abs(g).max(axis=1, initial=0.0)
+    tol = 4 * d * vjp_kappa(p, a) * gmax * u.max(axis=1, initial=0.0)
+    tol = tol + 2 * unit_roundoff(dtype) * np.abs(expected_dx).max(axis=1, initial=0.0)
+    return np.broadcast_to((factor * tol)[:, None], (rows, n))
+
+
+def ill_posed_rows(x, theta, alpha, dtype):
+    """Rows where an unmasked entry sits within ILL_POSED * delta_n of the threshold and
+    alpha >= 2: their gradient is discontinuous there (u jumps from >= 1 to 0)."""
+    x = np.asarray(x, np.float64)
+    a = np.broadcast_to(np.asarray(alpha, np.float64).reshape(-1), (x.shape[0],))
+    th = np.asarray(theta, np.float64).reshape(-1)
+    rows, n = x.shape
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(1.0 + (a[:, None] - 1.0) * (x - th[:, None]))  # p^(alpha-1) on the support
+    near = np.isfinite(x) & (gap <= ILL_POSED * (a[:, None] - 1.0) * threshold_budget(dtype, n))
+    return (a >= 2.0) & near.any(axis=1)

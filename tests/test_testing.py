@@ -1,0 +1,294 @@
+"""entmax_ref.testing: tolerances, assertions, batteries, adapters and strategies.
+
+The batteries must pass correct implementations and catch deliberately wrong ones: a
+shifted threshold, a renormalised unconverged bisection, a wrong Jacobian and an
+off-by-one causal mask.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import entmax_ref as er
+from entmax_ref.backends._base import tau_to_theta
+from entmax_ref.testing import (
+    assert_attention_close,
+    assert_attention_grads_close,
+    assert_entmax_close,
+    assert_entmax_vjp_close,
+    assert_threshold_close,
+    check_attention,
+    check_entmax,
+    check_entmax_vjp,
+    check_threshold,
+    from_numpy,
+    to_numpy,
+)
+from entmax_ref.testing import tolerance as T
+from entmax_ref.testing.strategies import alpha_columns, attention_problems
+
+QUICK = dict(size="quick", seed=0)
+
+
+# ----------------------------------------------------------------------------- wrong implementations
+
+
+def shifted_threshold(x, alpha):
+    """The exact threshold moved by 1e-6 (x-space): p no longer sums to 1."""
+    x = np.asarray(x)
+    _, info = er.entmax(x.astype(np.float64), alpha, return_info=True, backend="numpy")
+    theta = tau_to_theta(info.tau, np.full(info.tau.shape, float(alpha))) + 1e-6
+    return T.e_alpha(x - theta[..., None], alpha).astype(x.dtype)
+
+
+def renormalised_bisection(x, alpha, n_iter=20):
+    """entmax_bisect's recipe with too few halvings, hidden by dividing by the sum."""
+    x = np.asarray(x, np.float64)
+    x = x - x.max(axis=1, keepdims=True)  # shift by the max, as every stable solver does
+    m = np.zeros((len(x), 1))
+    lo, hi = m, m + 1.0 / (alpha - 1)  # mass >= 1 at theta = max, <= 1 at max + 1/(alpha-1)
+    for _ in range(n_iter):
+        mid = (lo + hi) / 2
+        mass = T.e_alpha(x - mid, alpha).sum(axis=1, keepdims=True)
+        lo, hi = np.where(mass > 1, mid, lo), np.where(mass > 1, hi, mid)
+    p = T.e_alpha(x - (lo + hi) / 2, alpha)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def softmax_jacobian_vjp(p, g, alpha):
+    """Uses u = p (the softmax Jacobian) whatever alpha is."""
+    p, g = np.asarray(p, np.float64), np.asarray(g, np.float64)
+    return p * (g - (p * g).sum(axis=1, keepdims=True))
+
+
+def off_by_one_causal(q, k, v, *, alpha=1.5, causal=False, **kw):
+    """Causal attention that lets query i also see key i_abs + 1."""
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    rep = Hq // k.shape[1]
+    kk, vv = np.repeat(k, rep, 1), np.repeat(v, rep, 1)
+    z = np.einsum("bhid,bhjd->bhij", q, kk) / np.sqrt(D)
+    if causal:
+        allowed = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + Nk - Nq + 1
+        z = np.where(allowed, z, -np.inf)
+    return np.einsum("bhij,bhjd->bhid", er.entmax(z, alpha, backend="numpy"), vv)
+
+
+def correct_attention(q, k, v, **kw):
+    return er.attention(q, k, v, backend="numpy", **kw)
+
+
+# ----------------------------------------------------------------------------- tolerance formula
+
+
+def test_tolerance_formula_values():
+    u = 2.0**-53
+    assert T.threshold_budget(np.float64, 16) == pytest.approx(u * (8 + 4 * 4))
+    # softmax: relative budget p (e^d - 1) + u p + tiny, d = delta_n + 2u|log p|
+    p = np.array([[0.25, 0.75]])
+    tol = T.entmax_tolerance(p, 1.0, np.float64)
+    d = T.threshold_budget(np.float64, 2) + 2 * u * np.abs(np.log(p))
+    np.testing.assert_allclose(tol, p * np.expm1(d) + u * p + np.finfo(np.float64).tiny, rtol=1e-6)
+    # masked entries get 0; an entry at the threshold gets the Hölder term for alpha = 3
+    tol = T.entmax_tolerance(np.array([[1.0, 0.0, 0.0]]), 3.0, np.float64,
+                             masked=np.array([[False, False, True]]))
+    d0 = T.threshold_budget(np.float64, 3) + 2 * u * 0.5
+    assert tol[0, 2] == 0.0
+    assert tol[0, 1] == pytest.approx(np.sqrt(2 * d0), rel=1e-6)
+    # float32 budgets are 2^29 times the float64 ones
+    assert T.threshold_budget(np.float32, 7) / T.threshold_budget(np.float64, 7) == 2.0**29
+
+
+def test_tolerance_grows_with_n_and_shrinks_with_precision():
+    assert T.threshold_budget(np.float64, 10_000) > T.threshold_budget(np.float64, 10)
+    assert T.threshold_budget(np.float16, 10) > T.threshold_budget(np.float32, 10)
+
+
+# ----------------------------------------------------------------------------- assertions
+
+
+def test_assertions_accept_exact_answers_and_report_misses():
+    x = np.array([[-2.0, 0.0, 0.5], [1.0, 1.0, -np.inf]])
+    assert_entmax_close(er.sparsemax(x), x, alpha=2)
+    assert_threshold_close(er.entmax_threshold(x, 2), x, alpha=2)
+    with pytest.raises(AssertionError) as exc:
+        assert_entmax_close(np.array([[0.0, 0.25, 0.75], [0.5, 0.5, 1e-12]]), x, alpha=2)
+    msg = str(exc.value)
+    for part in ("worst at index (1, 2)", "row 1", "expected 0.0", "got 1e-12", "support differs in 1",
+                 "import numpy as np, entmax_ref as er", "np.inf"):
+        assert part in msg, part
+
+
+def test_assertion_follows_axis_and_per_row_alpha():
+    x = np.random.default_rng(0).standard_normal((5, 4))
+    alpha = np.array([1.0, 1.5, 2.0, 3.0])
+    assert_entmax_close(er.entmax(x, alpha, axis=0), x, alpha=alpha, axis=0)
+    with pytest.raises(AssertionError):
+        assert_entmax_close(er.entmax(x, 1.5, axis=0), x, alpha=alpha, axis=0)
+
+
+def test_float32_results_are_judged_by_float32_budgets():
+    x = np.random.default_rng(1).standard_normal((6, 40)).astype(np.float32)
+    p32 = er.entmax(x, 1.5)
+    assert_entmax_close(p32, x, alpha=1.5)
+    # the same numbers claimed as float64 are far outside the float64 budget
+    with pytest.raises(AssertionError):
+        assert_entmax_close(p32, x, alpha=1.5, dtype=np.float64)
+
+
+def test_vjp_and_attention_assertions():
+    rng = np.random.default_rng(2)
+    x, g = rng.standard_normal((4, 9)), rng.standard_normal((4, 9))
+    assert_entmax_vjp_close(er.entmax_vjp(er.entmax(x, 1.5), g, 1.5), x, g, alpha=1.5)
+    with pytest.raises(AssertionError, match="dx"):
+        assert_entmax_vjp_close(softmax_jacobian_vjp(er.entmax(x, 1.5), g, 1.5), x, g, alpha=1.5)
+    q, k, v = rng.standard_normal((1, 2, 5, 4)), rng.standard_normal((1, 1, 6, 4)), rng.standard_normal((1, 1, 6, 3))
+    kw = dict(alpha=1.5, causal=True)
+    assert_attention_close(er.attention(q, k, v, **kw), q, k, v, **kw)
+    do = rng.standard_normal((1, 2, 5, 3))
+    assert_attention_grads_close(er.attention_vjp(do, q, k, v, **kw)[:3], do, q, k, v, **kw)
+    with pytest.raises(AssertionError, match="attention output"):
+        assert_attention_close(off_by_one_causal(q, k, v, **kw), q, k, v, **kw)
+
+
+# ----------------------------------------------------------------------------- batteries
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 3.0])
+def test_reference_passes_its_own_battery(alpha):
+    rep = check_entmax(lambda x, alpha: er.entmax(x, alpha, backend="numpy"), alpha, **QUICK)
+    assert rep.ok, rep.table()
+    assert all(r.props_passed == r.props_total > 0 for r in rep.rows)
+
+
+def test_shifted_threshold_is_caught():
+    rep = check_entmax(shifted_threshold, 1.5, dtypes=("float64",), **QUICK)
+    assert not rep.ok
+    assert "out of tolerance" in rep.rows[0].notes[0]
+
+
+@pytest.mark.parametrize("alpha", [1.25, 2.0])
+def test_renormalised_unconverged_bisection_is_caught(alpha):
+    p = renormalised_bisection(np.random.default_rng(0).standard_normal((4, 30)), alpha)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)  # it looks fine: it sums to 1
+    rep = check_entmax(lambda x, alpha: renormalised_bisection(x, alpha), alpha, dtypes=("float64",),
+                       masked_rows=False, **QUICK)
+    assert not rep.ok
+
+
+def test_well_converged_bisection_passes():
+    rep = check_entmax(lambda x, alpha: renormalised_bisection(x, alpha, n_iter=200), 1.25, dtypes=("float64",),
+                       masked_rows=False, **QUICK)
+    assert rep.ok, rep.table()
+
+
+def test_wrong_jacobian_is_caught_and_right_one_passes():
+    good = check_entmax_vjp(lambda p, g, alpha: er.entmax_vjp(p, g, alpha, backend="numpy"), 1.5, inputs="p", **QUICK)
+    assert good.ok, good.table()
+    assert "finite differences" not in good.table()
+    bad = check_entmax_vjp(softmax_jacobian_vjp, 1.5, inputs="p", dtypes=("float64",), **QUICK)
+    assert not bad.ok
+
+
+def test_threshold_battery():
+    assert check_threshold(lambda x, alpha: er.entmax_threshold(x, alpha), 2.0, **QUICK).ok
+    off = check_threshold(lambda x, alpha: er.entmax_threshold(x, alpha) + 1e-9, 2.0, dtypes=("float64",), **QUICK)
+    assert not off.ok
+
+
+def test_off_by_one_causal_mask_is_caught():
+    kw = dict(features=("causal",), dtypes=("float64",), **QUICK)
+    assert check_attention(correct_attention, 1.5, **kw).ok
+    rep = check_attention(off_by_one_causal, 1.5, **kw)
+    assert not rep.ok
+    assert "[causal]" in " ".join(rep.rows[0].notes)
+
+
+def test_attention_battery_with_all_features_and_gradients():
+    rep = check_attention(correct_attention, 2.0, vjp=lambda do, q, k, v, **kw: er.attention_vjp(do, q, k, v, **kw)[:3],
+                          features=("causal", "gqa", "key_lengths", "alibi", "asentmax", "cross"), **QUICK)
+    assert rep.ok, rep.table()
+    assert [r.op for r in rep.rows] == ["attention a=2", "attention a=2", "attention vjp a=2", "attention vjp a=2"]
+
+
+def test_bad_callables_give_failing_rows_not_tracebacks():
+    def raises(x, alpha):
+        raise RuntimeError("kernel exploded")
+
+    rep = check_entmax(raises, 1.5, **QUICK)
+    assert [r.verdict for r in rep.rows] == ["FAIL", "FAIL"]  # both dtypes still ran
+    assert "raised RuntimeError: kernel exploded" in rep.rows[0].notes[0]
+    rep = check_entmax(lambda: None, 1.5, **QUICK)
+    assert "wrong signature" in rep.rows[0].notes[0]
+    rep = check_entmax(lambda x, alpha: np.asarray(x)[:, :1], 1.5, **QUICK)
+    assert "has shape" in " ".join(rep.rows[0].notes)
+    rep = check_entmax(lambda x, alpha: "not an array", 1.5, dtypes=("float64",), **QUICK)
+    assert not rep.ok
+
+
+def test_report_table_and_json(tmp_path):
+    rep = check_entmax(lambda x: er.sparsemax(x), 2.0, **QUICK)
+    text = rep.table()
+    assert text.splitlines()[0].split() == ["operation", "implementation", "dtype", "max", "abs", "err", "ulps",
+                                            "props", "verdict"]
+    rep.to_json(tmp_path / "r.json")
+    import json
+
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["ok"] and len(data["rows"]) == 2
+
+
+# ----------------------------------------------------------------------------- adapters
+
+
+def test_adapters_round_trip_and_do_not_import_frameworks():
+    a = np.arange(3.0)
+    assert to_numpy(a) is a
+    assert to_numpy([1.0, 2.0]).tolist() == [1.0, 2.0]
+
+    class ArrayLike:
+        def __array__(self, dtype=None, copy=None):
+            return np.ones(2)
+
+    assert to_numpy(ArrayLike()).tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError, match="not an array"):
+        to_numpy(object())
+    code = ("import sys, numpy as np, entmax_ref as er; from entmax_ref.testing import check_entmax; "
+            "assert check_entmax(lambda x: er.sparsemax(x, backend='numpy'), 2.0, size='quick').ok; "
+            "print(sorted(m for m in ('torch', 'jax', 'cupy', 'hypothesis') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_torch_adapter_and_peer():
+    torch = pytest.importorskip("torch")
+    t = from_numpy(np.ones((2, 3), np.float32), "torch")
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float32
+    assert to_numpy(t.requires_grad_(True) * 2).tolist() == [[2.0] * 3] * 2
+    assert to_numpy(torch.ones(2, dtype=torch.bfloat16)).dtype == np.float32
+    rep = check_entmax(lambda x: torch.softmax(x, -1), 1.0, framework="torch", masked_rows=False, **QUICK)
+    assert rep.ok, rep.table()
+
+
+# ----------------------------------------------------------------------------- strategies
+
+
+@settings(max_examples=15, deadline=None)
+@given(attention_problems(asentmax=True))
+def test_attention_problems_strategy_is_valid_for_the_reference(problem):
+    q, k, v, kw = problem
+    assert q.shape[1] % k.shape[1] == 0 and k.shape[2] == v.shape[2]
+    out = er.attention(q, k, v, alpha=1.5, backend="numpy", **kw)
+    assert out.shape == q.shape[:3] + (v.shape[3],)
+    assert np.isfinite(out).all()
+
+
+@settings(max_examples=10, deadline=None)
+@given(alpha_columns(3))
+def test_alpha_columns_strategy(a):
+    assert a.shape == (3,) and np.all(a >= 1.0)
