@@ -115,6 +115,8 @@ def lemma2_gap(k, alpha):
     """The gap Delta*_k = k^(1-alpha)/(alpha-1) above which alpha-entmax gives exactly 1/k
     to each of k tokens standing above a flat background (alpha > 1).
 
+    Examples
+    --------
     >>> from entmax_ref.demo import lemma2_gap
     >>> [round(float(lemma2_gap(k, 1.5)), 3) for k in (1, 4, 16)]
     [2.0, 1.0, 0.5]
