@@ -1,0 +1,299 @@
+"""The numba backend's row kernels against the NumPy reference backend.
+
+Same answers means: identical supports, converged solves, and every value within a few
+float64 ulps *of its own conditioning* (the tolerances below are derived from the problem,
+not from what happened to pass), for float64 and float32 inputs, on seeded random rows and
+on adversarial ones (ties, constant rows, 1e6 offsets, -inf masks, n = 1, n = 10^6,
+alpha from 1 to 100, per-row alpha).
+
+Tolerance model (float64 working precision, eps = 2^-52, K = 8 roundings' worth):
+
+* The threshold is the root of ``f(A) = sum_i p_i(A) - 1``.  Both backends evaluate f to
+  ``eps * Lg * S1`` with ``S1 = sum_S p (1 + |log p|)`` (each p carries ~``eps (1 + |log p|)``
+  relative error from log1p/exp, and ``Lg = 1 + log2 |S|`` bounds the reference's pairwise
+  summation), and ``|f'| = sum_S u`` with ``u = p^(2 - alpha)``; so the two roots differ by
+  ``dA <= K eps (Lg S1 / sum u + R)``, where ``R`` is the scale of the numbers in the
+  threshold arithmetic: ``1 + |A| + 1/(alpha - 1)`` for alpha <= 2 (``1 + |A|`` at alpha 1).
+* ``dp_i/dA = -u_i``, so ``|dp_i| <= u_i dA + K eps p_i (1 + |log p_i|)``.
+* alpha > 2: both backends solve relative to the smallest support entry c
+  (``p_i = (a1 (y_i - c + delta))^(1/a1)``), so ``|dp_i| <= K eps [(u_i / sum u) Lg S1 +
+  p_i (1 + |log p_i| + 1/(alpha - 1))]`` (u may overflow at the edge; the ratio does not).
+* theta = max + A is rounded once more: ``|dtheta| <= dA + K eps (|theta| + |max|)``.
+* float32 output: both round the same float64 value (computed in float64 from the same
+  inputs), so they differ by at most the float64 bound plus one float32 ulp of p.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from entmax_ref.backends import get_backend, unavailable_reason
+
+_reason = unavailable_reason("numba")
+pytestmark = [
+    pytest.mark.numba,
+    pytest.mark.skipif(_reason is not None, reason=f"numba backend: {_reason}"),
+]
+
+EPS = np.finfo(np.float64).eps
+K = 8.0
+ALPHAS = [1.0, 1.0 + 1e-6, 1.1, 1.25, 1.33, 1.5, 1.75, 2.0, 2.5, 3.0, 10.0, 100.0]
+DTYPES = [np.float64, np.float32]
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return get_backend("numpy")
+
+
+@pytest.fixture(scope="module")
+def nb():
+    return get_backend("numba")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _tolerances(x64: np.ndarray, alpha: np.ndarray, p: np.ndarray, theta: np.ndarray):
+    """Per-entry p tolerance and per-row theta tolerance from the float64 reference."""
+    rows, n = x64.shape
+    tol_p = np.zeros_like(p)
+    tol_t = np.zeros(rows)
+    for r in range(rows):
+        if not np.isfinite(theta[r]):
+            continue
+        a = alpha[r]
+        m = x64[r].max()
+        A = theta[r] - m
+        on = p[r] > 0
+        ps = p[r][on]
+        logp = np.log(ps)
+        lg = 1.0 + np.log2(max(on.sum(), 1))
+        s1 = np.sum(ps * (1.0 + np.abs(logp)))
+        if a > 2.0:
+            # u = p^(2-alpha) is unbounded at the support's edge (it may overflow), but
+            # the solve is relative to the edge entry: dp_i = (u_i / sum u) * (error of
+            # the mass) plus the rounding of p_i itself, and d_i + delta carries only a
+            # relative rounding, which moves p_i by eps p_i / (alpha - 1)
+            lu = (2.0 - a) * logp
+            lsu = np.logaddexp.reduce(lu)
+            w = np.exp(lu - lsu)
+            dA = K * EPS * (lg * s1 * np.exp(-lsu) + 2.0 / (a - 1.0))
+            tol_p[r][on] = K * EPS * (w * lg * s1 + ps * (1.0 + np.abs(logp) + 1.0 / (a - 1.0)))
+        else:
+            u = np.exp((2.0 - a) * logp)
+            R = 1.0 + abs(A) + (1.0 / (a - 1.0) if a > 1.0 else 0.0)
+            dA = K * EPS * (lg * s1 / u.sum() + R)
+            tol_p[r][on] = u * dA + K * EPS * ps * (1.0 + np.abs(logp))
+        tol_t[r] = dA + K * EPS * (abs(theta[r]) + abs(m))
+    return tol_p, tol_t
+
+
+def _check(nb, ref, x, alpha, method=None, ref_method="same"):
+    """Run both backends and assert the same answer (see the module docstring)."""
+    x = np.ascontiguousarray(x)
+    alpha = np.broadcast_to(np.asarray(alpha, np.float64), (x.shape[0],)).copy()
+    x_before, a_before = x.copy(), alpha.copy()
+    got = nb.entmax_forward(x, alpha, method)
+    np.testing.assert_array_equal(x, x_before)  # inputs are never modified
+    np.testing.assert_array_equal(alpha, a_before)
+    rm = method if ref_method == "same" else ref_method
+    x64 = x.astype(np.float64)
+    want = ref.entmax_forward(x64, alpha, rm)  # the reference is float64 inside anyway
+
+    assert got.p.dtype == x.dtype and got.p.shape == x.shape
+    assert got.theta.dtype == np.float64 and got.support.dtype == np.int64
+    assert got.n_iter.dtype == np.int64 and got.converged.dtype == np.bool_
+    assert got.converged.all()
+    np.testing.assert_array_equal(got.support, want.support)
+    np.testing.assert_array_equal(got.p > 0, want.p > 0) if x.dtype == np.float64 else None
+
+    tol_p, tol_t = _tolerances(x64, alpha, want.p, want.theta)
+    fin = np.isfinite(want.theta)
+    np.testing.assert_array_equal(np.isfinite(got.theta), fin)
+    assert np.all(got.theta[~fin] == -np.inf)
+    err_t = np.abs(got.theta[fin] - want.theta[fin])
+    assert np.all(err_t <= tol_t[fin]), f"theta off by {err_t.max():.3g} (tolerance {tol_t[fin][err_t.argmax()]:.3g})"
+
+    if x.dtype == np.float32:
+        # both sides round the same float64 number to float32: one float32 ulp on top
+        tol = tol_p + np.spacing(np.abs(want.p).astype(np.float32)).astype(np.float64)
+        ref_p = want.p.astype(np.float32).astype(np.float64)
+    else:
+        tol = tol_p
+        ref_p = want.p
+    err = np.abs(got.p.astype(np.float64) - ref_p)
+    bad = err > tol
+    assert not bad.any(), (
+        f"{bad.sum()} entries off; worst {err[bad].max():.3g} vs tolerance {tol[bad][err[bad].argmax()]:.3g}"
+    )
+    return got, want
+
+
+def _random_rows(rng, rows, n, kind):
+    if kind == "normal":
+        return rng.standard_normal((rows, n))
+    if kind == "wide":
+        return 20.0 * rng.standard_normal((rows, n))
+    if kind == "narrow":
+        return 0.01 * rng.standard_normal((rows, n))
+    if kind == "uniform":
+        return rng.random((rows, n))
+    if kind == "ties":  # many exact ties, including ties at the top
+        return np.round(2.0 * rng.standard_normal((rows, n))) / 2.0
+    if kind == "offset":
+        return 1e6 + rng.standard_normal((rows, n))
+    if kind == "masked":
+        x = rng.standard_normal((rows, n))
+        x[rng.random((rows, n)) < 0.4] = -np.inf
+        x[0] = -np.inf  # an all-masked row
+        if n > 1:
+            x[1, 1:] = -np.inf  # a single visible entry
+        return x
+    raise ValueError(kind)
+
+
+# ----------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("kind", ["normal", "wide", "narrow", "uniform", "ties", "offset", "masked"])
+def test_forward_matches_reference(nb, ref, kind, alpha, dtype):
+    rng = np.random.default_rng(zlib.crc32(f"{kind}-{alpha!r}".encode()))
+    for n in (2, 7, 100, 1000):
+        x = _random_rows(rng, 24, n, kind).astype(dtype)
+        _check(nb, ref, x, alpha)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_constant_rows_and_single_entries(nb, ref, alpha, dtype):
+    x = np.zeros((6, 50), dtype)
+    x[1] = 3.0
+    x[2] = -1e6
+    x[3, :] = 1.0
+    x[3, 7] = 1.0 + 1e-12  # a near-tie at the top
+    x[4, 25:] = -np.inf  # constant visible half
+    x[5] = np.linspace(0.0, 1.0, 50)  # evenly spaced
+    _check(nb, ref, x, alpha)
+    _check(nb, ref, np.array([[0.5], [-np.inf], [1e6]], dtype), alpha)  # n = 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_per_row_alpha(nb, ref, dtype):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((200, 300)).astype(dtype)
+    alpha = rng.choice(ALPHAS, size=200)
+    _check(nb, ref, x, alpha)
+    _check(nb, ref, x, 1.0 + 3.0 * rng.random(200))  # arbitrary alpha in [1, 4)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.33, 1.0 + 1e-6, 3.0])
+def test_a_million_entries(nb, ref, alpha):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 10**6))
+    x[0, rng.random(10**6) < 0.1] = -np.inf
+    _check(nb, ref, x, alpha)
+    _check(nb, ref, x.astype(np.float32), alpha)
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_bisect_method_matches_reference_bisect(nb, ref, alpha):
+    rng = np.random.default_rng(3)
+    for kind in ("normal", "ties", "masked", "uniform"):
+        x = _random_rows(rng, 16, 64, kind)
+        got, want = _check(nb, ref, x, alpha, method="bisect")
+        live = np.isfinite(want.theta)
+        # same bracket and the same halving rule: the halving counts agree to a step or two
+        assert np.all(np.abs(got.n_iter[live] - want.n_iter[live]) <= 2)
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_newton_method_matches_reference(nb, ref, alpha):
+    rng = np.random.default_rng(5)
+    for kind in ("normal", "ties", "masked", "offset"):
+        _check(nb, ref, _random_rows(rng, 16, 64, kind), alpha, method="newton", ref_method=None)
+
+
+def test_empty_shapes_and_errors(nb):
+    for shape in ((0, 5), (3, 0), (0, 0)):
+        res = nb.entmax_forward(np.zeros(shape), np.full(shape[0], 1.5), None)
+        assert res.p.shape == shape
+        assert np.all(res.theta == -np.inf) and np.all(res.support == 0) and res.converged.all()
+    with pytest.raises(NotImplementedError, match="not implemented on the numba backend"):
+        nb.entmax_forward(np.zeros((1, 3)), np.ones(1), "sort")
+
+
+# ----------------------------------------------------------------------------- VJPs
+def _vjp_tolerances(p, g, alpha):
+    """|d dx_i| <= K eps [u_i e_i (|g_i| + |r|) + u_i Lg (sum_j u_j e_j (|g_j| + |r|)) / sum u],
+    e_i = 1 + |(2 - alpha) log p_i| (the relative error of u_i), r = (u.g)/sum u."""
+    rows = p.shape[0]
+    tol = np.zeros_like(p)
+    tol_a = np.zeros(rows)
+    for r in range(rows):
+        on = p[r] > 0
+        if not on.any():
+            continue
+        a = alpha[r]
+        ps, gs = p[r][on], g[r][on]
+        logp = np.log(ps)
+        u = np.exp((2.0 - a) * logp)
+        e = 2.0 + np.abs((2.0 - a) * logp)
+        su = u.sum()
+        rr = np.dot(u, gs) / su
+        lg = 1.0 + np.log2(on.sum())
+        spread = lg * np.sum(u * e * (np.abs(gs) + abs(rr))) / su
+        tol[r][on] = K * EPS * u * (e * (np.abs(gs) + abs(rr)) + spread)
+        # alpha VJP: terms g_i p_i c_i and (u.g)(sum p c)/sum u, each entry carrying
+        # ~ (3 + |log p| + e) relative error, summed with growth Lg
+        w = -(a - 1.0) * logp
+        pc = np.abs(ps * logp * logp) * np.maximum(0.5, np.abs(np.expm1(w) - w) / np.maximum(w * w, 1e-300))
+        rel = 3.0 + np.abs(logp) + e
+        tol_a[r] = K * EPS * lg * (np.sum(np.abs(gs) * pc * rel) + np.sum(u * np.abs(gs) * rel) * np.sum(pc * rel) / su)
+    return tol, tol_a
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_vjps_match_reference(nb, ref, alpha, dtype):
+    rng = np.random.default_rng(int(alpha * 1000))
+    for kind in ("normal", "ties", "masked", "wide"):
+        x = _random_rows(rng, 16, 80, kind)
+        a = np.full(16, alpha)
+        p = ref.entmax_forward(x, a, None).p.astype(dtype)
+        g = rng.standard_normal(p.shape).astype(dtype)
+        p0, g0 = p.copy(), g.copy()
+        dx = nb.entmax_vjp(p, g, a)
+        da = nb.entmax_alpha_vjp(p, g, a)
+        np.testing.assert_array_equal(p, p0)
+        np.testing.assert_array_equal(g, g0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            # at alpha = 100, u = p^(2 - alpha) overflows float64 for edge entries
+            # p < ~1e-3: both backends then return inf/nan for that row, by the same formula
+            want_dx = ref.entmax_vjp(p, g, a)
+            want_da = ref.entmax_alpha_vjp(p, g, a)
+            tol, tol_a = _vjp_tolerances(p.astype(np.float64), g.astype(np.float64), a)
+        assert dx.dtype == want_dx.dtype and da.dtype == np.float64
+        ok = np.isfinite(want_dx).all(axis=1) & np.isfinite(want_da) & np.isfinite(tol_a)
+        assert ok.sum() >= 8  # most rows are compared (the overflow needs an edge p < ~1e-3)
+        np.testing.assert_array_equal(np.isfinite(dx).all(axis=1)[ok], True)
+        if dtype == np.float32:  # both round the same float64 value to float32
+            tol = tol + np.spacing(np.abs(want_dx)).astype(np.float64)
+        assert np.all(np.abs(dx[ok].astype(np.float64) - want_dx[ok]) <= tol[ok])
+        assert np.all(dx[p == 0] == 0)
+        err_a = np.abs(da[ok] - want_da[ok])
+        assert np.all(err_a <= tol_a[ok]), np.max(err_a - tol_a[ok])
+
+
+def test_vjp_mixed_dtypes_and_empty_rows(nb, ref):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 9))
+    x[0] = -np.inf
+    a = np.array([1.5, 1.0, 2.0, 1.33, 3.0])
+    p = ref.entmax_forward(x, a, None).p
+    g = rng.standard_normal((5, 9)).astype(np.float32)
+    dx = nb.entmax_vjp(p.astype(np.float32), g.astype(np.float64), a)
+    assert dx.dtype == np.float64
+    np.testing.assert_array_equal(dx[0], 0.0)
+    assert nb.entmax_alpha_vjp(p, g.astype(np.float64), a)[0] == 0.0
