@@ -30,7 +30,7 @@ class EntmaxInfo:
 
 
 def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=False, check_finite=True):
-    r"""alpha-entmax along ``axis``: the maximiser over the simplex of <p, x> + H_alpha(p).
+    r"""alpha-entmax along ``axis``: the maximiser over the simplex of ``<p, x> + H_alpha(p)``.
 
     H_alpha is the Tsallis alpha-entropy (Shannon at alpha = 1), so alpha = 1 is softmax,
     alpha = 2 sparsemax and alpha -> inf argmax.  The solution has the threshold form
@@ -67,8 +67,10 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
 
     Raises
     ------
-    ValueError: NaN/+inf in x, alpha NaN/inf/< 1 or not broadcastable, axis out of range.
-    TypeError: complex, bool, object or string input.
+    ValueError
+        NaN/+inf in x, alpha NaN/inf/< 1 or not broadcastable, axis out of range.
+    TypeError
+        Complex, bool, object or string input.
 
     Notes
     -----

@@ -9,7 +9,7 @@ snippet that reproduces the worst row.
 
 >>> import numpy as np
 >>> from entmax_ref.testing import assert_entmax_close
->>> assert_entmax_close(np.array([0.0, 0.25, 0.75]), [-2.0, 0.0, 0.5], alpha=2)
+>>> _ = assert_entmax_close(np.array([0.0, 0.25, 0.75]), [-2.0, 0.0, 0.5], alpha=2)
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def assert_entmax_close(actual, x, alpha=1.5, axis=-1, *, factor=1.0, atol=0.0, 
     be exactly 0.
 
     >>> from entmax_ref.testing import assert_entmax_close
-    >>> assert_entmax_close([0.5, 0.5], [1.0, 1.0], alpha=3)
+    >>> _ = assert_entmax_close([0.5, 0.5], [1.0, 1.0], alpha=3)
     """
     __tracebackhide__ = True
     moved, x2 = _rows(x, axis)
@@ -170,7 +170,7 @@ def assert_threshold_close(actual_tau, x, alpha=1.5, axis=-1, *, factor=1.0, ato
     :func:`entmax_ref.testing.tolerance.threshold_tolerance`.
 
     >>> from entmax_ref.testing import assert_threshold_close
-    >>> assert_threshold_close(-0.25, [-2.0, 0.0, 0.5], alpha=2)
+    >>> _ = assert_threshold_close(-0.25, [-2.0, 0.0, 0.5], alpha=2)
     """
     __tracebackhide__ = True
     moved, x2 = _rows(x, axis)
@@ -195,7 +195,7 @@ def assert_entmax_vjp_close(actual_dx, x, grad, alpha=1.5, axis=-1, *, factor=1.
     within :func:`entmax_ref.testing.tolerance.vjp_tolerance`.
 
     >>> from entmax_ref.testing import assert_entmax_vjp_close
-    >>> assert_entmax_vjp_close([0.0, 0.5, -0.5], [-2.0, 0.0, 0.5], [0.0, 1.0, 0.0], alpha=2)
+    >>> _ = assert_entmax_vjp_close([0.0, 0.5, -0.5], [-2.0, 0.0, 0.5], [0.0, 1.0, 0.0], alpha=2)
     """
     __tracebackhide__ = True
     import entmax_ref as er
@@ -343,7 +343,7 @@ def assert_attention_close(actual_out, q, k, v, *, factor=1.0, atol=0.0, dtype=N
     >>> import numpy as np
     >>> from entmax_ref.testing import assert_attention_close
     >>> q = np.array([[[[1.0]]]]); k = np.array([[[[0.0], [1.0]]]]); v = np.eye(2)[None, None]
-    >>> assert_attention_close([[[[0.0, 1.0]]]], q, k, v, alpha=2, scale=1.0)
+    >>> _ = assert_attention_close([[[[0.0, 1.0]]]], q, k, v, alpha=2, scale=1.0)
     """
     __tracebackhide__ = True
     dtype = dtype or dtype_of(actual_out)
