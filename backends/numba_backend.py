@@ -17,6 +17,9 @@ supports).  See :mod:`entmax_ref.backends.numba.rows` for the solvers:
 ``"bisect"``
     the reference's bisection to the last bit, on the same bracket.
 
+Attention uses the query-chunked driver of :mod:`entmax_ref.backends.numpy_attention`
+(NumPy matmuls on BLAS, only the keys a causal chunk can see) with the compiled row solver.
+
 Compiled code is cached on disk; ``ENTMAX_REF_NUMBA_CACHE=0`` turns the cache off.  The
 first call of each kernel in a process with an empty cache compiles it (seconds); with a
 warm cache it loads it (see docs for measured latencies).
@@ -94,7 +97,14 @@ class NumbaBackend:
         return out
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
-        raise NotImplementedError("attention is not implemented on the numba backend yet")
+        """The query-chunked driver of :mod:`entmax_ref.backends.numpy_attention` (BLAS
+        matmuls, causal key ranges per chunk) with this backend's compiled row solver."""
+        from .numpy_attention import attention_forward
+
+        return attention_forward(self, q, k, v, spec)
 
     def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
-        raise NotImplementedError("attention is not implemented on the numba backend yet")
+        """The query-chunked backward of :mod:`entmax_ref.backends.numpy_attention`."""
+        from .numpy_attention import attention_backward
+
+        return attention_backward(self, do, q, k, v, theta, skew, spec)

@@ -69,6 +69,8 @@ _K_GEN = 3  # any alpha > 1: exp(log1p(a1 d) / a1)
 _K_BIG = 4  # alpha > 2: support-threshold units T = A - 1/a1, p = (a1 (y - T))_+^(1/a1)
 
 _EPS = np.finfo(np.float64).eps
+#: rounding error of a computed mass (sum of powers, each within ~2 ulps, compensated)
+_TIE = 8.0 * _EPS
 #: relative margin that turns a computed lower bound into a certain one
 _LB_MARGIN = 1e-12
 
@@ -510,7 +512,8 @@ def _mass_delta(c, k, a1, cv, delta):
 def _pivot_big(c, k, a1, tmin, seed):
     """The support edge for alpha > 2 by randomised pivoting on the entries themselves
     (expected O(k + s log k) power evaluations, s = support size).  f(v) is evaluated
-    exactly at entry values v, where v itself has p = 0.  Returns (cv, bv, s0, steps):
+    exactly at entry values v, where v itself has p = 0, and v counts as outside when the
+    mass above it is within rounding (8 eps) of 1.  Returns (cv, bv, s0, steps):
     cv = smallest entry with f(cv) < 0 (the smallest support entry), bv = largest entry
     with f(bv) >= 0 (or ``tmin``), the support is ``c[s0:k]`` (``c`` is permuted)."""
     lo = 0
@@ -540,7 +543,10 @@ def _pivot_big(c, k, a1, tmin, seed):
             else:
                 i += 1
         steps += 1
-        if _mass_T(c, gt, k, v, a1) < 0.0:  # the threshold is below v: v and above are in
+        # the threshold is below v (v and above are in) only when the mass above v is
+        # short of 1 by more than its rounding error: an entry that sits on the edge to
+        # working precision (e.g. k equal entries each at exactly 1/k) gets p = 0
+        if _mass_T(c, gt, k, v, a1) < -_TIE:
             cv = v
             hi = lt
         else:  # the threshold is at or above v: v and below are out
@@ -600,25 +606,32 @@ def _edge_q(c, s0, k, a1, cv, bv):
 @njit(cache=CACHE)
 def _edge_newton(c, s0, k, a1, cv, bv):
     """delta for the support ``c[s0:k]``: :func:`_edge_q`, then, like the reference's
-    last-bit bisection, the float among delta and its two neighbours whose probabilities
-    sum closest to 1 (this matters where delta = q^a1 / a1 is subnormal, e.g. alpha = 100
-    with an edge probability below ~1e-3, which float64 delta cannot represent exactly).
-    Returns (delta, steps, converged)."""
+    last-bit bisection, the float near it whose probabilities (over all candidates
+    ``c[:k]``, so entries on the edge count) sum closest to 1, the smaller on ties: a
+    walk of at most 8 ulps down, else up.  This fixes the rounding of q^a1 / a1 and
+    matters where delta is subnormal (alpha = 100 with an edge probability below
+    ~1e-3, which a float64 delta cannot represent exactly).  Returns (delta, steps,
+    converged)."""
     delta, it, ok = _edge_q(c, s0, k, a1, cv, bv)
-    sup = c[s0:k]
-    ks = k - s0
     best = delta
-    fbest = abs(_mass_delta(sup, ks, a1, cv, delta))
-    lo = np.nextafter(delta, -np.inf)
-    if lo >= 0.0:
-        f = abs(_mass_delta(sup, ks, a1, cv, lo))
-        if f <= fbest:
-            best = lo
+    fbest = abs(_mass_delta(c, k, a1, cv, delta))
+    for _ in range(8):
+        d = np.nextafter(best, -np.inf)
+        if d < 0.0:
+            break
+        f = abs(_mass_delta(c, k, a1, cv, d))
+        if f > fbest:
+            break
+        best = d
+        fbest = f
+    if best == delta:
+        for _ in range(8):
+            d = np.nextafter(best, np.inf)
+            f = abs(_mass_delta(c, k, a1, cv, d))
+            if not (f < fbest):
+                break
+            best = d
             fbest = f
-    hi = np.nextafter(delta, np.inf)
-    f = abs(_mass_delta(sup, ks, a1, cv, hi))
-    if f < fbest:
-        best = hi
     return best, it, ok
 
 
@@ -778,6 +791,7 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
         hi = math.log(k)
     else:
         hi = -math.expm1(-a1 * math.log(k)) / a1
+    hi += _LB_MARGIN * (1.0 + hi)  # the uniform bound, certainly above despite rounding
     if not (A0 >= lo):
         A0 = lo
     if A0 > hi:
