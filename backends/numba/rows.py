@@ -349,8 +349,10 @@ def _bisect(c, k, a1, kind, lo, hi):
 @njit(cache=CACHE)
 def _condat(c, k, v, vt):
     """Condat's (2016) simplex-projection threshold on ``c[:k]`` (sum 1); returns
-    ``A = tau + 1`` from the identified support, summed with compensation.  Uses ``v``
-    and ``vt`` as scratch and leaves ``c`` unchanged."""
+    ``(A, |S|)`` with ``A = tau + 1`` from the identified support S, summed with
+    compensation; S is left in ``v[:|S|]``.  Uses ``v`` and ``vt`` as scratch and leaves
+    ``c`` unchanged unless ``vt`` is ``c`` (allowed: ``vt`` is written behind the read
+    position)."""
     nv = 1
     v[0] = c[0]
     rho = c[0] - 1.0
@@ -399,15 +401,15 @@ def _condat(c, k, v, vt):
         else:
             comp += (y - t) + s
         s = t
-    return ((s + comp) - 1.0) / nv + 1.0
+    return ((s + comp) - 1.0) / nv + 1.0, nv
 
 
 @njit(cache=CACHE)
 def _pivot15(c, k, seed):
     """Expected-O(k) 1.5-entmax threshold on ``c[:k]`` by randomised pivoting (permutes
-    ``c`` in place, keeps every element).  Returns ``A = t + 2`` where ``t`` is the
-    closed-form root of ``sum_{y > t} (y - t)^2 = 4`` on the identified support, or -1.0
-    when rounding left no usable support (the caller then starts Newton from 0)."""
+    ``c`` in place, keeps every element).  Returns ``(A, s0)``: ``A = t + 2`` where ``t``
+    is the closed-form root of ``sum_{y > t} (y - t)^2 = 4`` on the identified support
+    ``c[s0:k]``, or -1.0 when rounding left no usable support."""
     lo = 0
     hi = k
     kk = 0
@@ -462,11 +464,11 @@ def _pivot15(c, k, seed):
             # the root is at or above v: every element <= v is out
             lo = gt
     if kk == 0:
-        return -1.0
+        return -1.0, hi
     disc = (4.0 - m2) / kk
     if disc < 0.0:
-        return -1.0
-    return (mean - math.sqrt(disc)) + 2.0
+        return -1.0, hi
+    return (mean - math.sqrt(disc)) + 2.0, hi
 
 
 
@@ -765,16 +767,18 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     lo = 0.0
     A0 = 0.0
     closed = False
+    sup = c
+    ns = k
     if method == METHOD_DEFAULT and kind == _K_GEN:
         # e_alpha(d) is nonincreasing in alpha, so the exact 1.5-entmax (alpha < 1.5) or
         # sparsemax (1.5 < alpha < 2) threshold is a lower bound of this row's threshold;
         # it is cheap (no powers) and prunes the candidates to a thin shell.
         if a1 < 0.5:
             kb = _compact(c, k, 0.5, _K_15, 0.0, aux)
-            Ab = _pivot15(aux, kb, seed)
+            Ab = _pivot15(aux, kb, seed)[0]
         else:
             kb = _compact(c, k, 1.0, _K_SPARSE, 0.0, aux)
-            Ab = _condat(aux, kb, aux2, aux)  # aux is consumed in place (Condat's trick)
+            Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
         if Ab > 0.0:
             lo = Ab - _LB_MARGIN * (1.0 + Ab)  # certainly below, despite rounding
             if lo < 0.0:
@@ -782,11 +786,14 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
             k = _compact(c, k, a1, kind, lo, c)
         A0 = lo
     elif method == METHOD_DEFAULT and kind == _K_SPARSE:
-        A0 = _condat(c, k, aux, aux2)
+        A0, ns = _condat(c, k, aux, aux2)
         closed = True
     elif method == METHOD_DEFAULT and kind == _K_15:
-        A0 = _pivot15(c, k, seed)
-        closed = True
+        A0, s0 = _pivot15(c, k, seed)
+        closed = A0 >= 0.0
+        if closed:
+            sup = c[s0:k]
+            ns = k - s0
     if a1 == 0.0:
         hi = math.log(k)
     else:
@@ -797,11 +804,16 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     if A0 > hi:
         A0 = hi
     if hi > lo:
-        A, it, ok = _newton(c, k, a1, kind, A0, lo, hi)
+        if closed:
+            # the closed form on the identified support, polished by Newton on that
+            # support (an entry that rounding puts on the other side of the edge carries
+            # a probability at the rounding level either way)
+            A, it, ok = _newton(sup if kind == _K_15 else aux, ns, a1, kind, A0, lo, hi)
+            it = 0
+        else:
+            A, it, ok = _newton(c, k, a1, kind, A0, lo, hi)
     else:  # a single candidate: the row maximum carries all the mass
         A, it, ok = lo, 0, True
-    if closed:
-        it = 0
     cnt = _output(x, out, m, A, a1, kind)
     return m + A, cnt, it, ok
 
