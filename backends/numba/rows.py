@@ -6,45 +6,56 @@ Units are those of :mod:`entmax_ref.backends._base`: with ``y = x - max(x)`` and
     f(A) = sum_i e_alpha(y_i - A) - 1 = 0,   e_alpha(d) = [1 + a1 d]_+ ** (1 / a1)  (exp(d) at a1 = 0),
 
 and returns ``theta = max(x) + A``.  Everything is computed in float64 whatever the
-input dtype; only the probabilities are rounded to the input dtype when stored.
+input dtype; only the probabilities are rounded to the input dtype when stored.  Sums of
+probabilities use Neumaier's compensated summation.
 
 Per row (``_solve_row``):
 
-1. ``m = max(x)`` (an all ``-inf`` row, or ``n = 0``, gives p = 0, theta = -inf).
-2. alpha = 1, default method: ``A = log1p(sum_{i != argmax} exp(y_i))`` (the max term
-   separated out, as scipy's logsumexp does), compensated sum.  Done.
-3. Prefilter: gather the candidates ``y_i`` with ``e_alpha(y_i - 0) > 0`` (the test is the
-   very floating-point comparison the output pass makes, ``a1 * y > -1``, and rounding is
-   monotone, so an element dropped here is zero for every ``A >= 0``; ``A >= 0`` because
-   the row maximum alone has mass 1 at ``A = 0``).
-4. Threshold on the candidates:
+1. One pass finds ``m = max(x)`` and gathers a superset of the entries within the
+   support window ``1/a1`` of it (an all ``-inf`` row, or ``n = 0``, gives p = 0,
+   theta = -inf); the candidates are then the ``y_i`` for which the output pass's own
+   test ``a1 * y > -1`` holds at ``A = 0`` (rounding is monotone, so a dropped entry is
+   zero for every ``A >= 0``, and ``A >= 0`` because the maximum alone has mass 1 there).
+2. The threshold, by alpha (``method=None``):
 
-   * sparsemax (alpha = 2): Condat's (2016) algorithm identifies the support in expected
-     O(k); the closed form ``A = (sum_S y + |S| - 1) / |S|`` is evaluated with a
-     compensated sum;
-   * 1.5-entmax: a randomised pivot (quickselect-like, expected O(k)) on
-     ``f(t) = sum_{y > t} (y - t)^2 / 4 - 1``, keeping the count, mean and centred sum of
-     squares of the elements known to be in the support (Chan's merge, no cancellation),
-     then the closed-form left root of the quadratic on that support;
-   * any other alpha (and ``method="newton"``): safeguarded Newton from the lower bound
-     ``A = 0`` (``f`` is convex for alpha <= 2, so Newton from the left is monotone);
-     every step that would leave the bracket ``[lo, hi]`` is replaced by bisection, and
-     for alpha > 2 a bisection is also forced when two steps did not halve the bracket.
-     Candidates that are zero at the current lower bound are dropped as ``lo`` grows.
+   * alpha = 1: ``A = log1p(sum_{i != argmax} exp(y_i))`` (the max term separated out,
+     as scipy's logsumexp does); ``p_i = exp(y_i) / (1 + s)``.
+   * alpha = 2: Condat's (2016) algorithm finds the support S in expected O(k); the
+     closed form ``A = (sum_S y + |S| - 1) / |S|`` with a compensated sum.
+   * alpha = 1.5: a randomised pivot (quickselect-like, expected O(k)) on
+     ``f(t) = sum_{y > t} (y - t)^2 / 4 - 1``, keeping count, mean and centred sum of
+     squares of the entries known to be in the support (Chan's merge, no cancellation),
+     then the left root of the quadratic on that support.  Both closed forms are
+     polished by Newton on their support until a step no longer changes ``A``.
+   * 1 < alpha < 2, other: the exact 1.5-entmax (alpha < 1.5) or sparsemax threshold is a
+     lower bound (``e_alpha(d)`` is nonincreasing in alpha), which prunes the candidates
+     to a thin shell; then safeguarded Newton from that bound on
+     ``phi(A) = ((f + 1)^a1 - 1) / a1``, the (1/a1)-norm of the ``[1 + a1 (y - A)]_+``:
+     convex and nearly linear, so the steps from the left are monotone and few (5-7 on
+     random rows).  A step that leaves the bracket, or a computed f that did not change
+     (flat at this resolution), falls back to bisection; candidates that are zero at the
+     lower bound are dropped as it grows.  It stops when a step no longer changes ``A``,
+     ``f(A) == 0``, or the bracket cannot be split (then the end with the smaller |f|).
+   * alpha > 2: ``dp/dA = p^(2 - alpha)`` is unbounded at the support's edge, so, as in
+     the reference, the answer is written relative to the smallest support entry cv:
+     ``p_i = (a1 (y_i - cv + delta))^(1/a1)``.  A randomised pivot on the entries
+     themselves (f evaluated exactly at entry values, expected O(k + s log k) powers)
+     finds cv, then Newton on the edge probability ``q = (a1 delta)^(1/a1)`` (the mass is
+     increasing and convex in q, so Newton from the right is monotone) gives delta, and
+     the float nearest it whose mass is closest to 1 is kept.
+   * ``method="newton"``: the safeguarded Newton iteration for alpha <= 2 (from A = 0,
+     no closed form or bound); alpha > 2 as above.
+   * ``method="bisect"``: the reference's bisection on the same bracket
+     ``[0, (1 - nf^(-a1)) / a1]`` (``[0, log nf]`` at alpha = 1, nf = finite entries),
+     two-stage (T, then delta) for alpha > 2, until the midpoint equals an endpoint;
+     then the endpoint with the smaller |f|.
+3. Output pass: ``p_i = e_alpha(y_i - A)`` with the reference's formula
+   ``exp(log1p(a1 d) / a1)`` (``1 + d`` at alpha = 2 and ``(1 + d/2)^2`` at 1.5, the same
+   function with fewer roundings); support = ``#{p_i > 0}`` counted in float64 before the
+   rounding to the output dtype.
 
-   The closed forms are then *polished* by the same safeguarded Newton iteration on all
-   candidates, so the support is re-identified from the final threshold exactly as the
-   output pass will identify it.  The iteration stops when a Newton step no longer
-   changes ``A`` (or ``f(A) == 0``, or the bracket cannot be split any more, in which case
-   the endpoint with the smaller ``|f|`` is returned).  Sums of probabilities use
-   Neumaier's compensated summation.
-5. ``method="bisect"``: the reference's bisection, on the same bracket
-   ``[0, (1 - nf^(-a1)) / a1]`` (``[0, log nf]`` at alpha = 1, ``nf`` = finite entries)
-   until the midpoint equals an endpoint, then the endpoint with the smaller ``|f|``.
-6. Output pass: ``p_i = e_alpha(y_i - A)`` with the reference's formula
-   ``exp(log1p(a1 d) / a1)`` (``(1 + d)`` at alpha = 2 and ``(1 + d/2)^2`` at 1.5, which
-   are the same function, computed with fewer roundings), support = ``#{p_i > 0}``
-   counted in float64 before rounding to the output dtype.
+``n_iter`` counts f evaluations of the iterative solvers (pivot steps included for
+alpha > 2, bisection halvings for ``"bisect"``) and is 0 for the closed forms.
 """
 
 from __future__ import annotations
