@@ -50,6 +50,17 @@ def _target_rows(target, rows: V.Rows, xp):
     return q
 
 
+def _prediction_and_target(x, target, alpha, axis, backend):
+    """Validated rows of x, their namespace, alpha per row, p = entmax(x) and q (float64)."""
+    rows = V.to_rows(x, axis, "x")
+    xp = xp_of(rows.data)
+    be = resolve_backend(backend, rows.data)
+    a = V.alpha_rows(alpha, rows.batch_shape, xp)
+    q = _target_rows(target, rows, xp)
+    p = be.entmax_forward(rows.data, a, None).p.astype(np.float64)
+    return rows, xp, a, p, q
+
+
 def entmax_loss(x, target, alpha=1.5, axis=-1, *, backend=None):
     """The Fenchel-Young loss L(x; q) = Omega(q) - Omega(p) + <p - q, x>, per row.
 
@@ -64,12 +75,7 @@ def entmax_loss(x, target, alpha=1.5, axis=-1, *, backend=None):
     >>> float(er.entmax_loss([-2.0, 0.0, 0.5], 2, alpha=2))  # p = [0, .25, .75]
     0.0625
     """
-    rows = V.to_rows(x, axis, "x")
-    xp = xp_of(rows.data)
-    be = resolve_backend(backend, rows.data)
-    a = V.alpha_rows(alpha, rows.batch_shape, xp)
-    q = _target_rows(target, rows, xp)
-    p = be.entmax_forward(rows.data, a, None).p.astype(np.float64)
+    rows, xp, a, p, q = _prediction_and_target(x, target, alpha, axis, backend)
     x64 = rows.data.astype(np.float64)
     m = x64.max(axis=1, keepdims=True, initial=-np.inf) if x64.shape[1] else xp.zeros((len(x64), 1))
     diff = p - q
@@ -87,10 +93,5 @@ def entmax_loss_grad(x, target, alpha=1.5, axis=-1, *, backend=None):
     >>> er.entmax_loss_grad([-2.0, 0.0, 0.5], 2, alpha=2).tolist()
     [0.0, 0.25, -0.25]
     """
-    rows = V.to_rows(x, axis, "x")
-    xp = xp_of(rows.data)
-    be = resolve_backend(backend, rows.data)
-    a = V.alpha_rows(alpha, rows.batch_shape, xp)
-    q = _target_rows(target, rows, xp)
-    p = be.entmax_forward(rows.data, a, None).p.astype(np.float64)
+    rows, xp, a, p, q = _prediction_and_target(x, target, alpha, axis, backend)
     return V.Rows(p, rows.shape, rows.axis, np.dtype(np.float64)).restore(p - q)
