@@ -38,3 +38,15 @@ def test_readme_examples():
     readme = Path(__file__).resolve().parents[1] / "README.md"
     result = doctest.testfile(str(readme), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_readme_code_blocks_run():
+    """The README's plain (non-doctest) python blocks run as written."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if not b.lstrip().startswith(">>>")]
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
