@@ -38,6 +38,12 @@ def compute_dtype(arr: Any, name: str) -> tuple[np.dtype, np.dtype]:
 def check_finite(arr: Any, name: str, *, allow_neg_inf: bool) -> None:
     """ValueError naming how many bad values there are and where the first one is."""
     xp = xp_of(arr)
+    if arr.size == 0:
+        return
+    # Fast path, one pass each: max is NaN when any entry is NaN and +inf when one is.
+    top = float(xp.max(arr))
+    if top < np.inf and (allow_neg_inf or float(xp.min(arr)) > -np.inf):
+        return
     bad = xp.isnan(arr) | (arr == np.inf) if allow_neg_inf else ~xp.isfinite(arr)
     count = int(bad.sum())
     if count:
