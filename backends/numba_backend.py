@@ -18,10 +18,12 @@ supports).  See :mod:`entmax_ref.backends.numba.rows` for the solvers:
 ``"bisect"``
     the reference's bisection to the last bit, on the same bracket.
 
-Attention uses the query chunks of :mod:`entmax_ref.backends.numpy_attention` (NumPy
-matmuls on BLAS, only the keys a causal chunk can see) with the compiled row solver; the
-forward forms the output and skewed output from the support only
-(:mod:`entmax_ref.backends.numba.attention`), the backward is the NumPy driver's.
+Attention (:mod:`entmax_ref.backends.numba.attention`) walks the query chunks of
+:mod:`entmax_ref.backends.numpy_attention` (only the keys a causal chunk can see), with one
+float64 BLAS product per chunk for the scores and everything else fused into ``prange``
+kernels over the rows: scores, masks and ALiBi, the compiled row solve, and the output and
+skewed output from the support only; the backward recomputes p from theta and works on
+the support only (dO.v, dQ, and a race-free scatter into dK, dV).
 
 Compiled code is cached on disk; ``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns
 the cache off.  First call in a new process, measured on the project's shared 2-core VM:
@@ -102,15 +104,15 @@ class NumbaBackend:
         return out
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
-        """The query chunks of :mod:`entmax_ref.backends.numpy_attention` (BLAS score
-        matmuls, causal key ranges per chunk) with this backend's compiled row solver and
-        a support-only output kernel (:mod:`entmax_ref.backends.numba.attention`)."""
+        """The fused chunked forward of :mod:`entmax_ref.backends.numba.attention` (BLAS
+        score products, then one row kernel: masks, bias, row solve, support-only output)."""
         from .numba.attention import attention_forward
 
         return attention_forward(self, q, k, v, spec)
 
     def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
-        """The query-chunked backward of :mod:`entmax_ref.backends.numpy_attention`."""
-        from .numpy_attention import attention_backward
+        """The support-only chunked backward of :mod:`entmax_ref.backends.numba.attention`
+        (the NumPy driver's at alpha = 1, where the support is dense)."""
+        from .numba.attention import attention_backward
 
         return attention_backward(self, do, q, k, v, theta, skew, spec)

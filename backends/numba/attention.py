@@ -1,27 +1,62 @@
-"""Attention kernels of the numba backend.
+"""Attention kernels of the numba backend: fused, support-only forward and backward.
 
-The forward walks the same query chunks as the NumPy driver
-(:mod:`entmax_ref.backends.numpy_attention`: its score blocks, chunk sizes and causal key
-ranges are reused as they are), solves every score row with the compiled row solver, and
-then forms the output and the skewed output from the *support only*:
+Both directions walk the query chunks of the NumPy driver
+(:mod:`entmax_ref.backends.numpy_attention`: the same chunk sizes, the same causal key
+ranges ``[0, key_end)`` per chunk, rows of all query heads of a kv-head together) and
+compute the same quantities in float64; only the way the work is organised differs.
 
-    o_i = sum_{j: p_ij > 0} p_ij v_j,      skew_i = sum_{j: p_ij > 0} u_ij v_j / sum_j u_ij,
+Per chunk, one BLAS product ``g = qc @ kk.T`` (float64, as the reference: float32 scores
+would move a score by ~1e-7 relative and could change a support) is the only pass that
+touches every (row, key) pair with a matrix product.  Everything else is one ``prange``
+kernel over the rows of the chunk that reads its row of ``g`` once:
 
-with ``u = p^(2 - alpha)`` evaluated only where ``p > 0`` (``sparse_pv``, a ``prange``
-kernel over rows).  With sparse rows this replaces two dense ``(rows, keys) x (keys, Dv)``
-products and a transcendental over the whole score block by work proportional to the
-support.  At alpha = 1 (every visible key is in the support) the skewed output is the
-output itself, as in the NumPy driver.
+forward (``fwd_rows``)
+    ``z_j = s_i * (scale * g_ij) - slope_h * |i_abs - j|`` for the keys of the row,
+    ``-inf`` past the causal edge (the reference's arithmetic, operation by operation,
+    and its overflow check over the whole block), written in place; the compiled row
+    solver of :mod:`entmax_ref.backends.numba.rows` solves the row *on the visible keys
+    only* (masked keys are ``-inf`` there and carry nothing) and writes ``p`` in place;
+    then ``o_i = sum_{p_ij > 0} p_ij v_j`` and the skewed output
+    ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``) over the support only.
+
+backward (``bwd_rows`` then ``bwd_scatter``)
+    per row, ``p_j = e_alpha(z_j - theta_i)`` with the reference's formula
+    (``exp(log1p(a1 y) / a1)``), which is nonzero exactly on the support; the support is
+    compacted (key index, ``p``, ``u``), the skewed output is recomputed from it when the
+    caller has none, then ``delta_i = dO_i . skew_i``, ``dZ_ij = u_ij (dO_i . v_j -
+    delta_i)`` (a dot product per *support* entry, not a dense ``dO V^T`` block),
+    ``ds_i = sum_j dZ_ij a_ij``, ``dQ_i = scale sum_j s_i dZ_ij k_j``.  ``bwd_scatter``
+    then adds ``dV_j += p_ij dO_i`` and ``dK_j += scale s_i dZ_ij q_i`` over the compacted
+    entries, in parallel over slices of the feature dimension (no two threads write the
+    same element, no per-thread copies of dK, dV).  When a chunk's support is dense
+    (more than :data:`DENSE_FRACTION` of its block) the compacted entries are expanded
+    into dense blocks and dK, dV use BLAS instead.
+
+alpha = 1 (softmax: every visible key is in the support) has no sparsity to exploit in
+the backward, which therefore uses the NumPy driver there; the forward uses the fused
+kernel at every alpha.
+
+Memory: the block ``g`` and, in the backward, three more ``(rows, key_end)`` buffers
+(int32 key index, ``p``, ``u`` / ``s dZ``), allocated once per call at the largest chunk
+and reused; float64 dK/dV accumulators of one kv-head as in the driver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import CACHE
+from .rows import METHOD_DEFAULT, _solve_row
+
+#: Support density of a chunk (nonzeros / block size) above which the backward forms
+#: dK and dV with BLAS on dense blocks instead of the support-only scatter.
+DENSE_FRACTION = 0.125
 
 
 @njit(inline="always", cache=CACHE)
@@ -35,40 +70,324 @@ def _skew(p, a2):
     return math.exp(a2 * math.log(p))
 
 
-@njit(parallel=True, cache=CACHE)
-def sparse_pv(p, vv, alpha, out, skew):
-    """``out[r] = sum_j p[r, j] vv[j]`` and ``skew[r] = sum_j u_rj vv[j] / sum_j u_rj``
-    over the nonzeros of each row of ``p`` (float64 accumulation)."""
-    rows, n = p.shape
+@njit(inline="always", cache=CACHE)
+def _visible(r, nc, i0, offset, key_end, causal):
+    """(query head index within the group, absolute query index, visible key count)."""
+    h = r // nc
+    i_abs = i0 + (r - h * nc) + offset
+    n = key_end
+    if causal:
+        n = min(key_end, i_abs + 1)
+        if n < 0:
+            n = 0
+    return h, i_abs, n
+
+
+@njit(inline="always", cache=CACHE)
+def _score(gv, scale, s, has_s, slope, i_abs, j):
+    """The reference's z: ``a = scale * g``, ``z = a * s``, ``z = z - slope * |i_abs - j|``."""
+    z = scale * gv
+    if has_s:
+        z = z * s
+    if slope != 0.0:
+        z = z - slope * np.float64(abs(i_abs - j))
+    return z
+
+
+@njit(nogil=True, cache=CACHE)
+def fwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, vv,
+             out, skew, theta, support, bad):
+    """Fused forward of one chunk.  ``g`` (rows, key_end) = q.k (overwritten: z, then p);
+    ``row_scale`` (rows,) or empty; ``slopes`` (group,) float64; writes ``out``, ``skew``
+    (rows, Dv), ``theta``, ``support`` (rows,), and ``bad[r] = 1`` for a row whose scores
+    overflowed (checked, as the reference does, over all ``key_end`` keys)."""
+    rows, key_end = g.shape
     dv = vv.shape[1]
+    a1 = alpha - 1.0
     a2 = 2.0 - alpha
-    for r in prange(rows):
-        o = np.zeros(dv)
-        s = np.zeros(dv)
-        su = 0.0
-        for j in range(n):
-            pj = np.float64(p[r, j])
-            if pj > 0.0:
-                u = _skew(pj, a2)
-                su += u
-                for d in range(dv):
-                    vjd = vv[j, d]
-                    o[d] += pj * vjd
-                    s[d] += u * vjd
-        inv = 1.0 / su if su > 0.0 else 0.0
+    has_s = row_scale.shape[0] > 0
+    c = np.empty(key_end, np.float64)
+    aux = np.empty(key_end, np.float64)
+    aux2 = np.empty(key_end, np.float64)
+    o = np.empty(dv, np.float64)
+    sk = np.empty(dv, np.float64)
+    for r in range(rows):
+        h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
+        s = row_scale[r] if has_s else 1.0
+        slope = slopes[h]
+        row = g[r]
+        ok = True
+        for j in range(key_end):
+            z = _score(row[j], scale, s, has_s, slope, i_abs, j)
+            if not (abs(z) < np.inf):
+                ok = False
+            row[j] = z if j < n else -np.inf
+        bad[r] = 0 if ok else 1
+        for d in range(dv):
+            o[d] = 0.0
+            sk[d] = 0.0
+        if n == 0 or not ok:
+            theta[r] = -np.inf
+            support[r] = 0
+        else:
+            zr = row[:n]
+            th, cnt, _, _ = _solve_row(zr, zr, a1, METHOD_DEFAULT, c, aux, aux2, r)
+            theta[r] = th
+            support[r] = cnt
+            su = 0.0
+            for j in range(n):
+                pj = zr[j]
+                if pj > 0.0:
+                    u = _skew(pj, a2)
+                    su += u
+                    for d in range(dv):
+                        vjd = vv[j, d]
+                        o[d] += pj * vjd
+                        sk[d] += u * vjd
+            inv = 1.0 / su if su > 0.0 else 0.0
+            for d in range(dv):
+                sk[d] *= inv
         for d in range(dv):
             out[r, d] = o[d]
-            skew[r, d] = s[d] * inv
+            skew[r, d] = sk[d]
+
+
+@njit(nogil=True, cache=CACHE)
+def bwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, th, doc, skew_in,
+             vv, kk, idx, pb, ub, cnt, dq, ds, bad):
+    """Per-row backward of one chunk over the support only (see the module docstring).
+    ``g`` (rows, key_end) = q.k (read only); ``th`` (rows,) theta (-inf: empty row);
+    ``skew_in`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p);
+    writes the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ), ``cnt`` per row,
+    and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1`` where a score overflowed."""
+    rows, key_end = g.shape
+    dv = vv.shape[1]
+    D = kk.shape[1]
+    a1 = alpha - 1.0
+    a2 = 2.0 - alpha
+    has_s = row_scale.shape[0] > 0
+    have_skew = skew_in.shape[0] > 0
+    sk = np.empty(dv, np.float64)
+    acc = np.empty(D, np.float64)
+    for r in range(rows):
+        h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
+        s = row_scale[r] if has_s else 1.0
+        slope = slopes[h]
+        t = th[r]
+        for d in range(D):
+            acc[d] = 0.0
+        live = t > -np.inf
+        ok = True
+        m = 0
+        for j in range(key_end):  # the reference's overflow check covers the whole block
+            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
+            if not (abs(z) < np.inf):
+                ok = False
+            elif live and j < n:
+                w = a1 * (z - t)
+                if w > -1.0:  # e_alpha(z - theta) > 0 (up to underflow, checked below)
+                    p = math.exp(math.log1p(w) / a1)
+                    if p > 0.0:
+                        idx[r, m] = j
+                        pb[r, m] = p
+                        ub[r, m] = math.exp(a2 * math.log(p))
+                        m += 1
+        bad[r] = 0 if ok else 1
+        cnt[r] = m
+        if have_skew:
+            for d in range(dv):
+                sk[d] = skew_in[r, d]
+        else:
+            for d in range(dv):
+                sk[d] = 0.0
+            su = 0.0
+            for c in range(m):
+                u = ub[r, c]
+                su += u
+                j = idx[r, c]
+                for d in range(dv):
+                    sk[d] += u * vv[j, d]
+            if su > 0.0:
+                for d in range(dv):
+                    sk[d] /= su
+        delta = 0.0
+        for d in range(dv):
+            delta += doc[r, d] * sk[d]
+        dsr = 0.0
+        for c in range(m):
+            j = idx[r, c]
+            gd = 0.0
+            for d in range(dv):
+                gd += doc[r, d] * vv[j, d]
+            dz = ub[r, c] * (gd - delta)
+            if has_s:
+                dsr += dz * (scale * g[r, j])
+                dz = dz * s
+            ub[r, c] = dz
+            for d in range(D):
+                acc[d] += dz * kk[j, d]
+        ds[r] = dsr
+        for d in range(D):
+            dq[r, d] = scale * acc[d]
+
+
+@njit(nogil=True, cache=CACHE)
+def bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc):
+    """``dv_acc[j] += p dO_r`` and ``dk_acc[j] += scale (s dZ) q_r`` over the compacted
+    support of one chunk."""
+    rows = idx.shape[0]
+    Dv = doc.shape[1]
+    D = qc.shape[1]
+    for r in range(rows):
+        for c in range(cnt[r]):
+            j = idx[r, c]
+            p = pb[r, c]
+            for d in range(Dv):
+                dv_acc[j, d] += p * doc[r, d]
+            dz = scale * ub[r, c]
+            for d in range(D):
+                dk_acc[j, d] += dz * qc[r, d]
+
+
+@njit(nogil=True, cache=CACHE)
+def expand(idx, pb, ub, cnt, P, U):
+    """Dense blocks ``P``, ``U`` (rows, key_end) from the compacted support (zeros off it)."""
+    rows, n = P.shape
+    for r in range(rows):
+        for j in range(n):
+            P[r, j] = 0.0
+            U[r, j] = 0.0
+        for c in range(cnt[r]):
+            j = idx[r, c]
+            P[r, j] = pb[r, c]
+            U[r, j] = ub[r, c]
+
+
+# --------------------------------------------------------------------------- the drivers
+def _blas_threads_api():
+    """(get, set) of the number of threads of NumPy's OpenBLAS, or None when unknown."""
+    import ctypes
+    import glob
+    import os
+
+    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libdir, "*openblas*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", "_64_"), ("openblas", "64_"),
+                               ("openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                get.restype = ctypes.c_int
+                set_.argtypes = [ctypes.c_int]
+                return get, set_
+    return None
+
+
+_BLAS = []
+_BLAS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _single_threaded_blas():
+    """NumPy's BLAS on one thread for the duration (restored after).  The drivers run
+    ``workers`` Python threads, each calling single-threaded BLAS and a ``nogil`` kernel
+    in turn: a multi-threaded BLAS between multi-threaded kernels would have two thread
+    pools busy-waiting against each other on the same cores."""
+    with _BLAS_LOCK:
+        if not _BLAS:
+            _BLAS.append(_blas_threads_api())
+    api = _BLAS[0]
+    if api is None:
+        yield
+        return
+    get, set_ = api
+    before = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+def _run_parallel(items, work, workers):
+    """Run ``work(slot, item)`` for every item on ``workers`` threads pulling from one
+    queue (slot = the worker's index); re-raises the first exception."""
+    if workers <= 1 or len(items) <= 1:
+        for it in items:
+            work(0, it)
+        return
+    it = iter(items)
+    lock = threading.Lock()
+    failed = []
+
+    def loop(slot):
+        while not failed:
+            with lock:
+                item = next(it, None)
+            if item is None:
+                return
+            try:
+                work(slot, item)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                failed.append(exc)
+                return
+
+    threads = [threading.Thread(target=loop, args=(slot,), daemon=True) for slot in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise failed[0]
+
+
+def _head_items(spec, b, Nq, Nk, group, offset):
+    """The driver's chunks (i0, i1, key_end) of batch b, largest first."""
+    from ..numpy_attention import _key_end, choose_chunk
+
+    length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
+    chunk = choose_chunk(spec, group, length, Nq)
+    items = []
+    for i0 in range(0, Nq, chunk):
+        i1 = min(Nq, i0 + chunk)
+        key_end = _key_end(i1, offset, length, spec.causal)
+        if key_end > 0:
+            items.append((i0, i1, key_end))
+    items.sort(key=lambda t: -(t[1] - t[0]) * t[2])
+    return items
+
+
+def _group_slopes(spec, h0, group):
+    if spec.alibi_slopes is None:
+        return np.zeros(group)
+    return np.ascontiguousarray(np.asarray(spec.alibi_slopes[h0:h0 + group], np.float64))
+
+
+def _row_scale(spec, b, h0, group, i0, i1):
+    if spec.row_scale is None:
+        return np.empty(0)
+    return np.ascontiguousarray(np.asarray(spec.row_scale[b, h0:h0 + group, i0:i1], np.float64).reshape(-1))
+
+
+_OVERFLOW = ("attention scores overflowed (non-finite s * scale * q.k + bias); "
+             "rescale q, k, the scale or the ASEntmax scale")
+
+#: Bytes the backward may spend on per-worker float64 dK/dV accumulators of one kv-head;
+#: beyond it the workers share one pair, behind a lock.
+ACCUMULATOR_BYTES = 512 * 2**20
 
 
 def attention_forward(backend, q, k, v, spec):
-    """The chunked forward of :mod:`entmax_ref.backends.numpy_attention` with the sparse
-    output kernel (see the module docstring); same outputs and conventions."""
+    """Chunked fused forward (see the module docstring); the NumPy driver's outputs and
+    conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
-    from ..numpy_attention import _Block, _key_end, choose_chunk
 
     f64 = np.float64
-    B, Hq, Nq, _ = q.shape
+    B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = Nk - Nq
@@ -76,31 +395,129 @@ def attention_forward(backend, q, k, v, spec):
     skew = np.zeros((B, Hq, Nq, Dv), f64)
     theta = np.full((B, Hq, Nq), -np.inf)
     support = np.zeros((B, Hq, Nq), np.int64)
-    lengths = spec.key_lengths
-    for b in range(B):
-        length = Nk if lengths is None else int(lengths[b])
-        chunk = choose_chunk(spec, group, length, Nq)
-        for hk in range(Hkv):
-            h0 = hk * group
-            kk_all = np.asarray(k[b, hk], f64)
-            vv_all = np.ascontiguousarray(v[b, hk], f64)
-            for i0 in range(0, Nq, chunk):
-                i1 = min(Nq, i0 + chunk)
-                key_end = _key_end(i1, offset, length, spec.causal)
-                if key_end == 0:
-                    continue  # nothing visible: zero output, theta -inf
-                qc = np.asarray(q[b, h0:h0 + group, i0:i1], f64).reshape(-1, q.shape[3])
-                blk = _Block(spec, qc, kk_all[:key_end], b, h0, group, i0, i1, offset)
-                z = np.ascontiguousarray(blk.z)
-                res = backend.entmax_forward(z, np.full(z.shape[0], spec.alpha), None)
-                o = np.empty((z.shape[0], Dv), f64)
-                sk = np.empty((z.shape[0], Dv), f64)
-                sparse_pv(res.p, vv_all[:key_end], float(spec.alpha), o, sk)
-                if spec.alpha == 1.0:
-                    sk = o
-                shape = (group, i1 - i0)
-                out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
-                skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
-                theta[b, h0:h0 + group, i0:i1] = res.theta.reshape(shape)
-                support[b, h0:h0 + group, i0:i1] = res.support.reshape(shape)
+    causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
+    workers = numba.get_num_threads()
+    with _single_threaded_blas():
+        for b in range(B):
+            items = _head_items(spec, b, Nq, Nk, group, offset)
+            for hk in range(Hkv):
+                h0 = hk * group
+                kk_all = np.ascontiguousarray(k[b, hk], f64)
+                vv_all = np.ascontiguousarray(v[b, hk], f64)
+                slopes = _group_slopes(spec, h0, group)
+
+                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, slopes=slopes):
+                    i0, i1, key_end = item
+                    nc = i1 - i0
+                    qc = np.asarray(q[b, h0:h0 + group, i0:i1], f64).reshape(-1, D)
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        g = qc @ kk_all[:key_end].T
+                    rows = g.shape[0]
+                    o = np.empty((rows, Dv), f64)
+                    sk = np.empty((rows, Dv), f64)
+                    th = np.empty(rows, f64)
+                    sup = np.empty(rows, np.int64)
+                    bad = np.empty(rows, np.int8)
+                    fwd_rows(g, nc, i0, offset, causal, scale, _row_scale(spec, b, h0, group, i0, i1), slopes,
+                             alpha, vv_all[:key_end], o, sk, th, sup, bad)
+                    if bad.any():
+                        raise ValueError(_OVERFLOW)
+                    if alpha == 1.0:
+                        sk = o
+                    shape = (group, nc)
+                    out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
+                    skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
+                    theta[b, h0:h0 + group, i0:i1] = th.reshape(shape)
+                    support[b, h0:h0 + group, i0:i1] = sup.reshape(shape)
+
+                _run_parallel(items, work, workers)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
+
+
+def attention_backward(backend, do, q, k, v, theta, skew, spec):
+    """Chunked support-only backward (see the module docstring); the NumPy driver's
+    outputs and conventions."""
+    from .._base import AttentionGrads
+    from ..numpy_attention import attention_backward as numpy_backward
+
+    if spec.alpha == 1.0:
+        return numpy_backward(backend, do, q, k, v, theta, skew, spec)
+    f64 = np.float64
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
+    group = Hq // Hkv
+    offset = Nk - Nq
+    dq = np.zeros((B, Hq, Nq, D), f64)
+    dk = np.zeros((B, Hkv, Nk, D), f64)
+    dv = np.zeros((B, Hkv, Nk, Dv), f64)
+    ds = np.zeros((B, Hq, Nq), f64) if spec.row_scale is not None else None
+    no_skew = np.empty((0, Dv), f64)
+    causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
+    workers = numba.get_num_threads()
+    # per-worker accumulators of one kv-head (worker 0 uses dk, dv themselves), or one
+    # shared pair behind a lock when that would take too much memory
+    shared = workers > 1 and (workers - 1) * 8 * Nk * (D + Dv) > ACCUMULATOR_BYTES
+    extra = [] if shared else [(np.empty((Nk, D), f64), np.empty((Nk, Dv), f64)) for _ in range(workers - 1)]
+    acc_lock = threading.Lock() if shared else contextlib.nullcontext()
+    with _single_threaded_blas():
+        for b in range(B):
+            items = _head_items(spec, b, Nq, Nk, group, offset)
+            for hk in range(Hkv):
+                h0 = hk * group
+                kk_all = np.ascontiguousarray(k[b, hk], f64)
+                vv_all = np.ascontiguousarray(v[b, hk], f64)
+                slopes = _group_slopes(spec, h0, group)
+                accs = [(dk[b, hk], dv[b, hk])]
+                for dk_w, dv_w in extra:
+                    dk_w[:] = 0.0
+                    dv_w[:] = 0.0
+                    accs.append((dk_w, dv_w))
+
+                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, slopes=slopes, accs=accs):
+                    i0, i1, key_end = item
+                    nc = i1 - i0
+                    sl = (b, slice(h0, h0 + group), slice(i0, i1))
+                    qc = np.ascontiguousarray(np.asarray(q[sl], f64).reshape(-1, D))
+                    doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
+                    kk, vv = kk_all[:key_end], vv_all[:key_end]
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        g = qc @ kk.T
+                    rows = g.shape[0]
+                    th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
+                    sk = no_skew if skew is None else np.ascontiguousarray(np.asarray(skew[sl], f64).reshape(-1, Dv))
+                    idx = np.empty((rows, key_end), np.int32)
+                    pb = np.empty((rows, key_end), f64)
+                    ub = np.empty((rows, key_end), f64)
+                    cnt = np.empty(rows, np.int64)
+                    dqc = np.empty((rows, D), f64)
+                    dsc = np.empty(rows, f64)
+                    bad = np.empty(rows, np.int8)
+                    bwd_rows(g, nc, i0, offset, causal, scale, _row_scale(spec, b, h0, group, i0, i1), slopes,
+                             alpha, th, doc, sk, vv, kk, idx, pb, ub, cnt, dqc, dsc, bad)
+                    if bad.any():
+                        raise ValueError(_OVERFLOW)
+                    dq[sl] = dqc.reshape(group, nc, D)
+                    if ds is not None:
+                        ds[sl] = dsc.reshape(group, nc)
+                    dk_acc, dv_acc = accs[0 if shared else slot]
+                    dk_acc, dv_acc = dk_acc[:key_end], dv_acc[:key_end]
+                    if cnt.sum() > DENSE_FRACTION * rows * key_end:
+                        P = np.empty((rows, key_end), f64)
+                        expand(idx, pb, ub, cnt, P, g)  # g is no longer needed: it takes s dZ
+                        dv_part = P.T @ doc
+                        dk_part = scale * (g.T @ qc)
+                        with acc_lock:
+                            dv_acc += dv_part
+                            dk_acc += dk_part
+                    else:
+                        with acc_lock:
+                            bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc)
+
+                _run_parallel(items, work, workers)
+                for dk_w, dv_w in accs[1:]:
+                    dk[b, hk] += dk_w
+                    dv[b, hk] += dv_w
+    return AttentionGrads(
+        dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
+        dv.astype(v.dtype, copy=False), ds,
+    )

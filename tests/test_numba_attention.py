@@ -1,0 +1,92 @@
+"""The numba attention kernels' own code paths, against the dense formula.
+
+tests/test_attention.py runs every attention test on the numba backend too; its problems
+are small, so each backward chunk there is dense (the BLAS path) and runs on one worker.
+Here longer rows with sparse supports, several chunks and several workers exercise the
+support-only scatter, the dense fallback, the per-worker and the shared (locked) dK/dV
+accumulators and the error path from a worker thread, with the tolerances of
+tests/test_attention.py.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+import entmax_ref as er
+from test_attention import check_against_dense, dense, grad_tols, problem
+
+pytestmark = pytest.mark.numba
+
+nattn = pytest.importorskip("entmax_ref.backends.numba.attention")
+
+
+@pytest.fixture(params=["scatter", "dense", "shared"])
+def path(request, monkeypatch):
+    if request.param == "scatter":
+        monkeypatch.setattr(nattn, "DENSE_FRACTION", 2.0)
+    elif request.param == "dense":
+        monkeypatch.setattr(nattn, "DENSE_FRACTION", -1.0)
+    else:
+        monkeypatch.setattr(nattn, "ACCUMULATOR_BYTES", 0)
+        monkeypatch.setattr(nattn, "DENSE_FRACTION", 2.0)
+    return request.param
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(request.param, numba.config.NUMBA_NUM_THREADS))
+    yield request.param
+    numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sparse_rows_forward_and_backward(path, threads, alpha, causal):
+    rng, q, k, v = problem(int(alpha * 40) + causal, B=2, Hq=4, Hkv=2, Nq=61, Nk=67, D=5, Dv=3, spread=2.5)
+    beta, gamma = rng.uniform(0.2, 1.0, (4, 1)), rng.uniform(-1.0, 1.0, (4, 1))
+    kw = dict(causal=causal, key_lengths=[67, 50], alibi_slopes=[0.25, 0.0, 0.125, 0.0], beta=beta, gamma=gamma)
+    out, info, d = check_against_dense("numba", q, k, v, alpha, chunk=7, **kw)
+    assert info.support[info.n > 0].mean() < 0.5 * info.n[info.n > 0].mean()  # sparse rows
+    g_out = rng.standard_normal(out.shape)
+    tols = grad_tols(d, q, k, v, g_out, alpha, beta=beta, gamma=gamma)
+    g_ref = er.attention_vjp(g_out, q, k, v, alpha=alpha, chunk=7, backend="numpy", **kw)
+    for with_out in (False, True):  # skew recomputed per chunk / from the forward
+        extra = dict(out=out, tau=info.tau) if with_out else {}
+        g = er.attention_vjp(g_out, q, k, v, alpha=alpha, chunk=7, backend="numba", **extra, **kw)
+        for name, a, b_, t in zip(("dq", "dk", "dv", "dbeta", "dgamma", "ddelta"), g, g_ref, tols):
+            np.testing.assert_allclose(a, b_, rtol=0, atol=t, err_msg=name)
+
+
+def test_float32_sparse_rows(path, threads):
+    """float32 inputs: computed in float64 from their float32 values, rounded once."""
+    rng, q, k, v = problem(5, B=1, Hq=2, Hkv=1, Nq=40, Nk=40, D=4, Dv=3, spread=2.5)
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+    g_out = rng.standard_normal((1, 2, 40, 3)).astype(np.float32)
+    kw = dict(alpha=1.5, causal=True, chunk=6)
+    out32, info32 = er.attention(q32, k32, v32, return_info=True, backend="numba", **kw)
+    up = [a.astype(np.float64) for a in (q32, k32, v32)]
+    out64, info64 = er.attention(*up, return_info=True, backend="numpy", **kw)
+    assert out32.dtype == np.float32 and np.array_equal(info32.support, info64.support)
+    d = dense(*up, alpha=1.5, causal=True)
+    tol = float(np.finfo(np.float32).eps) * np.abs(out64).max() + 1e-13
+    np.testing.assert_allclose(out32, out64, rtol=0, atol=tol)
+    g32 = er.attention_vjp(g_out, q32, k32, v32, backend="numba", **kw)
+    g64 = er.attention_vjp(g_out.astype(np.float64), *up, backend="numpy", **kw)
+    tols = grad_tols(d, *up, g_out, 1.5)
+    for a, b_, t in zip(g32[:3], g64[:3], tols):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b_, rtol=0, atol=float(np.finfo(np.float32).eps) * np.abs(b_).max() + t)
+
+
+def test_overflow_in_a_worker_raises(threads):
+    _, q, k, v = problem(0, B=1, Hq=2, Hkv=1, Nq=30, Nk=30)
+    q = q.copy()
+    q[0, 1, 20] *= 1e200
+    k = k * 1e200
+    with pytest.raises(ValueError, match="overflowed"):
+        er.attention(q, k, v, chunk=4, backend="numba")
+    with pytest.raises(ValueError, match="overflowed"):
+        er.attention_vjp(np.ones((1, 2, 30, 2)), q, k, v, chunk=4, tau=np.zeros((1, 2, 30)), backend="numba")
