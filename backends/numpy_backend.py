@@ -52,6 +52,51 @@ def skew_weights(p: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     return np.where(p > 0, u, 0.0)
 
 
+def _normalised_skew(p: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """``w = u / max u`` per row, computed as ``exp(log u - max log u)`` (u = p^(2 - alpha)
+    on the support, 0 elsewhere), for rows with alpha > 2 where u itself may overflow.
+    alpha: (rows, 1)."""
+    on = p > 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        lu = np.where(on, (2.0 - alpha) * np.log(np.where(on, p, 1.0)), -np.inf)
+    lmax = lu.max(axis=1, keepdims=True)
+    lmax = np.where(np.isfinite(lmax), lmax, 0.0)
+    return np.where(on, np.exp(lu - lmax), 0.0)
+
+
+def _vjp_big(p: np.ndarray, g: np.ndarray, alpha: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """:meth:`NumpyBackend.entmax_vjp` on rows with alpha > 2 (see there); u = p^(2-alpha)
+    (inf where it overflows).  Call under ``np.errstate`` with every warning ignored."""
+    on = p > 0
+    rows = np.arange(len(p))
+    lu = np.where(on, (2.0 - alpha) * np.log(np.where(on, p, 1.0)), -np.inf)
+    m = lu.argmax(axis=1)  # the first entry of largest u (0 on an empty row)
+    lmax = np.where(on.any(axis=1), lu[rows, m], 0.0)[:, None]
+    w = np.where(on, np.exp(lu - lmax), 0.0)  # u / max u
+    others = on.copy()
+    others[rows, m] = False
+    S = w.sum(axis=1, keepdims=True)
+    Sd = np.where(S > 0, S, 1.0)
+    Sm = S - w  # sum_{j != i} w_j (no cancellation: S - w_i >= S / 2 for i != m)
+    Gm = (w * g).sum(axis=1, keepdims=True) - w * g
+    Sm[rows, m] = np.where(others, w, 0.0).sum(axis=1)
+    Gm[rows, m] = np.where(others, w * g, 0.0).sum(axis=1)
+    diff = (g * Sm - Gm) / Sd  # g_i - r
+    huge = np.sign(diff) * np.exp(lu + np.log(np.abs(diff)))  # u_i |g_i - r| where u_i overflows
+    dx = np.where(on & (diff != 0), np.where(np.isinf(u), huge, u * diff), 0.0)
+    # the entry m: u_m (g_m - r) = sum_{j != m} u_j (g_m - g_j) / S, directly where that is
+    # finite, else scaled by the second largest u (it is then beyond float64's range)
+    gm = g[rows, m][:, None]
+    D = np.where(others, u * (gm - g), 0.0).sum(axis=1) / Sd[:, 0]
+    l2 = np.where(others, lu, -np.inf).max(axis=1, initial=-np.inf)
+    l2f = np.where(np.isfinite(l2), l2, 0.0)[:, None]
+    T = np.where(others, np.exp(lu - l2f) * (gm - g), 0.0).sum(axis=1) / Sd[:, 0]
+    scaled = np.where(T != 0, np.sign(T) * np.exp(l2f[:, 0] + np.log(np.abs(T))), 0.0)
+    dm = np.where(np.isfinite(D), D, scaled)
+    dx[rows, m] = np.where(others.any(axis=1), dm, 0.0)
+    return dx
+
+
 def _h(w: np.ndarray) -> np.ndarray:
     """``(exp(w) - 1 - w) / w**2`` without cancellation (1/2 at w = 0)."""
     small = np.abs(w) < 1.0
@@ -154,16 +199,34 @@ def _power(t: np.ndarray, a: np.ndarray) -> np.ndarray:
         return np.exp(np.log(np.maximum(t, 0.0)) / (a - 1.0))
 
 
+def _edge_p(Ld: np.ndarray, d: np.ndarray, q: np.ndarray, a1: np.ndarray) -> np.ndarray:
+    """alpha > 2, edge-relative: ``p_i = (a1 d_i + q^a1)^(1/a1)`` for ``d_i >= 0`` (0 for
+    ``d_i < 0``), with ``Ld = log(a1 d)`` precomputed; ``q`` is the edge probability.
+
+    Evaluated as ``exp(logaddexp(log(a1 d_i), a1 log q) / a1)`` so that ``q^a1`` (below
+    the float64 range once q < ~1e-308^(1/a1), e.g. q < 8e-4 at alpha = 100) never has
+    to be formed; ``p = q`` exactly at the edge (d = 0).  q, a1: (rows,); Ld, d: (rows, n)."""
+    with np.errstate(divide="ignore"):
+        lqa = (a1 * np.log(q))[:, None]
+    p = np.exp(np.logaddexp(Ld, lqa) / a1[:, None])
+    return np.where(d > 0, p, np.where(d == 0, q[:, None], 0.0))
+
+
 def _bisect(y: np.ndarray, alpha: np.ndarray):
     """Bisection to the last bit (see the module docstring); alpha is (rows,).
 
     alpha <= 2: bisect A, p = e_alpha(y - A) (accurate down to alpha -> 1).
     alpha > 2: p_i = ((alpha - 1)(y_i - T))_+ ** (1/(alpha - 1)) with T = A - 1/(alpha-1)
     the support threshold.  dp/dT grows like p^(2-alpha) at the support's edge, so T is
-    found in two stages: last-bit bisection of T, then of delta = c - T where c is the
-    smallest support entry, so an edge entry's tiny gap d_c + delta = delta keeps its
-    full relative precision (the probabilities are exact even where T itself cannot
-    resolve them).  Returns A (theta = max + A), iterations, convergence and p."""
+    found in two stages: last-bit bisection of T, which fixes the support
+    ``{y > lo}`` with smallest entry c, then last-bit bisection of the edge probability
+    q = (a1 delta)^(1/a1), delta = c - T, on ``[0, q(lo)]``: with d_i = y_i - c >= 0,
+    p_i = (a1 d_i + q^a1)^(1/a1) (:func:`_edge_p`, computed in log space; p = q exactly
+    at the edge).  The mass is increasing in q with slope >= 1, so q, and every p_i, is
+    found to full precision even where T cannot resolve it and where delta itself is below
+    the float64 range (edge p < ~1e-308^(1/(alpha-1)), i.e. 8e-4 at alpha = 100, 0.5 at
+    alpha = 1000).  The lower end q = 0 has the mass at T = c, which is < 1 (c is in the
+    support).  Returns A (theta = max + A), iterations, convergence and p."""
     a = alpha[:, None]
     nf = np.isfinite(y).sum(axis=1).astype(_F64)
     a1 = alpha - 1.0
@@ -193,13 +256,17 @@ def _bisect(y: np.ndarray, alpha: np.ndarray):
         lo, hi, it1, conv1 = _last_bit(excess_T, -1.0 / a1b, -np.exp(-a1b * np.log(nf[big])) / a1b)
         c = np.where(yb > lo[:, None], yb, np.inf).min(axis=1)  # smallest support entry
         d = yb - c[:, None]
+        on = d > 0
+        Ld = np.where(on, np.log(np.where(on, a1b[:, None] * d, 1.0)), -np.inf)  # log(a1 d) (unused where d <= 0)
 
-        def excess_delta(idx, mid):  # increasing in delta: the root is above mid when mass < 1
-            return 1.0 - _power(a1b[idx, None] * (d[idx] + mid[:, None]), ab[idx]).sum(axis=1)
+        def excess_q(idx, mid):  # increasing in q: the root is above mid when mass < 1
+            return 1.0 - _edge_p(Ld[idx], d[idx], mid, a1b[idx]).sum(axis=1)
 
-        dlo, dhi, it2, conv2 = _last_bit(excess_delta, np.zeros(len(yb)), (c - lo) * (1 + 4 * np.finfo(_F64).eps))
-        delta, p[big] = _closest(_power(a1b[:, None] * (d + dlo[:, None]), ab),
-                                 _power(a1b[:, None] * (d + dhi[:, None]), ab), dlo, dhi)
+        qtop = _power(a1b * (c - lo) * (1 + 4 * np.finfo(_F64).eps), alpha[big])
+        qlo, qhi, it2, conv2 = _last_bit(excess_q, np.zeros(len(yb)), qtop)
+        q, p[big] = _closest(_edge_p(Ld, d, qlo, a1b), _edge_p(Ld, d, qhi, a1b), qlo, qhi)
+        with np.errstate(divide="ignore"):
+            delta = np.exp(a1b * np.log(q)) / a1b  # may underflow to 0: theta does not need it
         A[big] = c - delta + 1.0 / a1b
         n_iter[big], ok[big] = it1 + it2, conv1 & conv2
     return A, n_iter, ok, p
@@ -258,30 +325,72 @@ class NumpyBackend:
         return RowSolve(p.astype(x.dtype, copy=False), theta, support, n_iter, converged)
 
     def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        """dx = u (g - r), r = (u . g) / sum u, u = p^(2 - alpha) on the support.
+
+        alpha > 2: u is unbounded at the support's edge (u = 1e323 for p = 5e-4 at
+        alpha = 100) and may overflow.  With w = u / max u (computed as
+        exp(log u - max log u)), S = sum w and, for each i, S_i = sum_{j != i} w_j,
+        G_i = sum_{j != i} w_j g_j, the factor ``g_i - r = (g_i S_i - G_i) / S`` is
+        finite and free of the cancellation of ``g_i - r`` (S_i = S - w_i, except at the
+        entry m of largest u, where S_m and G_m are summed directly).  The entry m,
+        whose u_m (g_m - r) multiplies a tiny difference by a huge factor, is computed
+        as ``sum_{j != m} u_j (g_m - g_j) / S``, which is finite whenever its true value
+        is, e.g. when m alone has an overflowing u (the Jacobian's row m is then bounded:
+        J_mm ~ sum_{j != m} u_j; the true value's rounding, +-inf, otherwise).
+        Every other entry is ``u_i (g_i - r)``: the float64 rounding of the true value,
+        +-inf where that exceeds float64's range (the Jacobian is genuinely unbounded
+        there: several entries with huge u, e.g. tied edge entries), 0 where the factor
+        g_i - r is 0.  No floating-point warnings are raised.  Rows with alpha <= 2 are
+        computed as ``u (g - r)`` directly."""
         p64, g64 = p.astype(_F64), g.astype(_F64)
-        u = skew_weights(p64, alpha[:, None])
-        su = u.sum(axis=1, keepdims=True)
-        ug = (u * g64).sum(axis=1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
+        a = alpha[:, None]
+        u = skew_weights(p64, a)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            su = u.sum(axis=1, keepdims=True)
+            ug = (u * g64).sum(axis=1, keepdims=True)
             dx = np.where(u > 0, u * (g64 - np.where(su > 0, ug / su, 0.0)), 0.0)
-        return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)
+            big = alpha > 2.0
+            if big.any():
+                dx[big] = _vjp_big(p64[big], g64[big], a[big], u[big])
+            return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         """sum_i g_i dp_i/dalpha with dp_i/dalpha = p_i c_i - u_i (sum_j p_j c_j) / sum_j u_j,
         c_i = -log(p_i)^2 h(-(alpha - 1) log p_i), h(w) = (e^w - 1 - w)/w^2 (the derivative
         of log p_i at fixed x - theta); equal to Correia et al.'s formula, without its
-        1/(alpha-1)^2 cancellation, and p_i (K - log(p_i)^2)/2 at alpha = 1."""
+        1/(alpha-1)^2 cancellation, and p_i (K - log(p_i)^2)/2 at alpha = 1.
+
+        alpha > 2: the same value as ``sum_i p_i c_i (g_i - r)`` (r = u.g / sum u) plus
+        ``sum_i u_i (g_i - r) / (alpha-1)^2 = 0``, i.e. ``sum_i p_i (1 - (alpha-1) log p_i)
+        (g_i - r) / (alpha-1)^2``: p_i c_i = -(u_i - p_i (1 - (alpha-1) log p_i)) /
+        (alpha-1)^2 carries the unbounded u_i, whose terms cancel exactly, so this form is
+        finite (and free of that cancellation) where u overflows; r as in entmax_vjp."""
         p64, g64 = p.astype(_F64), g.astype(_F64)
         a = alpha[:, None]
         on = p64 > 0
         with np.errstate(divide="ignore"):
             L = np.where(on, np.log(np.where(on, p64, 1.0)), 0.0)
-        pc = np.where(on, -p64 * L * L * _h(-(a - 1.0) * L), 0.0)
-        u = skew_weights(p64, a)
-        su = u.sum(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            corr = np.where(su > 0, (u * g64).sum(axis=1) * pc.sum(axis=1) / su, 0.0)
-        return (g64 * pc).sum(axis=1) - corr
+        big = alpha > 2.0
+        out = np.zeros(len(p64))
+        if (~big).any():
+            sm = ~big
+            ps, gs, As, Ls, ons = p64[sm], g64[sm], a[sm], L[sm], on[sm]
+            pc = np.where(ons, -ps * Ls * Ls * _h(-(As - 1.0) * Ls), 0.0)
+            u = skew_weights(ps, As)
+            su = u.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                corr = np.where(su > 0, (u * gs).sum(axis=1) * pc.sum(axis=1) / su, 0.0)
+            out[sm] = (gs * pc).sum(axis=1) - corr
+        if big.any():
+            pb, gb, Ab, Lb, onb = p64[big], g64[big], a[big], L[big], on[big]
+            a1 = Ab - 1.0
+            w = _normalised_skew(pb, Ab)
+            su = w.sum(axis=1, keepdims=True)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = np.where(su > 0, (w * gb).sum(axis=1, keepdims=True) / su, 0.0)
+            term = np.where(onb, pb * (1.0 - a1 * Lb) * (gb - r), 0.0)
+            out[big] = term.sum(axis=1) / (a1[:, 0] * a1[:, 0])
+        return out
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         from .numpy_attention import attention_forward

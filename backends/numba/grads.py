@@ -11,6 +11,13 @@ With ``u = p^(2 - alpha)`` on the support (0 elsewhere):
 
 ``u`` is computed as the reference computes it, ``exp((2 - alpha) log p)``, except at
 alpha in {1, 1.5, 2} where it is exactly ``p``, ``sqrt(p)`` and ``1``.
+
+alpha > 2: u is unbounded at the support's edge and overflows float64 for small p at
+large alpha (p < ~1e-3 at alpha = 100); both VJPs then follow the reference's
+overflow-free forms (``NumpyBackend.entmax_vjp`` / ``entmax_alpha_vjp``): the ratio
+``r`` from ``w = u / max u``, the entry of largest u as ``sum_{j != m} u_j (g_m - g_j) /
+sum u``, +-inf only where the true value exceeds float64's range, and
+``d/dalpha = sum_i p_i (1 - (alpha-1) log p_i) (g_i - r) / (alpha-1)^2`` (always finite).
 """
 
 from __future__ import annotations
@@ -80,11 +87,99 @@ def _vjp_row(p, g, a2, dx):
         dx[i] = u * (np.float64(g[i]) - r) if u > 0.0 else 0.0
 
 
+@njit(inline="always", cache=CACHE)
+def _signed_exp(l, v):
+    """``sign(v) exp(l + log|v|)`` (0 at v = 0): ``exp(l) * v`` without overflowing early."""
+    if v == 0.0:
+        return 0.0
+    e = math.exp(l + math.log(abs(v)))
+    return e if v > 0.0 else -e
+
+
+@njit(cache=CACHE)
+def _vjp_row_big(p, g, a2, dx):
+    """alpha > 2, as the reference's ``_vjp_big``: with ``lu = a2 log p``, m the first entry
+    of largest u and ``w = exp(lu - lu_m)``, ``g_i - r = (g_i S_i - G_i) / S`` (S_i, G_i:
+    sums of w and w g over j != i; by subtraction, but summed directly at m); entries
+    ``u_i (g_i - r)`` (``sign exp(lu_i + log|g_i - r|)`` where u_i overflows) and, at m,
+    ``sum_{j != m} u_j (g_m - g_j) / S`` (scaled by the second largest u where that sum
+    is not finite)."""
+    n = p.shape[0]
+    m = -1
+    lmax = -np.inf
+    for i in range(n):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            lu = a2 * math.log(pi)
+            if m < 0 or lu > lmax:
+                lmax = lu
+                m = i
+    if m < 0:
+        for i in range(n):
+            dx[i] = 0.0
+        return
+    gm = np.float64(g[m])
+    S, cS, G, cG = 0.0, 0.0, 0.0, 0.0
+    So, cSo, Go, cGo = 0.0, 0.0, 0.0, 0.0
+    D, cD = 0.0, 0.0
+    l2 = -np.inf
+    for i in range(n):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            gi = np.float64(g[i])
+            lu = a2 * math.log(pi)
+            wi = math.exp(lu - lmax)
+            S, cS = _acc(S, cS, wi)
+            G, cG = _acc(G, cG, wi * gi)
+            if i != m:
+                So, cSo = _acc(So, cSo, wi)
+                Go, cGo = _acc(Go, cGo, wi * gi)
+                D, cD = _acc(D, cD, math.exp(lu) * (gm - gi))
+                if lu > l2:
+                    l2 = lu
+    S = S + cS
+    G = G + cG
+    for i in range(n):
+        pi = np.float64(p[i])
+        if not (pi > 0.0) or i == m:
+            dx[i] = 0.0
+            continue
+        gi = np.float64(g[i])
+        lu = a2 * math.log(pi)
+        wi = math.exp(lu - lmax)
+        diff = (gi * (S - wi) - (G - wi * gi)) / S
+        if diff == 0.0:
+            dx[i] = 0.0
+            continue
+        u = math.exp(lu)
+        if u == np.inf:
+            dx[i] = _signed_exp(lu, diff)
+        else:
+            dx[i] = u * diff
+    if l2 == -np.inf:  # m alone on the support
+        dx[m] = 0.0
+        return
+    Dm = (D + cD) / S
+    if Dm - Dm == 0.0:  # finite
+        dx[m] = Dm
+        return
+    T, cT = 0.0, 0.0
+    for i in range(n):
+        pi = np.float64(p[i])
+        if pi > 0.0 and i != m:
+            T, cT = _acc(T, cT, math.exp(a2 * math.log(pi) - l2) * (gm - np.float64(g[i])))
+    dx[m] = _signed_exp(l2, (T + cT) / S)
+
+
 @njit(parallel=True, cache=CACHE)
 def entmax_vjp_rows(p, g, alpha, dx):
-    """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``)."""
+    """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``);
+    rows with alpha > 2 by :func:`_vjp_row_big`."""
     for r in prange(p.shape[0]):
-        _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
+        if alpha[r] > 2.0:
+            _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
+        else:
+            _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
 
 
 @njit(cache=CACHE)
@@ -114,8 +209,42 @@ def _alpha_vjp_row(p, g, a1):
     return (sgc + cgc) - corr
 
 
+@njit(cache=CACHE)
+def _alpha_vjp_row_big(p, g, a1):
+    """alpha > 2, as the reference: ``sum_i p_i (1 - a1 log p_i) (g_i - r) / a1^2`` with
+    ``r = (w . g) / sum w``, ``w = exp(lu - max lu)`` (the unbounded u-terms of the
+    general form cancel exactly and are left out)."""
+    a2 = 1.0 - a1
+    lmax = -np.inf
+    for i in range(p.shape[0]):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            lu = a2 * math.log(pi)
+            if lu > lmax:
+                lmax = lu
+    if lmax == -np.inf:
+        return 0.0
+    S, cS, G, cG = 0.0, 0.0, 0.0, 0.0
+    for i in range(p.shape[0]):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            wi = math.exp(a2 * math.log(pi) - lmax)
+            S, cS = _acc(S, cS, wi)
+            G, cG = _acc(G, cG, wi * np.float64(g[i]))
+    r = (G + cG) / (S + cS)
+    t, ct = 0.0, 0.0
+    for i in range(p.shape[0]):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            t, ct = _acc(t, ct, pi * (1.0 - a1 * math.log(pi)) * (np.float64(g[i]) - r))
+    return (t + ct) / (a1 * a1)
+
+
 @njit(parallel=True, cache=CACHE)
 def entmax_alpha_vjp_rows(p, g, alpha, out):
     """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64)."""
     for r in prange(p.shape[0]):
-        out[r] = _alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
+        if alpha[r] > 2.0:
+            out[r] = _alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
+        else:
+            out[r] = _alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)

@@ -38,16 +38,18 @@ Per row (``_solve_row``):
      ``f(A) == 0``, or the bracket cannot be split (then the end with the smaller |f|).
    * alpha > 2: ``dp/dA = p^(2 - alpha)`` is unbounded at the support's edge, so, as in
      the reference, the answer is written relative to the smallest support entry cv:
-     ``p_i = (a1 (y_i - cv + delta))^(1/a1)``.  A randomised pivot on the entries
-     themselves (f evaluated exactly at entry values, expected O(k + s log k) powers)
-     finds cv, then Newton on the edge probability ``q = (a1 delta)^(1/a1)`` (the mass is
-     increasing and convex in q, so Newton from the right is monotone) gives delta, and
-     the float nearest it whose mass is closest to 1 is kept.
+     ``p_i = (a1 (y_i - cv) + q^a1)^(1/a1)`` with ``q = (a1 delta)^(1/a1)`` the edge
+     probability, ``delta = cv - T``, evaluated in log space (``q^a1`` is below the
+     float64 range once q < ~1e-308^(1/a1): 8e-4 at alpha = 100).  A randomised pivot on
+     the entries themselves (f evaluated exactly at entry values, expected O(k + s log k)
+     powers) finds cv, then Newton on q (the mass is increasing and convex in q, so Newton
+     from the right is monotone), and the float nearest it whose mass is closest to 1 is
+     kept.
    * ``method="newton"``: the safeguarded Newton iteration for alpha <= 2 (from A = 0,
      no closed form or bound); alpha > 2 as above.
    * ``method="bisect"``: the reference's bisection on the same bracket
      ``[0, (1 - nf^(-a1)) / a1]`` (``[0, log nf]`` at alpha = 1, nf = finite entries),
-     two-stage (T, then delta) for alpha > 2, until the midpoint equals an endpoint;
+     two-stage (T, then the edge probability q) for alpha > 2, until the midpoint equals an endpoint;
      then the endpoint with the smaller |f|.
 3. Output pass: ``p_i = e_alpha(y_i - A)`` with the reference's formula
    ``exp(log1p(a1 d) / a1)`` (``1 + d`` at alpha = 2 and ``(1 + d/2)^2`` at 1.5, the same
@@ -487,8 +489,10 @@ def _pivot15(c, k, seed):
 # For alpha > 2, dp/dT = p^(2 - alpha) is unbounded at the edge of the support, so a
 # threshold that is exact to the last bit can still leave an edge entry's probability
 # wrong by O(1).  As in the reference, the answer is written relative to the smallest
-# support entry cv: T = cv - delta and p_i = (a1 (d_i + delta))_+^(1/a1), d_i = y_i - cv,
-# which keeps an edge entry's tiny gap at full relative precision.
+# support entry cv and the edge probability q: T = cv - q^a1 / a1 and
+# p_i = (a1 d_i + q^a1)^(1/a1), d_i = y_i - cv >= 0 (0 below cv), evaluated in log space
+# (:func:`_edge_p`), so an edge entry's probability is q itself, to full precision, even
+# where its gap q^a1 / a1 is below the float64 range.
 @njit(cache=CACHE)
 def _mass_T(c, i0, k, T, a1):
     """``sum_{i0 <= i < k} (a1 (c_i - T))_+^(1/a1) - 1``, compensated."""
@@ -505,13 +509,47 @@ def _mass_T(c, i0, k, T, a1):
     return (s - 1.0) + comp
 
 
+@njit(inline="always", cache=CACHE)
+def _logaddexp(x, y):
+    """``log(exp(x) + exp(y))``, numpy's ``npy_logaddexp`` step for step."""
+    if x == y:
+        return x + 0.6931471805599453
+    tmp = x - y
+    if tmp > 0.0:
+        return x + math.log1p(math.exp(-tmp))
+    elif tmp <= 0.0:
+        return y + math.log1p(math.exp(tmp))
+    return tmp
+
+
+@njit(inline="always", cache=CACHE)
+def _lqa(q, a1):
+    """``a1 log q`` = ``log(q^a1)`` (``-inf`` at q = 0)."""
+    if q > 0.0:
+        return a1 * math.log(q)
+    return -np.inf
+
+
+@njit(inline="always", cache=CACHE)
+def _edge_p(d, a1, q, lqa):
+    """``(a1 d + q^a1)^(1/a1)`` for ``d >= 0`` (0 for ``d < 0``), as the reference's
+    ``_edge_p``: ``exp(logaddexp(log(a1 d), a1 log q) / a1)``, never forming ``q^a1``
+    (below the float64 range once q < ~1e-308^(1/a1)); exactly ``q`` at the edge d = 0."""
+    if d > 0.0:
+        return math.exp(_logaddexp(math.log(a1 * d), lqa) / a1)
+    elif d == 0.0:
+        return q
+    return 0.0
+
+
 @njit(cache=CACHE)
-def _mass_delta(c, k, a1, cv, delta):
-    """``sum_i (a1 ((c_i - cv) + delta))_+^(1/a1) - 1``, compensated."""
+def _mass_q(c, k, a1, cv, q):
+    """``sum_i p_i - 1`` over ``c[:k]`` at edge probability q (:func:`_edge_p`), compensated."""
+    lqa = _lqa(q, a1)
     s = 0.0
     comp = 0.0
     for i in range(k):
-        p = _power(a1 * ((c[i] - cv) + delta), a1)
+        p = _edge_p(c[i] - cv, a1, q, lqa)
         t = s + p
         if s >= p:
             comp += (s - t) + p
@@ -570,18 +608,18 @@ def _pivot_big(c, k, a1, tmin, seed):
 
 @njit(cache=CACHE)
 def _edge_q(c, s0, k, a1, cv, bv):
-    """delta for the support ``c[s0:k]`` (smallest entry cv, largest excluded entry bv).
+    """The edge probability q for the support ``c[s0:k]`` (smallest entry cv, largest excluded entry bv).
 
-    Newton on the edge probability q = (a1 delta)^(1/a1): G(q) = sum_i (a1 d_i + q^a1)^(1/a1) - 1
+    Newton on q = (a1 delta)^(1/a1): G(q) = sum_i (a1 d_i + q^a1)^(1/a1) - 1 (:func:`_edge_p`)
     is increasing and convex in q (each term is the a1-norm of (q, (a1 d_i)^(1/a1))), so
     Newton from the right end q(bv) decreases monotonically to the root; it stops when a
     step no longer decreases q or G(q) <= 0 (then the better of the last two points).
-    Returns (delta, steps, converged)."""
+    Returns (q, steps, converged)."""
     q = _power(a1 * (cv - bv), a1)
     q_prev = q
     g_prev = np.inf
     for it in range(1, MAX_ITER + 1):
-        qa = math.exp(a1 * math.log(q)) if q > 0.0 else 0.0
+        lqa = _lqa(q, a1)
         s = 0.0
         comp = 0.0
         gp = 0.0
@@ -591,7 +629,7 @@ def _edge_q(c, s0, k, a1, cv, bv):
                 p = q
                 dp = 1.0
             else:
-                p = _power(a1 * d + qa, a1)
+                p = _edge_p(d, a1, q, lqa)
                 dp = math.exp((a1 - 1.0) * math.log(q / p)) if q > 0.0 else 0.0
             t = s + p
             if s >= p:
@@ -604,43 +642,40 @@ def _edge_q(c, s0, k, a1, cv, bv):
         if g <= 0.0:
             if abs(g_prev) < abs(g):
                 q = q_prev
-            return math.exp(a1 * math.log(q)) / a1 if q > 0.0 else 0.0, it, True
+            return q, it, True
         qn = q - g / gp
         if not (qn < q):
-            return qa / a1, it, True
+            return q, it, True
         if qn <= 0.0:
             qn = 0.5 * q
         q_prev = q
         g_prev = g
         q = qn
-    return math.exp(a1 * math.log(q)) / a1, MAX_ITER, False
+    return q, MAX_ITER, False
 
 
 @njit(cache=CACHE)
 def _edge_newton(c, s0, k, a1, cv, bv):
-    """delta for the support ``c[s0:k]``: :func:`_edge_q`, then, like the reference's
-    last-bit bisection, the float near it whose probabilities (over all candidates
-    ``c[:k]``, so entries on the edge count) sum closest to 1, the smaller on ties: a
-    walk of at most 8 ulps down, else up.  This fixes the rounding of q^a1 / a1 and
-    matters where delta is subnormal (alpha = 100 with an edge probability below
-    ~1e-3, which a float64 delta cannot represent exactly).  Returns (delta, steps,
-    converged)."""
-    delta, it, ok = _edge_q(c, s0, k, a1, cv, bv)
-    best = delta
-    fbest = abs(_mass_delta(c, k, a1, cv, delta))
+    """The edge probability q for the support ``c[s0:k]``: :func:`_edge_q`, then, like the
+    reference's last-bit bisection, the float near it whose probabilities (over all
+    candidates ``c[:k]``) sum closest to 1, the smaller on ties: a walk of at most 8 ulps
+    down, else up.  Returns (q, steps, converged)."""
+    q, it, ok = _edge_q(c, s0, k, a1, cv, bv)
+    best = q
+    fbest = abs(_mass_q(c, k, a1, cv, q))
     for _ in range(8):
         d = np.nextafter(best, -np.inf)
         if d < 0.0:
             break
-        f = abs(_mass_delta(c, k, a1, cv, d))
+        f = abs(_mass_q(c, k, a1, cv, d))
         if f > fbest:
             break
         best = d
         fbest = f
-    if best == delta:
+    if best == q:
         for _ in range(8):
             d = np.nextafter(best, np.inf)
-            f = abs(_mass_delta(c, k, a1, cv, d))
+            f = abs(_mass_q(c, k, a1, cv, d))
             if not (f < fbest):
                 break
             best = d
@@ -666,37 +701,39 @@ def _last_bit_T(c, k, a1, lo, hi):
 
 @njit(cache=CACHE)
 def _bisect_big(c, k, a1, nf):
-    """The reference's two-stage bisection for alpha > 2.  Returns (cv, delta, it, ok)."""
+    """The reference's two-stage bisection for alpha > 2: T to adjacent floats, then the
+    edge probability q on ``[0, q(lo)]``.  Returns (cv, q, it, ok)."""
     lo, hi, it1, ok1 = _last_bit_T(c, k, a1, -1.0 / a1, -math.exp(-a1 * math.log(nf)) / a1)
     cv = np.inf
     for i in range(k):
         if c[i] > lo and c[i] < cv:
             cv = c[i]
-    dlo = 0.0
-    dhi = (cv - lo) * (1.0 + 4.0 * _EPS)
+    qlo = 0.0
+    qhi = _power(a1 * (cv - lo) * (1.0 + 4.0 * _EPS), a1)
     it2 = 0
     ok2 = False
     for _ in range(MAX_ITER):
-        mid = 0.5 * (dlo + dhi)
-        if mid <= dlo or mid >= dhi:
+        mid = 0.5 * (qlo + qhi)
+        if mid <= qlo or mid >= qhi:
             ok2 = True
             break
-        if _mass_delta(c, k, a1, cv, mid) <= 0.0:
-            dlo = mid
+        if _mass_q(c, k, a1, cv, mid) <= 0.0:
+            qlo = mid
         else:
-            dhi = mid
+            qhi = mid
         it2 += 1
-    flo = abs(_mass_delta(c, k, a1, cv, dlo))
-    fhi = abs(_mass_delta(c, k, a1, cv, dhi))
-    delta = dhi if fhi < flo else dlo
-    return cv, delta, it1 + it2, ok1 and ok2
+    flo = abs(_mass_q(c, k, a1, cv, qlo))
+    fhi = abs(_mass_q(c, k, a1, cv, qhi))
+    q = qhi if fhi < flo else qlo
+    return cv, q, it1 + it2, ok1 and ok2
 
 
 @njit(cache=CACHE)
-def _output_big(x, out, m, cv, delta, a1):
+def _output_big(x, out, m, cv, q, a1):
+    lqa = _lqa(q, a1)
     cnt = 0
     for i in range(x.shape[0]):
-        p = _power(a1 * (((np.float64(x[i]) - m) - cv) + delta), a1)
+        p = _edge_p((np.float64(x[i]) - m) - cv, a1, q, lqa)
         out[i] = p
         cnt += p > 0.0
     return cnt
@@ -748,12 +785,13 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     if a1 > 1.0:
         k = _refilter(c, k, m, a1, _K_BIG, 0.0)
         if method == METHOD_BISECT:
-            cv, delta, it, ok = _bisect_big(c, k, a1, _count_finite(x))
+            cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
         else:
             cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
-            delta, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
+            q, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
             it += it2
-        cnt = _output_big(x, out, m, cv, delta, a1)
+        cnt = _output_big(x, out, m, cv, q, a1)
+        delta = math.exp(a1 * math.log(q)) / a1 if q > 0.0 else 0.0  # may underflow to 0
         return m + ((cv - delta) + 1.0 / a1), cnt, it, ok
     if a1 == 0.0:
         kind = _K_EXP
