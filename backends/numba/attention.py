@@ -94,18 +94,153 @@ def _score(gv, scale, s, has_s, slope, i_abs, j):
     return z
 
 
+@njit(inline="always", cache=CACHE)
+def _dot(qc, r, kk, j):
+    """q_r . k_j in float64 with four partial sums (any order is as exact as BLAS's)."""
+    D = qc.shape[1]
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    d = 0
+    while d + 4 <= D:
+        a0 += qc[r, d] * kk[j, d]
+        a1 += qc[r, d + 1] * kk[j, d + 1]
+        a2 += qc[r, d + 2] * kk[j, d + 2]
+        a3 += qc[r, d + 3] * kk[j, d + 3]
+        d += 4
+    while d < D:
+        a0 += qc[r, d] * kk[j, d]
+        d += 1
+    return (a0 + a1) + (a2 + a3)
+
+
+@njit(cache=CACHE)
+def _theta_lower(zc, m, L, a1):
+    """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
+    that can carry mass is among them).  For alpha <= 2 the mass ``f(A) = sum_j
+    [1 + a1 (z_j - L - A)]_+^(1/a1) - 1`` is convex and decreasing in A, so Newton's
+    iterates from A = 0 (where f >= 0) increase and stay below the root; three steps,
+    then a relative margin for rounding.  For alpha > 2 (f not convex): L itself."""
+    A = 0.0
+    if a1 <= 1.0:
+        for _ in range(3):
+            f = -1.0
+            df = 0.0
+            if a1 == 0.5:  # branch-free: p = tt^2, dp/dA = -tt
+                for i in range(m):
+                    tt = max(1.0 + 0.5 * ((zc[i] - L) - A), 0.0)
+                    f += tt * tt
+                    df += tt
+            else:
+                for i in range(m):
+                    tt = 1.0 + a1 * ((zc[i] - L) - A)
+                    if tt > 0.0:
+                        p = tt if a1 == 1.0 else math.exp(math.log(tt) / a1)
+                        f += p
+                        df += p / tt
+            if not (f > 0.0) or not (df > 0.0):
+                break
+            A += f / df
+    return (L + A) - 1e-9 * (1.0 + abs(L) + A)
+
+
+@njit(inline="always", cache=CACHE)
+def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                za, idx, zc, gx, c, aux, aux2):
+    """The keys of row ``r`` that can carry probability, with their exact float64 scores.
+
+    ``filt = False``: ``g`` holds the float64 q.k; every visible key is a candidate.
+    ``filt = True``: ``g`` holds a float32 q.k, within ``err`` of the exact score after
+    :func:`_score` (a rigorous bound, see :func:`_score_error`).  A key whose exact score
+    is at most ``m - window`` (``m`` the row maximum: forward, ``use_max``) or
+    ``t - window`` (``t = theta``: backward) gets ``p = 0`` exactly; it is dropped when
+    even its approximate score plus the error cannot reach that line.  The exact score of
+    each candidate is then the float64 dot product.  Rows whose approximate scores are
+    not finite (or huge) take every key, exactly.  Writes ``idx[:m]`` (key), ``zc[:m]``
+    (exact z), ``gx[:m]`` (exact q.k); returns (m, whether every score of the row up to
+    ``g.shape[1]`` is finite, checked on the exact scores as the reference does)."""
+    key_end = g.shape[1]
+    if not filt:
+        nonfinite = 0
+        for j in range(n):
+            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
+            idx[j] = j
+            zc[j] = z
+            gx[j] = g[r, j]
+            nonfinite += (z - z) != 0.0
+        for j in range(n, key_end):
+            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
+            nonfinite += (z - z) != 0.0
+        return n, nonfinite == 0
+    suspect = 0
+    L = -np.inf
+    for j in range(n):
+        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        za[j] = z
+        L = max(L, z)
+        suspect += not (abs(z) < 1e300)
+    for j in range(n, key_end):
+        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        suspect += not (abs(z) < 1e300)
+    if suspect == 0:
+        if use_max:
+            # keys within the window of the row maximum (m >= L - err) ...
+            cut = (L - err) - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(L))
+            m1 = 0
+            for j in range(n):  # branch-free compaction (the test is unpredictable)
+                zj = za[j]
+                idx[m1] = j
+                zc[m1] = zj
+                m1 += zj > cut
+            # ... then a lower bound of the threshold of the approximate scores, which is
+            # within err of the exact one (theta is 1-Lipschitz in the max norm)
+            t = _theta_lower(zc, m1, L, 1.0 / window)
+        else:
+            m1 = n
+        cut = t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+        m = 0
+        for i in range(m1):
+            j = idx[i] if use_max else i
+            if za[j] > cut:
+                gv = _dot(qc, r, kk, j)
+                idx[m] = j
+                gx[m] = gv
+                zc[m] = _score(gv, scale, s, has_s, slope, i_abs, j)
+                m += 1
+        return m, True
+    # the float32 product overflowed or is near the float64 range: everything exactly
+    nonfinite = 0
+    for j in range(key_end):
+        gv = _dot(qc, r, kk, j)
+        z = _score(gv, scale, s, has_s, slope, i_abs, j)
+        nonfinite += (z - z) != 0.0
+        if j < n:
+            idx[j] = j
+            gx[j] = gv
+            zc[j] = z
+    return n, nonfinite == 0
+
+
 @njit(nogil=True, cache=CACHE)
-def fwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, vv,
-             out, skew, theta, support, bad):
-    """Fused forward of one chunk.  ``g`` (rows, key_end) = q.k (overwritten: z, then p);
-    ``row_scale`` (rows,) or empty; ``slopes`` (group,) float64; writes ``out``, ``skew``
-    (rows, Dv), ``theta``, ``support`` (rows,), and ``bad[r] = 1`` for a row whose scores
-    overflowed (checked, as the reference does, over all ``key_end`` keys)."""
+def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alpha, vv,
+             out, skew, theta, support, ncand, bad):
+    """Fused forward of one chunk: ``g`` (rows, key_end) is q.k (float64, or float32 as a
+    filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score error
+    bound; ``row_scale`` (rows,) or empty; ``slopes`` (group,) float64.  Writes ``out``,
+    ``skew`` (rows, Dv), ``theta``, ``support``, ``ncand`` (candidates) per row, and
+    ``bad[r] = 1`` for a row whose scores overflowed."""
     rows, key_end = g.shape
     dv = vv.shape[1]
     a1 = alpha - 1.0
     a2 = 2.0 - alpha
+    window = 1.0 / a1 if a1 > 0.0 else np.inf
     has_s = row_scale.shape[0] > 0
+    za = np.empty(key_end, np.float64)
+    zc = np.empty(key_end, np.float64)
+    gx = np.empty(key_end, np.float64)
+    pc = np.empty(key_end, np.float64)
+    idx = np.empty(key_end, np.int64)
     c = np.empty(key_end, np.float64)
     aux = np.empty(key_end, np.float64)
     aux2 = np.empty(key_end, np.float64)
@@ -114,30 +249,25 @@ def fwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, vv,
     for r in range(rows):
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
         s = row_scale[r] if has_s else 1.0
-        slope = slopes[h]
-        row = g[r]
-        ok = True
-        for j in range(key_end):
-            z = _score(row[j], scale, s, has_s, slope, i_abs, j)
-            if not (abs(z) < np.inf):
-                ok = False
-            row[j] = z if j < n else -np.inf
+        m, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
+                            0.0, za, idx, zc, gx, c, aux, aux2)
         bad[r] = 0 if ok else 1
+        ncand[r] = m
         for d in range(dv):
             o[d] = 0.0
             sk[d] = 0.0
-        if n == 0 or not ok:
+        if m == 0 or not ok:
             theta[r] = -np.inf
             support[r] = 0
         else:
-            zr = row[:n]
-            th, cnt, _, _ = _solve_row(zr, zr, a1, METHOD_DEFAULT, c, aux, aux2, r)
+            th, cnt, _, _ = _solve_row(zc[:m], pc[:m], a1, METHOD_DEFAULT, c, aux, aux2, r)
             theta[r] = th
             support[r] = cnt
             su = 0.0
-            for j in range(n):
-                pj = zr[j]
+            for ci in range(m):
+                pj = pc[ci]
                 if pj > 0.0:
+                    j = idx[ci]
                     u = _skew(pj, a2)
                     su += u
                     for d in range(dv):
@@ -153,11 +283,11 @@ def fwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, vv,
 
 
 @njit(nogil=True, cache=CACHE)
-def bwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, th, doc, skew_in,
-             vv, kk, idx, pb, ub, cnt, dq, ds, bad):
+def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alpha, th, doc,
+             skew_in, vv, idx, pb, ub, cnt, dq, ds, bad):
     """Per-row backward of one chunk over the support only (see the module docstring).
-    ``g`` (rows, key_end) = q.k (read only); ``th`` (rows,) theta (-inf: empty row);
-    ``skew_in`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p);
+    ``g``, ``filt``, ``err`` as in :func:`fwd_rows`; ``th`` (rows,) theta (-inf: empty
+    row); ``skew_in`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p);
     writes the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ), ``cnt`` per row,
     and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1`` where a score overflowed."""
     rows, key_end = g.shape
@@ -165,34 +295,38 @@ def bwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, th, doc
     D = kk.shape[1]
     a1 = alpha - 1.0
     a2 = 2.0 - alpha
+    window = 1.0 / a1
     has_s = row_scale.shape[0] > 0
     have_skew = skew_in.shape[0] > 0
+    za = np.empty(key_end, np.float64)
+    zc = np.empty(key_end, np.float64)
+    gx = np.empty(key_end, np.float64)
+    gs = np.empty(key_end, np.float64)
+    ci = np.empty(key_end, np.int64)
     sk = np.empty(dv, np.float64)
     acc = np.empty(D, np.float64)
     for r in range(rows):
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
         s = row_scale[r] if has_s else 1.0
-        slope = slopes[h]
         t = th[r]
         for d in range(D):
             acc[d] = 0.0
         live = t > -np.inf
-        ok = True
+        mc, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
+                             False, t, za, ci, zc, gx, za, za, za)
+        bad[r] = 0 if ok else 1
         m = 0
-        for j in range(key_end):  # the reference's overflow check covers the whole block
-            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
-            if not (abs(z) < np.inf):
-                ok = False
-            elif live and j < n:
-                w = a1 * (z - t)
+        if live:
+            for c in range(mc):
+                w = a1 * (zc[c] - t)
                 if w > -1.0:  # e_alpha(z - theta) > 0 (up to underflow, checked below)
                     p = math.exp(math.log1p(w) / a1)
                     if p > 0.0:
-                        idx[r, m] = j
+                        idx[r, m] = ci[c]
                         pb[r, m] = p
                         ub[r, m] = math.exp(a2 * math.log(p))
+                        gs[m] = gx[c]
                         m += 1
-        bad[r] = 0 if ok else 1
         cnt[r] = m
         if have_skew:
             for d in range(dv):
@@ -221,7 +355,7 @@ def bwd_rows(g, nc, i0, offset, causal, scale, row_scale, slopes, alpha, th, doc
                 gd += doc[r, d] * vv[j, d]
             dz = ub[r, c] * (gd - delta)
             if has_s:
-                dsr += dz * (scale * g[r, j])
+                dsr += dz * (scale * gs[c])
                 dz = dz * s
             ub[r, c] = dz
             for d in range(D):
@@ -373,6 +507,32 @@ def _row_scale(spec, b, h0, group, i0, i1):
     return np.ascontiguousarray(np.asarray(spec.row_scale[b, h0:h0 + group, i0:i1], np.float64).reshape(-1))
 
 
+_U32 = 2.0**-24
+
+
+def _score_error(qc, kmax, scale, rs):
+    """Per-row bound on |z(float32 q.k) - z(exact q.k)| for the float32 filter.
+
+    The float32 product sums D products of the float32-rounded q, k in some order, so
+    (Higham, Thm 3.1 with the input roundings) ``|fl32(q.k) - q.k| <= gamma_{D+3}
+    sum_d |q_d k_d| <= gamma_{D+3} ||q|| ||k||`` (Cauchy-Schwarz); z scales it by
+    ``scale |s|``.  A factor 2 covers the float64 rounding of the norms and of z, and an
+    absolute term float32 underflow (subnormal inputs and products)."""
+    D = qc.shape[1]
+    gam = (D + 3) * _U32 / (1.0 - (D + 3) * _U32)
+    qn = np.sqrt(np.einsum("rd,rd->r", qc, qc))
+    s = 1.0 if rs.shape[0] == 0 else np.abs(rs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.ascontiguousarray(
+            2.0 * scale * s * (gam * qn * kmax + D * 2.0**-140 * (1.0 + qn + kmax)), np.float64)
+
+
+#: The float32 filter is kept while the candidates it leaves are at most this fraction of
+#: the visible keys (beyond it, one float64 product per chunk is cheaper than the exact
+#: dot products of the candidates).
+FILTER_FRACTION = 0.25
+
+
 _OVERFLOW = ("attention scores overflowed (non-finite s * scale * q.k + bias); "
              "rescale q, k, the scale or the ASEntmax scale")
 
@@ -397,6 +557,7 @@ def attention_forward(backend, q, k, v, spec):
     support = np.zeros((B, Hq, Nq), np.int64)
     causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
     workers = numba.get_num_threads()
+    state = {"filter": alpha > 1.0}  # the float32 filter (see _candidates), while it pays
     with _single_threaded_blas():
         for b in range(B):
             items = _head_items(spec, b, Nq, Nk, group, offset)
@@ -404,24 +565,41 @@ def attention_forward(backend, q, k, v, spec):
                 h0 = hk * group
                 kk_all = np.ascontiguousarray(k[b, hk], f64)
                 vv_all = np.ascontiguousarray(v[b, hk], f64)
+                with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
+                    k32_all = np.ascontiguousarray(k[b, hk], np.float32)
+                    kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
                 slopes = _group_slopes(spec, h0, group)
 
-                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, slopes=slopes):
+                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all, kn=kn,
+                         slopes=slopes):
                     i0, i1, key_end = item
                     nc = i1 - i0
-                    qc = np.asarray(q[b, h0:h0 + group, i0:i1], f64).reshape(-1, D)
+                    qsl = q[b, h0:h0 + group, i0:i1]
+                    qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
+                    rs = _row_scale(spec, b, h0, group, i0, i1)
+                    filt = state["filter"]
                     with np.errstate(over="ignore", invalid="ignore"):
-                        g = qc @ kk_all[:key_end].T
+                        if filt:
+                            err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
+                            filt = bool(np.all(err < 1e290))
+                        if filt:
+                            g = np.asarray(qsl, np.float32).reshape(-1, D) @ k32_all[:key_end].T
+                        else:
+                            g = qc @ kk_all[:key_end].T
+                            err = np.zeros(g.shape[0])
                     rows = g.shape[0]
                     o = np.empty((rows, Dv), f64)
                     sk = np.empty((rows, Dv), f64)
                     th = np.empty(rows, f64)
                     sup = np.empty(rows, np.int64)
+                    ncand = np.empty(rows, np.int64)
                     bad = np.empty(rows, np.int8)
-                    fwd_rows(g, nc, i0, offset, causal, scale, _row_scale(spec, b, h0, group, i0, i1), slopes,
-                             alpha, vv_all[:key_end], o, sk, th, sup, bad)
+                    fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs, slopes,
+                             alpha, vv_all[:key_end], o, sk, th, sup, ncand, bad)
                     if bad.any():
                         raise ValueError(_OVERFLOW)
+                    if filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
+                        state["filter"] = False
                     if alpha == 1.0:
                         sk = o
                     shape = (group, nc)
@@ -459,6 +637,7 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
     shared = workers > 1 and (workers - 1) * 8 * Nk * (D + Dv) > ACCUMULATOR_BYTES
     extra = [] if shared else [(np.empty((Nk, D), f64), np.empty((Nk, Dv), f64)) for _ in range(workers - 1)]
     acc_lock = threading.Lock() if shared else contextlib.nullcontext()
+    state = {"filter": True}
     with _single_threaded_blas():
         for b in range(B):
             items = _head_items(spec, b, Nq, Nk, group, offset)
@@ -466,6 +645,9 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                 h0 = hk * group
                 kk_all = np.ascontiguousarray(k[b, hk], f64)
                 vv_all = np.ascontiguousarray(v[b, hk], f64)
+                with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
+                    k32_all = np.ascontiguousarray(k[b, hk], np.float32)
+                    kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
                 slopes = _group_slopes(spec, h0, group)
                 accs = [(dk[b, hk], dv[b, hk])]
                 for dk_w, dv_w in extra:
@@ -473,15 +655,25 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                     dv_w[:] = 0.0
                     accs.append((dk_w, dv_w))
 
-                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, slopes=slopes, accs=accs):
+                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all, kn=kn,
+                         slopes=slopes, accs=accs):
                     i0, i1, key_end = item
                     nc = i1 - i0
                     sl = (b, slice(h0, h0 + group), slice(i0, i1))
                     qc = np.ascontiguousarray(np.asarray(q[sl], f64).reshape(-1, D))
                     doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
                     kk, vv = kk_all[:key_end], vv_all[:key_end]
+                    rs = _row_scale(spec, b, h0, group, i0, i1)
+                    filt = state["filter"]
                     with np.errstate(over="ignore", invalid="ignore"):
-                        g = qc @ kk.T
+                        if filt:
+                            err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
+                            filt = bool(np.all(err < 1e290))
+                        if filt:
+                            g = np.asarray(q[sl], np.float32).reshape(-1, D) @ k32_all[:key_end].T
+                        else:
+                            g = qc @ kk.T
+                            err = np.zeros(g.shape[0])
                     rows = g.shape[0]
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
                     sk = no_skew if skew is None else np.ascontiguousarray(np.asarray(skew[sl], f64).reshape(-1, Dv))
@@ -492,10 +684,12 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                     dqc = np.empty((rows, D), f64)
                     dsc = np.empty(rows, f64)
                     bad = np.empty(rows, np.int8)
-                    bwd_rows(g, nc, i0, offset, causal, scale, _row_scale(spec, b, h0, group, i0, i1), slopes,
-                             alpha, th, doc, sk, vv, kk, idx, pb, ub, cnt, dqc, dsc, bad)
+                    bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes, alpha, th, doc, sk,
+                             vv, idx, pb, ub, cnt, dqc, dsc, bad)
                     if bad.any():
                         raise ValueError(_OVERFLOW)
+                    if filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
+                        state["filter"] = False
                     dq[sl] = dqc.reshape(group, nc, D)
                     if ds is not None:
                         ds[sl] = dsc.reshape(group, nc)
@@ -503,9 +697,10 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                     dk_acc, dv_acc = dk_acc[:key_end], dv_acc[:key_end]
                     if cnt.sum() > DENSE_FRACTION * rows * key_end:
                         P = np.empty((rows, key_end), f64)
-                        expand(idx, pb, ub, cnt, P, g)  # g is no longer needed: it takes s dZ
+                        U = g if g.dtype == f64 else np.empty((rows, key_end), f64)  # g is done with
+                        expand(idx, pb, ub, cnt, P, U)
                         dv_part = P.T @ doc
-                        dk_part = scale * (g.T @ qc)
+                        dk_part = scale * (U.T @ qc)
                         with acc_lock:
                             dv_acc += dv_part
                             dk_acc += dk_part
