@@ -24,7 +24,7 @@ and forward+backward against SDPA forward+backward (target <= 3x).
 PyTorch runs with ``torch.set_num_threads(threads)`` (default 2) and numba with the same
 number of threads.  Usage::
 
-    entmax-ref bench [--repeats N] [--threads T] [--json PATH] [--attention] [--quick]
+    entmax-ref bench [--repeats N] [--threads T] [--json PATH] [--attention | --attention-only] [--quick]
 """
 
 from __future__ import annotations
@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for torch and numba (default 2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--attention", action="store_true", help="also run the attention figures (slow)")
+    ap.add_argument("--attention-only", action="store_true", help="only the attention figures")
     ap.add_argument("--attention-n", type=int, default=4096, help="sequence length of the attention figures")
     ap.add_argument("--quick", action="store_true", help="float32 rows only, 3 repeats (a smoke run)")
     args = ap.parse_args(argv)
@@ -181,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = [np.float32] if args.quick else [np.float32, np.float64]
 
     results: list[dict] = []
-    for dt in dtypes:
+    for dt in ([] if args.attention_only else dtypes):
         results += _row_cases(torch, entmax, er, be, dt, repeats)
-    if args.attention:
+    if args.attention or args.attention_only:
         results += _attention_cases(torch, entmax, er, max(1, min(repeats, 3)), args.attention_n)
 
     print(f"entmax-ref bench: numba {numba.__version__} ({numba.get_num_threads()} threads), torch "

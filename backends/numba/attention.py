@@ -3,42 +3,53 @@
 Both directions walk the query chunks of the NumPy driver
 (:mod:`entmax_ref.backends.numpy_attention`: the same chunk sizes, the same causal key
 ranges ``[0, key_end)`` per chunk, rows of all query heads of a kv-head together) and
-compute the same quantities in float64; only the way the work is organised differs.
+compute the same quantities in float64 (every score that can carry mass is the float64
+``s_i * (scale * q_i.k_j) - slope_h |i_abs - j|`` of the reference, operation by
+operation); only the organisation of the work differs.
 
-Per chunk, one BLAS product ``g = qc @ kk.T`` (float64, as the reference: float32 scores
-would move a score by ~1e-7 relative and could change a support) is the only pass that
-touches every (row, key) pair with a matrix product.  Everything else is one ``prange``
-kernel over the rows of the chunk that reads its row of ``g`` once:
+Scores.  For alpha > 1 a row's support lies within ``W = 1/(alpha - 1)`` of its
+threshold (``p_j > 0`` only if ``z_j > theta - W``), so most keys carry nothing.  Per
+chunk, one *float32* BLAS product ``g32 = q.k`` serves as a filter: with the rigorous
+bound ``|z(g32) - z| <= err_i`` (:func:`_score_error`; Higham's ``gamma_{D+3} ||q|| ||k||``
+scaled by ``scale |s_i|``), a key whose approximate score is below ``theta_lb - W -
+2 err`` (``theta_lb`` a lower bound of the threshold: three Newton steps, from the left,
+on the approximate scores, :func:`_theta_lower`) certainly has ``p = 0``; the other keys
+(the candidates, about the support size) get their exact float64 score by a dot product.
+The row solver then runs on the candidates only, which gives the threshold and support of
+the whole row (the others contribute exactly 0 at every threshold at or above it).  A
+row whose float32 scores are not finite or huge, alpha = 1 (no window), and chunks where
+the candidates exceed :data:`FILTER_FRACTION` of the keys use a float64 BLAS product
+instead.  The reference's overflow check (any non-finite score in the block raises) is
+kept: exactly where the float32 scores are suspect.
 
-forward (``fwd_rows``)
-    ``z_j = s_i * (scale * g_ij) - slope_h * |i_abs - j|`` for the keys of the row,
-    ``-inf`` past the causal edge (the reference's arithmetic, operation by operation,
-    and its overflow check over the whole block), written in place; the compiled row
-    solver of :mod:`entmax_ref.backends.numba.rows` solves the row *on the visible keys
-    only* (masked keys are ``-inf`` there and carry nothing) and writes ``p`` in place;
-    then ``o_i = sum_{p_ij > 0} p_ij v_j`` and the skewed output
-    ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``) over the support only.
+forward (``fwd_rows``, per row)
+    candidates and exact scores; the compiled row solver of
+    :mod:`entmax_ref.backends.numba.rows`; then ``o_i = sum_{p_ij > 0} p_ij v_j`` and the
+    skewed output ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``).
 
 backward (``bwd_rows`` then ``bwd_scatter``)
-    per row, ``p_j = e_alpha(z_j - theta_i)`` with the reference's formula
-    (``exp(log1p(a1 y) / a1)``), which is nonzero exactly on the support; the support is
-    compacted (key index, ``p``, ``u``), the skewed output is recomputed from it when the
-    caller has none, then ``delta_i = dO_i . skew_i``, ``dZ_ij = u_ij (dO_i . v_j -
-    delta_i)`` (a dot product per *support* entry, not a dense ``dO V^T`` block),
-    ``ds_i = sum_j dZ_ij a_ij``, ``dQ_i = scale sum_j s_i dZ_ij k_j``.  ``bwd_scatter``
-    then adds ``dV_j += p_ij dO_i`` and ``dK_j += scale s_i dZ_ij q_i`` over the compacted
-    entries, in parallel over slices of the feature dimension (no two threads write the
-    same element, no per-thread copies of dK, dV).  When a chunk's support is dense
-    (more than :data:`DENSE_FRACTION` of its block) the compacted entries are expanded
-    into dense blocks and dK, dV use BLAS instead.
+    candidates against the forward's theta; ``p_j = e_alpha(z_j - theta_i)`` with the
+    reference's formula (``exp(log1p(a1 y) / a1)``) on them; the support is compacted
+    (key, ``p``, ``u``), the skewed output recomputed from it when the caller has none,
+    ``delta_i = dO_i . skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)`` (a dot product per
+    *support* entry, no dense ``dO V^T``), ``ds_i = sum_j dZ_ij a_ij``, ``dQ_i = scale sum_j
+    s_i dZ_ij k_j``.  ``bwd_scatter`` adds ``dV_j += p_ij dO_i`` and ``dK_j += scale s_i
+    dZ_ij q_i`` over the compacted entries.  When a chunk's support is dense (more than
+    :data:`DENSE_FRACTION` of its block) the entries are expanded into dense blocks and dK,
+    dV use BLAS.  alpha = 1 (softmax: the support is every visible key) uses the NumPy
+    driver's backward.
 
-alpha = 1 (softmax: every visible key is in the support) has no sparsity to exploit in
-the backward, which therefore uses the NumPy driver there; the forward uses the fused
-kernel at every alpha.
+Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest first)
+from a queue; each runs single-threaded BLAS and a ``nogil`` kernel on its chunk.  (A
+multi-threaded BLAS alternating with ``prange`` kernels leaves two thread pools spinning
+against each other on the same cores: several times slower on the 2-core VM.)  NumPy's
+OpenBLAS is set to one thread for the duration of a call (:func:`_single_threaded_blas`).
+Each worker accumulates dK, dV of the current kv-head in its own float64 buffer (one
+shared buffer behind a lock when those would exceed :data:`ACCUMULATOR_BYTES`).
 
-Memory: the block ``g`` and, in the backward, three more ``(rows, key_end)`` buffers
-(int32 key index, ``p``, ``u`` / ``s dZ``), allocated once per call at the largest chunk
-and reused; float64 dK/dV accumulators of one kv-head as in the driver.
+Memory: per worker, one ``(rows, key_end)`` score block (float32 on the filter path) and
+in the backward three more of the compacted support (int32 key, float64 ``p`` and
+``u`` / ``s dZ``); the chunk is the driver's (a float64 block of ~8 MiB).
 """
 
 from __future__ import annotations
@@ -175,34 +186,40 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
         return n, nonfinite == 0
     suspect = 0
     L = -np.inf
-    for j in range(n):
-        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
-        za[j] = z
-        L = max(L, z)
-        suspect += not (abs(z) < 1e300)
+    m1 = 0
+    if use_max:
+        # one pass: the running maximum L and, branch-free, every key within the window
+        # (+ 3 err) of it; L only grows, so no key within reach of the final L is missed
+        c0 = window * (1.0 + 1e-9) + 3.0 * err + 1e-12
+        for j in range(n):
+            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            L = max(L, z)
+            suspect += not (abs(z) < 1e300)
+            idx[m1] = j
+            zc[m1] = z
+            m1 += z > (L - c0) - 1e-12 * abs(L)
+    else:
+        for j in range(n):
+            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            za[j] = z
+            suspect += not (abs(z) < 1e300)
     for j in range(n, key_end):
         z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
         suspect += not (abs(z) < 1e300)
     if suspect == 0:
         if use_max:
-            # keys within the window of the row maximum (m >= L - err) ...
-            cut = (L - err) - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(L))
-            m1 = 0
-            for j in range(n):  # branch-free compaction (the test is unpredictable)
-                zj = za[j]
-                idx[m1] = j
-                zc[m1] = zj
-                m1 += zj > cut
-            # ... then a lower bound of the threshold of the approximate scores, which is
-            # within err of the exact one (theta is 1-Lipschitz in the max norm)
+            # a lower bound of the threshold of the approximate scores, which is within
+            # err of the exact one (theta is 1-Lipschitz in the max norm of the scores)
             t = _theta_lower(zc, m1, L, 1.0 / window)
+            for i in range(m1):
+                za[i] = zc[i]
         else:
             m1 = n
         cut = t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
         m = 0
         for i in range(m1):
             j = idx[i] if use_max else i
-            if za[j] > cut:
+            if za[i] > cut:
                 gv = _dot(qc, r, kk, j)
                 idx[m] = j
                 gx[m] = gv
