@@ -4,8 +4,8 @@ tests/test_attention.py runs every attention test on the numba backend too; its 
 are small, so each backward chunk there is dense (the BLAS path) and runs on one worker.
 Here longer rows with sparse supports, several chunks and several workers exercise the
 support-only scatter, the dense fallback, the per-worker and the shared (locked) dK/dV
-accumulators and the error path from a worker thread, with the tolerances of
-tests/test_attention.py.
+accumulators, the float32 score filter (kept throughout) against float64 score products,
+and the error path from a worker thread, with the tolerances of tests/test_attention.py.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ def path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["filter", "float64"])
+def scores(request, monkeypatch):
+    """The float32 filter kept for every chunk, or float64 score products throughout."""
+    monkeypatch.setattr(nattn, "FILTER_FRACTION", 2.0 if request.param == "filter" else 0.0)
+    return request.param
+
+
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
 def threads(request):
     before = numba.get_num_threads()
@@ -44,7 +51,7 @@ def threads(request):
 
 @pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 3.0])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sparse_rows_forward_and_backward(path, threads, alpha, causal):
+def test_sparse_rows_forward_and_backward(path, scores, threads, alpha, causal):
     rng, q, k, v = problem(int(alpha * 40) + causal, B=2, Hq=4, Hkv=2, Nq=61, Nk=67, D=5, Dv=3, spread=2.5)
     beta, gamma = rng.uniform(0.2, 1.0, (4, 1)), rng.uniform(-1.0, 1.0, (4, 1))
     kw = dict(causal=causal, key_lengths=[67, 50], alibi_slopes=[0.25, 0.0, 0.125, 0.0], beta=beta, gamma=gamma)
@@ -60,7 +67,7 @@ def test_sparse_rows_forward_and_backward(path, threads, alpha, causal):
             np.testing.assert_allclose(a, b_, rtol=0, atol=t, err_msg=name)
 
 
-def test_float32_sparse_rows(path, threads):
+def test_float32_sparse_rows(path, scores, threads):
     """float32 inputs: computed in float64 from their float32 values, rounded once."""
     rng, q, k, v = problem(5, B=1, Hq=2, Hkv=1, Nq=40, Nk=40, D=4, Dv=3, spread=2.5)
     q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
@@ -81,7 +88,7 @@ def test_float32_sparse_rows(path, threads):
         np.testing.assert_allclose(a, b_, rtol=0, atol=float(np.finfo(np.float32).eps) * np.abs(b_).max() + t)
 
 
-def test_overflow_in_a_worker_raises(threads):
+def test_overflow_in_a_worker_raises(scores, threads):
     _, q, k, v = problem(0, B=1, Hq=2, Hkv=1, Nq=30, Nk=30)
     q = q.copy()
     q[0, 1, 20] *= 1e200
@@ -90,3 +97,15 @@ def test_overflow_in_a_worker_raises(threads):
         er.attention(q, k, v, chunk=4, backend="numba")
     with pytest.raises(ValueError, match="overflowed"):
         er.attention_vjp(np.ones((1, 2, 30, 2)), q, k, v, chunk=4, tau=np.zeros((1, 2, 30)), backend="numba")
+
+
+@pytest.mark.parametrize("alpha", [1.1, 1.5, 2.0, 3.0])
+def test_filter_on_long_rows(scores, alpha):
+    """Long rows (1500 keys, supports of a few dozen): the float32 filter leaves a few
+    candidates per row; supports, thresholds and outputs are those of the dense formula."""
+    rng, q, k, v = problem(int(alpha * 10), B=1, Hq=2, Hkv=1, Nq=40, Nk=1500, D=16, Dv=4, spread=1.0)
+    out, info, d = check_against_dense("numba", q, k, v, alpha, causal=True, alibi_slopes=[0.01, 0.0],
+                                       beta=rng.uniform(0.5, 1.5, (2, 1)), gamma=1.0, chunk=16)
+    assert info.support.mean() < 0.1 * info.n.mean()
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+    check_against_dense("numba", q32, k32, v32, alpha, causal=True, alibi_slopes=[0.01, 0.0], chunk=16)

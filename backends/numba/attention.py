@@ -546,7 +546,7 @@ def _score_error(qc, kmax, scale, rs):
 
 #: The float32 filter is kept while the candidates it leaves are at most this fraction of
 #: the visible keys (beyond it, one float64 product per chunk is cheaper than the exact
-#: dot products of the candidates).
+#: dot products of the candidates); 0 turns the filter off.
 FILTER_FRACTION = 0.25
 
 
@@ -574,7 +574,7 @@ def attention_forward(backend, q, k, v, spec):
     support = np.zeros((B, Hq, Nq), np.int64)
     causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
     workers = numba.get_num_threads()
-    state = {"filter": alpha > 1.0}  # the float32 filter (see _candidates), while it pays
+    state = {"filter": alpha > 1.0 and FILTER_FRACTION > 0}  # the float32 filter, while it pays
     with _single_threaded_blas():
         for b in range(B):
             items = _head_items(spec, b, Nq, Nk, group, offset)
@@ -654,7 +654,7 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
     shared = workers > 1 and (workers - 1) * 8 * Nk * (D + Dv) > ACCUMULATOR_BYTES
     extra = [] if shared else [(np.empty((Nk, D), f64), np.empty((Nk, Dv), f64)) for _ in range(workers - 1)]
     acc_lock = threading.Lock() if shared else contextlib.nullcontext()
-    state = {"filter": True}
+    state = {"filter": FILTER_FRACTION > 0}
     with _single_threaded_blas():
         for b in range(B):
             items = _head_items(spec, b, Nq, Nk, group, offset)
