@@ -9,6 +9,9 @@ from entmax_ref.backends.numpy_backend import skew_weights
 
 EPS64 = np.finfo(np.float64).eps
 ALPHAS = (1.0, 1.0 + 1e-6, 1.25, 1.5, 2.0, 3.0, 10.0)
+#: Large alphas, where an edge entry's p^(alpha-1) is below the float64 range (p < 8e-4 at
+#: alpha = 100, p < 0.5 at alpha = 1000) and u = p^(2-alpha) overflows (edge_rows).
+BIG_ALPHAS = (20.0, 100.0, 1000.0)
 
 
 def rows(n_random: int, seed: int) -> np.ndarray:
@@ -40,6 +43,55 @@ def rows(n_random: int, seed: int) -> np.ndarray:
     return np.vstack([x, x[:50, perm]])
 
 
+def _pad(rows: list) -> np.ndarray:
+    width = max(len(r) for r in rows)
+    x = np.full((len(rows), width), -np.inf)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = r
+    return x
+
+
+def edge_rows(alpha: float, n_random: int, seed: int) -> np.ndarray:
+    """Rows whose support has small-p edge entries at a large alpha, padded with -inf.
+
+    At alpha = 100 an entry's p is ~(99 gap)^(1/99): p = 5e-4 needs a gap ~1e-330 to the
+    threshold, so small edge probabilities come from entries (exactly) at the support's
+    smallest value c: [0, -0.009617] (p_2 = 4.96e-4 at alpha = 100), rows [0, -c x k]
+    with c = (1 - k q)^(alpha-1) / (alpha-1), so the k tied edge entries get p ~ q, random
+    rows of levels (a top entry, middle entries, k tied edge entries, entries below the
+    support, shuffled, some with an offset), and nearly uniform rows scaled by
+    (1/n)^(alpha-1)/(alpha-1) (where that is above the float64 range's floor), whose
+    entries spread over the whole range of p."""
+    rng = np.random.default_rng(seed)
+    a1 = alpha - 1.0
+    rows = [np.array([0.0, -0.009617]), np.array([0.0, -0.0095]), np.array([0.0, -0.009617, -0.009617]),
+            np.array([3.5, 3.5 - 0.009617]), np.array([0.0, -0.009617, -0.5, -np.inf])]
+    for q in (1e-2, 1e-4, 1e-6, 1e-9):
+        for k in (1, 3, 8):
+            c = (1.0 - k * q) ** a1 / a1
+            rows.append(np.concatenate([[0.0], np.full(k, -c)]))
+            rows.append(rng.permutation(np.concatenate([[0.0], np.full(k, -c), -c * (1 + rng.random(4))])))
+    for _ in range(n_random):
+        q = 10.0 ** rng.uniform(-9, -2)
+        k = int(rng.integers(2, 7))
+        mid = rng.uniform(0.2, 0.8, int(rng.integers(0, 3)))  # middle entries: p ~ mid
+        top = 1.0 - k * q - mid.sum() if mid.sum() + k * q < 1 else 0.5
+        # a level with probability p sits at -(1 - p^a1) ... written relative to the edge:
+        # p_i^a1 = a1 (y_i - T), so y_i = y_edge + p_i^a1 / a1 up to the edge's q^a1 / a1.
+        c = 1.0 / a1
+        levels = np.concatenate([[max(top, 1e-3) ** a1 / a1], mid ** a1 / a1]) - c
+        row = np.concatenate([levels, np.full(k, -c), -c - rng.random(int(rng.integers(0, 5)))])
+        row = row - row.max()
+        if rng.random() < 0.3:
+            row = row + rng.uniform(-10, 10)
+        rows.append(rng.permutation(row))
+    for n in (3, 7, 50):
+        s = (1.0 / n) ** a1 / a1
+        if s > 1e-290:
+            rows += list(s * rng.standard_normal((n_random, n)))
+    return _pad(rows)
+
+
 def theta_tol(x: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """|theta| error bound: theta = m + A is one rounding of the sum (|m| + |A| scale), and
     A is the root of f with |f'| = sum p^(2-alpha) >= sum p = 1, so its error is that of
@@ -62,3 +114,16 @@ def p_tol(x, theta_ref, p_ref, alpha, dtype):
     if dtype == np.float32:
         tol = tol + np.spacing(np.abs(p_ref).astype(np.float32)).astype(np.float64)
     return tol
+
+
+def p_edge_tol(x, p_ref):
+    """alpha > 2: |p| error bound from the edge probability q.  The mass is increasing in q
+    with slope >= 1, so q's error is that of the compensated mass (a few ulps of 1, log n
+    of them at most matter), and dp_i/dq = (q/p_i)^(alpha-2) <= 1 carries it to every p_i;
+    evaluating p_i = exp(logaddexp(log((alpha-1) d_i), (alpha-1) log q)/(alpha-1)) rounds it
+    by a few ulps times (1 + |log p_i|).  Much tighter than p_tol at the edge, where u =
+    p^(2-alpha) is huge (inf where it overflows)."""
+    n = np.isfinite(x).sum(axis=1)
+    with np.errstate(divide="ignore"):
+        logp = np.where(p_ref > 0, np.abs(np.log(np.where(p_ref > 0, p_ref, 1.0))), 0.0)
+    return 8 * EPS64 * (np.log2(n + 1) + 1)[:, None] + 8 * EPS64 * p_ref * (1 + logp)

@@ -11,7 +11,10 @@
 // p_i = e_alpha(y_i - A), e_alpha(d) = [1 + (alpha-1) d]_+^(1/(alpha-1)) (exp at alpha=1).
 // For alpha > 2 the offset form cancels when p is small, so the solver variable is the
 // support threshold v = A - 1/(alpha-1) and p_i = [(alpha-1)(y_i - v)]_+^(1/(alpha-1)),
-// exactly as numpy_backend.py does.  All arithmetic is float64 whatever the storage type T.
+// and the probabilities are then solved relative to the edge of the support, in the edge
+// probability q and in log space (solve_row, edge_p), exactly as numpy_backend.py does; the
+// VJPs for alpha > 2 use the reference's overflow-free forms (vjp_row_big, alpha_vjp_row).
+// All arithmetic is float64 whatever the storage type T.
 #pragma once
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -163,12 +166,40 @@ ER_HD inline Terms terms(const Alpha& al, double d) {
     return r;
 }
 
+// alpha > 2, edge-relative (numpy_backend._edge_p): with c the smallest support entry,
+// d = y - c and q the edge probability, p = (a1 d + q^a1)^(1/a1) for d > 0, q at d = 0 and 0
+// below c.  log p = logaddexp(log(a1 d), a1 log q) / a1, so q^a1 (below the float64 range
+// once q < ~1e-308^(1/a1): 8e-4 at alpha = 100, 0.5 at alpha = 1000) is never formed.
+// logaddexp is numpy's npy_logaddexp step for step.
+ER_HD inline double logaddexp(double x, double y) {
+    if (x == y) return x + 0.6931471805599453;  // also -inf, -inf
+    double t = x - y;
+    if (t > 0.0) return x + log1p(exp(-t));
+    if (t <= 0.0) return y + log1p(exp(t));
+    return t;  // nan
+}
+
+ER_HD inline double edge_lq(double q, double a1) { return q > 0.0 ? a1 * log(q) : -inf(); }  // log(q^a1)
+
+// log p at offset d from c (-inf off the support); lq = edge_lq(q, a1).
+ER_HD inline double edge_logp(double d, double a1, double q, double lq) {
+    if (d > 0.0) return logaddexp(log(a1 * d), lq) / a1;
+    if (d == 0.0) return q > 0.0 ? log(q) : -inf();
+    return -inf();
+}
+
+ER_HD inline double edge_p(double d, double a1, double q, double lq) {
+    if (d > 0.0) return exp(logaddexp(log(a1 * d), lq) / a1);
+    return d == 0.0 ? q : 0.0;
+}
+
 // ------------------------------------------------------------------------ row solver
 struct Solve {
     double m;       // row max (-inf for an all -inf row)
-    double base;    // p_i = P((x_i - m - base) - s); base = 0 except in the second stage
-    double s;       //   of alpha > 2 (the smallest support entry, see solve_row)
-    double theta;   // x-space threshold m + ((base + s) + shift)
+    double base;    // p_i = P((x_i - m - base) - s); base = 0 except for alpha > 2, where
+    double s;       //   base = c is the smallest support entry and s = q the edge probability:
+                    //   p_i = edge_p((x_i - m) - c, alpha - 1, q) (see solve_row)
+    double theta;   // x-space threshold m + ((base + s) + shift); alpha > 2: m + ((c - q^a1/a1) + shift)
     int n_iter;     // passes over the row that evaluated f
     bool converged;
 };
@@ -241,16 +272,19 @@ struct Bracket {
 // before last; when a step no longer moves s, probes at 1, 2, 4, ... ulps on the far side
 // of s find the other end and bisection closes the gap.  Returns false if max_iter passes
 // ran out first.
-template <class Team, class X>
-ER_HD bool last_bit_root(const Team& team, const X& x, int n, const Alpha& al, double m, double base,
-                         Bracket& b, int method, int max_iter, int& n_iter, double& s_out) {
+// ev(s) returns the Eval of the (decreasing) f at s: f, d1 = -f' and, when halley, d2 = f''.
+// The steps start from b.lo, or from b.hi when from_hi (f concave: Newton from the right
+// then decreases monotonically to the root).
+template <class F>
+ER_HD bool last_bit_root_fn(F ev, bool halley, bool from_hi, Bracket& b, int method, int max_iter, int& n_iter,
+                            double& s_out) {
     bool ok = true;
     if (method != METHOD_BISECT && !b.closed()) {
-        double s = b.lo;
+        double s = from_hi ? b.hi : b.lo;
         double dx_old = b.hi - b.lo, dx_older = b.hi - b.lo;
         while (true) {
             if (n_iter >= max_iter) { ok = false; break; }
-            Eval e = evaluate(team, x, n, al, m, base, s);
+            Eval e = ev(s);
             n_iter++;
             b.note(s, e.f);
             if (e.f == 0.0) {  // an exact root: nothing can beat |f| = 0
@@ -259,7 +293,7 @@ ER_HD bool last_bit_root(const Team& team, const X& x, int n, const Alpha& al, d
             }
             if (b.closed()) break;
             double cand = s + e.f / e.d1;
-            if (al.halley) {
+            if (halley) {
                 double den = 2.0 * e.d1 * e.d1 - e.f * e.d2;
                 if (den > 0.0) cand = s + 2.0 * e.f * e.d1 / den;
             }
@@ -269,7 +303,7 @@ ER_HD bool last_bit_root(const Team& team, const X& x, int n, const Alpha& al, d
                 while (n_iter < max_iter) {
                     double t = e.f >= 0.0 ? s + gap : s - gap;
                     if (!(t > b.lo && t < b.hi)) break;
-                    Eval et = evaluate(team, x, n, al, m, base, t);
+                    Eval et = ev(t);
                     n_iter++;
                     b.note(t, et.f);
                     if ((et.f >= 0.0) != (e.f >= 0.0)) break;
@@ -290,13 +324,20 @@ ER_HD bool last_bit_root(const Team& team, const X& x, int n, const Alpha& al, d
     while (ok && !b.closed()) {
         if (n_iter >= max_iter) { ok = false; break; }
         double mid = 0.5 * (b.lo + b.hi);
-        b.note(mid, evaluate(team, x, n, al, m, base, mid).f);
+        b.note(mid, ev(mid).f);
         n_iter++;
     }
-    if (!b.has_lo) { b.flo = evaluate(team, x, n, al, m, base, b.lo).f; b.has_lo = true; }
-    if (!b.has_hi) { b.fhi = evaluate(team, x, n, al, m, base, b.hi).f; b.has_hi = true; }
+    if (!b.has_lo) { b.flo = ev(b.lo).f; b.has_lo = true; }
+    if (!b.has_hi) { b.fhi = ev(b.hi).f; b.has_hi = true; }
     s_out = fabs(b.fhi) < fabs(b.flo) ? b.hi : b.lo;
     return ok;
+}
+
+template <class Team, class X>
+ER_HD bool last_bit_root(const Team& team, const X& x, int n, const Alpha& al, double m, double base,
+                         Bracket& b, int method, int max_iter, int& n_iter, double& s_out) {
+    return last_bit_root_fn([&](double s) { return evaluate(team, x, n, al, m, base, s); }, al.halley, false, b,
+                            method, max_iter, n_iter, s_out);
 }
 
 // Solve one row.
@@ -308,9 +349,15 @@ ER_HD bool last_bit_root(const Team& team, const X& x, int n, const Alpha& al, d
 //   any other alpha, or method METHOD_BISECT: last_bit_root on A over
 //     [0, (1 - n^(1-alpha))/(alpha-1)] ([0, log n] at 1) for alpha <= 2.  For alpha > 2 the
 //     variable is the support threshold T = A - 1/(alpha-1) over
-//     [-1/(alpha-1), -n^(1-alpha)/(alpha-1)]; then, with c the smallest support entry, a
-//     second last_bit_root on s = T - c over [-(c - lo)(1 + 4 eps), 0], so that an edge
-//     entry's tiny gap (y_c - c) - s = -s keeps full relative precision (numpy does the same).
+//     [-1/(alpha-1), -n^(1-alpha)/(alpha-1)]; then, with c the smallest support entry
+//     (y > lo) and d_i = y_i - c, a second last_bit_root on the edge probability q over
+//     [0, q(lo)], q(lo) = (a1 (c - lo)(1 + 4 eps))^(1/a1): p_i = edge_p(d_i, a1, q), computed
+//     in log space (p = q exactly at the edge), so every p_i is exact to the last bits even
+//     where T cannot resolve it and where q^a1 = a1 (c - T) is below the float64 range
+//     (numpy_backend._bisect does the same).  The support is fixed in this stage, and the
+//     mass is smooth, increasing and convex in q with slope >= 1 (dp_i/dq = (q/p_i)^(a1-1),
+//     1 at the edge), so Newton from the right end q(lo) decreases monotonically to the root
+//     (numba's _edge_q does the same); the safeguards of last_bit_root_fn apply.
 template <class Team, class X>
 ER_HD Solve solve_row(const Team& team, const X& x, int n, double alpha, int method, int max_iter) {
     Solve r;
@@ -403,10 +450,39 @@ ER_HD Solve solve_row(const Team& team, const X& x, int n, double alpha, int met
         Bracket b2;
         b2.has_lo = b2.has_hi = false;
         b2.flo = b2.fhi = 0.0;
-        b2.lo = -((c - lo) * (1.0 + 4.0 * 2.220446049250313e-16));
-        b2.hi = 0.0;
-        ok = last_bit_root(team, x, n, al, m, c, b2, method, max_iter, r.n_iter, s) && ok;
+        b2.lo = 0.0;
+        b2.hi = exp(log((a1 * (c - lo)) * (1.0 + 4.0 * 2.220446049250313e-16)) / a1);
+        // f(q) = 1 - sum_i p_i(q) (decreasing), d1 = sum_i dp_i/dq.
+        auto evq = [&](double q) {
+            const double lq = edge_lq(q, a1);
+            const double lqq = q > 0.0 ? log(q) : -inf();
+            double out[2];
+            team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
+                double d = (x(i) - m) - c;
+                if (d > 0.0) {
+                    double lp = logaddexp(log(a1 * d), lq) / a1;
+                    acc.add(0, exp(lp));
+                    if (q > 0.0) acc.add(1, exp((a1 - 1.0) * (lqq - lp)));
+                } else if (d == 0.0) {
+                    acc.add(0, q);
+                    acc.add(1, 1.0);
+                }
+            }, out);
+            Eval e;
+            e.f = 1.0 - out[0];
+            e.d1 = out[1];
+            e.d2 = 0.0;
+            e.k = e.s1 = e.s2 = 0.0;
+            return e;
+        };
+        double q;
+        ok = last_bit_root_fn(evq, false, true, b2, method, max_iter, r.n_iter, q) && ok;
+        double delta = q > 0.0 ? exp(a1 * log(q)) / a1 : 0.0;  // may underflow: theta does not need it
+        r.converged = ok;
         r.base = c;
+        r.s = q;
+        r.theta = m + ((c - delta) + al.shift);
+        return r;
     }
     r.converged = ok;
     r.s = s;
@@ -422,9 +498,11 @@ ER_HD long long write_probs(const Team& team, const X& x, int n, double alpha, c
         team.for_each(n, [&](int i) { p[i] = T(0); });
         return 0;
     }
+    const double lq = al.mode == GENERAL_GT2 ? edge_lq(r.s, al.a1) : 0.0;
     double out[1];
     team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
-        double pi = terms(al, ((x(i) - r.m) - r.base) - r.s).p;
+        double pi = al.mode == GENERAL_GT2 ? edge_p((x(i) - r.m) - r.base, al.a1, r.s, lq)
+                                           : terms(al, ((x(i) - r.m) - r.base) - r.s).p;
         p[i] = T(pi);
         if (pi > 0.0) acc.add(0, 1.0);  // counted in float64, as the reference does
     }, out);
@@ -442,9 +520,18 @@ ER_HD long long write_probs_weights(const Team& team, const X& x, int n, double 
         sum_u = 0.0;
         return 0;
     }
+    const double lq = al.mode == GENERAL_GT2 ? edge_lq(r.s, al.a1) : 0.0;
     double out[2];
     team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
-        Terms t = terms(al, ((x(i) - r.m) - r.base) - r.s);
+        Terms t;
+        if (al.mode == GENERAL_GT2) {  // edge-relative (see solve_row); u = exp((2 - alpha) log p)
+            double lp = edge_logp((x(i) - r.m) - r.base, al.a1, r.s, lq);
+            t.p = exp(lp);
+            t.u = t.p > 0.0 ? exp((2.0 - al.a) * lp) : 0.0;
+            t.w = 0.0;
+        } else {
+            t = terms(al, ((x(i) - r.m) - r.base) - r.s);
+        }
         p[i] = T(t.p);
         u[i] = T(t.u);
         if (t.p > 0.0) {
@@ -462,9 +549,88 @@ ER_HD inline double skew_weight(double p, double alpha) {
     return p > 0.0 ? exp((2.0 - alpha) * log(p)) : 0.0;
 }
 
-// dx_i = u_i (g_i - sum_j u_j g_j / sum_j u_j).
+// sign(v) exp(l + log|v|) (0 at v = 0): exp(l) * v without overflowing early.
+ER_HD inline double signed_exp(double l, double v) {
+    if (v == 0.0) return 0.0;
+    double e = exp(l + log(fabs(v)));
+    return v > 0.0 ? e : -e;
+}
+
+// log u = (2 - alpha) log p on the support, -inf elsewhere.
+ER_HD inline double log_skew(double p, double a2) { return p > 0.0 ? a2 * log(p) : -inf(); }
+
+// alpha > 2 (numpy_backend._vjp_big): u is unbounded at the support's edge and overflows
+// (u = 1e323 for p = 5e-4 at alpha = 100).  With lu = (2-alpha) log p, m the first entry of
+// largest u, w = exp(lu - lu_m) = u / max u, S = sum w, G = sum w g:
+//   g_i - r = (g_i (S - w_i) - (G - w_i g_i)) / S   (i != m; S - w_i >= S/2, no cancellation)
+//   dx_i = u_i (g_i - r), as sign exp(lu_i + log|g_i - r|) where u_i overflows, 0 where g_i = r
+//   dx_m = sum_{j != m} u_j (g_m - g_j) / S, else (not finite) the same sum scaled by the
+//          second largest u, exp(l2) sum_{j != m} exp(lu_j - l2) (g_m - g_j) / S.
+template <class Team, class P, class G, class D>
+ER_HD void vjp_row_big(const Team& team, const P* p, const G* g, int n, double alpha, D* dx) {
+    const double a2 = 2.0 - alpha;
+    const double lmax = team.reduce_max(n, [&](int i) { return log_skew(double(p[i]), a2); });
+    if (!(lmax > -inf())) {  // empty row
+        team.for_each(n, [&](int i) { dx[i] = D(0); });
+        return;
+    }
+    const int mi = (int)-team.reduce_max(n, [&](int i) {  // the first entry of largest u
+        return log_skew(double(p[i]), a2) == lmax ? -double(i) : -inf();
+    });
+    const double gm = double(g[mi]);
+    const double l2 = team.reduce_max(n, [&](int i) { return i == mi ? -inf() : log_skew(double(p[i]), a2); });
+    double out[2];
+    team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
+        double lu = log_skew(double(p[i]), a2);
+        if (lu > -inf()) {
+            double wi = exp(lu - lmax);
+            acc.add(0, wi);
+            acc.add(1, wi * double(g[i]));
+        }
+    }, out);
+    const double S = out[0], Gs = out[1];
+    double dm = 0.0;
+    if (l2 > -inf()) {  // m is not alone on the support
+        double sd[1];
+        team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
+            double lu = log_skew(double(p[i]), a2);
+            if (lu > -inf() && i != mi) acc.add(0, exp(lu) * (gm - double(g[i])));
+        }, sd);
+        dm = sd[0] / S;
+        if (!is_finite(dm)) {
+            double t[1];
+            team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
+                double lu = log_skew(double(p[i]), a2);
+                if (lu > -inf() && i != mi) acc.add(0, exp(lu - l2) * (gm - double(g[i])));
+            }, t);
+            dm = signed_exp(l2, t[0] / S);
+        }
+    }
+    team.for_each(n, [&](int i) {
+        double lu = log_skew(double(p[i]), a2);
+        double v = 0.0;
+        if (i == mi) {
+            v = dm;
+        } else if (lu > -inf()) {
+            double gi = double(g[i]);
+            double wi = exp(lu - lmax);
+            double diff = (gi * (S - wi) - (Gs - wi * gi)) / S;
+            if (diff != 0.0) {
+                double u = exp(lu);
+                v = is_finite(u) ? u * diff : signed_exp(lu, diff);
+            }
+        }
+        dx[i] = D(v);
+    });
+}
+
+// dx_i = u_i (g_i - sum_j u_j g_j / sum_j u_j); alpha > 2 by vjp_row_big.
 template <class Team, class P, class G, class D>
 ER_HD void vjp_row(const Team& team, const P* p, const G* g, int n, double alpha, D* dx) {
+    if (alpha > 2.0) {
+        vjp_row_big(team, p, g, n, alpha, dx);
+        return;
+    }
     double out[2];
     team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
         double u = skew_weight(double(p[i]), alpha);
@@ -493,8 +659,32 @@ ER_HD inline double h_series(double w) {
 
 // sum_i g_i dp_i/dalpha with dp_i/dalpha = p_i c_i - u_i sum_j p_j c_j / sum_j u_j and
 // p_i c_i = -p_i log(p_i)^2 h(-(alpha-1) log p_i) (numpy_backend.entmax_alpha_vjp).
+// alpha > 2: the same value in the always-finite form
+// sum_i p_i (1 - (alpha-1) log p_i) (g_i - r) / (alpha-1)^2 with r = (w . g) / sum w,
+// w = u / max u (the unbounded u-terms of p_i c_i cancel exactly and are left out).
 template <class Team, class P, class G>
 ER_HD double alpha_vjp_row(const Team& team, const P* p, const G* g, int n, double alpha) {
+    if (alpha > 2.0) {
+        const double a1 = alpha - 1.0, a2 = 2.0 - alpha;
+        const double lmax = team.reduce_max(n, [&](int i) { return log_skew(double(p[i]), a2); });
+        if (!(lmax > -inf())) return 0.0;
+        double sw[2];
+        team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
+            double lu = log_skew(double(p[i]), a2);
+            if (lu > -inf()) {
+                double wi = exp(lu - lmax);
+                acc.add(0, wi);
+                acc.add(1, wi * double(g[i]));
+            }
+        }, sw);
+        const double r = sw[1] / sw[0];
+        double t[1];
+        team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
+            double pi = double(p[i]);
+            if (pi > 0.0) acc.add(0, pi * (1.0 - a1 * log(pi)) * (double(g[i]) - r));
+        }, t);
+        return t[0] / (a1 * a1);
+    }
     double out[4];
     team.template reduce_sum<4>(n, [&](int i, Acc<4>& acc) {
         double pi = double(p[i]);
