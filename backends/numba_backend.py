@@ -19,11 +19,13 @@ supports).  See :mod:`entmax_ref.backends.numba.rows` for the solvers:
     the reference's bisection to the last bit, on the same bracket.
 
 Attention (:mod:`entmax_ref.backends.numba.attention`) walks the query chunks of
-:mod:`entmax_ref.backends.numpy_attention` (only the keys a causal chunk can see), with one
-float64 BLAS product per chunk for the scores and everything else fused into ``prange``
-kernels over the rows: scores, masks and ALiBi, the compiled row solve, and the output and
-skewed output from the support only; the backward recomputes p from theta and works on
-the support only (dO.v, dQ, and a race-free scatter into dK, dV).
+:mod:`entmax_ref.backends.numpy_attention` (only the keys a causal chunk can see) on
+worker threads.  Per chunk one float32 BLAS product serves as a rigorous filter (an error
+bound on its scores rules out the keys that cannot reach the support window); the keys
+left get their exact float64 scores, and one ``nogil`` kernel per chunk applies scale,
+ALiBi and masks, solves each row with the compiled row solver and forms the output and
+skewed output from the support only.  The backward recomputes p from theta on the same
+candidates and works on the support only (dO.v, dQ, and a scatter into dK, dV).
 
 Compiled code is cached on disk; ``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns
 the cache off.  First call in a new process, measured on the project's shared 2-core VM:
