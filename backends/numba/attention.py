@@ -188,16 +188,41 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
     L = -np.inf
     m1 = 0
     if use_max:
-        # one pass: the running maximum L and, branch-free, every key within the window
-        # (+ 3 err) of it; L only grows, so no key within reach of the final L is missed
-        c0 = window * (1.0 + 1e-9) + 3.0 * err + 1e-12
+        # the scores and their maximum L (four running maxima: no serial dependency),
+        # then, branch-free, every key within the window (+ 3 err) of L
+        L0 = -np.inf
+        L1 = -np.inf
+        L2 = -np.inf
+        L3 = -np.inf
+        j = 0
+        while j + 4 <= n:
+            z0 = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            z1 = _score(np.float64(g[r, j + 1]), scale, s, has_s, slope, i_abs, j + 1)
+            z2 = _score(np.float64(g[r, j + 2]), scale, s, has_s, slope, i_abs, j + 2)
+            z3 = _score(np.float64(g[r, j + 3]), scale, s, has_s, slope, i_abs, j + 3)
+            za[j] = z0
+            za[j + 1] = z1
+            za[j + 2] = z2
+            za[j + 3] = z3
+            L0 = max(L0, z0)
+            L1 = max(L1, z1)
+            L2 = max(L2, z2)
+            L3 = max(L3, z3)
+            j += 4
+        while j < n:
+            z0 = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            za[j] = z0
+            L0 = max(L0, z0)
+            j += 1
+        L = max(max(L0, L1), max(L2, L3))
+        suspect += not (abs(L) < 1e300) and n > 0
+        cut = L - (window * (1.0 + 1e-9) + 3.0 * err + 1e-12) - 1e-12 * abs(L)
         for j in range(n):
-            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
-            L = max(L, z)
-            suspect += not (abs(z) < 1e300)
+            zj = za[j]
+            suspect += not (zj > -1e300)
             idx[m1] = j
-            zc[m1] = z
-            m1 += z > (L - c0) - 1e-12 * abs(L)
+            zc[m1] = zj
+            m1 += zj > cut
     else:
         for j in range(n):
             z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
@@ -553,6 +578,10 @@ FILTER_FRACTION = 0.25
 _OVERFLOW = ("attention scores overflowed (non-finite s * scale * q.k + bias); "
              "rescale q, k, the scale or the ASEntmax scale")
 
+#: Bytes of the float64/float32 K, V copies of the kv-heads whose chunks the forward runs
+#: in one parallel region.
+HEAD_BYTES = 64 * 2**20
+
 #: Bytes the backward may spend on per-worker float64 dK/dV accumulators of one kv-head;
 #: beyond it the workers share one pair, behind a lock.
 ACCUMULATOR_BYTES = 512 * 2**20
@@ -575,57 +604,70 @@ def attention_forward(backend, q, k, v, spec):
     causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
     workers = numba.get_num_threads()
     state = {"filter": alpha > 1.0 and FILTER_FRACTION > 0}  # the float32 filter, while it pays
+    heads = {}
+
+    def head(b, hk):
+        """float64 and float32 copies of one kv-head's K, V and the key norms."""
+        kk_all = np.ascontiguousarray(k[b, hk], f64)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
+            k32_all = np.ascontiguousarray(k[b, hk], np.float32)
+            kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
+        return kk_all, np.ascontiguousarray(v[b, hk], f64), k32_all, kn
+
+    def work(slot, item):
+        b, hk, i0, i1, key_end = item
+        h0 = hk * group
+        kk_all, vv_all, k32_all, kn = heads[b, hk]
+        nc = i1 - i0
+        qsl = q[b, h0:h0 + group, i0:i1]
+        qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
+        rs = _row_scale(spec, b, h0, group, i0, i1)
+        filt = state["filter"]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if filt:
+                err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
+                filt = bool(np.all(err < 1e290))
+            if filt:
+                g = np.asarray(qsl, np.float32).reshape(-1, D) @ k32_all[:key_end].T
+            else:
+                g = qc @ kk_all[:key_end].T
+                err = np.zeros(g.shape[0])
+        rows = g.shape[0]
+        o = np.empty((rows, Dv), f64)
+        sk = np.empty((rows, Dv), f64)
+        th = np.empty(rows, f64)
+        sup = np.empty(rows, np.int64)
+        ncand = np.empty(rows, np.int64)
+        bad = np.empty(rows, np.int8)
+        fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs,
+                 _group_slopes(spec, h0, group), alpha, vv_all[:key_end], o, sk, th, sup, ncand, bad)
+        if bad.any():
+            raise ValueError(_OVERFLOW)
+        if filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
+            state["filter"] = False
+        if alpha == 1.0:
+            sk = o
+        shape = (group, nc)
+        out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
+        skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
+        theta[b, h0:h0 + group, i0:i1] = th.reshape(shape)
+        support[b, h0:h0 + group, i0:i1] = sup.reshape(shape)
+
+    # kv-heads in batches whose copies take at most HEAD_BYTES; the chunks of a batch run
+    # in one parallel region (largest first), so that no worker idles at a head's end
+    per_head = 20 * Nk * max(D, Dv) + 1
+    step = max(1, HEAD_BYTES // per_head)
+    pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     with _single_threaded_blas():
-        for b in range(B):
-            items = _head_items(spec, b, Nq, Nk, group, offset)
-            for hk in range(Hkv):
-                h0 = hk * group
-                kk_all = np.ascontiguousarray(k[b, hk], f64)
-                vv_all = np.ascontiguousarray(v[b, hk], f64)
-                with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
-                    k32_all = np.ascontiguousarray(k[b, hk], np.float32)
-                    kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
-                slopes = _group_slopes(spec, h0, group)
-
-                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all, kn=kn,
-                         slopes=slopes):
-                    i0, i1, key_end = item
-                    nc = i1 - i0
-                    qsl = q[b, h0:h0 + group, i0:i1]
-                    qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
-                    rs = _row_scale(spec, b, h0, group, i0, i1)
-                    filt = state["filter"]
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        if filt:
-                            err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
-                            filt = bool(np.all(err < 1e290))
-                        if filt:
-                            g = np.asarray(qsl, np.float32).reshape(-1, D) @ k32_all[:key_end].T
-                        else:
-                            g = qc @ kk_all[:key_end].T
-                            err = np.zeros(g.shape[0])
-                    rows = g.shape[0]
-                    o = np.empty((rows, Dv), f64)
-                    sk = np.empty((rows, Dv), f64)
-                    th = np.empty(rows, f64)
-                    sup = np.empty(rows, np.int64)
-                    ncand = np.empty(rows, np.int64)
-                    bad = np.empty(rows, np.int8)
-                    fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs, slopes,
-                             alpha, vv_all[:key_end], o, sk, th, sup, ncand, bad)
-                    if bad.any():
-                        raise ValueError(_OVERFLOW)
-                    if filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
-                        state["filter"] = False
-                    if alpha == 1.0:
-                        sk = o
-                    shape = (group, nc)
-                    out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
-                    skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
-                    theta[b, h0:h0 + group, i0:i1] = th.reshape(shape)
-                    support[b, h0:h0 + group, i0:i1] = sup.reshape(shape)
-
-                _run_parallel(items, work, workers)
+        for p0 in range(0, len(pairs), step):
+            batch = pairs[p0:p0 + step]
+            heads.clear()
+            items = []
+            for b, hk in batch:
+                heads[b, hk] = head(b, hk)
+                items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group, offset)]
+            items.sort(key=lambda t: -(t[3] - t[2]) * t[4])
+            _run_parallel(items, work, workers)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
 
 
