@@ -61,6 +61,26 @@ def _key_end(i1: int, offset: int, length: int, causal: bool) -> int:
     return max(0, end)
 
 
+def _chunks(spec: AttentionSpec, k: np.ndarray, v: np.ndarray, group: int, Nq: int):
+    """Yield (b, h0, i0, i1, keys, values) for every query chunk that sees a key: the
+    chunk's query heads h0 .. h0+group share kv head h0 // group, and ``keys``/``values``
+    (float64) stop at the last key any of its rows may attend.  Chunks with nothing
+    visible are skipped (their rows keep zero output and theta = -inf)."""
+    B, Hkv, Nk = k.shape[0], k.shape[1], k.shape[2]
+    offset = Nk - Nq
+    for b in range(B):
+        length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
+        chunk = choose_chunk(spec, group, length, Nq)
+        for hk in range(Hkv):
+            kk_all = np.asarray(k[b, hk], _F64)
+            vv_all = np.asarray(v[b, hk], _F64)
+            for i0 in range(0, Nq, chunk):
+                i1 = min(Nq, i0 + chunk)
+                key_end = _key_end(i1, offset, length, spec.causal)
+                if key_end:
+                    yield b, hk * group, i0, i1, kk_all[:key_end], vv_all[:key_end]
+
+
 def _weights(p: np.ndarray, alpha: float) -> np.ndarray:
     """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1)."""
     return p if alpha == 1.0 else skew_weights(p, alpha)
@@ -117,31 +137,18 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     skew = np.zeros((B, Hq, Nq, Dv), _F64)
     theta = np.full((B, Hq, Nq), -np.inf)
     support = np.zeros((B, Hq, Nq), np.int64)
-    lengths = spec.key_lengths
-    for b in range(B):
-        length = Nk if lengths is None else int(lengths[b])
-        chunk = choose_chunk(spec, group, length, Nq)
-        for hk in range(Hkv):
-            h0 = hk * group
-            kk_all = np.asarray(k[b, hk], _F64)
-            vv_all = np.asarray(v[b, hk], _F64)
-            for i0 in range(0, Nq, chunk):
-                i1 = min(Nq, i0 + chunk)
-                key_end = _key_end(i1, offset, length, spec.causal)
-                if key_end == 0:
-                    continue  # nothing visible: zero output, theta -inf
-                qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
-                blk = _Block(spec, qc, kk_all[:key_end], b, h0, group, i0, i1, offset)
-                res = backend.entmax_forward(blk.z, np.full(blk.z.shape[0], spec.alpha), None)
-                p = np.asarray(res.p, _F64)
-                vv = vv_all[:key_end]
-                o = p @ vv
-                sk = o if spec.alpha == 1.0 else _skewed(_weights(p, spec.alpha), vv)
-                shape = (group, i1 - i0)
-                out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
-                skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
-                theta[b, h0:h0 + group, i0:i1] = np.asarray(res.theta, _F64).reshape(shape)
-                support[b, h0:h0 + group, i0:i1] = np.asarray(res.support).reshape(shape)
+    for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
+        qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
+        blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
+        res = backend.entmax_forward(blk.z, np.full(blk.z.shape[0], spec.alpha), None)
+        p = np.asarray(res.p, _F64)
+        o = p @ vv
+        sk = o if spec.alpha == 1.0 else _skewed(_weights(p, spec.alpha), vv)
+        shape = (group, i1 - i0)
+        out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
+        skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
+        theta[b, h0:h0 + group, i0:i1] = np.asarray(res.theta, _F64).reshape(shape)
+        support[b, h0:h0 + group, i0:i1] = np.asarray(res.support).reshape(shape)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
 
 
@@ -158,44 +165,32 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
     dk = np.zeros((B, Hkv, Nk, D), _F64)
     dv = np.zeros((B, Hkv, Nk, Dv), _F64)
     ds = np.zeros((B, Hq, Nq), _F64) if spec.row_scale is not None else None
-    lengths = spec.key_lengths
-    for b in range(B):
-        length = Nk if lengths is None else int(lengths[b])
-        chunk = choose_chunk(spec, group, length, Nq)
-        for hk in range(Hkv):
-            h0 = hk * group
-            kk_all = np.asarray(k[b, hk], _F64)
-            vv_all = np.asarray(v[b, hk], _F64)
-            for i0 in range(0, Nq, chunk):
-                i1 = min(Nq, i0 + chunk)
-                key_end = _key_end(i1, offset, length, spec.causal)
-                if key_end == 0:
-                    continue
-                sl = (b, slice(h0, h0 + group), slice(i0, i1))
-                qc = np.asarray(q[sl], _F64).reshape(-1, D)
-                doc = np.asarray(do[sl], _F64).reshape(-1, Dv)
-                kk, vv = kk_all[:key_end], vv_all[:key_end]
-                blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
-                th = np.asarray(theta[sl], _F64).reshape(-1)
-                # Empty rows (theta = -inf) get p = 0: shift them by +inf instead.
-                th = np.where(np.isfinite(th), th, np.inf)
-                with np.errstate(invalid="ignore"):
-                    p = e_alpha(blk.z - th[:, None], spec.alpha)
-                u = _weights(p, spec.alpha)
-                if skew is None:
-                    sk = _skewed(u, vv)
-                else:
-                    sk = np.asarray(skew[sl], _F64).reshape(-1, Dv)
-                delta = np.einsum("rd,rd->r", doc, sk)
-                dz = u * ((doc @ vv.T) - delta[:, None])
-                dv[b, hk, :key_end] += p.T @ doc
-                if ds is not None:
-                    ds[sl] = np.einsum("rj,rj->r", dz, blk.a).reshape(group, i1 - i0)
-                    da = dz * blk.s[:, None]
-                else:
-                    da = dz
-                dq[sl] = (spec.scale * (da @ kk)).reshape(group, i1 - i0, D)
-                dk[b, hk, :key_end] += spec.scale * (da.T @ qc)
+    for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
+        hk, key_end = h0 // group, len(kk)
+        sl = (b, slice(h0, h0 + group), slice(i0, i1))
+        qc = np.asarray(q[sl], _F64).reshape(-1, D)
+        doc = np.asarray(do[sl], _F64).reshape(-1, Dv)
+        blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
+        th = np.asarray(theta[sl], _F64).reshape(-1)
+        # Empty rows (theta = -inf) get p = 0: shift them by +inf instead.
+        th = np.where(np.isfinite(th), th, np.inf)
+        with np.errstate(invalid="ignore"):
+            p = e_alpha(blk.z - th[:, None], spec.alpha)
+        u = _weights(p, spec.alpha)
+        if skew is None:
+            sk = _skewed(u, vv)
+        else:
+            sk = np.asarray(skew[sl], _F64).reshape(-1, Dv)
+        delta = np.einsum("rd,rd->r", doc, sk)
+        dz = u * ((doc @ vv.T) - delta[:, None])
+        dv[b, hk, :key_end] += p.T @ doc
+        if ds is not None:
+            ds[sl] = np.einsum("rj,rj->r", dz, blk.a).reshape(group, i1 - i0)
+            da = dz * blk.s[:, None]
+        else:
+            da = dz
+        dq[sl] = (spec.scale * (da @ kk)).reshape(group, i1 - i0, D)
+        dk[b, hk, :key_end] += spec.scale * (da.T @ qc)
     return AttentionGrads(
         dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
         dv.astype(v.dtype, copy=False), ds,
