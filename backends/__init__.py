@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ._base import AttentionForward, AttentionGrads, AttentionSpec, Backend, RowSolve
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, Backend, RowSolve, is_cupy
 
 __all__ = [
     "AttentionForward",
@@ -147,10 +147,6 @@ def use_backend(name: str) -> Iterator[Backend]:
         _current.reset(token)
 
 
-def _is_cupy(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
-
-
 def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
     """The backend a public call with these arrays runs on (see the module docstring)."""
     if backend is not None and not isinstance(backend, str):
@@ -158,7 +154,7 @@ def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
     else:
         name = backend or _current.get() or os.environ.get("ENTMAX_REF_BACKEND") or "auto"
         if name == "auto":
-            if any(_is_cupy(a) for a in arrays):
+            if any(is_cupy(a) for a in arrays):
                 name = "cupy"
             else:
                 name = next(n for n in _AUTO_CPU if unavailable_reason(n) is None)

@@ -103,13 +103,16 @@ class Backend(Protocol):
         """Chunked attention backward from the forward's theta and skewed output."""
 
 
+def is_cupy(x: Any) -> bool:
+    """True for a CuPy array (decided from its type's module, so cupy is never imported)."""
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
 def xp_of(x: Any):
     """The array namespace of ``x``: cupy for CuPy arrays, numpy otherwise (never imports)."""
     import sys
 
-    if type(x).__module__.split(".")[0] == "cupy":
-        return sys.modules["cupy"]
-    return np
+    return sys.modules["cupy"] if is_cupy(x) else np
 
 
 def theta_to_tau(theta: Any, alpha: Any) -> Any:

@@ -16,9 +16,10 @@ from .backends._base import xp_of
 _LOW_PRECISION = ("float16", "bfloat16")
 
 
-def as_array(x: Any, name: str) -> Any:
-    """``x`` as an array of its own namespace (lists become NumPy arrays)."""
-    return x if hasattr(x, "__array_namespace__") or type(x).__module__.startswith("cupy") else np.asarray(x)
+def as_array(x: Any) -> Any:
+    """``x`` as a CuPy array if it is one, else as a NumPy array (lists, scalars and other
+    ``__array__`` objects are converted; NumPy arrays are not copied)."""
+    return xp_of(x).asarray(x)
 
 
 def compute_dtype(arr: Any, name: str) -> tuple[np.dtype, np.dtype]:
@@ -91,7 +92,7 @@ class Rows:
 def to_rows(x: Any, axis: int, name: str, *, finite: bool = True, allow_neg_inf: bool = True,
             dtype: np.dtype | None = None) -> Rows:
     """Validate ``x`` and lay it out as (rows, n) along ``axis``."""
-    arr = as_array(x, name)
+    arr = as_array(x)
     cdt, odt = compute_dtype(arr, name)
     if dtype is not None:
         cdt = dtype

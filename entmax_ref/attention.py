@@ -71,7 +71,7 @@ class _Problem:
 
 
 def _tensor(x: Any, name: str, ndim: int):
-    arr = V.as_array(x, name)
+    arr = V.as_array(x)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(arr.shape)}")
     cdt, odt = V.compute_dtype(arr, name)
@@ -329,7 +329,7 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
         theta, skew = fwd.theta, fwd.skew
     else:
-        t = V.as_array(tau, "tau")
+        t = V.as_array(tau)
         if tuple(t.shape) != (B, Hq, Nq):
             raise ValueError(f"tau must have shape {(B, Hq, Nq)}, got {tuple(t.shape)}")
         V.check_finite(t, "tau", allow_neg_inf=True)

@@ -24,7 +24,7 @@ def _tsallis_omega(p, alpha, xp):
 
 def _target_rows(target, rows: V.Rows, xp):
     """The target as a float64 (rows, n) probability array."""
-    t = V.as_array(target, "target")
+    t = V.as_array(target)
     rows_n, n = rows.data.shape
     if t.dtype.kind in "iu" and tuple(t.shape) == rows.batch_shape:
         idx = t.reshape(-1)
