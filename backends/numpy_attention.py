@@ -67,18 +67,27 @@ def _chunks(spec: AttentionSpec, k: np.ndarray, v: np.ndarray, group: int, Nq: i
     (float64) stop at the last key any of its rows may attend.  Chunks with nothing
     visible are skipped (their rows keep zero output and theta = -inf)."""
     B, Hkv, Nk = k.shape[0], k.shape[1], k.shape[2]
-    offset = Nk - Nq
     for b in range(B):
-        length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
-        chunk = choose_chunk(spec, group, length, Nq)
+        bounds = chunk_bounds(spec, b, Nq, Nk, group)
         for hk in range(Hkv):
             kk_all = np.asarray(k[b, hk], _F64)
             vv_all = np.asarray(v[b, hk], _F64)
-            for i0 in range(0, Nq, chunk):
-                i1 = min(Nq, i0 + chunk)
-                key_end = _key_end(i1, offset, length, spec.causal)
-                if key_end:
-                    yield b, hk * group, i0, i1, kk_all[:key_end], vv_all[:key_end]
+            for i0, i1, key_end in bounds:
+                yield b, hk * group, i0, i1, kk_all[:key_end], vv_all[:key_end]
+
+
+def chunk_bounds(spec: AttentionSpec, b: int, Nq: int, Nk: int, group: int) -> list:
+    """(i0, i1, key_end) of every query chunk of batch b that sees a key: rows i0..i1 of
+    each query head attend at most keys 0..key_end (causal structure and padding)."""
+    length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
+    chunk = choose_chunk(spec, group, length, Nq)
+    bounds = []
+    for i0 in range(0, Nq, chunk):
+        i1 = min(Nq, i0 + chunk)
+        key_end = _key_end(i1, Nk - Nq, length, spec.causal)
+        if key_end:
+            bounds.append((i0, i1, key_end))
+    return bounds
 
 
 def _weights(p: np.ndarray, alpha: float) -> np.ndarray:

@@ -521,20 +521,11 @@ def _run_parallel(items, work, workers):
         raise failed[0]
 
 
-def _head_items(spec, b, Nq, Nk, group, offset):
+def _head_items(spec, b, Nq, Nk, group):
     """The driver's chunks (i0, i1, key_end) of batch b, largest first."""
-    from ..numpy_attention import _key_end, choose_chunk
+    from ..numpy_attention import chunk_bounds
 
-    length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
-    chunk = choose_chunk(spec, group, length, Nq)
-    items = []
-    for i0 in range(0, Nq, chunk):
-        i1 = min(Nq, i0 + chunk)
-        key_end = _key_end(i1, offset, length, spec.causal)
-        if key_end > 0:
-            items.append((i0, i1, key_end))
-    items.sort(key=lambda t: -(t[1] - t[0]) * t[2])
-    return items
+    return sorted(chunk_bounds(spec, b, Nq, Nk, group), key=lambda t: -(t[1] - t[0]) * t[2])
 
 
 def _group_slopes(spec, h0, group):
@@ -665,7 +656,7 @@ def attention_forward(backend, q, k, v, spec):
             items = []
             for b, hk in batch:
                 heads[b, hk] = head(b, hk)
-                items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group, offset)]
+                items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
             items.sort(key=lambda t: -(t[3] - t[2]) * t[4])
             _run_parallel(items, work, workers)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
@@ -699,7 +690,7 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
     state = {"filter": FILTER_FRACTION > 0}
     with _single_threaded_blas():
         for b in range(B):
-            items = _head_items(spec, b, Nq, Nk, group, offset)
+            items = _head_items(spec, b, Nq, Nk, group)
             for hk in range(Hkv):
                 h0 = hk * group
                 kk_all = np.ascontiguousarray(k[b, hk], f64)
