@@ -31,6 +31,7 @@ import numpy as np
 
 from . import _cuda_loader as L
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
+from .numpy_attention import visible_keys_end
 
 _METHODS = {None: 0, "newton": 0, "bisect": 1}
 _ROWS = "entmax_rows.cu"
@@ -192,10 +193,6 @@ class CupyBackend:
         max_len = Nk if lengths is None else int(min(Nk, max(int(lengths.max(initial=0)), 0)))
         return (B, Hq, Nq, D, Hkv, Nk, Dv, group), cdt, (qc, kc, vc), params, chunk, max_len
 
-    @staticmethod
-    def _key_end(i1: int, offset: int, max_len: int, causal: bool) -> int:
-        return max(0, min(max_len, i1 + offset) if causal else max_len)
-
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
@@ -209,7 +206,7 @@ class CupyBackend:
         for i0 in range(0, Nq, chunk):
             i1 = min(Nq, i0 + chunk)
             cc = i1 - i0
-            kend = self._key_end(i1, offset, max_len, spec.causal)
+            kend = visible_keys_end(i1, offset, max_len, spec.causal)
             if kend == 0:
                 continue
             qch = cupy.ascontiguousarray(q5[:, :, :, i0:i1]).reshape(B, Hkv, G * cc, D)
@@ -260,7 +257,7 @@ class CupyBackend:
         for i0 in range(0, Nq, chunk):
             i1 = min(Nq, i0 + chunk)
             cc = i1 - i0
-            kend = self._key_end(i1, offset, max_len, spec.causal)
+            kend = visible_keys_end(i1, offset, max_len, spec.causal)
             if kend == 0:
                 continue
             rows = B * Hq * cc

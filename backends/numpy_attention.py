@@ -55,7 +55,7 @@ def choose_chunk(spec: AttentionSpec, group: int, n_keys: int, n_queries: int) -
     return int(max(1, min(max(n_queries, 1), BLOCK_BYTES // per_row)))
 
 
-def _key_end(i1: int, offset: int, length: int, causal: bool) -> int:
+def visible_keys_end(i1: int, offset: int, length: int, causal: bool) -> int:
     """Keys ``[0, end)`` that some row of the chunk ending (exclusively) at ``i1`` sees."""
     end = min(length, i1 + offset) if causal else length
     return max(0, end)
@@ -84,7 +84,7 @@ def chunk_bounds(spec: AttentionSpec, b: int, Nq: int, Nk: int, group: int) -> l
     bounds = []
     for i0 in range(0, Nq, chunk):
         i1 = min(Nq, i0 + chunk)
-        key_end = _key_end(i1, Nk - Nq, length, spec.causal)
+        key_end = visible_keys_end(i1, Nk - Nq, length, spec.causal)
         if key_end:
             bounds.append((i0, i1, key_end))
     return bounds
