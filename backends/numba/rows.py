@@ -417,6 +417,20 @@ def _condat(c, k, v, vt):
     return ((s + comp) - 1.0) / nv + 1.0, nv
 
 
+@njit(inline="always", cache=CACHE)
+def _seed(seed):
+    """The pivot generator's state for a row (a deterministic function of the seed)."""
+    return np.int64(seed) * np.int64(2654435761) + np.int64(1013904223)
+
+
+@njit(inline="always", cache=CACHE)
+def _random_entry(state, c, lo, hi):
+    """Advance the 64-bit LCG and return (state, a pseudo-random entry of c[lo:hi])."""
+    state = state * np.int64(6364136223846793005) + np.int64(1442695040888963407)
+    r = (state >> 33) & 0x3FFFFFFF
+    return state, c[lo + r % (hi - lo)]
+
+
 @njit(cache=CACHE)
 def _pivot15(c, k, seed):
     """Expected-O(k) 1.5-entmax threshold on ``c[:k]`` by randomised pivoting (permutes
@@ -428,11 +442,9 @@ def _pivot15(c, k, seed):
     kk = 0
     mean = 0.0
     m2 = 0.0
-    state = np.int64(seed) * np.int64(2654435761) + np.int64(1013904223)
+    state = _seed(seed)
     while hi > lo:
-        state = state * np.int64(6364136223846793005) + np.int64(1442695040888963407)
-        r = (state >> 33) & 0x3FFFFFFF
-        v = c[lo + r % (hi - lo)]
+        state, v = _random_entry(state, c, lo, hi)
         lt = lo
         i = lo
         gt = hi
@@ -572,11 +584,9 @@ def _pivot_big(c, k, a1, tmin, seed):
     cv = 0.0
     bv = tmin
     steps = 0
-    state = np.int64(seed) * np.int64(2654435761) + np.int64(1013904223)
+    state = _seed(seed)
     while hi > lo:
-        state = state * np.int64(6364136223846793005) + np.int64(1442695040888963407)
-        r = (state >> 33) & 0x3FFFFFFF
-        v = c[lo + r % (hi - lo)]
+        state, v = _random_entry(state, c, lo, hi)
         lt = lo
         i = lo
         gt = hi
