@@ -6,6 +6,20 @@ and sparse attention, with interchangeable NumPy / Numba / CuPy backends.
 [0.0, 0.25, 0.75]
 """
 
+import os as _os
+
+# In a source checkout the engines live in the top-level ``backends/`` folder, which an
+# install maps to ``entmax_ref.backends``.  When this package is imported from the clone
+# itself (its root on sys.path, any install or none), let ``entmax_ref.backends`` resolve
+# to that folder, so the source tree never shadows a working install with a broken one.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_root = _os.path.dirname(_here)
+if not _os.path.isdir(_os.path.join(_here, "backends")) and _os.path.isfile(
+    _os.path.join(_root, "backends", "_base.py")
+):
+    __path__.append(_root)  # noqa: F821 (the package's own __path__)
+del _here, _root
+
 from .asentmax import (
     ASEntmaxInfo,
     asentmax,
