@@ -18,8 +18,9 @@ import importlib.util
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
+from . import capabilities as _capabilities
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, Backend, RowSolve, is_cupy
 
 __all__ = [
@@ -81,10 +82,24 @@ _lock = threading.Lock()
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("entmax_ref_backend", default=None)
 
 
-def register_backend(name: str, factory: Callable[[], Backend], *, probe: Callable[[], str | None] | None = None) -> None:
-    """Register a third-party backend under ``name`` (``factory()`` builds it lazily)."""
+def register_backend(
+    name: str,
+    factory: Callable[[], Backend],
+    *,
+    probe: Callable[[], str | None] | None = None,
+    capabilities: Mapping[str, tuple] | None = None,
+) -> None:
+    """Register a third-party backend under ``name`` (``factory()`` builds it lazily).
+
+    ``capabilities`` (``{operation: methods}``, e.g. ``{"entmax_forward": (None, "bisect")}``)
+    enters the backend into :mod:`entmax_ref.backends.capabilities`, whose dispatch errors
+    then apply to it; without it the backend checks ``method=`` itself.
+    """
     _REGISTRY[name] = _Spec(factory, probe or (lambda: None), "registered at run time")
     _instances.pop(name, None)
+    _capabilities.remove_backend(name)
+    if capabilities is not None:
+        _capabilities.add_backend(name, capabilities)
 
 
 def _implemented(name: str) -> bool:

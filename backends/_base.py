@@ -24,12 +24,6 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-#: Solver methods a backend may implement for the row transform.  ``None`` means "the
-#: backend's exact default": a closed form / sort for alpha in {1, 1.5, 2}, a
-#: full-precision root finder otherwise.
-METHODS = (None, "sort", "bisect", "newton")
-
-
 class RowSolve(NamedTuple):
     """What a row transform returns.  All per-row fields have shape ``(rows,)``."""
 

@@ -40,6 +40,7 @@ import numba
 import numpy as np
 
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
+from .capabilities import require
 from .numba import grads as _grads
 from .numba import rows as _rows
 
@@ -68,11 +69,7 @@ class NumbaBackend:
         return isinstance(x, np.ndarray)
 
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
-        if method not in _METHODS:
-            raise NotImplementedError(
-                f"method {method!r} is not implemented on the numba backend; use None (exact: "
-                "Condat / pivot / safeguarded Newton), 'newton' or 'bisect'"
-            )
+        require(self.name, "entmax_forward", method)
         x = _as_rows(x)
         rows, n = x.shape
         alpha = _as_alpha(alpha, rows)

@@ -47,11 +47,15 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     axis : int
         The axis that sums to 1.
     method : {None, "sort", "bisect", "newton"}
-        The algorithm.  None: the backend's exact default (closed form / sort for alpha
-        in {1, 1.5, 2}; a full-precision root finder otherwise).  "sort" exists for
-        alpha in {1, 1.5, 2}.  "bisect" halves the threshold bracket
-        [max x - 1/(alpha-1) ..] to the last bit.  A backend without a method raises
-        NotImplementedError.
+        The algorithm; one name means one algorithm on every backend.  None: the
+        backend's exact default (closed form / sort for alpha in {1, 1.5, 2}; a
+        full-precision root finder otherwise).  "sort": the sort-based threshold, for
+        alpha in {1, 1.5, 2} (numpy).  "bisect" halves the threshold bracket
+        [max x - 1/(alpha-1) ..] to the last bit (every backend).  "newton": safeguarded
+        Newton for every alpha (numba).  Which backend has which method is the table in
+        :mod:`entmax_ref.backends.capabilities`: an unknown name is a ValueError listing
+        the backend's methods, a method the backend lacks a NotImplementedError naming
+        the backends that have it.
     backend : str or None
         "numpy", "numba", "cupy", "auto" or None (see :func:`entmax_ref.use_backend`).
     return_info : bool
@@ -68,9 +72,12 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     Raises
     ------
     ValueError
-        NaN/+inf in x, alpha NaN/inf/< 1 or not broadcastable, axis out of range.
+        NaN/+inf in x, alpha NaN/inf/< 1 or not broadcastable, axis out of range, an
+        unknown ``method``.
     TypeError
         Complex, bool, object or string input.
+    NotImplementedError
+        ``method`` exists, but not on this backend (or "sort" with another alpha).
 
     Notes
     -----

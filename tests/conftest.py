@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from entmax_ref.backends import unavailable_reason
+from entmax_ref.backends import capabilities, unavailable_reason
 
 settings.register_profile("dev", max_examples=40, deadline=None)
 settings.register_profile("ci", max_examples=150, deadline=None, print_blob=True,
@@ -59,14 +59,32 @@ class BackendName(str):
         return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
-def backend(request) -> BackendName:
-    """A backend name that can run here (skip, or fail when required, otherwise)."""
-    name = request.param
+def usable_backend(name: str, config) -> BackendName:
+    """``name`` as a BackendName if it can run here; skip (or fail when required) otherwise."""
     reason = unavailable_reason(name)
     if reason is not None:
-        required = {s.strip() for s in request.config.getoption("--require-backends").split(",") if s.strip()}
+        required = {s.strip() for s in config.getoption("--require-backends").split(",") if s.strip()}
         if name in required:
             pytest.fail(f"required backend {name!r} is unavailable: {reason}")
         pytest.skip(f"{name}: {reason}")
     return BackendName(name)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request) -> BackendName:
+    """A backend name that can run here (skip, or fail when required, otherwise)."""
+    return usable_backend(request.param, request.config)
+
+
+_MARKS = {p.values[0]: p.marks for p in BACKENDS}
+#: every (backend, method) pair of the capability table's row transform
+METHOD_PAIRS = [
+    pytest.param((b, m), id=f"{b}-{m}", marks=_MARKS.get(b, ())) for b, m in capabilities.pairs("entmax_forward")
+]
+
+
+@pytest.fixture(scope="session", params=METHOD_PAIRS)
+def backend_method(request) -> tuple[BackendName, str | None]:
+    """A ``(backend, method)`` pair from the capability table that can run here."""
+    name, method = request.param
+    return usable_backend(name, request.config), method

@@ -98,9 +98,10 @@ def test_forward_per_row_alpha_and_float16(gpu, ref):
     np.testing.assert_array_equal(got.support.get(), want.support)
 
 
-def test_sort_is_not_a_gpu_method(gpu):
-    with pytest.raises(NotImplementedError, match="sort"):
-        gpu.entmax_forward(cupy.zeros((1, 3)), cupy.ones(1), "sort")
+def test_sort_and_newton_are_not_gpu_methods(gpu):
+    for method in ("sort", "newton"):
+        with pytest.raises(NotImplementedError, match=f"'{method}' exists on: "):
+            gpu.entmax_forward(cupy.zeros((1, 3)), cupy.ones(1), method)
 
 
 @pytest.mark.parametrize("alpha", ALPHAS)
