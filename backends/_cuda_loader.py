@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from . import constants
+
 #: Template kernels of each source file in cuda/.
 KERNELS: dict[str, tuple[str, ...]] = {
     "entmax_rows.cu": (
@@ -39,10 +41,11 @@ KERNELS: dict[str, tuple[str, ...]] = {
 #: Scalar types every template is instantiated for.
 SCALARS = ("float", "double")
 #: Most threads per block the adaptor launches (the kernels' __launch_bounds__).
-MAX_BLOCK = 512
+MAX_BLOCK = constants.MAX_BLOCK
 #: Compiler options shared by NVRTC (the loader) and nvcc (the compile test).  No fused
-#: multiply-add contraction, so the device computes what the g++ harness computes.
-OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=false", f"-DER_MAX_BLOCK={MAX_BLOCK}")
+#: multiply-add contraction, so the device computes what the g++ harness computes; the
+#: numeric constants of :mod:`entmax_ref.backends.constants` as ``-D`` defines.
+OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=false", *constants.cuda_defines())
 
 _memo: dict[tuple[int, str, tuple[str, ...]], Any] = {}
 _lock = threading.Lock()

@@ -18,8 +18,9 @@ g++ harness (``cuda/harness.cpp``, ``tests/test_cuda_core.py``) runs on the CPU:
   the row solves and the backward's elementwise work; theta and the skewed output are
   kept per row, memory is O(chunk x Nk).
 
-Methods: ``None`` and ``"newton"`` (the default solvers above) and ``"bisect"``;
-``"sort"`` is not implemented on the GPU (NotImplementedError).
+Methods (see :mod:`entmax_ref.backends.capabilities`): ``None`` (the default solvers
+above) and ``"bisect"``; ``"sort"`` and ``"newton"`` (Newton for every alpha) are CPU-only
+(NotImplementedError naming where they exist).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import numpy as np
 
 from . import _cuda_loader as L
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
-from .numpy_attention import visible_keys_end
+from .capabilities import require
+from .constants import CUDA_MAX_PASSES
+from .geometry import key_offset, visible_keys_end
 
-_METHODS = {None: 0, "newton": 0, "bisect": 1}
+_METHODS = {None: 0, "bisect": 1}  # the kernels' method codes (the table says which exist)
 _ROWS = "entmax_rows.cu"
 _ATTN = "entmax_attention.cu"
 _NULL = np.uint64(0)  # a null pointer argument
@@ -53,7 +56,7 @@ class CupyTuning:
     warp_max_n: int = 1024
     warps_per_block: int = 4
     block: int = 256
-    max_iter: int = 4400
+    max_iter: int = CUDA_MAX_PASSES
     attention_bytes: int = 512 * 2**20
 
     @classmethod
@@ -123,11 +126,7 @@ class CupyBackend:
 
     # ------------------------------------------------------------------ rows
     def entmax_forward(self, x, alpha, method: str | None) -> RowSolve:
-        if method not in _METHODS:
-            raise NotImplementedError(
-                f"method {method!r} is not implemented on the cupy backend; use None, 'newton' or 'bisect' "
-                "(there is no sort on the GPU; the default solves alpha in {1, 1.5, 2} exactly)"
-            )
+        require(self.name, "entmax_forward", method)
         rows, n = x.shape
         if n >= 2**31:
             raise ValueError(f"rows longer than 2**31 - 1 entries are not supported (n = {n})")
@@ -196,7 +195,7 @@ class CupyBackend:
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
-        offset = Nk - Nq
+        offset = key_offset(Nq, Nk)
         out = cupy.zeros((B, Hq, Nq, Dv), cdt)
         skew = cupy.zeros((B, Hq, Nq, Dv), np.float64)
         theta = cupy.full((B, Hq, Nq), -np.inf, np.float64)
@@ -243,7 +242,7 @@ class CupyBackend:
     def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
-        offset = Nk - Nq
+        offset = key_offset(Nq, Nk)
         doc = cupy.ascontiguousarray(do, dtype=cdt)
         th = _device(theta, np.float64)
         skew_all = None if skew is None else _device(skew, np.float64)

@@ -12,7 +12,8 @@ Per block, in float64 whatever the input dtype:
 
 * ``a_ij = scale * (q_i . k_j)`` for the visible keys ``j < key_end`` of the chunk
   (causal: ``key_end = min(i_last + Nk - Nq + 1, key_length)``, so a query chunk only
-  touches the keys it can see; otherwise ``key_end = key_length``);
+  touches the keys it can see; otherwise ``key_end = key_length``; the geometry is
+  :mod:`entmax_ref.backends.geometry`);
 * ``z_ij = s_i * a_ij + bias_ij`` (ALiBi ``-slope_h * |i + Nk - Nq - j|``), ``-inf`` where
   ``j > i + Nk - Nq`` under the causal mask;
 * forward: ``p, theta = backend.entmax_forward(z)``, ``o_i = sum_j p_ij v_j`` and the
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import geometry
 from ._base import AttentionForward, AttentionGrads, AttentionSpec
 from .numpy_backend import e_alpha, skew_weights
 
@@ -53,12 +55,6 @@ def choose_chunk(spec: AttentionSpec, group: int, n_keys: int, n_queries: int) -
         return max(1, int(spec.chunk))
     per_row = 8 * group * max(n_keys, 1)
     return int(max(1, min(max(n_queries, 1), BLOCK_BYTES // per_row)))
-
-
-def visible_keys_end(i1: int, offset: int, length: int, causal: bool) -> int:
-    """Keys ``[0, end)`` that some row of the chunk ending (exclusively) at ``i1`` sees."""
-    end = min(length, i1 + offset) if causal else length
-    return max(0, end)
 
 
 def _chunks(spec: AttentionSpec, k: np.ndarray, v: np.ndarray, group: int, Nq: int):
@@ -80,14 +76,7 @@ def chunk_bounds(spec: AttentionSpec, b: int, Nq: int, Nk: int, group: int) -> l
     """(i0, i1, key_end) of every query chunk of batch b that sees a key: rows i0..i1 of
     each query head attend at most keys 0..key_end (causal structure and padding)."""
     length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
-    chunk = choose_chunk(spec, group, length, Nq)
-    bounds = []
-    for i0 in range(0, Nq, chunk):
-        i1 = min(Nq, i0 + chunk)
-        key_end = visible_keys_end(i1, Nk - Nq, length, spec.causal)
-        if key_end:
-            bounds.append((i0, i1, key_end))
-    return bounds
+    return geometry.chunk_bounds(length, Nq, Nk, choose_chunk(spec, group, length, Nq), spec.causal)
 
 
 def _weights(p: np.ndarray, alpha: float) -> np.ndarray:
@@ -130,7 +119,7 @@ class _Block:
                 "rescale q, k, the scale or the ASEntmax scale"
             )
         if spec.causal:
-            z = np.where(j[None, :] <= i_abs[:, None], z, -np.inf)
+            z = np.where(geometry.sees(i_abs[:, None], j[None, :], True), z, -np.inf)
         return z
 
 
@@ -141,7 +130,7 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     B, Hq, Nq, _ = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
-    offset = Nk - Nq
+    offset = geometry.key_offset(Nq, Nk)
     out = np.zeros((B, Hq, Nq, Dv), _F64)
     skew = np.zeros((B, Hq, Nq, Dv), _F64)
     theta = np.full((B, Hq, Nq), -np.inf)
@@ -169,7 +158,7 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
-    offset = Nk - Nq
+    offset = geometry.key_offset(Nq, Nk)
     dq = np.zeros((B, Hq, Nq, D), _F64)
     dk = np.zeros((B, Hkv, Nk, D), _F64)
     dv = np.zeros((B, Hkv, Nk, Dv), _F64)

@@ -26,10 +26,10 @@ import numpy as np
 from scipy.special import logsumexp
 
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
+from .capabilities import require
+from .constants import EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
 
 _F64 = np.float64
-_MAX_BISECT = 2200  # > 1075 halvings from width log(n) to the smallest subnormal spacing
-_POLISH = 4  # Newton steps after a sort-based threshold (2 are always enough in practice)
 
 
 def e_alpha(y: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -103,7 +103,7 @@ def _h(w: np.ndarray) -> np.ndarray:
     ws = np.where(small, w, 0.0)
     series = np.zeros_like(ws)
     term = np.full_like(ws, 0.5)  # w^k / (k + 2)!
-    for k in range(18):
+    for k in range(SERIES_TERMS):
         series = series + term
         term = term * ws / (k + 3)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -121,7 +121,7 @@ def _softmax(y: np.ndarray):
 def _polish(y: np.ndarray, alpha: float, A: np.ndarray) -> np.ndarray:
     """Newton steps on f(A) = sum e_alpha(y - A) - 1 (f' = -sum p^(2-alpha)) until the
     support is stable and the step no longer changes A."""
-    for _ in range(_POLISH):
+    for _ in range(POLISH_STEPS):
         p = e_alpha(y - A[:, None], alpha)
         f = p.sum(axis=1) - 1.0
         fprime = skew_weights(p, alpha).sum(axis=1)
@@ -173,7 +173,7 @@ def _last_bit(excess, lo: np.ndarray, hi: np.ndarray):
     lo, hi = lo.copy(), hi.copy()
     n_iter = np.zeros(len(lo), np.int64)
     active = hi > lo
-    for _ in range(_MAX_BISECT):
+    for _ in range(MAX_ITER):
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
@@ -262,7 +262,7 @@ def _bisect(y: np.ndarray, alpha: np.ndarray):
         def excess_q(idx, mid):  # increasing in q: the root is above mid when mass < 1
             return 1.0 - _edge_p(Ld[idx], d[idx], mid, a1b[idx]).sum(axis=1)
 
-        qtop = _power(a1b * (c - lo) * (1 + 4 * np.finfo(_F64).eps), alpha[big])
+        qtop = _power(a1b * (c - lo) * (1 + EDGE_ULPS * np.finfo(_F64).eps), alpha[big])
         qlo, qhi, it2, conv2 = _last_bit(excess_q, np.zeros(len(yb)), qtop)
         q, p[big] = _closest(_edge_p(Ld, d, qlo, a1b), _edge_p(Ld, d, qhi, a1b), qlo, qhi)
         with np.errstate(divide="ignore"):
@@ -281,10 +281,7 @@ class NumpyBackend:
         return isinstance(x, np.ndarray)
 
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
-        if method not in (None, "sort", "bisect"):
-            raise NotImplementedError(
-                f"method {method!r} is not implemented on the numpy backend; use None, 'sort' or 'bisect'"
-            )
+        require(self.name, "entmax_forward", method)
         rows, n = x.shape
         x64 = x.astype(_F64)
         theta = np.full(rows, -np.inf)

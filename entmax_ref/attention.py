@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _validate as V
 from .asentmax import _broadcast, _real, asentmax_scale, asentmax_scale_vjp
-from .backends import resolve_backend
+from .backends import geometry, resolve_backend
 from .backends._base import AttentionSpec, tau_to_theta, theta_to_tau
 
 
@@ -99,11 +99,7 @@ def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, ba
     >>> er.keys_visible(3, 5, causal=True, key_lengths=[4]).tolist()
     [[[3, 4, 4]]]
     """
-    lengths = np.full(batch, nk, np.int64) if key_lengths is None else np.asarray(key_lengths, np.int64)
-    n = np.broadcast_to(lengths[:, None, None], (len(lengths), 1, nq))
-    if causal:
-        n = np.minimum(n, np.clip(np.arange(nq) + nk - nq + 1, 0, None)[None, None, :])
-    return np.ascontiguousarray(n, dtype=np.int64)
+    return geometry.keys_visible(nq, nk, causal=causal, key_lengths=key_lengths, batch=batch)
 
 
 def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,

@@ -20,6 +20,7 @@ import pytest
 
 from cuda_cases import ALPHAS, BIG_ALPHAS, EPS64, edge_rows, p_edge_tol, p_tol, rows, theta_tol
 from entmax_ref.backends import _cuda_loader, get_backend
+from entmax_ref.backends.constants import cuda_defines
 from entmax_ref.backends.numpy_backend import skew_weights
 LANES = (1, 32, 256)
 DEFAULT, BISECT = 0, 1
@@ -81,7 +82,7 @@ def harness(tmp_path_factory) -> Harness:
     src = _cuda_loader.cuda_dir()
     out = tmp_path_factory.mktemp("cuda_core") / "harness.so"
     cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
-           f"-I{src}", str(src / "harness.cpp"), "-o", str(out)]
+           *cuda_defines(), f"-I{src}", str(src / "harness.cpp"), "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     return Harness(ctypes.CDLL(str(out)))

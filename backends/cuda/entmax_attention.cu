@@ -7,8 +7,8 @@
 // exactly as backends/numpy_attention.py builds them (er::ScoreRow in entmax_core.cuh).
 #include "entmax_teams.cuh"
 
-#ifndef ER_MAX_BLOCK
-#define ER_MAX_BLOCK 512
+#ifndef ER_MAX_BLOCK  // launch bound, from backends/constants.py (the adaptor never launches more)
+#error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
 #endif
 
 namespace {

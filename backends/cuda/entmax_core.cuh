@@ -17,6 +17,12 @@
 // All arithmetic is float64 whatever the storage type T.
 #pragma once
 
+// Numeric constants come from backends/constants.py as -D defines (cuda_defines()), passed
+// by the cupy loader to NVRTC, by the tests to nvcc and to the g++ harness; never typed here.
+#if !defined(ER_SERIES_TERMS) || !defined(ER_EDGE_ULPS)
+#error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
+#endif
+
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define ER_HD __host__ __device__
 #define ER_ON_DEVICE 1
@@ -451,7 +457,7 @@ ER_HD Solve solve_row(const Team& team, const X& x, int n, double alpha, int met
         b2.has_lo = b2.has_hi = false;
         b2.flo = b2.fhi = 0.0;
         b2.lo = 0.0;
-        b2.hi = exp(log((a1 * (c - lo)) * (1.0 + 4.0 * 2.220446049250313e-16)) / a1);
+        b2.hi = exp(log((a1 * (c - lo)) * (1.0 + ER_EDGE_ULPS * 2.220446049250313e-16)) / a1);
         // f(q) = 1 - sum_i p_i(q) (decreasing), d1 = sum_i dp_i/dq.
         auto evq = [&](double q) {
             const double lq = edge_lq(q, a1);
@@ -648,7 +654,7 @@ ER_HD void vjp_row(const Team& team, const P* p, const G* g, int n, double alpha
 ER_HD inline double h_series(double w) {
     if (fabs(w) < 1.0) {
         double series = 0.0, term = 0.5;
-        for (int k = 0; k < 18; ++k) {
+        for (int k = 0; k < ER_SERIES_TERMS; ++k) {
             series += term;
             term = term * w / (k + 3);
         }

@@ -1,7 +1,8 @@
 // harness.cpp -- runs the CUDA kernels' numerical core (entmax_core.cuh) on the CPU.
 //
 // Built by tests/test_cuda_core.py with
-//     g++ -std=c++17 -O2 -shared -fPIC -I backends/cuda backends/cuda/harness.cpp -o harness.so
+//     g++ -std=c++17 -O2 -shared -fPIC $(cuda_defines()) -I backends/cuda backends/cuda/harness.cpp -o harness.so
+// (the -D options of backends/constants.py, the same ones NVRTC gets)
 // and driven through ctypes.  Each entry point loops over rows exactly as the kernels do
 // (one team per row) with a HostTeam whose lane count is chosen at run time: 1 (serial),
 // 32 (the reduction order of a warp-per-row kernel) or 256 (a 256-thread block per row).

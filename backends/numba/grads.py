@@ -27,6 +27,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..constants import SERIES_TERMS
 from . import CACHE
 
 
@@ -48,7 +49,7 @@ def _h(w):
     if abs(w) < 1.0:
         series = 0.0
         term = 0.5
-        for k in range(18):
+        for k in range(SERIES_TERMS):
             series = series + term
             term = term * w / (k + 3)
         return series

@@ -67,6 +67,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..constants import EDGE_ULPS, LB_MARGIN, MAX_ITER, TIE_ULPS
 from . import CACHE
 
 #: method codes of :func:`entmax_rows`
@@ -83,13 +84,9 @@ _K_BIG = 4  # alpha > 2: support-threshold units T = A - 1/a1, p = (a1 (y - T))_
 
 _EPS = np.finfo(np.float64).eps
 #: rounding error of a computed mass (sum of powers, each within ~2 ulps, compensated)
-_TIE = 8.0 * _EPS
+_TIE = TIE_ULPS * _EPS
 #: relative margin that turns a computed lower bound into a certain one
-_LB_MARGIN = 1e-12
-
-#: iteration cap of the root finders (bisection from a width of log(n) down to the
-#: smallest subnormal spacing takes < 1100 halvings)
-MAX_ITER = 2200
+_LB_MARGIN = LB_MARGIN
 
 
 # --------------------------------------------------------------------------- elementwise
@@ -719,7 +716,7 @@ def _bisect_big(c, k, a1, nf):
         if c[i] > lo and c[i] < cv:
             cv = c[i]
     qlo = 0.0
-    qhi = _power(a1 * (cv - lo) * (1.0 + 4.0 * _EPS), a1)
+    qhi = _power(a1 * (cv - lo) * (1.0 + EDGE_ULPS * _EPS), a1)
     it2 = 0
     ok2 = False
     for _ in range(MAX_ITER):

@@ -1,0 +1,54 @@
+"""The numeric constants of the solvers: one source for NumPy, Numba and CUDA.
+
+The NumPy reference and the Numba kernels import these names (Numba reads module globals
+as compile-time constants); the CUDA sources receive them as ``-D`` defines
+(:func:`cuda_defines`), passed by the cupy loader (``_cuda_loader.OPTIONS``) to NVRTC and
+by the tests to nvcc and to the g++ harness of the CUDA core, so no engine types its own
+copy.  Each constant says why it has its value.
+"""
+
+from __future__ import annotations
+
+#: Iteration cap of the root finders (bisection, safeguarded Newton).  Bisection of a
+#: bracket of width log(n) < 64 down to the smallest subnormal spacing (2**-1074) takes
+#: at most 1080 halvings; 2200 leaves room for the two-stage alpha > 2 solve.
+MAX_ITER = 2200
+
+#: Solver passes over a row the CUDA kernels may make (a pass is one Newton/Halley step
+#: or one bisection; the two-stage alpha > 2 solve makes two root finds).
+CUDA_MAX_PASSES = 2 * MAX_ITER
+
+#: Newton steps that polish a sort-based threshold on its support (2 are always enough
+#: in practice; the loop stops as soon as a step no longer changes the threshold).
+POLISH_STEPS = 4
+
+#: Terms of the series of h(w) = (e^w - 1 - w) / w^2 = sum_k w^k / (k + 2)! used for
+#: |w| < 1: the 18th term is below 1/20! < 2**-61, i.e. under half an ulp of h >= 1/e.
+SERIES_TERMS = 18
+
+#: Ulps of relative slack on the upper end of the edge-probability bracket of the
+#: alpha > 2 solve (q(lo) = (a1 (c - lo) (1 + EDGE_ULPS eps))^(1/a1)), so that rounding
+#: cannot put the root outside it.
+EDGE_ULPS = 4.0
+
+#: Ulps of float64 epsilon within which a computed mass is a tie with 1 (a sum of powers,
+#: each within ~2 ulps, compensated): the numba kernels treat such a mass as exact.
+TIE_ULPS = 8.0
+
+#: Relative margin that turns a computed lower (upper) threshold bound into a certain one.
+LB_MARGIN = 1e-12
+
+#: Most threads per block the CUDA adaptor launches (the kernels' ``__launch_bounds__``).
+MAX_BLOCK = 512
+
+#: The constants the CUDA sources use, by their macro name.
+_CUDA = {
+    "ER_MAX_BLOCK": MAX_BLOCK,
+    "ER_SERIES_TERMS": SERIES_TERMS,
+    "ER_EDGE_ULPS": EDGE_ULPS,
+}
+
+
+def cuda_defines() -> tuple[str, ...]:
+    """``-DNAME=value`` compiler options for the CUDA sources (NVRTC, nvcc and g++)."""
+    return tuple(f"-D{name}={value!r}" for name, value in _CUDA.items())

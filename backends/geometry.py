@@ -1,0 +1,60 @@
+"""Which keys a query may see: the one definition of the attention geometry.
+
+Causal masking is bottom-right aligned (FlashAttention's convention): with ``Nq`` queries
+and ``Nk`` keys, query ``i`` sits at absolute position ``i + offset``, ``offset = Nk - Nq``,
+and sees keys ``j <= i + offset``.  Padding keeps the first ``key_lengths[b]`` keys of
+batch ``b`` (a prefix).  A query sees keys ``[0, visible_count)``, a prefix, in every case.
+
+The public layer (:func:`entmax_ref.keys_visible`, the ASEntmax ``n``), the NumPy driver
+(masks and chunk bounds), the Numba driver (chunk bounds) and the CuPy adaptor (chunk
+bounds) use these functions; the compiled per-row code (Numba ``_visible``, the CUDA
+kernels) computes the same ``min(length, i + offset + 1)`` and is tested against them.
+Every function works on Python integers and NumPy arrays of positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["chunk_bounds", "key_offset", "keys_visible", "sees", "visible_keys_end"]
+
+
+def key_offset(nq: int, nk: int) -> int:
+    """Absolute position of query 0 (bottom-right alignment): ``nk - nq``."""
+    return nk - nq
+
+
+def visible_keys_end(i1: int, offset: int, length: int, causal: bool) -> int:
+    """Keys ``[0, end)`` that some query ``i < i1`` sees (the last one sees the most)."""
+    end = min(length, i1 + offset) if causal else length
+    return max(0, end)
+
+
+def sees(i_abs, j, causal: bool):
+    """Whether the query at absolute position ``i_abs`` may see key ``j`` under the causal
+    mask (broadcasts; padding is a prefix, applied by cutting the keys at the length)."""
+    return j <= i_abs if causal else np.ones(np.broadcast(i_abs, j).shape, bool)
+
+
+def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1) -> np.ndarray:
+    """Number of keys each query may see, shape ``(batch, 1, nq)`` int64 (``key_lengths``:
+    a NumPy int array of shape ``(batch,)`` or None)."""
+    lengths = np.full(batch, nk, np.int64) if key_lengths is None else np.asarray(key_lengths, np.int64)
+    n = np.broadcast_to(lengths[:, None, None], (len(lengths), 1, nq))
+    if causal:
+        n = np.minimum(n, np.clip(np.arange(nq) + key_offset(nq, nk) + 1, 0, None)[None, None, :])
+    return np.ascontiguousarray(n, dtype=np.int64)
+
+
+def chunk_bounds(length: int, nq: int, nk: int, chunk: int, causal: bool) -> list[tuple[int, int, int]]:
+    """``(i0, i1, key_end)`` of every chunk of ``chunk`` queries that sees a key, for one
+    batch entry with ``length`` valid keys: queries ``i0 .. i1 - 1`` see at most keys
+    ``0 .. key_end - 1``.  Chunks that see nothing are left out."""
+    offset = key_offset(nq, nk)
+    bounds = []
+    for i0 in range(0, nq, chunk):
+        i1 = min(nq, i0 + chunk)
+        key_end = visible_keys_end(i1, offset, length, causal)
+        if key_end:
+            bounds.append((i0, i1, key_end))
+    return bounds
