@@ -14,10 +14,16 @@ OPTIONAL = {"cupy", "torch", "jax", "matplotlib", "mkdocs"}
 
 
 def _modules():
-    names = []
-    for info in pkgutil.walk_packages(entmax_ref.__path__, "entmax_ref."):
-        names.append(info.name)
-    return sorted(set(names) | {"entmax_ref"})
+    """The package's modules.  In a clone, entmax_ref.__path__ also holds the clone's root
+    (so that ``backends/`` resolves as entmax_ref.backends): walk the package's own folder
+    and the backends package, not the whole root (which would recurse into entmax_ref/)."""
+    import entmax_ref.backends as backends
+
+    own = [p for p in entmax_ref.__path__ if pkgutil.os.path.basename(p.rstrip("/")) == "entmax_ref"]
+    names = ["entmax_ref", "entmax_ref.backends"]
+    for path, prefix in ((own, "entmax_ref."), (backends.__path__, "entmax_ref.backends.")):
+        names += [info.name for info in pkgutil.walk_packages(path, prefix)]
+    return sorted(set(names))
 
 
 @pytest.mark.parametrize("name", _modules())

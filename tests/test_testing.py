@@ -292,3 +292,36 @@ def test_attention_problems_strategy_is_valid_for_the_reference(problem):
 @given(alpha_columns(3))
 def test_alpha_columns_strategy(a):
     assert a.shape == (3,) and np.all(a >= 1.0)
+
+
+def test_alpha_is_passed_as_told_never_guessed_from_positions():
+    seen = []
+
+    def with_dim(x, dim=-1):  # no alpha parameter: fn(x) computes sparsemax itself
+        seen.append(dim)
+        return er.sparsemax(x, axis=dim, backend="numpy")
+
+    assert check_entmax(with_dim, 2.0, dtypes=("float64",), **QUICK).ok
+    assert set(seen) == {-1}, "alpha was passed into dim"
+
+    def positional(x, a):
+        return er.entmax(x, a, backend="numpy")
+
+    assert check_entmax(positional, 1.25, alpha_arg=1, dtypes=("float64",), **QUICK).ok
+    rep = check_entmax(positional, 1.25, dtypes=("float64",), **QUICK)  # default: keyword 'alpha'
+    assert not rep.ok and "pass alpha_arg=1" in rep.rows[0].notes[0], rep.rows[0].notes
+
+    def named(x, power):
+        return er.entmax(x, power, backend="numpy")
+
+    assert check_entmax(named, 1.25, alpha_arg="power", dtypes=("float64",), **QUICK).ok
+    rep = check_entmax(named, 1.25, alpha_arg="alfa", dtypes=("float64",), **QUICK)
+    assert not rep.ok and "is not a parameter of" in rep.rows[0].notes[0], rep.rows[0].notes
+    rep = check_entmax(with_dim, 2.0, alpha_arg=None, dtypes=("float64",), **QUICK)
+    assert rep.ok
+    vjp = check_entmax_vjp(lambda p, g, a: er.entmax_vjp(p, g, a, backend="numpy"), 1.5, inputs="p",
+                           alpha_arg=2, dtypes=("float64",), **QUICK)
+    assert vjp.ok
+    rep = check_attention(lambda q, k, v, **kw: er.attention(q, k, v, backend="numpy", **kw), 1.5, alpha_arg=1,
+                          dtypes=("float64",), size="quick")
+    assert not rep.ok and "alpha by keyword" in rep.rows[0].notes[0]

@@ -153,24 +153,59 @@ def _positional_capacity(fn) -> tuple[int, int, bool, set]:
     return req, mx, var_kw, names
 
 
-def _caller(fn: Callable, data_args: int, op: str, form: str) -> Callable:
-    """How to pass alpha to ``fn``: by keyword if it has an ``alpha`` parameter, else as
-    the next positional argument if it takes one, else not at all.  Raises _CallError
-    with a clear message when ``fn`` cannot take the data arguments."""
+#: how the batteries pass alpha unless told otherwise: by keyword ``alpha``, if fn has it
+ALPHA_KEYWORD = "alpha"
+
+
+def _caller(fn: Callable, data_args: int, op: str, form: str, alpha_arg: str | int | None = ALPHA_KEYWORD) -> Callable:
+    """``call(*data, alpha=a)`` that calls ``fn`` with alpha placed as ``alpha_arg`` says.
+
+    ``alpha_arg`` is explicit, never guessed from the signature's positions:
+
+    * a string: the keyword alpha is passed by.  The default, ``"alpha"``, passes it only
+      when ``fn`` has a parameter called ``alpha`` (or ``**kwargs``), so that ``fn(x)``
+      computing a fixed alpha (``sparsemax``) needs nothing; any other name must be a
+      parameter of ``fn``;
+    * an int: alpha is the positional argument right after the data, whose 0-based
+      number this is (1 for ``fn(x, alpha)``, 2 for ``fn(p, grad, alpha)``);
+    * None: alpha is never passed.
+
+    Raises _CallError with a clear message when ``fn`` cannot be called that way."""
     if not callable(fn):
         raise _CallError(f"{fn!r} is not callable")
+    if not (alpha_arg is None or isinstance(alpha_arg, (str, int)) and not isinstance(alpha_arg, bool)):
+        raise _CallError(f"alpha_arg must be a keyword name, a position or None, got {alpha_arg!r}")
     try:
         req, mx, var_kw, names = _positional_capacity(fn)
-    except (TypeError, ValueError):  # builtins without a signature: trust the documented form
-        return lambda *a, alpha=None, **kw: fn(*a, **kw)
-    if mx < data_args or req > data_args + 1:
-        raise _CallError(f"wrong signature: {op} calls {form}, but the function's signature is "
-                         f"{getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}")
-    if "alpha" in names or var_kw:
-        return lambda *a, alpha=None, **kw: fn(*a, alpha=alpha, **kw)
-    if mx > data_args:
+    except (TypeError, ValueError):  # builtins without a signature: fn(*data), or as alpha_arg says
+        explicit = alpha_arg is not None and alpha_arg != ALPHA_KEYWORD
+        req, mx, var_kw, names = data_args, 10**6, explicit, {alpha_arg} if explicit else set()
+    label = f"{getattr(fn, '__name__', 'fn')}{_signature(fn)}"
+    if isinstance(alpha_arg, int):
+        if alpha_arg != data_args:
+            raise _CallError(f"alpha_arg={alpha_arg} must be {data_args}: {op} passes alpha positionally only "
+                             f"right after the {data_args} data argument(s)")
+        if mx <= data_args or req > data_args + 1:
+            raise _CallError(f"wrong signature: {op} calls {form} with alpha as positional argument "
+                             f"{alpha_arg} (alpha_arg), which {label} cannot take")
         return lambda *a, alpha=None, **kw: fn(*a, alpha, **kw)
-    return lambda *a, alpha=None, **kw: fn(*a, **kw)
+    if alpha_arg not in (None, ALPHA_KEYWORD) and alpha_arg not in names and not var_kw:
+        raise _CallError(f"alpha_arg={alpha_arg!r} is not a parameter of {label}")
+    by_name = alpha_arg is not None and alpha_arg in names  # fills one of fn's parameters
+    if mx < data_args or req > data_args + by_name:
+        hint = (f"; alpha is passed by keyword {alpha_arg!r} (alpha_arg): pass alpha_arg={data_args} to give it as "
+                "the next positional argument" if req == data_args + 1 else "")
+        raise _CallError(f"wrong signature: {op} calls {form}, but the function's signature is {label}{hint}")
+    if alpha_arg is None or (alpha_arg == ALPHA_KEYWORD and alpha_arg not in names and not var_kw):
+        return lambda *a, alpha=None, **kw: fn(*a, **kw)
+    return lambda *a, alpha=None, **kw: fn(*a, **{alpha_arg: alpha}, **kw)
+
+
+def _signature(fn) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
 
 
 def _run(row: CheckRow, call, *args, **kw):
@@ -206,14 +241,17 @@ def _dtype_ok(row: CheckRow, res, dt) -> None:
 # ----------------------------------------------------------------------------- entmax
 
 
-def check_entmax(fn: Callable, alpha: float = 1.5, *, name: str | None = None, dtypes=("float64", "float32"),
+def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD, name: str | None = None, dtypes=("float64", "float32"),
                  framework: str = "numpy", device: Any = None, size: str = "default", seed: int = 0,
                  masked_rows: bool = True, peer: bool = False) -> CheckReport:
     """Run the alpha-entmax battery on ``fn``.
 
-    ``fn(x)`` or ``fn(x, alpha)`` (or ``fn(x, alpha=...)``) must return alpha-entmax of
-    the (rows, n) array ``x`` along its last axis, in x's dtype; ``x`` is a ``framework``
-    array ('numpy', 'torch', 'jax', 'cupy') on ``device``.
+    ``fn(x)`` or ``fn(x, alpha=...)`` must return alpha-entmax of the (rows, n) array ``x``
+    along its last axis, in x's dtype; ``x`` is a ``framework`` array ('numpy', 'torch',
+    'jax', 'cupy') on ``device``.  ``alpha_arg`` says how alpha is passed: by keyword
+    ``alpha`` when fn has that parameter (the default), by another keyword name, as
+    positional argument number ``alpha_arg`` (an int: 1 for ``fn(x, a)``), or not at all
+    (None); it is never guessed from positions, so ``fn(x, dim=-1)`` keeps its ``dim``.
 
     Compared with the reference on every corpus case (random, ties, masks, all-masked
     rows unless ``masked_rows=False``, extreme magnitudes, tiny and long rows) under
@@ -229,7 +267,7 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, name: str | None = None, d
         report.rows.append(row)
         t0 = time.perf_counter()
         try:
-            call = _caller(fn, 1, "check_entmax", "fn(x) or fn(x, alpha)")
+            call = _caller(fn, 1, "check_entmax", "fn(x) or fn(x, alpha=...)", alpha_arg)
         except _CallError as exc:
             row.fail(str(exc))
             continue
@@ -295,11 +333,12 @@ def _safe_np(row: CheckRow, res) -> np.ndarray | None:
         return None
 
 
-def check_threshold(fn: Callable, alpha: float = 1.5, *, name: str | None = None, dtypes=("float64", "float32"),
+def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD, name: str | None = None, dtypes=("float64", "float32"),
                     framework: str = "numpy", device: Any = None, size: str = "default", seed: int = 0,
                     masked_rows: bool = True, peer: bool = False) -> CheckReport:
-    """Run the threshold battery: ``fn(x)`` / ``fn(x, alpha)`` returns tau per row, shape
+    """Run the threshold battery: ``fn(x)`` / ``fn(x, alpha=...)`` returns tau per row, shape
     (rows,), in the units p = [(alpha-1) x - tau]_+ ** (1/(alpha-1)) (logsumexp at 1).
+    ``alpha_arg`` as in :func:`check_entmax`.
 
     Compared under :func:`entmax_ref.testing.tolerance.threshold_tolerance`; property:
     the threshold form at the returned tau sums to 1 within the probability budgets
@@ -313,7 +352,7 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, name: str | None = None
         report.rows.append(row)
         t0 = time.perf_counter()
         try:
-            call = _caller(fn, 1, "check_threshold", "fn(x) or fn(x, alpha)")
+            call = _caller(fn, 1, "check_threshold", "fn(x) or fn(x, alpha=...)", alpha_arg)
         except _CallError as exc:
             row.fail(str(exc))
             continue
@@ -350,16 +389,17 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, name: str | None = None
 # ----------------------------------------------------------------------------- VJP
 
 
-def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, inputs: str = "x", name: str | None = None,
+def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD, inputs: str = "x", name: str | None = None,
                      dtypes=("float64", "float32"), framework: str = "numpy", device: Any = None,
                      size: str = "default", seed: int = 0, masked_rows: bool = True,
                      peer: bool = False) -> CheckReport:
     """Run the VJP battery on ``fn``.
 
-    ``inputs="x"``: ``fn(x, grad)`` / ``fn(x, grad, alpha)`` returns the gradient of
+    ``inputs="x"``: ``fn(x, grad)`` / ``fn(x, grad, alpha=...)`` returns the gradient of
     ``sum(grad * entmax(x, alpha))`` w.r.t. x (what autograd gives).  ``inputs="p"``:
-    ``fn(p, grad, alpha)`` takes the forward's output instead (like
-    :func:`entmax_ref.entmax_vjp`).  Compared under
+    ``fn(p, grad, alpha=...)`` takes the forward's output instead (like
+    :func:`entmax_ref.entmax_vjp`).  ``alpha_arg`` as in :func:`check_entmax` (2 for
+    ``fn(p, grad, a)``).  Compared under
     :func:`entmax_ref.testing.tolerance.vjp_tolerance`; rows whose gradient is ill-posed
     (alpha >= 2 and an entry at the threshold) are counted in the notes, not compared.
     Properties: rows of the VJP sum to 0 (J 1 = 0), the Jacobian built from VJPs is
@@ -377,9 +417,9 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, inputs: str = "x", nam
         row = CheckRow(f"vjp a={a:g}", label, dt.name, peer=peer)
         report.rows.append(row)
         t0 = time.perf_counter()
-        form = "fn(x, grad) or fn(x, grad, alpha)" if inputs == "x" else "fn(p, grad) or fn(p, grad, alpha)"
+        form = "fn(x, grad) or fn(x, grad, alpha=...)" if inputs == "x" else "fn(p, grad) or fn(p, grad, alpha=...)"
         try:
-            call = _caller(fn, 2, "check_entmax_vjp", form)
+            call = _caller(fn, 2, "check_entmax_vjp", form, alpha_arg)
         except _CallError as exc:
             row.fail(str(exc))
             continue
@@ -454,20 +494,21 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, inputs: str = "x", nam
 # ----------------------------------------------------------------------------- attention
 
 
-def _attn_kwargs(case, alpha, names, var_kw):
+def _attn_kwargs(case, alpha, names, var_kw, alpha_arg):
     kw = {k: v for k, v in case.kwargs.items() if v is not None and v is not False}
-    if "alpha" in names or var_kw:
-        kw["alpha"] = alpha
+    if alpha_arg is not None and (alpha_arg in names or var_kw):
+        kw[alpha_arg] = alpha
     return kw
 
 
-def check_attention(fn: Callable | None, alpha: float = 1.5, *, vjp: Callable | None = None, name: str | None = None,
-                    features=("causal", "gqa", "cross"), dtypes=("float64", "float32"), framework: str = "numpy",
+def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str | None = ALPHA_KEYWORD,
+                    vjp: Callable | None = None, name: str | None = None, features=("causal", "gqa", "cross"), dtypes=("float64", "float32"), framework: str = "numpy",
                     device: Any = None, size: str = "default", seed: int = 0, peer: bool = False) -> CheckReport:
     """Run the attention battery.
 
     ``fn(q, k, v, **kw)`` returns the (B, Hq, Nq, Dv) output of entmax attention; ``kw``
-    holds ``alpha`` (when fn takes it) and what the case uses: ``causal=True``,
+    holds alpha under the keyword ``alpha_arg`` (default ``alpha``, when fn has that
+    parameter or ``**kwargs``; None: never passed) and what the case uses: ``causal=True``,
     ``key_lengths``, ``alibi_slopes``, ``beta``/``gamma`` (see
     :func:`entmax_ref.testing.corpus.attention_corpus` and ``features``).  The scale is
     left to fn's default, which must be 1/sqrt(D); causal masking is bottom-right aligned.
@@ -491,6 +532,9 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, vjp: Callable | 
             t0 = time.perf_counter()
             data = 4 if op == "attention vjp" else 3
             try:
+                if isinstance(alpha_arg, int):
+                    raise _CallError(f"check_attention passes alpha by keyword; alpha_arg must be a name or None, "
+                                     f"got {alpha_arg!r}")
                 _caller(f, data, f"check_attention ({op})",
                         "vjp(grad_out, q, k, v, **kw)" if data == 4 else "fn(q, k, v, **kw)")
                 _, _, var_kw, names = _positional_capacity(f)
@@ -502,7 +546,7 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, vjp: Callable | 
             first = True
             for case in cases:
                 q, k, v = (t.astype(dt) for t in (case.q, case.k, case.v))
-                kw = _attn_kwargs(case, a, names, var_kw)
+                kw = _attn_kwargs(case, a, names, var_kw, alpha_arg)
                 ref = attention_reference(q, k, v, dt, alpha=a, **case.kwargs)
                 args = [from_numpy(t, framework, device) for t in (q, k, v)]
                 if op == "attention":

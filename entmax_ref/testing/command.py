@@ -296,7 +296,7 @@ def impl_report(path: str, op: str, alphas, args) -> CheckReport:
     except ValueError as exc:
         return CheckReport([CheckRow(op, label, "-", verdict="FAIL", notes=[str(exc)])])
     common = dict(name=label, framework=args.framework, device=args.device, size=args.size, seed=args.seed,
-                  dtypes=args.dtype)
+                  dtypes=args.dtype, alpha_arg=args.alpha_arg)
     rep = CheckReport()
     for a in alphas:
         if op == "entmax":
@@ -315,6 +315,13 @@ def impl_report(path: str, op: str, alphas, args) -> CheckReport:
 # ----------------------------------------------------------------------------- main
 
 
+def _alpha_arg(text: str) -> str | int | None:
+    """--alpha-arg: 'none', a position (digits) or a keyword name."""
+    if text.lower() == "none":
+        return None
+    return int(text) if text.isdigit() else text
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="entmax-ref check", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -327,6 +334,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--impl", metavar="PKG.MOD:FN", help="check your function instead of the backends")
     ap.add_argument("--op", choices=OPS, default="entmax", help="what --impl computes (default entmax)")
     ap.add_argument("--alpha", type=float, action="append", help="alpha (repeatable; default 1.5 for --impl)")
+    ap.add_argument("--alpha-arg", type=_alpha_arg, default="alpha", metavar="NAME|POSITION|none",
+                    help="how --impl takes alpha: by keyword NAME (default 'alpha', passed only if the function "
+                         "has it), as positional argument POSITION (1 for fn(x, a)), or 'none'")
     ap.add_argument("--framework", choices=("numpy", "torch", "jax", "cupy"), default="numpy",
                     help="array type --impl takes (default numpy)")
     ap.add_argument("--device", default=None, help="device for torch/cupy inputs (e.g. cuda)")

@@ -1,0 +1,52 @@
+"""The one definition of which keys a query sees (backends/geometry.py) and its users."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import entmax_ref as er
+from entmax_ref.backends import constants, geometry
+
+
+def _dense_visible(nq, nk, causal, lengths):
+    """(B, Nq, Nk) bool: the definition written out entry by entry."""
+    out = np.zeros((len(lengths), nq, nk), bool)
+    for b, i, j in itertools.product(range(len(lengths)), range(nq), range(nk)):
+        out[b, i, j] = j < lengths[b] and (not causal or j <= i + nk - nq)
+    return out
+
+
+@pytest.mark.parametrize("nq,nk", [(1, 1), (3, 5), (5, 3), (4, 4), (7, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_counts_chunks_and_masks_agree_with_the_definition(nq, nk, causal):
+    lengths = np.array([nk, 0, max(nk - 2, 0), 1][: 3 if nk > 1 else 2], np.int64)
+    dense = _dense_visible(nq, nk, causal, lengths)
+    counts = geometry.keys_visible(nq, nk, causal=causal, key_lengths=lengths, batch=len(lengths))
+    np.testing.assert_array_equal(counts[:, 0], dense.sum(axis=2))
+    np.testing.assert_array_equal(er.keys_visible(nq, nk, causal=causal, key_lengths=lengths), counts)
+    # a query sees a prefix of the keys
+    np.testing.assert_array_equal(dense, np.arange(nk)[None, None, :] < counts[:, 0, :, None])
+    i_abs = np.arange(nq)[:, None] + geometry.key_offset(nq, nk)
+    np.testing.assert_array_equal(geometry.sees(i_abs, np.arange(nk)[None, :], causal) & (np.arange(nk) < lengths[:, None, None]), dense)
+    for b, chunk in itertools.product(range(len(lengths)), (1, 2, 3, nq)):
+        bounds = geometry.chunk_bounds(int(lengths[b]), nq, nk, chunk, causal)
+        covered = set()
+        for i0, i1, key_end in bounds:
+            assert key_end == counts[b, 0, i0:i1].max() > 0, (b, chunk, i0, i1)
+            covered.update(range(i0, i1))
+        # every query that sees a key is in a chunk (a chunk may hold rows that see none)
+        assert {i for i in range(nq) if counts[b, 0, i] > 0} <= covered, (b, chunk)
+
+
+def test_cuda_defines_carry_every_constant_the_sources_use():
+    defines = dict(d[2:].split("=") for d in constants.cuda_defines())
+    assert defines == {"ER_MAX_BLOCK": "512", "ER_SERIES_TERMS": str(constants.SERIES_TERMS),
+                       "ER_EDGE_ULPS": repr(constants.EDGE_ULPS)}
+    from entmax_ref.backends import _cuda_loader as L
+
+    src = (L.cuda_dir() / "entmax_core.cuh").read_text()
+    assert "k < ER_SERIES_TERMS" in src and "ER_EDGE_ULPS *" in src
+    assert set(constants.cuda_defines()) <= set(L.OPTIONS)
