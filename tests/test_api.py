@@ -29,13 +29,6 @@ def test_import_does_not_load_numba_or_cupy():
     assert out.stdout.strip() == "[]"
 
 
-def test_no_top_level_backends_module_installed():
-    import importlib.util
-
-    spec = importlib.util.find_spec("backends")
-    assert spec is None or "entmax_ref" not in str(spec.origin), spec
-
-
 @pytest.mark.parametrize("name,fn", ROW_FUNCS)
 @pytest.mark.parametrize("bad,where", [(np.nan, "NaN"), (np.inf, "+inf")])
 def test_nan_and_posinf_rejected_with_location(backend, name, fn, bad, where):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import tomllib
 from pathlib import Path
 
@@ -20,3 +21,55 @@ def test_every_python_package_folder_is_listed_in_pyproject():
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join((pkg, *rel.parts)) if rel.parts else pkg)
     assert found == listed, f"unlisted: {sorted(found - listed)}; listed but absent: {sorted(listed - found)}"
+
+
+CHECK_INSTALLED = r"""
+import importlib.util, json, pathlib, sys
+import entmax_ref as er
+from entmax_ref.backends import _cuda_loader, capabilities, constants, geometry
+site = pathlib.Path(sys.argv[1]).resolve()
+out = {
+    "entmax_ref": str(pathlib.Path(er.__file__).resolve()),
+    "backends": str(pathlib.Path(er.backends.__file__).resolve()),
+    "top_level_backends": importlib.util.find_spec("backends") is not None,
+    "cuda_sources": sorted(p.name for p in _cuda_loader.cuda_dir().iterdir()),
+    "sparsemax": er.sparsemax([-2.0, 0.0, 0.5], backend="numpy").tolist(),
+    "site": str(site),
+}
+print(json.dumps(out))
+"""
+
+
+def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
+    """Build the wheel, install it into a fresh venv (dependencies from this environment
+    through a .pth file) and import it from outside the clone: the engines come from the
+    installed entmax_ref/backends, no top-level ``backends`` exists, the CUDA sources ship."""
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheels)], check=True, capture_output=True, text=True)
+    (wheel,) = wheels.glob("entmax_ref-*.whl")
+    env_dir = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True, capture_output=True, text=True)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    # numpy, scipy, numba from the environment running the tests, after the venv's own site
+    (pathlib.Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    res = subprocess.run([str(py), "-I", "-c", CHECK_INSTALLED, site], cwd=work, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    site = str(pathlib.Path(site).resolve())
+    assert got["entmax_ref"].startswith(site) and got["backends"].startswith(site), got
+    assert got["backends"].endswith("entmax_ref/backends/__init__.py"), got
+    assert not got["top_level_backends"], "a top-level 'backends' module is installed"
+    assert {"entmax_core.cuh", "entmax_rows.cu", "entmax_attention.cu", "entmax_teams.cuh"} <= set(got["cuda_sources"])
+    assert got["sparsemax"] == [0.0, 0.25, 0.75]
