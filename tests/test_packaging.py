@@ -49,8 +49,16 @@ def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
     import sys
     import sysconfig
 
+    import shutil
+
+    src = tmp_path / "src"  # build from a copy: setuptools writes build/ and *.egg-info next to the sources
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("entmax_ref", "backends"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheels)], check=True, capture_output=True, text=True)
     (wheel,) = wheels.glob("entmax_ref-*.whl")
     env_dir = tmp_path / "venv"
