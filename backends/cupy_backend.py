@@ -34,7 +34,7 @@ from . import _cuda_loader as L
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
 from .constants import CUDA_MAX_PASSES
-from .geometry import key_offset, visible_keys_end
+from .geometry import chunk_bounds, key_offset
 
 _METHODS = {None: 0, "bisect": 1}  # the kernels' method codes (the table says which exist)
 _ROWS = "entmax_rows.cu"
@@ -202,12 +202,8 @@ class CupyBackend:
         support = cupy.zeros((B, Hq, Nq), np.int64)
         bad = cupy.zeros(1, np.int32)
         q5 = qc.reshape(B, Hkv, G, Nq, D)
-        for i0 in range(0, Nq, chunk):
-            i1 = min(Nq, i0 + chunk)
+        for i0, i1, kend in chunk_bounds(max_len, Nq, Nk, chunk, spec.causal):
             cc = i1 - i0
-            kend = visible_keys_end(i1, offset, max_len, spec.causal)
-            if kend == 0:
-                continue
             qch = cupy.ascontiguousarray(q5[:, :, :, i0:i1]).reshape(B, Hkv, G * cc, D)
             kk, vv = kc[:, :, :kend], vc[:, :, :kend]
             s = cupy.ascontiguousarray(cupy.matmul(qch, kk.transpose(0, 1, 3, 2)))  # (B, Hkv, G*cc, kend)
@@ -253,12 +249,8 @@ class CupyBackend:
         q5 = qc.reshape(B, Hkv, G, Nq, D)
         do5 = doc.reshape(B, Hkv, G, Nq, Dv)
         common_tail = (prm["row_scale"], prm["slopes"], prm["lengths"], np.int32(bool(spec.causal)))
-        for i0 in range(0, Nq, chunk):
-            i1 = min(Nq, i0 + chunk)
+        for i0, i1, kend in chunk_bounds(max_len, Nq, Nk, chunk, spec.causal):
             cc = i1 - i0
-            kend = visible_keys_end(i1, offset, max_len, spec.causal)
-            if kend == 0:
-                continue
             rows = B * Hq * cc
             head = (np.int64(rows), np.int32(kend), np.int32(cc), np.int32(Hq), np.int64(i0), np.int64(Nq),
                     np.int64(offset), np.float64(spec.scale), np.float64(spec.alpha))

@@ -30,7 +30,8 @@ def test_counts_chunks_and_masks_agree_with_the_definition(nq, nk, causal):
     # a query sees a prefix of the keys
     np.testing.assert_array_equal(dense, np.arange(nk)[None, None, :] < counts[:, 0, :, None])
     i_abs = np.arange(nq)[:, None] + geometry.key_offset(nq, nk)
-    np.testing.assert_array_equal(geometry.sees(i_abs, np.arange(nk)[None, :], causal) & (np.arange(nk) < lengths[:, None, None]), dense)
+    padded = np.arange(nk) < lengths[:, None, None]
+    np.testing.assert_array_equal(geometry.sees(i_abs, np.arange(nk)[None, :], causal) & padded, dense)
     for b, chunk in itertools.product(range(len(lengths)), (1, 2, 3, nq)):
         bounds = geometry.chunk_bounds(int(lengths[b]), nq, nk, chunk, causal)
         covered = set()

@@ -33,36 +33,9 @@ The package: :mod:`.compute` (the claims as functions returning arrays), :mod:`.
 
 from __future__ import annotations
 
+from . import compute, plots
 from .cli import DEMOS, main
-from .compute import (
-    LOG2_N,
-    LOG2_N_GAUSS,
-    SEEDS,
-    alibi_window,
-    collapse,
-    dispersion_gaussian,
-    dispersion_two_level,
-    gamma_sweep,
-    lemma1,
-    lemma2_gap,
-    lemma2_sweep,
-    lemma2_table,
-)
-from .plots import (
-    CAPTIONS,
-    FIGURES,
-    PLOT_HINT,
-    plot_alibi,
-    plot_collapse,
-    plot_dispersion,
-    plot_gamma,
-    plot_lemma1,
-    plot_lemma2,
-)
+from .compute import *  # noqa: F403 - the names in compute.__all__
+from .plots import *  # noqa: F403 - the names in plots.__all__
 
-__all__ = [
-    "CAPTIONS", "DEMOS", "FIGURES", "LOG2_N", "LOG2_N_GAUSS", "PLOT_HINT", "SEEDS", "alibi_window", "collapse",
-    "dispersion_gaussian", "dispersion_two_level", "gamma_sweep", "lemma1", "lemma2_gap", "lemma2_sweep",
-    "lemma2_table", "main", "plot_alibi", "plot_collapse", "plot_dispersion", "plot_gamma", "plot_lemma1",
-    "plot_lemma2",
-]
+__all__ = sorted([*compute.__all__, *plots.__all__, "DEMOS", "main"])

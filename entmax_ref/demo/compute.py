@@ -12,6 +12,11 @@ import numpy as np
 
 import entmax_ref as er
 
+__all__ = [
+    "LOG2_N", "LOG2_N_GAUSS", "SEEDS", "alibi_window", "collapse", "dispersion_gaussian", "dispersion_two_level",
+    "gamma_sweep", "lemma1", "lemma2_gap", "lemma2_sweep", "lemma2_table",
+]
+
 #: log2 of the row lengths of the dispersion and gamma sweeps.
 LOG2_N = tuple(range(6, 21))
 #: The Gaussian sweeps use every other length (5 seeds of 2^20 floats each is the cost).

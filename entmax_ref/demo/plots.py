@@ -10,6 +10,11 @@ import numpy as np
 
 from .compute import SEEDS
 
+__all__ = [
+    "CAPTIONS", "FIGURES", "PLOT_HINT", "plot_alibi", "plot_collapse", "plot_dispersion", "plot_gamma", "plot_lemma1",
+    "plot_lemma2",
+]
+
 PLOT_HINT = "pip install 'entmax-ref[plot]'"
 
 #: The PNG file each demo writes.

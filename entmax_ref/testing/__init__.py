@@ -16,34 +16,9 @@
 The command ``entmax-ref check`` (:mod:`entmax_ref.testing.command`) runs the batteries.
 """
 
-from . import tolerance
+from . import assertions, checks, tolerance
 from ._adapters import from_numpy, to_numpy
-from .assertions import (
-    Comparison,
-    assert_attention_close,
-    assert_attention_grads_close,
-    assert_entmax_close,
-    assert_entmax_vjp_close,
-    assert_threshold_close,
-    compare,
-)
-from .checks import CheckReport, CheckRow, check_attention, check_entmax, check_entmax_vjp, check_threshold
+from .assertions import *  # noqa: F403 - the names in assertions.__all__
+from .checks import *  # noqa: F403 - the names in checks.__all__
 
-__all__ = [
-    "CheckReport",
-    "CheckRow",
-    "Comparison",
-    "assert_attention_close",
-    "assert_attention_grads_close",
-    "assert_entmax_close",
-    "assert_entmax_vjp_close",
-    "assert_threshold_close",
-    "check_attention",
-    "check_entmax",
-    "check_entmax_vjp",
-    "check_threshold",
-    "compare",
-    "from_numpy",
-    "to_numpy",
-    "tolerance",
-]
+__all__ = sorted([*assertions.__all__, *checks.__all__, "from_numpy", "to_numpy", "tolerance"])

@@ -221,6 +221,25 @@ def _dtypes(dtypes) -> list[np.dtype]:
     return [np.dtype(d) for d in dtypes]
 
 
+def _battery(report: CheckReport, op: str, fn: Callable, name: str | None, dtypes, peer: bool,
+             data_args: int, battery: str, form: str, alpha_arg):
+    """Yield ``(dtype, row, call)`` for each dtype: ``row`` is added to ``report`` and timed
+    until the caller's loop body ends; a fn that cannot be called as ``form`` gets a failing
+    row and is not yielded."""
+    label = name or getattr(fn, "__name__", "fn")
+    for dt in _dtypes(dtypes):
+        row = CheckRow(op, label, dt.name, peer=peer)
+        report.rows.append(row)
+        t0 = time.perf_counter()
+        try:
+            call = _caller(fn, data_args, battery, form, alpha_arg)
+        except _CallError as exc:
+            row.fail(str(exc))
+            continue
+        yield dt, row, call
+        row.seconds = time.perf_counter() - t0
+
+
 def _ref(x64, alpha):
     import entmax_ref as er
 
@@ -241,7 +260,8 @@ def _dtype_ok(row: CheckRow, res, dt) -> None:
 # ----------------------------------------------------------------------------- entmax
 
 
-def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD, name: str | None = None, dtypes=("float64", "float32"),
+def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD,
+                 name: str | None = None, dtypes=("float64", "float32"),
                  framework: str = "numpy", device: Any = None, size: str = "default", seed: int = 0,
                  masked_rows: bool = True, peer: bool = False) -> CheckReport:
     """Run the alpha-entmax battery on ``fn``.
@@ -261,16 +281,8 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
     """
     report = CheckReport()
     a = float(alpha)
-    label = name or getattr(fn, "__name__", "fn")
-    for dt in _dtypes(dtypes):
-        row = CheckRow(f"entmax a={a:g}", label, dt.name, peer=peer)
-        report.rows.append(row)
-        t0 = time.perf_counter()
-        try:
-            call = _caller(fn, 1, "check_entmax", "fn(x) or fn(x, alpha=...)", alpha_arg)
-        except _CallError as exc:
-            row.fail(str(exc))
-            continue
+    for dt, row, call in _battery(report, f"entmax a={a:g}", fn, name, dtypes, peer, 1, "check_entmax",
+                                  "fn(x) or fn(x, alpha=...)", alpha_arg):
 
         def run(x):
             res = _run(row, call, from_numpy(x, framework, device), alpha=a)
@@ -321,7 +333,6 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
             if got is not None:
                 c = compare(got, gp, T.entmax_tolerance(gp, a, dt, masked=np.isneginf(gx)), dt)
                 row.prop("golden value", c.ok, f"entmax({gx[0].tolist()}) = {gp[0].tolist()}: {c.describe('p')}")
-        row.seconds = time.perf_counter() - t0
     return report
 
 
@@ -333,7 +344,8 @@ def _safe_np(row: CheckRow, res) -> np.ndarray | None:
         return None
 
 
-def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD, name: str | None = None, dtypes=("float64", "float32"),
+def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD,
+                    name: str | None = None, dtypes=("float64", "float32"),
                     framework: str = "numpy", device: Any = None, size: str = "default", seed: int = 0,
                     masked_rows: bool = True, peer: bool = False) -> CheckReport:
     """Run the threshold battery: ``fn(x)`` / ``fn(x, alpha=...)`` returns tau per row, shape
@@ -346,16 +358,8 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | 
     """
     report = CheckReport()
     a = float(alpha)
-    label = name or getattr(fn, "__name__", "fn")
-    for dt in _dtypes(dtypes):
-        row = CheckRow(f"threshold a={a:g}", label, dt.name, peer=peer)
-        report.rows.append(row)
-        t0 = time.perf_counter()
-        try:
-            call = _caller(fn, 1, "check_threshold", "fn(x) or fn(x, alpha=...)", alpha_arg)
-        except _CallError as exc:
-            row.fail(str(exc))
-            continue
+    for dt, row, call in _battery(report, f"threshold a={a:g}", fn, name, dtypes, peer, 1, "check_threshold",
+                                  "fn(x) or fn(x, alpha=...)", alpha_arg):
         for case in _rows_of(size, seed, masked_rows):
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
@@ -382,14 +386,14 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | 
                          f"worst |sum p(tau) - 1| {np.abs(pp.sum(axis=1) - 1).max():.3g}")
             if case.name == "all-masked":
                 row.prop("all-masked rows give -inf", bool(np.all(np.isneginf(got))))
-        row.seconds = time.perf_counter() - t0
     return report
 
 
 # ----------------------------------------------------------------------------- VJP
 
 
-def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD, inputs: str = "x", name: str | None = None,
+def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | None = ALPHA_KEYWORD,
+                     inputs: str = "x", name: str | None = None,
                      dtypes=("float64", "float32"), framework: str = "numpy", device: Any = None,
                      size: str = "default", seed: int = 0, masked_rows: bool = True,
                      peer: bool = False) -> CheckReport:
@@ -411,18 +415,10 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
         raise ValueError(f"inputs must be 'x' or 'p', got {inputs!r}")
     report = CheckReport()
     a = float(alpha)
-    label = name or getattr(fn, "__name__", "fn")
     rng = np.random.default_rng(seed + 7)
-    for dt in _dtypes(dtypes):
-        row = CheckRow(f"vjp a={a:g}", label, dt.name, peer=peer)
-        report.rows.append(row)
-        t0 = time.perf_counter()
-        form = "fn(x, grad) or fn(x, grad, alpha=...)" if inputs == "x" else "fn(p, grad) or fn(p, grad, alpha=...)"
-        try:
-            call = _caller(fn, 2, "check_entmax_vjp", form, alpha_arg)
-        except _CallError as exc:
-            row.fail(str(exc))
-            continue
+    form = "fn(x, grad) or fn(x, grad, alpha=...)" if inputs == "x" else "fn(p, grad) or fn(p, grad, alpha=...)"
+    for dt, row, call in _battery(report, f"vjp a={a:g}", fn, name, dtypes, peer, 2, "check_entmax_vjp", form,
+                                  alpha_arg):
 
         def vjp(x, g, p):
             first = x if inputs == "x" else p
@@ -487,7 +483,6 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
                          f"max |vjp - fd| {np.abs(got - fd).max():.3g}")
         if skipped:
             row.note(f"{skipped} ill-posed row(s) not compared (alpha >= 2 with an entry at the threshold)")
-        row.seconds = time.perf_counter() - t0
     return report
 
 
@@ -502,7 +497,8 @@ def _attn_kwargs(case, alpha, names, var_kw, alpha_arg):
 
 
 def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str | None = ALPHA_KEYWORD,
-                    vjp: Callable | None = None, name: str | None = None, features=("causal", "gqa", "cross"), dtypes=("float64", "float32"), framework: str = "numpy",
+                    vjp: Callable | None = None, name: str | None = None, features=("causal", "gqa", "cross"),
+                    dtypes=("float64", "float32"), framework: str = "numpy",
                     device: Any = None, size: str = "default", seed: int = 0, peer: bool = False) -> CheckReport:
     """Run the attention battery.
 
