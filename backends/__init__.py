@@ -78,7 +78,7 @@ _REGISTRY: dict[str, _Spec] = {
 _AUTO_CPU = ("numba", "numpy")
 
 _instances: dict[str, Backend] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a factory may build the backend it wraps
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("entmax_ref_backend", default=None)
 
 

@@ -103,10 +103,16 @@ def is_cupy(x: Any) -> bool:
 
 
 def xp_of(x: Any):
-    """The array namespace of ``x``: cupy for CuPy arrays, numpy otherwise (never imports)."""
+    """The array namespace of ``x``: cupy for CuPy arrays, the namespace an array of another
+    type declares (``x.__array_namespace__()``, the array API protocol, when it is not
+    NumPy's), numpy otherwise (never imports)."""
     import sys
 
-    return sys.modules["cupy"] if is_cupy(x) else np
+    if is_cupy(x):
+        return sys.modules["cupy"]
+    if not isinstance(x, np.ndarray) and hasattr(type(x), "__array_namespace__"):
+        return x.__array_namespace__()
+    return np
 
 
 def theta_to_tau(theta: Any, alpha: Any) -> Any:

@@ -22,6 +22,26 @@ def as_array(x: Any) -> Any:
     return xp_of(x).asarray(x)
 
 
+def namespace(*objs: Any) -> Any:
+    """The array namespace of the first of ``objs`` whose namespace is not NumPy's (a CuPy
+    array, or an array type declaring ``__array_namespace__``), else numpy.  Python
+    scalars, lists and NumPy arrays among ``objs`` are then moved there explicitly by the
+    caller (``xp.asarray``): small parameters may come from the host."""
+    for obj in objs:
+        xp = xp_of(obj)
+        if xp is not np:
+            return xp
+    return np
+
+
+def to_host(a: Any) -> Any:
+    """A small parameter array on the host: NumPy input as it is, a device array through
+    its explicit ``.get()`` (CuPy's device-to-host copy), never an implicit conversion."""
+    if xp_of(a) is not np and hasattr(a, "get"):
+        return a.get()
+    return np.asarray(a)
+
+
 def compute_dtype(arr: Any, name: str) -> tuple[np.dtype, np.dtype]:
     """(dtype to compute in, dtype to return) under design.md's dtype policy."""
     dt = np.dtype(arr.dtype)

@@ -64,8 +64,8 @@ class ASEntmaxInfo:
     n: Any
 
 
-def _real(a: Any, name: str) -> np.ndarray:
-    arr = np.asarray(a)
+def _real(a: Any, name: str, xp: Any = np) -> Any:
+    arr = xp.asarray(a)
     if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
         raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
     arr = arr.astype(np.float64)
@@ -97,16 +97,17 @@ def _reduce_to(g: np.ndarray, shape: tuple) -> np.ndarray:
 
 
 def _scale_parts(n, beta, gamma, delta, offset):
-    n = _real(n, "n")
-    beta, gamma, delta = _real(beta, "beta"), _real(gamma, "gamma"), _real(delta, "delta")
-    off = _real(offset, "offset")
+    xp = V.namespace(n, beta, gamma, delta, offset)
+    n = _real(n, "n", xp)
+    beta, gamma, delta = _real(beta, "beta", xp), _real(gamma, "gamma", xp), _real(delta, "delta", xp)
+    off = _real(offset, "offset", xp)
     if off.ndim:
         raise ValueError(f"offset must be a scalar, got shape {off.shape}")
-    if np.any(n < 0):
-        raise ValueError(f"n must be >= 0, got {n[n < 0].ravel()[0]!r}")
-    log_n = np.log(n + off)
-    if np.any(log_n <= 0.0):
-        bad = (n + off)[log_n <= 0.0].ravel()[0]
+    if bool(xp.any(n < 0)):
+        raise ValueError(f"n must be >= 0, got {float(n[n < 0].ravel()[0])!r}")
+    log_n = xp.log(n + off)
+    if bool(xp.any(log_n <= 0.0)):
+        bad = float((n + off)[log_n <= 0.0].ravel()[0])
         raise ValueError(
             f"log(n + offset) must be > 0 for (log(n + offset)) ** gamma to be defined; "
             f"got n + offset = {bad!r} (use offset > 1 - min(n))"
@@ -168,13 +169,14 @@ def asentmax_scale_vjp(grad_s, n, beta, gamma, delta=1.0, offset=1.0):
     (2.0, 0.0, 2.0)
     """
     n, beta, gamma, delta, log_n = _scale_parts(n, beta, gamma, delta, offset)
-    g = _real(grad_s, "grad_s")
+    xp = V.namespace(log_n)
+    g = _real(grad_s, "grad_s", xp)
     shape = _broadcast({"grad_s": g, "n": n, "beta": beta, "gamma": gamma, "delta": delta})
-    g = np.broadcast_to(g, shape)
+    g = xp.broadcast_to(g, shape)
     power = log_n ** gamma
     return ScaleGrads(
         _reduce_to(g * power, beta.shape),
-        _reduce_to(g * beta * power * np.log(log_n), gamma.shape),
+        _reduce_to(g * beta * power * xp.log(log_n), gamma.shape),
         _reduce_to(g, delta.shape),
     )
 
@@ -183,19 +185,21 @@ def _row_setup(x, axis, beta, gamma, delta, offset):
     """x's rows (float64 view for the scaling), n per row, s per row (1 where n = 0)."""
     rows = V.to_rows(x, axis, "x")
     data = rows.data.astype(np.float64, copy=False)
-    n = np.isfinite(data).sum(axis=1).reshape(rows.batch_shape)
-    params = {"beta": _real(beta, "beta"), "gamma": _real(gamma, "gamma"), "delta": _real(delta, "delta")}
+    xp = V.namespace(data)
+    n = xp.isfinite(data).sum(axis=1).reshape(rows.batch_shape)
+    params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp), "delta": _real(delta, "delta", xp)}
     _broadcast(params, rows.batch_shape)
     live = n > 0
-    s = asentmax_scale(np.where(live, n, 1), params["beta"], params["gamma"], params["delta"], offset)
-    s = np.broadcast_to(s, rows.batch_shape)
-    return rows, data, n, live, params, np.where(live, s, 1.0)
+    s = asentmax_scale(xp.where(live, n, 1), params["beta"], params["gamma"], params["delta"], offset)
+    s = xp.broadcast_to(s, rows.batch_shape)
+    return rows, data, n, live, params, xp.where(live, s, 1.0)
 
 
 def _scaled(data: np.ndarray, s_rows: np.ndarray) -> np.ndarray:
     """s * x per row with masked (-inf) entries kept -inf whatever the sign of s."""
+    xp = V.namespace(data)
     with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(data), data * s_rows.reshape(-1, 1), -np.inf)
+        return xp.where(xp.isfinite(data), data * s_rows.reshape(-1, 1), -np.inf)
 
 
 def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backend=None,
@@ -251,7 +255,7 @@ def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backe
     p = V.Rows(p, rows.shape, rows.axis, rows.out_dtype).restore(p)
     if not return_info:
         return p
-    s_info = np.where(live, s, np.nan)
+    s_info = V.namespace(s).where(live, s, np.nan)
     return p, ASEntmaxInfo(info.tau.reshape(rows.batch_shape), info.support.reshape(rows.batch_shape), s_info, n)
 
 
@@ -290,11 +294,12 @@ def asentmax_vjp(grad, x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, p=No
     rg = V.to_rows(grad, axis, "grad", allow_neg_inf=False)
     V.same_shape(rows, rg, ("x", "grad"))
     dz = entmax_vjp(p2, rg.data.astype(np.float64, copy=False), a, -1, backend=backend)
-    finite = np.isfinite(data)
-    dx = np.where(finite, dz * s.reshape(-1, 1), 0.0)
-    ds = np.where(finite, dz * np.where(finite, data, 0.0), 0.0).sum(axis=1).reshape(rows.batch_shape)
-    ds = np.where(live, ds, 0.0)
-    grads = asentmax_scale_vjp(ds, np.where(live, n, 1), params["beta"], params["gamma"],
+    xp = V.namespace(data)
+    finite = xp.isfinite(data)
+    dx = xp.where(finite, dz * s.reshape(-1, 1), 0.0)
+    ds = xp.where(finite, dz * xp.where(finite, data, 0.0), 0.0).sum(axis=1).reshape(rows.batch_shape)
+    ds = xp.where(live, ds, 0.0)
+    grads = asentmax_scale_vjp(ds, xp.where(live, n, 1), params["beta"], params["gamma"],
                                params["delta"], offset)
     out_dtype = np.result_type(rows.out_dtype, rg.out_dtype)
     return ASEntmaxGrads(V.Rows(dx, rows.shape, rows.axis, out_dtype).restore(dx), *grads)

@@ -80,7 +80,7 @@ def _tensor(x: Any, name: str, ndim: int):
 
 
 def _scalar(x: Any, name: str) -> float:
-    a = np.asarray(x)
+    a = V.namespace(x).asarray(x)
     if a.ndim != 0 or a.dtype.kind not in "fiu" or a.dtype.kind == "b":
         raise ValueError(f"{name} must be a real scalar, got {x!r}")
     val = float(a)
@@ -99,7 +99,9 @@ def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, ba
     >>> er.keys_visible(3, 5, causal=True, key_lengths=[4]).tolist()
     [[[3, 4, 4]]]
     """
-    return geometry.keys_visible(nq, nk, causal=causal, key_lengths=key_lengths, batch=batch)
+    lengths = None if key_lengths is None else V.to_host(key_lengths)
+    n = geometry.keys_visible(nq, nk, causal=causal, key_lengths=lengths, batch=batch)
+    return V.namespace(key_lengths).asarray(n)  # in key_lengths' namespace
 
 
 def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
@@ -135,7 +137,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         sc = _scalar(scale, "scale")
     lengths = None
     if key_lengths is not None:
-        kl = np.asarray(key_lengths)
+        kl = V.to_host(key_lengths)  # a small host parameter of the backend contract
         if kl.shape != (B,):
             raise ValueError(f"key_lengths must have shape ({B},) for q {tuple(q.shape)}, got {kl.shape}")
         if kl.dtype.kind not in "iu":
@@ -146,7 +148,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         lengths = np.ascontiguousarray(kl, np.int64)
     slopes = None
     if alibi_slopes is not None:
-        sl = _real(alibi_slopes, "alibi_slopes")
+        sl = _real(V.to_host(alibi_slopes), "alibi_slopes")
         if sl.shape != (Hq,):
             raise ValueError(
                 f"alibi_slopes must have one slope per query head, shape ({Hq},) for q "
@@ -156,25 +158,28 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     if chunk is not None and (not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1):
         raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
 
-    n = np.broadcast_to(keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B), (B, Hq, Nq))
+    xp = V.namespace(q)
+    n = xp.broadcast_to(xp.asarray(geometry.keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B)),
+                        (B, Hq, Nq))
     params = None
     row_scale = None
-    s_info = np.ones((B, Hq, Nq))
+    s_info = xp.ones((B, Hq, Nq))
     if (beta is None) != (gamma is None):
         raise ValueError("beta and gamma must be given together (SSMax: gamma=1, delta=0, alpha=1)")
     if beta is not None:
         off = _scalar(offset, "offset")
         if off <= 0.0:
             raise ValueError(f"offset must be > 0 so that log(n + offset) > 0 for every row with a key, got {off!r}")
-        params = {"beta": _real(beta, "beta"), "gamma": _real(gamma, "gamma"), "delta": _real(delta, "delta")}
+        params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp),
+                  "delta": _real(delta, "delta", xp)}
         _broadcast(params, (B, Hq, Nq))
         live = n > 0
-        s = asentmax_scale(np.where(live, n, 1), params["beta"], params["gamma"], params["delta"], off)
-        s = np.broadcast_to(s, (B, Hq, Nq))
-        row_scale = np.ascontiguousarray(np.where(live, s, 1.0))
-        s_info = np.where(live, s, np.nan)
+        s = asentmax_scale(xp.where(live, n, 1), params["beta"], params["gamma"], params["delta"], off)
+        s = xp.broadcast_to(s, (B, Hq, Nq))
+        row_scale = xp.ascontiguousarray(xp.where(live, s, 1.0))
+        s_info = xp.where(live, s, np.nan)
         params["offset"] = off
-    elif np.any(np.asarray(delta) != 1.0) or np.any(np.asarray(offset) != 1.0):
+    elif any(bool(V.namespace(a).any(V.namespace(a).asarray(a) != 1.0)) for a in (delta, offset)):
         raise ValueError("delta and offset only apply with beta and gamma (the ASEntmax scale)")
 
     cdt = V.common_dtype(cq, ck, cv)
@@ -185,7 +190,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     def canon(x):
         return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
 
-    return _Problem(canon(q), canon(k), canon(v), spec, be, np.ascontiguousarray(n), s_info, params,
+    return _Problem(canon(q), canon(k), canon(v), spec, be, xp.ascontiguousarray(n), s_info, params,
                     (oq, ok, ov))
 
 
@@ -330,16 +335,17 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
             raise ValueError(f"tau must have shape {(B, Hq, Nq)}, got {tuple(t.shape)}")
         V.check_finite(t, "tau", allow_neg_inf=True)
         t = t.astype(np.float64)
+        xp = V.namespace(t)
         empty = prob.n == 0
-        if np.any(np.isneginf(t) & ~empty):
+        if bool(xp.any(xp.isneginf(t) & ~empty)):
             raise ValueError("tau is -inf on a row that has keys to attend; pass the forward's info.tau")
-        theta = np.ascontiguousarray(np.where(empty, -np.inf, tau_to_theta(t, prob.spec.alpha)))
+        theta = xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.spec.alpha)))
         if out is not None:
             o, _, _ = _tensor(out, "out", 4)
             if tuple(o.shape) != (B, Hq, Nq, Dv):
                 raise ValueError(f"out must have shape {(B, Hq, Nq, Dv)}, got {tuple(o.shape)}")
             if prob.spec.alpha == 1.0:
-                skew = np.ascontiguousarray(o.astype(np.float64))
+                skew = V.namespace(o).ascontiguousarray(o.astype(np.float64))
     grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, theta, skew, prob.spec)
     dq = grads.dq.astype(prob.out_dtypes[0], copy=False)
     dk = grads.dk.astype(prob.out_dtypes[1], copy=False)
@@ -347,7 +353,8 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
     if prob.params is None:
         return AttentionGradients(dq, dk, dv)
     live = prob.n > 0
-    ds = np.where(live, np.asarray(grads.drow_scale, np.float64), 0.0)
+    xp = V.namespace(prob.n)
+    ds = xp.where(live, grads.drow_scale.astype(np.float64, copy=False), 0.0)
     p = prob.params
-    sg = asentmax_scale_vjp(ds, np.where(live, prob.n, 1), p["beta"], p["gamma"], p["delta"], p["offset"])
+    sg = asentmax_scale_vjp(ds, xp.where(live, prob.n, 1), p["beta"], p["gamma"], p["delta"], p["offset"])
     return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta)

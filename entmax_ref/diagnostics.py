@@ -40,7 +40,7 @@ class RowDiagnostics:
 
 def _prob_rows(p: Any, axis: int) -> V.Rows:
     rows = V.to_rows(p, axis, "p", allow_neg_inf=False, dtype=np.dtype(np.float64))
-    if np.any(rows.data < 0):
+    if bool(V.namespace(rows.data).any(rows.data < 0)):
         raise ValueError("p must be non-negative (a probability distribution per row)")
     return rows
 
@@ -48,23 +48,25 @@ def _prob_rows(p: Any, axis: int) -> V.Rows:
 def _candidates(rows: V.Rows, n: Any, scores: Any, axis: int) -> np.ndarray:
     if n is not None and scores is not None:
         raise ValueError("give n or scores, not both")
+    xp = V.namespace(rows.data)
     if scores is not None:
         rs = V.to_rows(scores, axis, "scores")
         V.same_shape(rows, rs, ("p", "scores"))
-        return np.isfinite(rs.data).sum(axis=1).astype(np.int64)
+        return xp.isfinite(rs.data).sum(axis=1).astype(np.int64)
     if n is None:
-        return np.full(rows.data.shape[0], rows.data.shape[1], np.int64)
-    arr = np.asarray(n)
-    if arr.dtype.kind not in "iu" or np.any(arr < 0):
+        return xp.full(rows.data.shape[0], rows.data.shape[1], np.int64)
+    arr = xp.asarray(n)
+    if arr.dtype.kind not in "iu" or bool(xp.any(arr < 0)):
         raise ValueError(f"n must be non-negative integers, got {arr!r}")
     try:
-        return np.ascontiguousarray(np.broadcast_to(arr, rows.batch_shape), np.int64).reshape(-1)
+        return xp.ascontiguousarray(xp.broadcast_to(arr, rows.batch_shape), np.int64).reshape(-1)
     except ValueError:
         raise ValueError(f"n of shape {arr.shape} does not broadcast to the row shape {rows.batch_shape}") from None
 
 
 def _entropy(p2: np.ndarray) -> np.ndarray:
-    logp = np.log(np.where(p2 > 0, p2, 1.0))
+    xp = V.namespace(p2)
+    logp = xp.log(xp.where(p2 > 0, p2, 1.0))
     return 0.0 - (p2 * logp).sum(axis=1)  # 0.0 - 0.0 = +0.0 for one-hot rows
 
 
@@ -82,10 +84,14 @@ def normalized_entropy(p, *, n=None, scores=None, axis=-1):
     """
     rows = _prob_rows(p, axis)
     nn = _candidates(rows, n, scores, axis)
-    h = _entropy(rows.data)
+    return rows.per_row(_normalised(_entropy(rows.data), nn))
+
+
+def _normalised(h: Any, nn: Any) -> Any:
+    """H / log n, 0 where n <= 1."""
+    xp = V.namespace(h)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(nn > 1, h / np.log(np.maximum(nn, 2)), 0.0)
-    return rows.per_row(out)
+        return xp.where(nn > 1, h / xp.log(xp.maximum(nn, 2)), 0.0)
 
 
 def support_size(p, *, axis=-1):
@@ -113,21 +119,22 @@ def max_probability(p, *, axis=-1):
 def _position_mask(rows: V.Rows, positions: Any) -> np.ndarray:
     """positions as a boolean (rows, n) mask: a boolean array broadcastable to p, or
     integer indices along the axis (negative ones count from the end)."""
-    pos = np.asarray(positions)
+    xp = V.namespace(rows.data)
+    pos = xp.asarray(positions)
     n = rows.shape[rows.axis]
     if pos.dtype == bool:
         try:
-            full = np.broadcast_to(pos, rows.shape)
+            full = xp.broadcast_to(pos, rows.shape)
         except ValueError:
             raise ValueError(f"positions mask of shape {pos.shape} does not broadcast to p's shape {rows.shape}") from None
-        return np.ascontiguousarray(np.moveaxis(full, rows.axis, -1)).reshape(-1, n)
+        return xp.ascontiguousarray(xp.moveaxis(full, rows.axis, -1)).reshape(-1, n)
     if pos.dtype.kind not in "iu" or pos.ndim > 1:
         raise ValueError("positions must be a boolean mask or a 1-D sequence of integer indices")
-    if np.any((pos < -n) | (pos >= n)):
+    if bool(xp.any((pos < -n) | (pos >= n))):
         raise ValueError(f"positions {pos.tolist()} out of range for an axis of length {n}")
-    mask = np.zeros(n, bool)
+    mask = xp.zeros(n, bool)
     mask[pos] = True
-    return np.broadcast_to(mask, rows.data.shape)
+    return xp.broadcast_to(mask, rows.data.shape)
 
 
 def mass_on(p, positions, *, axis=-1):
@@ -142,7 +149,7 @@ def mass_on(p, positions, *, axis=-1):
     """
     rows = _prob_rows(p, axis)
     mask = _position_mask(rows, positions)
-    return rows.per_row(np.where(mask, rows.data, 0.0).sum(axis=1))
+    return rows.per_row(V.namespace(rows.data).where(mask, rows.data, 0.0).sum(axis=1))
 
 
 def row_diagnostics(p, *, n=None, scores=None, positions=None, axis=-1) -> RowDiagnostics:
@@ -156,11 +163,10 @@ def row_diagnostics(p, *, n=None, scores=None, positions=None, axis=-1) -> RowDi
     rows = _prob_rows(p, axis)
     nn = _candidates(rows, n, scores, axis)
     h = _entropy(rows.data)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        hn = np.where(nn > 1, h / np.log(np.maximum(nn, 2)), 0.0)
+    hn = _normalised(h, nn)
     mass = None
     if positions is not None:
-        mass = rows.per_row(np.where(_position_mask(rows, positions), rows.data, 0.0).sum(axis=1))
+        mass = rows.per_row(V.namespace(rows.data).where(_position_mask(rows, positions), rows.data, 0.0).sum(axis=1))
     return RowDiagnostics(
         rows.per_row(h), rows.per_row(hn), rows.per_row((rows.data > 0).sum(axis=1).astype(np.int64)),
         rows.per_row(rows.data.max(axis=1, initial=0.0)), rows.per_row(nn), mass,

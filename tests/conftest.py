@@ -28,6 +28,13 @@ BACKENDS = [
     pytest.param("numba", id="numba", marks=pytest.mark.numba),
     pytest.param("cupy", id="cupy", marks=pytest.mark.cuda),
 ]
+if os.environ.get("ENTMAX_REF_TEST_STRICT", "") not in ("", "0"):
+    # the CPU stand-in for a device array type (tests/strict_array.py): every
+    # backend-parametrised test also runs on arrays that refuse conversion to NumPy
+    import strict_array
+
+    strict_array.register()
+    BACKENDS.append(pytest.param(strict_array.NAME, id=strict_array.NAME))
 
 
 def pytest_addoption(parser):
@@ -49,10 +56,15 @@ class BackendName(str):
     """A backend name (pass it as ``backend=``) that also moves test data to and from it."""
 
     def asarray(self, a):
+        """``a`` (NumPy data) as an array of this backend's type (a transfer for cupy)."""
         if self == "cupy":
             import cupy
 
             return cupy.asarray(a)
+        if self == "strict":
+            import strict_array
+
+            return strict_array.asarray(a)
         return a
 
     def numpy(self, a):

@@ -91,7 +91,9 @@ def test_register_backend_with_capabilities_gets_the_dispatch_errors():
     try:
         assert caps.methods("bisect-only", "entmax_forward") == (None, "bisect")
         er.entmax([0.0, 1.0], 1.5, method="bisect", backend="bisect-only")
-        with pytest.raises(NotImplementedError, match="'sort' exists on: numpy$"):
+        where = ", ".join(caps.backends_with("entmax_forward", "sort"))
+        assert where.startswith("numpy")
+        with pytest.raises(NotImplementedError, match=f"'sort' exists on: {where}$"):
             er.entmax([0.0, 1.0], 1.5, method="sort", backend="bisect-only")
         with pytest.raises(NotImplementedError, match="the bisect-only backend does not implement entmax_vjp"):
             caps.require("bisect-only", "entmax_vjp")
