@@ -23,8 +23,9 @@ def _tsallis_omega(p, alpha, xp):
 
 
 def _target_rows(target, rows: V.Rows, xp):
-    """The target as a float64 (rows, n) probability array."""
-    t = V.as_array(target)
+    """The target as a float64 (rows, n) probability array, in x's namespace (host lists and
+    NumPy arrays are moved there explicitly)."""
+    t = xp.asarray(target)
     rows_n, n = rows.data.shape
     if t.dtype.kind in "iu" and tuple(t.shape) == rows.batch_shape:
         idx = t.reshape(-1)

@@ -70,6 +70,29 @@ class BackendName(str):
     def numpy(self, a):
         return a.get() if hasattr(a, "get") else np.asarray(a)
 
+    def call(self, fn, *args, **kwargs):
+        """``fn(*args, backend=self, **kwargs)`` with every NumPy array argument moved to this
+        backend's array type and every array in the result moved back to NumPy (tuples,
+        NamedTuples and dataclasses included), so a test's NumPy assertions stay as they are."""
+        import dataclasses
+
+        def move(a):
+            return self.asarray(a) if isinstance(a, np.ndarray) else a
+
+        def back(r):
+            if dataclasses.is_dataclass(r) and not isinstance(r, type):
+                return dataclasses.replace(r, **{f.name: back(getattr(r, f.name)) for f in dataclasses.fields(r)
+                                                 if f.init})
+            if isinstance(r, tuple):
+                items = [back(x) for x in r]
+                return type(r)(*items) if hasattr(r, "_fields") else tuple(items)
+            if r is None or isinstance(r, (bool, int, float, str)):
+                return r
+            return self.numpy(r)
+
+        result = fn(*(move(a) for a in args), backend=self, **{k: move(v) for k, v in kwargs.items()})
+        return back(result)
+
 
 def usable_backend(name: str, config) -> BackendName:
     """``name`` as a BackendName if it can run here; skip (or fail when required) otherwise."""

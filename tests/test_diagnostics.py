@@ -50,17 +50,26 @@ def test_bad_input():
         er.mass_on(np.full((2, 3), 1 / 3), np.ones((4,), bool))
 
 
+def _on_host(backend, d):
+    """The RowDiagnostics ``d`` computed on ``backend``'s arrays, with NumPy fields."""
+    import dataclasses
+
+    return dataclasses.replace(d, **{f.name: None if getattr(d, f.name) is None else backend.numpy(getattr(d, f.name))
+                                     for f in dataclasses.fields(d)})
+
+
 @pytest.mark.parametrize("n", [64, 4096, 65536])
 def test_lemma2_pattern_entropy_is_log_k_over_log_n(backend, n):
     """k = 4 keys at the Lemma-2 gap for alpha = 1.5 (Delta = 1): H / log n = log 4 / log n,
     the max probability is 1/4 and all the mass is on the 4 keys; softmax disperses."""
     x = np.zeros(n)
     x[:4] = 1.0
-    d = er.row_diagnostics(er.entmax15(x, backend=backend), positions=np.arange(4))
+    x = backend.asarray(x)
+    d = _on_host(backend, er.row_diagnostics(er.entmax15(x, backend=backend), positions=np.arange(4)))
     np.testing.assert_allclose(d.normalized_entropy, np.log(4) / np.log(n), rtol=16 * EPS)
     assert int(d.support) == 4 and float(d.max_prob) == pytest.approx(0.25, abs=2 * np.spacing(0.25))
     np.testing.assert_allclose(d.mass, 1.0, rtol=0, atol=8 * EPS)
-    ds = er.row_diagnostics(er.softmax(x, backend=backend), positions=np.arange(4))
+    ds = _on_host(backend, er.row_diagnostics(er.softmax(x, backend=backend), positions=np.arange(4)))
     np.testing.assert_allclose(ds.mass, 4 * np.e / (4 * np.e + n - 4), rtol=64 * EPS)
 
 
@@ -69,7 +78,7 @@ def test_softmax_dispersion_bound(backend, n, R, seed):
     """Bounded logits of range R: softmax has H / log n >= 1 - R / log n (digest 3.1) and
     p_max <= e^R / n."""
     x = np.random.default_rng(seed).uniform(0.0, R, n)
-    d = er.row_diagnostics(er.softmax(x, backend=backend))
+    d = _on_host(backend, er.row_diagnostics(er.softmax(backend.asarray(x), backend=backend)))
     slack = 64 * n * EPS
     assert d.normalized_entropy >= 1 - (x.max() - x.min()) / np.log(n) - slack
     assert d.max_prob <= np.exp(x.max() - x.min()) / n * (1 + slack)
@@ -79,7 +88,7 @@ def test_softmax_dispersion_bound(backend, n, R, seed):
 def test_entmax_entropy_at_most_log_support(backend, xs, alpha):
     """Proposition 1's premise: H(p) <= log |support|, so H / log n <= log s / log n."""
     x = np.array(xs)
-    p = er.entmax(x, alpha, backend=backend)
-    d = er.row_diagnostics(p)
+    p = er.entmax(backend.asarray(x), alpha, backend=backend)
+    d = _on_host(backend, er.row_diagnostics(p))
     assert d.entropy <= np.log(d.support) + 8 * len(xs) * EPS
     assert d.max_prob >= 1.0 / d.support - 8 * len(xs) * EPS

@@ -60,7 +60,8 @@ CALLS = {
     "entmax_alpha_vjp": lambda d, be: er.entmax_alpha_vjp(d["p"], d["g"], 1.5, backend=be),
     "entmax_jacobian": lambda d, be: er.entmax_jacobian(d["p"], 1.5, backend=be),
     "entmax_loss": lambda d, be: (er.entmax_loss(d["x"], d["target"], 1.5, backend=be),
-                                  er.entmax_loss(d["x"], d["target_p"], 1.3, backend=be)),
+                                  er.entmax_loss(d["x"], d["target_p"], 1.3, backend=be),
+                                  er.entmax_loss(d["x"], [[0, 1], [2, 3], [4, 0]], 2.0, backend=be)),  # host target
     "entmax_loss_grad": lambda d, be: er.entmax_loss_grad(d["x"], d["target"], 2.0, backend=be),
     "asentmax": lambda d, be: er.asentmax(d["x"], 1.5, beta=d["beta"], gamma=d["gamma"], backend=be,
                                           return_info=True),
