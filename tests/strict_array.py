@@ -99,30 +99,10 @@ class StrictArray:
     def __array_namespace__(self, api_version=None):
         return namespace
 
-    # --- array attributes and methods: delegated, results wrapped
-    @property
-    def shape(self):
-        return self._a.shape
-
-    @property
-    def dtype(self):
-        return self._a.dtype
-
-    @property
-    def ndim(self):
-        return self._a.ndim
-
-    @property
-    def size(self):
-        return self._a.size
-
+    # --- array attributes and methods: delegated, results wrapped (see __getattr__)
     @property
     def T(self):
         return StrictArray(self._a.T)
-
-    @property
-    def flags(self):
-        return self._a.flags
 
     def __getattr__(self, name):
         if name.startswith("__"):  # no __array_interface__, __array_struct__, __dlpack__: no way into NumPy
