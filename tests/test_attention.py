@@ -42,6 +42,16 @@ class Dense:
     dz: np.ndarray  # per-row bound on the score rounding
 
 
+def _attention(*args, backend=None, **kw):
+    """er.attention on ``backend``'s array type (inputs moved there, results back to NumPy)."""
+    return er.attention(*args, **kw) if backend is None else backend.call(er.attention, *args, **kw)
+
+
+def _attention_vjp(*args, backend=None, **kw):
+    """er.attention_vjp on ``backend``'s array type, like :func:`_attention`."""
+    return er.attention_vjp(*args, **kw) if backend is None else backend.call(er.attention_vjp, *args, **kw)
+
+
 def dense(q, k, v, *, alpha, scale=None, causal=False, key_lengths=None, alibi_slopes=None,
           beta=None, gamma=None, delta=1.0, offset=1.0) -> Dense:
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
@@ -103,7 +113,7 @@ def problem(seed, *, B=2, Hq=4, Hkv=2, Nq=5, Nk=7, D=3, Dv=2, dtype=np.float64, 
 
 
 def check_against_dense(backend, q, k, v, alpha, **kw):
-    out, info = er.attention(q, k, v, alpha=alpha, return_info=True, backend=backend, **kw)
+    out, info = _attention(q, k, v, alpha=alpha, return_info=True, backend=backend, **kw)
     kw.pop("chunk", None)
     d = dense(q, k, v, alpha=alpha, **kw)
     assert out.dtype == np.result_type(q.dtype, k.dtype, v.dtype)
@@ -184,15 +194,15 @@ def test_matches_dense_random_configs(backend, cfg):
 
 def test_low_precision_and_integer_inputs(backend):
     _, q, k, v = problem(3, Nq=4, Nk=4)
-    out16 = er.attention(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), backend=backend)
+    out16 = _attention(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), backend=backend)
     assert out16.dtype == np.float16
-    ref = er.attention(q.astype(np.float16).astype(np.float32), k.astype(np.float16).astype(np.float32),
+    ref = _attention(q.astype(np.float16).astype(np.float32), k.astype(np.float16).astype(np.float32),
                        v.astype(np.float16).astype(np.float32), backend=backend)
     assert np.array_equal(out16, ref.astype(np.float16))
     qi, ki, vi = (np.round(3 * a).astype(np.int64) for a in (q, k, v))
-    outi = er.attention(qi, ki, vi, alpha=2.0, backend=backend)
+    outi = _attention(qi, ki, vi, alpha=2.0, backend=backend)
     assert outi.dtype == np.float64
-    np.testing.assert_array_equal(outi, er.attention(qi.astype(float), ki.astype(float), vi.astype(float),
+    np.testing.assert_array_equal(outi, _attention(qi.astype(float), ki.astype(float), vi.astype(float),
                                                      alpha=2.0, backend=backend))
 
 
@@ -203,15 +213,15 @@ def test_gqa_equals_repeated_kv(backend, alpha):
     kw = dict(alpha=alpha, causal=True, alibi_slopes=rng.uniform(0, 1, 6), beta=rng.uniform(0.1, 1, (6, 1)),
               gamma=rng.uniform(-1, 1, (6, 1)), backend=backend)
     kr, vr = np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)
-    out, info = er.attention(q, k, v, return_info=True, **kw)
-    out_r, info_r = er.attention(q, kr, vr, return_info=True, **kw)
+    out, info = _attention(q, k, v, return_info=True, **kw)
+    out_r, info_r = _attention(q, kr, vr, return_info=True, **kw)
     d = dense(q, k, v, alpha=alpha, causal=True, alibi_slopes=kw["alibi_slopes"], beta=kw["beta"], gamma=kw["gamma"])
     tol = out_tol(d, v, alpha, np.float64)
     np.testing.assert_allclose(out, out_r, rtol=0, atol=tol)
     assert np.array_equal(info.support, info_r.support)
     g_out = rng.standard_normal(out.shape)
-    g = er.attention_vjp(g_out, q, k, v, **kw)
-    g_r = er.attention_vjp(g_out, q, kr, vr, **kw)
+    g = _attention_vjp(g_out, q, k, v, **kw)
+    g_r = _attention_vjp(g_out, q, kr, vr, **kw)
     summed = lambda a: a.reshape(a.shape[0], 2, 3, *a.shape[2:]).sum(axis=2)  # noqa: E731
     tols = grad_tols(d, q, k, v, g_out, alpha, beta=kw["beta"], gamma=kw["gamma"])
     np.testing.assert_allclose(g.dq, g_r.dq, rtol=0, atol=tols[0])
@@ -226,11 +236,11 @@ def test_decoding_one_query_equals_last_causal_row(backend, alpha):
     rng, q, k, v = problem(5, Hq=4, Hkv=2, Nq=7, Nk=7)
     kw = dict(alpha=alpha, causal=True, alibi_slopes=[0.5, 0.25, 0.0, 0.0],
               beta=rng.uniform(0.2, 1, (4, 1)), gamma=rng.uniform(-1, 1, (4, 1)), backend=backend)
-    out, info = er.attention(q, k, v, return_info=True, **kw)
+    out, info = _attention(q, k, v, return_info=True, **kw)
     d = dense(q, k, v, alpha=alpha, causal=True, alibi_slopes=kw["alibi_slopes"], beta=kw["beta"], gamma=kw["gamma"])
     tol = out_tol(d, v, alpha, np.float64)
     for m in (1, 3):  # decode one token; continue a prefill with 3 new queries
-        out_m, info_m = er.attention(q[:, :, -m:], k, v, return_info=True, **kw)
+        out_m, info_m = _attention(q[:, :, -m:], k, v, return_info=True, **kw)
         np.testing.assert_allclose(out_m, out[:, :, -m:], rtol=0, atol=tol)
         assert np.array_equal(info_m.n, info.n[:, :, -m:])
         assert np.array_equal(info_m.support, info.support[:, :, -m:])
@@ -242,14 +252,14 @@ def test_chunk_size_does_not_change_results(backend):
     kw = dict(alpha=1.5, causal=True, key_lengths=[11, 6], beta=rng.uniform(0.2, 1, (4, 1)),
               gamma=0.5, backend=backend)
     d = dense(q, k, v, alpha=1.5, causal=True, key_lengths=[11, 6], beta=kw["beta"], gamma=0.5)
-    ref = er.attention(q, k, v, chunk=1, **kw)
+    ref = _attention(q, k, v, chunk=1, **kw)
     g_out = rng.standard_normal(ref.shape)
-    g_ref = er.attention_vjp(g_out, q, k, v, chunk=1, **kw)
+    g_ref = _attention_vjp(g_out, q, k, v, chunk=1, **kw)
     tol = out_tol(d, v, 1.5, np.float64)
     tols = grad_tols(d, q, k, v, g_out, 1.5, beta=kw["beta"], gamma=0.5)
     for chunk in (2, 4, 9, None):
-        np.testing.assert_allclose(er.attention(q, k, v, chunk=chunk, **kw), ref, rtol=0, atol=tol)
-        g = er.attention_vjp(g_out, q, k, v, chunk=chunk, **kw)
+        np.testing.assert_allclose(_attention(q, k, v, chunk=chunk, **kw), ref, rtol=0, atol=tol)
+        g = _attention_vjp(g_out, q, k, v, chunk=chunk, **kw)
         for a, b_, t in zip(g, g_ref, tols):
             np.testing.assert_allclose(a, b_, rtol=0, atol=t)
 
@@ -258,12 +268,12 @@ def test_rows_with_nothing_to_attend(backend):
     """key_lengths 0 and causal rows before the first key: zero output, tau -inf, zero grads."""
     rng, q, k, v = problem(2, B=2, Hq=2, Hkv=1, Nq=6, Nk=3)
     kw = dict(alpha=1.5, causal=True, key_lengths=[3, 0], beta=np.full((2, 1), 0.5), gamma=1.0, backend=backend)
-    out, info = er.attention(q, k, v, return_info=True, **kw)
+    out, info = _attention(q, k, v, return_info=True, **kw)
     empty = info.n == 0
     assert empty[1].all() and empty[0, :, :3].all() and not empty[0, :, 3:].any()
     assert np.all(out[empty] == 0) and np.all(np.isneginf(info.tau[empty])) and np.all(info.support[empty] == 0)
     assert np.all(np.isnan(info.s[empty])) and np.all(info.skew[empty] == 0)
-    g = er.attention_vjp(rng.standard_normal(out.shape), q, k, v, tau=info.tau, out=out, **kw)
+    g = _attention_vjp(rng.standard_normal(out.shape), q, k, v, tau=info.tau, out=out, **kw)
     assert np.all(g.dq[empty] == 0) and np.all(g.dk[1] == 0) and np.all(g.dv[1] == 0)
     assert np.all(np.isfinite(g.dbeta)) and np.all(np.isfinite(g.dgamma))
 
@@ -272,7 +282,7 @@ def test_skewed_output(backend):
     """info.skew = sum_j u_ij v_j / sum_j u_ij with u = p^(2-alpha); equals out at alpha = 1."""
     _, q, k, v = problem(4, Nq=5, Nk=6)
     for alpha in (1.0, 1.5, 3.0):
-        out, info = er.attention(q, k, v, alpha=alpha, return_info=True, backend=backend)
+        out, info = _attention(q, k, v, alpha=alpha, return_info=True, backend=backend)
         d = dense(q, k, v, alpha=alpha)
         u = weights(d.p, alpha)
         skew = (u @ np.repeat(v, 2, axis=1)) / u.sum(-1, keepdims=True)
@@ -286,10 +296,10 @@ def test_inputs_not_modified(backend):
     rng, q, k, v = problem(1)
     beta, gamma = rng.uniform(0.1, 1, (4, 1)), rng.uniform(-1, 1, (4, 1))
     copies = [a.copy() for a in (q, k, v, beta, gamma)]
-    out, info = er.attention(q, k, v, beta=beta, gamma=gamma, return_info=True, backend=backend)
+    out, info = _attention(q, k, v, beta=beta, gamma=gamma, return_info=True, backend=backend)
     g_out = np.ones_like(out)
     g_copy = g_out.copy()
-    er.attention_vjp(g_out, q, k, v, beta=beta, gamma=gamma, tau=info.tau, out=out, backend=backend)
+    _attention_vjp(g_out, q, k, v, beta=beta, gamma=gamma, tau=info.tau, out=out, backend=backend)
     for a, c in zip((q, k, v, beta, gamma, g_out), copies + [g_copy]):
         assert np.array_equal(a, c)
 
@@ -388,16 +398,16 @@ def test_gradients_match_finite_differences(backend, alpha, causal):
     g_out = rng.standard_normal(d.out.shape)
 
     def loss(q, k, v, beta, gamma, delta):
-        out = er.attention(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, backend=backend, **kw)
+        out = _attention(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, backend=backend, **kw)
         return float((out * g_out).sum())
 
-    g = er.attention_vjp(g_out, q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, backend=backend, **kw)
+    g = _attention_vjp(g_out, q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, backend=backend, **kw)
     assert g.dbeta.shape == beta.shape and g.dgamma.shape == gamma.shape and g.ddelta.shape == ()
     fd_check(loss, (q, k, v, beta, gamma, delta), g, loss_terms=4 * g_out.size)
     # from the forward's tau (and out) instead of from scratch: the same numbers
-    out, info = er.attention(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, return_info=True,
+    out, info = _attention(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, return_info=True,
                              backend=backend, **kw)
-    g2 = er.attention_vjp(g_out, q, k, v, out=out, tau=info.tau, alpha=alpha, beta=beta, gamma=gamma,
+    g2 = _attention_vjp(g_out, q, k, v, out=out, tau=info.tau, alpha=alpha, beta=beta, gamma=gamma,
                           delta=delta, backend=backend, **kw)
     tols = grad_tols(d, q, k, v, g_out, alpha, beta=beta, gamma=gamma)
     for a, b_, t in zip(g, g2, tols):
@@ -407,14 +417,14 @@ def test_gradients_match_finite_differences(backend, alpha, causal):
 def test_gradients_without_scale_and_float32(backend):
     _, q, k, v = problem(21, Nq=4, Nk=5)
     g_out = np.random.default_rng(0).standard_normal((2, 4, 4, 2))
-    g64 = er.attention_vjp(g_out, q, k, v, alpha=1.5, causal=True, backend=backend)
+    g64 = _attention_vjp(g_out, q, k, v, alpha=1.5, causal=True, backend=backend)
     assert g64.dbeta is None and g64.dgamma is None and g64.ddelta is None
-    g32 = er.attention_vjp(g_out.astype(np.float32), q.astype(np.float32), k.astype(np.float32),
+    g32 = _attention_vjp(g_out.astype(np.float32), q.astype(np.float32), k.astype(np.float32),
                            v.astype(np.float32), alpha=1.5, causal=True, backend=backend)
     assert all(a.dtype == np.float32 for a in g32[:3])
     # float32 inputs are computed in float64 from their float32 values: the float64 call on
     # those values, rounded once.
-    g_ref = er.attention_vjp(g_out.astype(np.float32).astype(np.float64), *(a.astype(np.float32).astype(np.float64)
+    g_ref = _attention_vjp(g_out.astype(np.float32).astype(np.float64), *(a.astype(np.float32).astype(np.float64)
                              for a in (q, k, v)), alpha=1.5, causal=True, backend=backend)
     for a, b_ in zip(g32[:3], g_ref[:3]):
         np.testing.assert_allclose(a, b_, rtol=0, atol=EPS32 * np.abs(b_).max())
@@ -435,14 +445,14 @@ def test_lemma1_keys_below_threshold_change_nothing(backend, alpha):
     n_old, n_new, D = 12, 500, 4
     q = rng.standard_normal((1, 1, 1, D))
     k_old = rng.standard_normal((1, 1, n_old, D))
-    p_old, info = er.attention(q, k_old, _probe(n_old), alpha=alpha, scale=1.0, return_info=True, backend=backend)
+    p_old, info = _attention(q, k_old, _probe(n_old), alpha=alpha, scale=1.0, return_info=True, backend=backend)
     cut = float(info.tau[0, 0, 0]) / (alpha - 1)  # scores <= cut get exactly 0
     # new keys along q with scores uniformly in [cut - 3, cut - 1e-9 (1 + |cut|)]
     target = rng.uniform(cut - 3, cut - 1e-9 * (1 + abs(cut)), n_new)
     k_new = (target / float((q * q).sum()))[None, None, :, None] * q[0, 0, 0][None, None, None, :]
     keys = np.concatenate([k_old, k_new], axis=2)
     perm = rng.permutation(n_old + n_new)
-    p_all, info_all = er.attention(q, keys[:, :, perm], _probe(n_old + n_new), alpha=alpha, scale=1.0,
+    p_all, info_all = _attention(q, keys[:, :, perm], _probe(n_old + n_new), alpha=alpha, scale=1.0,
                                    return_info=True, backend=backend)
     p_all = p_all[..., np.argsort(perm)]
     assert np.all(p_all[..., n_old:] == 0), "keys below the threshold must get exactly 0"
@@ -452,8 +462,8 @@ def test_lemma1_keys_below_threshold_change_nothing(backend, alpha):
     np.testing.assert_allclose(p_all[..., :n_old], p_old, rtol=0, atol=resolve)
     np.testing.assert_allclose(info_all.tau, info.tau, rtol=0, atol=resolve * (1 + abs(float(info.tau[0, 0, 0]))))
     # softmax, by contrast, shrinks every old probability
-    s_old = er.attention(q, k_old, _probe(n_old), alpha=1.0, scale=1.0, backend=backend)
-    s_all = er.attention(q, keys, _probe(n_old + n_new), alpha=1.0, scale=1.0, backend=backend)
+    s_old = _attention(q, k_old, _probe(n_old), alpha=1.0, scale=1.0, backend=backend)
+    s_all = _attention(q, keys, _probe(n_old + n_new), alpha=1.0, scale=1.0, backend=backend)
     assert np.all(s_all[..., :n_old] < s_old)
 
 
@@ -467,14 +477,14 @@ def test_lemma2_gap_gives_exactly_uniform_on_k(backend, alpha, k_rel):
         for g in (gap, 1.5 * gap):
             x = np.zeros(n)
             x[:k_rel] = g
-            p, info = er.asentmax(x, alpha, beta=0.0, gamma=1.0, backend=backend, return_info=True)  # s = 1
+            p, info = backend.call(er.asentmax, x, alpha, beta=0.0, gamma=1.0, return_info=True)  # s = 1
             assert np.all(p[k_rel:] == 0), (n, g)
             assert int(info.support) == k_rel
             # the threshold is solved to the last bit; p then carries one rounding
             np.testing.assert_allclose(p[:k_rel], 1.0 / k_rel, rtol=0, atol=2 * np.spacing(1.0 / k_rel))
         x = np.zeros(n)
         x[:k_rel] = gap * (1 - 1e-3)
-        assert int(er.support_size(er.entmax(x, alpha, backend=backend))) == n
+        assert int(er.support_size(backend.call(er.entmax, x, alpha))) == n
 
 
 @pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0])
@@ -487,7 +497,7 @@ def test_alibi_window(backend, alpha, causal):
     slopes = np.array([1.0, 0.5, 0.125])
     q = rng.standard_normal((1, H, N, D))
     k = rng.standard_normal((1, 1, N, D))
-    p, info = er.attention(q, k, _probe(N), alpha=alpha, causal=causal, alibi_slopes=slopes, scale=0.5,
+    p, info = _attention(q, k, _probe(N), alpha=alpha, causal=causal, alibi_slopes=slopes, scale=0.5,
                            return_info=True, backend=backend)
     content = 0.5 * np.einsum("hid,jd->hij", q[0], k[0, 0])
     i, j = np.arange(N)[:, None], np.arange(N)[None, :]
@@ -523,8 +533,8 @@ def test_memory_is_chunk_by_keys_not_queries_by_keys():
     g_out = rng.standard_normal((1, 1, N, D))
 
     def run():
-        out, info = er.attention(q, k, v, alpha=1.0, chunk=16, return_info=True, backend="numpy")
-        er.attention_vjp(g_out, q, k, v, alpha=1.0, chunk=16, out=out, tau=info.tau, backend="numpy")
+        out, info = _attention(q, k, v, alpha=1.0, chunk=16, return_info=True, backend="numpy")
+        _attention_vjp(g_out, q, k, v, alpha=1.0, chunk=16, out=out, tau=info.tau, backend="numpy")
 
     peak = _traced_peak(run)
     assert peak < 2 * N * N, f"peak {peak / 2**20:.1f} MiB >= an (Nq, Nk) float16 matrix"
@@ -540,8 +550,8 @@ def test_memory_automatic_chunk_long_input():
     g_out = rng.standard_normal((1, 1, N, D)).astype(np.float32)
 
     def run():
-        out, info = er.attention(q, k, v, alpha=1.0, causal=True, return_info=True, backend="numpy")
-        er.attention_vjp(g_out, q, k, v, alpha=1.0, causal=True, out=out, tau=info.tau, backend="numpy")
+        out, info = _attention(q, k, v, alpha=1.0, causal=True, return_info=True, backend="numpy")
+        _attention_vjp(g_out, q, k, v, alpha=1.0, causal=True, out=out, tau=info.tau, backend="numpy")
 
     peak = _traced_peak(run)
     assert peak < N * N, f"peak {peak / 2**20:.1f} MiB >= an (Nq, Nk) boolean matrix"
@@ -575,15 +585,15 @@ def test_bad_input_raises_value_errors_naming_shapes():
         kw = {key: val for key, val in change.items() if key not in args}
         args.update({key: val for key, val in change.items() if key in args})
         with pytest.raises(ValueError, match=match):
-            er.attention(args["q"], args["k"], args["v"], **kw)
+            _attention(args["q"], args["k"], args["v"], **kw)
     with pytest.raises(ValueError, match="grad_out"):
-        er.attention_vjp(np.ones((2, 4, 3, 3)), q, k, v)
+        _attention_vjp(np.ones((2, 4, 3, 3)), q, k, v)
     with pytest.raises(ValueError, match="tau"):
-        er.attention_vjp(np.ones((2, 4, 3, 2)), q, k, v, tau=np.zeros((2, 4, 2)))
+        _attention_vjp(np.ones((2, 4, 3, 2)), q, k, v, tau=np.zeros((2, 4, 2)))
     with pytest.raises(ValueError, match="-inf"):
-        er.attention_vjp(np.ones((2, 4, 3, 2)), q, k, v, tau=np.full((2, 4, 3), -np.inf))
+        _attention_vjp(np.ones((2, 4, 3, 2)), q, k, v, tau=np.full((2, 4, 3), -np.inf))
     with pytest.raises(ValueError, match="overflowed"):
-        er.attention(q * 1e200, k * 1e200, v)
+        _attention(q * 1e200, k * 1e200, v)
 
 
 # --------------------------------------------------------------------------- peer: PyTorch autograd
@@ -641,9 +651,9 @@ def test_matches_pytorch_autograd(backend, alpha, causal, scaling):
     kw = dict(causal=causal, key_lengths=[6, 5], alibi_slopes=[0.5, 0.25, 0.0, 0.0])
     g_out = rng.standard_normal((2, 4, 5, 2))
 
-    out, info = er.attention(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, return_info=True,
+    out, info = _attention(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, return_info=True,
                              backend=backend, **kw)
-    grads = er.attention_vjp(g_out, q, k, v, out=out, tau=info.tau, alpha=alpha, beta=beta, gamma=gamma,
+    grads = _attention_vjp(g_out, q, k, v, out=out, tau=info.tau, alpha=alpha, beta=beta, gamma=gamma,
                              delta=delta, backend=backend, **kw)
 
     leaves = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v, beta, gamma, delta)]
