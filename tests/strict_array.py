@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from entmax_ref.backends import AttentionForward, AttentionGrads, RowSolve, get_backend, register_backend
+from entmax_ref.backends import AttentionForward, AttentionGrads, RowSolve, capabilities, get_backend, register_backend
 
 NAME = "strict"
 
@@ -203,6 +203,7 @@ class StrictBackend:
                 raise TypeError(f"the strict backend got a {type(a).__name__} where its contract wants its own arrays")
 
     def entmax_forward(self, x, alpha, method):
+        capabilities.require(self.name, "entmax_forward", method)
         self._check(x)
         res = self._ref.entmax_forward(_host(x), _host(alpha), method)
         return RowSolve(*(_wrap(f) for f in res))
