@@ -177,7 +177,8 @@ def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
             over = hm > budget
             hi = np.where(act & over, mid, hi)
             lo = np.where(act & ~over, mid, lo)
-        solved = hi < 2 * n
+        # at most `budget` unmasked entries: all of them are 1 (h never exceeds the budget)
+        solved = (hi < 2 * n) & (fin.sum(axis=1) > budget)
         if solved.any():
             r = idx[solved]
             up = brk[r, hi[solved] - 1]  # tau lies in [brk[J], brk[J - 1]]
