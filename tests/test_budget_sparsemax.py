@@ -191,3 +191,19 @@ def test_peer_budget_bisect_forward_and_autograd(backend, budget):
     np.testing.assert_allclose(backend.numpy(p), pt.detach().numpy(), rtol=0, atol=1e-14)
     dx = er.budget_sparsemax_vjp(p, backend.asarray(g), budget, backend=backend)
     np.testing.assert_allclose(backend.numpy(dx), xt.grad.numpy(), rtol=0, atol=1e-13)
+
+
+def test_check_battery_passes_the_backends_and_fails_a_perturbed_implementation(backend):
+    from entmax_ref.testing.family_checks import check_budget_sparsemax
+
+    good = check_budget_sparsemax(lambda x, budget: er.budget_sparsemax(x, budget, backend=backend), 2.5,
+                                  vjp=lambda x, g, budget: er.budget_sparsemax_vjp(
+                                      er.budget_sparsemax(x, budget, backend=backend), g, budget, backend=backend),
+                                  name=backend, size="quick")
+    assert good.ok, good.table()
+
+    def sum_slightly_off(x, budget):
+        return np.clip(er.budget_sparsemax(x, budget, backend="numpy") * (1 + 1e-9), 0, 1).astype(x.dtype)
+
+    bad = check_budget_sparsemax(sum_slightly_off, 2.5, size="quick", dtypes=("float64",))
+    assert not bad.ok

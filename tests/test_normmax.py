@@ -296,3 +296,35 @@ def test_peer_normmax_loss():
     t = rng.integers(0, 8, 9)
     want = entmax_pkg.normmax_bisect_loss(torch.tensor(x), torch.tensor(t), alpha=2.0, n_iter=100).numpy()
     np.testing.assert_allclose(er.normmax_loss(x, t, 2.0, backend="numpy"), want, rtol=0, atol=1e-13)
+
+
+# ----------------------------------------------------------------------------- check battery
+
+
+def test_check_battery_passes_the_backends_and_fails_a_perturbed_implementation(backend):
+    from entmax_ref.testing.family_checks import check_normmax
+
+    good = check_normmax(lambda x, alpha: er.normmax(x, alpha, backend=backend), 2.0,
+                         vjp=lambda x, g, alpha: er.normmax_vjp(er.normmax(x, alpha, backend=backend), g, alpha,
+                                                                backend=backend),
+                         name=backend, size="quick")
+    assert good.ok, good.table()
+    assert {r.op for r in good.rows} == {"normmax a=2", "normmax vjp a=2"}
+
+    def off_by_a_little(x, alpha):  # the threshold moved by 1e-9
+        p = er.normmax(x, alpha, backend="numpy", return_info=True)[1].tau[..., None] - 1e-9
+        w = np.where(x > p, np.maximum(x - p, 0) ** (1 / (alpha - 1)), 0.0)
+        return (w / np.maximum(w.sum(-1, keepdims=True), 1e-300)).astype(x.dtype)
+
+    bad = check_normmax(off_by_a_little, 2.0, size="quick", dtypes=("float64",))
+    assert not bad.ok
+
+
+def test_check_command_lists_the_family_jobs():
+    from entmax_ref.testing import command as C
+
+    labels = [label for label, _ in C.backend_jobs("numpy", "quick", 0)]
+    assert "normmax a=2 [numpy]" in labels and "budget B=2.5 [numpy]" in labels
+    peers = [label for label, _ in C.peer_jobs("quick", 0)]
+    if any(label.startswith("entmax.") for label in peers):
+        assert "entmax.normmax_bisect a=2" in peers and "entmax.budget_bisect B=1" in peers
