@@ -1,7 +1,9 @@
 """budget-sparsemax kernels of the numba backend (forward and VJP), float64 math.
 
-Per row (same answer as :mod:`entmax_ref.backends.numpy_family`): the finite entries are
-sorted, then one walk over the breakpoints in decreasing order (``x_i``: an entry becomes
+Per row (same answer as :mod:`entmax_ref.backends.numpy_family`): a selection
+(``np.partition``) finds the ``(floor(B)+1)``-th largest entry v; at least B + 1 entries
+reach 1 at ``tau = v - 1``, so ``tau > v - 1`` and only entries above ``v - 1`` can be
+nonzero.  Those are sorted, then one walk over the breakpoints in decreasing order (``x_i``: an entry becomes
 fractional; ``x_i - 1``: it reaches 1), merged from the sorted entries with two pointers,
 keeps the counts of the upper set ``U`` and of ``U`` plus the free set ``F``, and
 ``sum_F (x_i - max x)``.  At each breakpoint ``t``, ``h(t) = |U| + sum_F (x_i - t)``; at the
@@ -14,6 +16,8 @@ Small inputs run on a sequential driver; larger ones under ``prange``.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit, prange
@@ -47,6 +51,16 @@ def _budget_tau(x, B, c):
             k += 1
     if k <= B:
         return -np.inf  # every unmasked entry is 1 (all -inf rows: none)
+    # Prefilter: with v the (floor(B) + 1)-th largest entry, at least B + 1 entries are
+    # >= v, so h(v - 1) >= B + 1 > B and tau > cut = v - 1; entries <= cut are 0 there.
+    j = int(math.floor(B))
+    cut = np.partition(c[:k], k - 1 - j)[k - 1 - j] - 1.0
+    kk = 0
+    for i in range(k):
+        if c[i] > cut:
+            c[kk] = c[i]
+            kk += 1
+    k = kk
     s = np.sort(c[:k])  # ascending; descending rank j is s[k - 1 - j]
     mx = s[k - 1]
     i_in = 0  # entries of rank < i_in are in U or F
@@ -56,15 +70,13 @@ def _budget_tau(x, B, c):
     while True:
         t_in = s[k - 1 - i_in] if i_in < k else -np.inf
         t_up = s[k - 1 - i_up] - 1.0 if i_up < i_in else -np.inf
-        t = max(t_in, t_up)
-        if t == -np.inf:
-            return -np.inf  # every entry is at 1 and the budget is not exceeded
+        t = max(t_in, t_up, cut)  # h(cut) > B: the walk ends there at the latest
         nF = i_in - i_up
         h = i_up + sumF + nF * (mx - t)
-        if h > B:
+        if h > B or t == cut:
             S, cS = 0.0, 0.0
-            for j in range(i_up, i_in):
-                S, cS = _acc(S, cS, s[k - 1 - j] - mx)
+            for jj in range(i_up, i_in):
+                S, cS = _acc(S, cS, s[k - 1 - jj] - mx)
             tau = mx + (i_up + (S + cS) - B) / nF
             return min(max(tau, t), prev)
         if t_in >= t_up:
