@@ -5,7 +5,9 @@
   :func:`assert_attention_grads_close` (they compute the float64 reference themselves);
 * tolerances: :mod:`entmax_ref.testing.tolerance` (the documented formula);
 * batteries returning a :class:`CheckReport`: :func:`check_entmax`,
-  :func:`check_threshold`, :func:`check_entmax_vjp`, :func:`check_attention`;
+  :func:`check_threshold`, :func:`check_entmax_vjp`, :func:`check_attention`,
+  :func:`check_normmax`, :func:`check_budget_sparsemax` (with their tolerances in
+  :mod:`entmax_ref.testing.family_checks`);
 * the built-in corpus: :mod:`entmax_ref.testing.corpus`;
 * adapters: :func:`to_numpy` / :func:`from_numpy` (NumPy, CuPy, PyTorch, JAX, DLPack,
   ``__array__``; a framework is imported only when its objects are involved);
@@ -28,6 +30,7 @@ from .assertions import (
     compare,
 )
 from .checks import CheckReport, CheckRow, check_attention, check_entmax, check_entmax_vjp, check_threshold
+from .family_checks import check_budget_sparsemax, check_normmax
 
 __all__ = [
     "CheckReport",
@@ -39,8 +42,10 @@ __all__ = [
     "assert_entmax_vjp_close",
     "assert_threshold_close",
     "check_attention",
+    "check_budget_sparsemax",
     "check_entmax",
     "check_entmax_vjp",
+    "check_normmax",
     "check_threshold",
     "compare",
     "from_numpy",
