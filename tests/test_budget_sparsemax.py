@@ -167,9 +167,9 @@ def test_properties_and_vjp_vs_finite_differences(backend, x, frac, seed):
 
 def test_backends_agree_on_a_large_batch(backend):
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((64, 257)) * 2
+    x = rng.standard_normal((130, 257)) * 2  # > numba's SEQUENTIAL_MAX entries: the prange drivers
     x[rng.random(x.shape) < 0.05] = -np.inf
-    b = rng.uniform(0, 257, 64)
+    b = rng.uniform(0, 257, 130)
     p, info = er.budget_sparsemax(backend.asarray(x), b, backend=backend, return_info=True)
     q, iq = er.budget_sparsemax(x, b, backend="numpy", return_info=True)
     np.testing.assert_allclose(backend.numpy(p), q, rtol=0, atol=_tol(x, b).max())

@@ -223,9 +223,9 @@ def test_properties_and_vjp_vs_finite_differences(backend, x, alpha, seed):
 
 def test_backends_agree_on_a_large_batch(backend):
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((64, 300)) * 3
+    x = rng.standard_normal((128, 300)) * 3  # > numba's SEQUENTIAL_MAX entries: the prange drivers
     x[rng.random(x.shape) < 0.05] = -np.inf
-    a = rng.uniform(1.1, 4.0, 64)
+    a = rng.uniform(1.1, 4.0, 128)
     p, info = er.normmax(backend.asarray(x), a, backend=backend, return_info=True)
     q, iq = er.normmax(x, a, backend="numpy", return_info=True)
     np.testing.assert_array_equal(backend.numpy(info.support), iq.support)
