@@ -22,7 +22,8 @@ budget-sparsemax (``docs/math/budget_sparsemax.md``)
     nonincreasing with breakpoints at ``x_i`` and ``x_i - 1``.  A binary search over the
     sorted breakpoints finds the first one where ``h > B``; between it and the previous
     one ``h`` is linear with the upper set ``U`` and free set ``F`` fixed, and
-    ``tau = max(x) + (|U| + sum_F (x_i - max x) - B) / |F|`` exactly.  Where the solution
+    ``tau = c + (|U| + sum_F (x_i - c) - B) / |F|`` exactly, with ``c`` the largest free
+    entry (the free entries lie within 1 of it, so the differences do not round).  Where the solution
     set of ``h(tau) = B`` is an interval (an integer budget with an empty free set) the
     smallest ``tau`` of it is returned; a row whose unmasked entries number at most ``B``
     gets ``p = 1`` on all of them and ``tau = -inf``.
@@ -186,10 +187,11 @@ def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
             xs = x64[r]
             U = xs - 1.0 >= up[:, None]
             F = (xs >= up[:, None]) & (xs - 1.0 <= down[:, None])
-            mr = m[r]
-            sF = np.where(F, xs - mr[:, None], 0.0).sum(axis=1)
+            # relative to the largest free entry c: the free entries lie within 1 of it
+            c = np.where(F, xs, -np.inf).max(axis=1)
+            sF = np.where(F, xs - c[:, None], 0.0).sum(axis=1)
             nF = F.sum(axis=1)  # >= 1: h changes between the two breakpoints
-            t = mr + (U.sum(axis=1) + sF - budget[solved]) / nF
+            t = c + (U.sum(axis=1) + sF - budget[solved]) / nF
             tau[r] = np.clip(t, down, up)
     with np.errstate(invalid="ignore"):
         p = np.where(fin, np.clip(x64 - tau[:, None], 0.0, 1.0), 0.0)

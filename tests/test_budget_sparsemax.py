@@ -72,6 +72,13 @@ def test_hand_example_and_conventions(backend):
                                er.sparsemax(x, backend="numpy"), rtol=0, atol=8 * EPS)
 
 
+def test_rows_with_a_huge_dynamic_range(backend):
+    # the free entries are relative to each other, not to the row's maximum
+    x = np.array([[1e300, -1e300, 0.0, 0.25], [1e16, 0.5, 0.0, -1e16]])
+    p = backend.numpy(er.budget_sparsemax(backend.asarray(x), 1.5, backend=backend))
+    np.testing.assert_array_equal(p, [[1.0, 0.0, 0.125, 0.375], [1.0, 0.5, 0.0, 0.0]])
+
+
 def test_masks_all_masked_and_saturated_rows(backend):
     x = np.array([[0.5, -np.inf, 0.2, -np.inf], [-np.inf] * 4, [0.1, -np.inf, -np.inf, -np.inf]])
     p, info = er.budget_sparsemax(backend.asarray(x), 1.5, backend=backend, return_info=True)

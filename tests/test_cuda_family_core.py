@@ -64,6 +64,8 @@ def _batch(seed):
     x[3] = -np.inf
     x[4, :10] = x[4, 0]
     x[5] = 50.0 + rng.standard_normal(70)
+    x[6] = -np.inf
+    x[6, :4] = [1e300, -1e300, 0.0, 0.25]  # huge dynamic range: free entries relative to each other
     return x
 
 

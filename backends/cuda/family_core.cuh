@@ -18,8 +18,8 @@
 // linear with breakpoints x_i and x_i - 1.  The bracket lo = min x - 1 (h = #finite > B),
 // hi = max x (h = 0 <= B) is shrunk -- at the largest breakpoint c inside it when c is in
 // its lower half, else at its midpoint -- until no breakpoint lies strictly inside;
-// then, with U = {x_i - 1 >= hi} and F = {x_i >= hi, x_i - 1 <= lo},
-// tau = max x + (|U| + sum_F (x_i - max x) - B) / |F|, clamped to [lo, hi].  Each step
+// then, with U = {x_i - 1 >= hi} and F = {x_i >= hi, x_i - 1 <= lo} (all within 1 of hi),
+// tau = hi + (|U| + sum_F (x_i - hi) - B) / |F|, clamped to [lo, hi].  Each step
 // halves the bracket or leaves no breakpoint inside it (one reduction to find c, one for h).  At most B finite
 // entries: tau = -inf, p = 1 on them.
 #pragma once
@@ -27,8 +27,18 @@
 
 namespace er {
 
+// Whether a team reduces the final sums of budget_solve in two passes (1 + 2 sums) rather
+// than one (3 sums): the same values; only ptxas's register allocation differs (the block
+// kernels spill with one 3-sum pass, the warp kernels with two).  family_rows.cu sets it
+// for BlockTeam.
+template <class Team>
+struct SplitFinalSums {
+    static constexpr bool value = false;
+};
+
 struct FamilySolve {
     double tau;
+    double rel;  // normmax: tau - max x, kept unrounded (tau itself may round it away)
     long long n_iter;
     bool converged;
 };
@@ -38,7 +48,7 @@ template <class Team, class Row>
 ER_HD FamilySolve normmax_solve(const Team& team, const Row& x, int n, double alpha, int max_iter, double* m_out) {
     const double m = team.reduce_max(n, [&](int i) { return x(i); });
     *m_out = m;
-    FamilySolve s{-inf(), 0, true};
+    FamilySolve s{-inf(), 0.0, 0, true};
     if (!(m > -inf())) return s;
     const double beta = alpha / (alpha - 1.0);
     double T = -1.0;
@@ -72,6 +82,7 @@ ER_HD FamilySolve normmax_solve(const Team& team, const Row& x, int n, double al
         s.n_iter = it + 1;
     }
     s.tau = m + T;
+    s.rel = T;
     return s;
 }
 
@@ -82,7 +93,7 @@ ER_HD long long normmax_write(const Team& team, const Row& x, int n, double alph
         team.for_each(n, [&](int i) { p[i] = T(0); });
         return 0;
     }
-    const double Tm = s.tau - m;  // in [-1, 0)
+    const double Tm = s.rel;  // in [-1, 0)
     const double g = 1.0 / (alpha - 1.0);
     double S[1];
     team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
@@ -147,7 +158,7 @@ ER_HD double budget_h(const Team& team, const Row& x, int n, double t) {
 
 template <class Team, class Row>
 ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, int max_iter) {
-    FamilySolve s{-inf(), 0, true};
+    FamilySolve s{-inf(), 0.0, 0, true};
     const double mn = -team.reduce_max(n, [&](int i) { const double v = x(i); return v > -inf() ? -v : -inf(); });
     double cnt[1];
     team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (x(i) > -inf()) a.add(0, 1.0); }, cnt);
@@ -175,18 +186,38 @@ ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, 
             hi = pivot;
         s.n_iter = it + 1;
     }
-    const double m = team.reduce_max(n, [&](int i) { return x(i); });  // not kept live across the loop
-    double nU[1], sF[2];  // |U|; |F| and sum_F (x - m)
-    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (x(i) - 1.0 >= hi) a.add(0, 1.0); }, nU);
-    team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
-        const double v = x(i);
-        if (v >= hi && v - 1.0 <= lo && v - 1.0 < hi) {
-            a.add(0, 1.0);
-            a.add(1, v - m);
-        }
-    }, sF);
+    // the closed form relative to m = hi: the free entries lie in [hi, lo + 1], within 1 of it
+    const double m = hi;
+    double nU, nF, sF;  // |U|, |F| and sum_F (x - m)
+    if constexpr (SplitFinalSums<Team>::value) {
+        double a1[1], a2[2];
+        team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (x(i) - 1.0 >= m) a.add(0, 1.0); }, a1);
+        team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
+            const double v = x(i);
+            if (v >= m && v - 1.0 <= lo && v - 1.0 < m) {
+                a.add(0, 1.0);
+                a.add(1, v - m);
+            }
+        }, a2);
+        nU = a1[0];
+        nF = a2[0];
+        sF = a2[1];
+    } else {
+        double a3[3];
+        team.template reduce_sum<3>(n, [&](int i, Acc<3>& a) {
+            const double v = x(i);
+            if (v - 1.0 >= m) a.add(0, 1.0);
+            else if (v >= m && v - 1.0 <= lo) {
+                a.add(1, 1.0);
+                a.add(2, v - m);
+            }
+        }, a3);
+        nU = a3[0];
+        nF = a3[1];
+        sF = a3[2];
+    }
     // F is not empty when h(lo) > h(hi) (a guard only against an impossible division)
-    double tau = sF[0] > 0.0 ? m + (nU[0] + sF[1] - B) / sF[0] : hi;
+    double tau = nF > 0.0 ? m + (nU + sF - B) / nF : m;
     if (tau < lo) tau = lo;
     if (tau > hi) tau = hi;
     s.tau = tau;

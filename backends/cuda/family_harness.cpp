@@ -6,6 +6,13 @@
 // count (1, 32 or 256) reproduces a serial loop, a warp's or a 256-thread block's reductions.
 #include "family_core.cuh"
 
+namespace er {
+template <>
+struct SplitFinalSums<HostTeam<256>> {  // as BlockTeam on the GPU (family_rows.cu)
+    static constexpr bool value = true;
+};
+}  // namespace er
+
 namespace {
 
 template <int LANES>

@@ -7,6 +7,13 @@
 #include "entmax_teams.cuh"
 #include "family_core.cuh"
 
+namespace er {
+template <>
+struct SplitFinalSums<BlockTeam> {  // see family_core.cuh: avoids register spills
+    static constexpr bool value = true;
+};
+}  // namespace er
+
 #ifndef ER_MAX_BLOCK
 #define ER_MAX_BLOCK 512
 #endif

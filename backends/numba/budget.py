@@ -6,10 +6,12 @@ reach 1 at ``tau = v - 1``, so ``tau > v - 1`` and only entries above ``v - 1`` 
 nonzero.  Those are sorted, then one walk over the breakpoints in decreasing order (``x_i``: an entry becomes
 fractional; ``x_i - 1``: it reaches 1), merged from the sorted entries with two pointers,
 keeps the counts of the upper set ``U`` and of ``U`` plus the free set ``F``, and
-``sum_F (x_i - max x)``.  At each breakpoint ``t``, ``h(t) = |U| + sum_F (x_i - t)``; at the
-first with ``h(t) > budget`` the threshold is the closed form on the piece above it,
-``tau = max x + (|U| + sum_F (x_i - max x) - budget) / |F|`` (the sum recomputed from the
-sorted range with compensation, and ``tau`` clamped to the piece).  No breakpoint over
+``sum_F x_i`` (Neumaier-compensated, so entries that leave F leave no rounding behind).
+At each breakpoint ``t``, ``h(t) = |U| + sum_F x_i - |F| t``; at the first with
+``h(t) > budget`` the threshold is the closed form on the piece above it,
+``tau = c + (|U| + sum_F (x_i - c) - budget) / |F|`` with c the largest free entry (the
+free entries lie within 1 of each other, so the differences are exact; the sum recomputed
+from the sorted range with compensation, and ``tau`` clamped to the piece).  No breakpoint over
 the budget: every unmasked entry is 1, ``tau = -inf``.  O(n log n) per row.
 
 Small inputs run on a sequential driver; larger ones under ``prange``.
@@ -62,28 +64,29 @@ def _budget_tau(x, B, c):
             kk += 1
     k = kk
     s = np.sort(c[:k])  # ascending; descending rank j is s[k - 1 - j]
-    mx = s[k - 1]
     i_in = 0  # entries of rank < i_in are in U or F
     i_up = 0  # entries of rank < i_up are in U
-    sumF = 0.0
+    sF, cF = 0.0, 0.0  # sum_F x, compensated (entries leave it again: no cancellation)
     prev = np.inf
     while True:
         t_in = s[k - 1 - i_in] if i_in < k else -np.inf
         t_up = s[k - 1 - i_up] - 1.0 if i_up < i_in else -np.inf
         t = max(t_in, t_up, cut)  # h(cut) > B: the walk ends there at the latest
         nF = i_in - i_up
-        h = i_up + sumF + nF * (mx - t)
+        h = i_up + ((sF + cF) - nF * t)
         if h > B or t == cut:
+            # closed form relative to the largest free entry (F spans less than 1)
+            ref = s[k - 1 - i_up]
             S, cS = 0.0, 0.0
             for jj in range(i_up, i_in):
-                S, cS = _acc(S, cS, s[k - 1 - jj] - mx)
-            tau = mx + (i_up + (S + cS) - B) / nF
+                S, cS = _acc(S, cS, s[k - 1 - jj] - ref)
+            tau = ref + (i_up + (S + cS) - B) / nF
             return min(max(tau, t), prev)
         if t_in >= t_up:
-            sumF += s[k - 1 - i_in] - mx
+            sF, cF = _acc(sF, cF, s[k - 1 - i_in])
             i_in += 1
         else:
-            sumF -= s[k - 1 - i_up] - mx
+            sF, cF = _acc(sF, cF, -s[k - 1 - i_up])
             i_up += 1
         prev = t
 
