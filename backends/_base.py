@@ -88,6 +88,23 @@ class Backend(Protocol):
     def entmax_alpha_vjp(self, p: Any, g: Any, alpha: Any) -> Any:
         """dL/dalpha per row, shape (rows,) float64; continuous through alpha -> 1."""
 
+    def normmax_forward(self, x: Any, alpha: Any) -> RowSolve:
+        """Row-wise alpha-normmax (alpha > 1): ``p_i`` proportional to ``[x_i - tau]_+^(1/(alpha-1))``
+        with ``||[x - tau]_+||_(alpha/(alpha-1)) = 1``.  ``theta`` holds that x-space ``tau``
+        (-inf on all -inf rows); ``-inf`` entries are masked."""
+
+    def normmax_vjp(self, p: Any, g: Any, alpha: Any) -> Any:
+        """dL/dx = v * (g - <p, g>) - p * (v . (g - <p, g>)), v = ||p||_alpha (p/||p||_alpha)^(2-alpha)
+        / (alpha - 1) on the support."""
+
+    def budget_forward(self, x: Any, budget: Any) -> RowSolve:
+        """Row-wise budget-sparsemax: ``p = clip(x - tau, 0, 1)``, ``sum p = budget``
+        (float64 (rows,), 0 <= budget <= n); ``theta`` holds ``tau`` (the smallest one
+        when not unique; -inf when every unmasked entry is 1)."""
+
+    def budget_vjp(self, p: Any, g: Any) -> Any:
+        """dL/dx = g - mean_F(g) on the free set F = {0 < p < 1}, 0 elsewhere."""
+
     def attention_forward(self, q: Any, k: Any, v: Any, spec: AttentionSpec) -> AttentionForward:
         """Chunked attention forward; never holds an (Nq, Nk) matrix."""
 

@@ -30,6 +30,16 @@ KERNELS: dict[str, tuple[str, ...]] = {
         "entmax_alpha_vjp_warp",
         "entmax_alpha_vjp_block",
     ),
+    "family_rows.cu": (
+        "normmax_forward_warp",
+        "normmax_forward_block",
+        "normmax_vjp_warp",
+        "normmax_vjp_block",
+        "budget_forward_warp",
+        "budget_forward_block",
+        "budget_vjp_warp",
+        "budget_vjp_block",
+    ),
     "entmax_attention.cu": (
         "attn_forward_warp",
         "attn_forward_block",

@@ -14,6 +14,11 @@ g++ harness (``cuda/harness.cpp``, ``tests/test_cuda_core.py``) runs on the CPU:
   float64 whatever the storage dtype; ``n_iter`` counts passes over the row (it is not 0
   for sparsemax / 1.5-entmax as on the NumPy backend, which sorts);
 * one warp per row when ``n <= CupyTuning.warp_max_n``, else one block per row;
+* alpha-normmax and budget-sparsemax (``cuda/family_rows.cu``, core in
+  ``cuda/family_core.cuh``): no sort on the GPU, so normmax runs monotone Newton on the
+  beta-norm of the whole row and budget-sparsemax shrinks a bracket onto its breakpoints;
+  same answers as the sort-based reference up to rounding (checked on the CPU by
+  ``tests/test_cuda_family_core.py``);
 * attention: query chunks, ``cupy.matmul`` (cuBLAS) for the products, raw kernels for
   the row solves and the backward's elementwise work; theta and the skewed output are
   kept per row, memory is O(chunk x Nk).
@@ -39,6 +44,7 @@ from .geometry import chunk_bounds, key_offset
 _METHODS = {None: 0, "bisect": 1}  # the kernels' method codes (the table says which exist)
 _ROWS = "entmax_rows.cu"
 _ATTN = "entmax_attention.cu"
+_FAMILY = "family_rows.cu"
 _NULL = np.uint64(0)  # a null pointer argument
 
 
@@ -166,6 +172,61 @@ class CupyBackend:
             self._launch_rows("entmax_alpha_vjp", n, rows, _scalar_name(cdt),
                               (pc, gc, np.int64(rows), np.int32(n), a, out))
         return out
+
+    # ------------------------------------------------------------------ normmax, budget
+    def _launch_family(self, name: str, n: int, rows: int, scalar: str, args: tuple) -> None:
+        t = self.tuning
+        if n <= t.warp_max_n:
+            per = t.warps_per_block
+            L.get_kernel(_FAMILY, f"{name}_warp", scalar)(((rows + per - 1) // per,), (32 * per,), args)
+        else:
+            L.get_kernel(_FAMILY, f"{name}_block", scalar)((rows,), (t.block,), args)
+
+    def _family_forward(self, name: str, x, prm) -> RowSolve:
+        rows, n = x.shape
+        if n >= 2**31:
+            raise ValueError(f"rows longer than 2**31 - 1 entries are not supported (n = {n})")
+        cdt = _compute_dtype(x.dtype)
+        xc = cupy.ascontiguousarray(x, dtype=cdt)
+        prm = _device(prm, np.float64)
+        p = cupy.empty((rows, n), cdt)
+        tau = cupy.empty(rows, np.float64)
+        support = cupy.empty(rows, np.int64)
+        n_iter = cupy.empty(rows, np.int64)
+        converged = cupy.empty(rows, np.bool_)
+        if rows:
+            args = (xc, np.int64(rows), np.int32(n), prm, np.int32(self.tuning.max_iter), p, tau, support, n_iter,
+                    converged)
+            self._launch_family(name, n, rows, _scalar_name(cdt), args)
+        return RowSolve(p.astype(x.dtype, copy=False), tau, support, n_iter, converged)
+
+    def normmax_forward(self, x, alpha) -> RowSolve:
+        """Monotone Newton on the beta-norm over the whole row from tau = max - 1 (no sort on
+        the GPU; ``n_iter`` counts passes), ``cuda/family_core.cuh``."""
+        return self._family_forward("normmax_forward", x, alpha)
+
+    def normmax_vjp(self, p, g, alpha):
+        pc, gc, a, cdt, out_dtype = self._vjp_inputs(p, g, alpha)
+        rows, n = pc.shape
+        dx = cupy.empty((rows, n), cdt)
+        if rows:
+            self._launch_family("normmax_vjp", n, rows, _scalar_name(cdt), (pc, gc, np.int64(rows), np.int32(n), a, dx))
+        return dx.astype(out_dtype, copy=False)
+
+    def budget_forward(self, x, budget) -> RowSolve:
+        """The breakpoint bracket shrunk by halving / snapping to the largest inner
+        breakpoint, then the closed form on the piece (``cuda/family_core.cuh``)."""
+        return self._family_forward("budget_forward", x, budget)
+
+    def budget_vjp(self, p, g):
+        out_dtype = np.result_type(p.dtype, g.dtype)
+        cdt = _compute_dtype(out_dtype)
+        pc, gc = cupy.ascontiguousarray(p, dtype=cdt), cupy.ascontiguousarray(g, dtype=cdt)
+        rows, n = pc.shape
+        dx = cupy.empty((rows, n), cdt)
+        if rows:
+            self._launch_family("budget_vjp", n, rows, _scalar_name(cdt), (pc, gc, np.int64(rows), np.int32(n), dx))
+        return dx.astype(out_dtype, copy=False)
 
     # ------------------------------------------------------------------ attention
     def _attn_setup(self, q, k, v, spec: AttentionSpec):

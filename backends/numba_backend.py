@@ -102,6 +102,63 @@ class NumbaBackend:
             _grads.entmax_alpha_vjp_rows(p, g, alpha, out)
         return out
 
+    def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
+        """Sorted candidates within 1 of the max, binary search for the support, monotone
+        Newton on its beta-norm (:mod:`entmax_ref.backends.numba.normmax`)."""
+        from .numba import normmax as _nm
+
+        x = _as_rows(x)
+        rows, n = x.shape
+        alpha = _as_alpha(alpha, rows)
+        out = np.empty((rows, n), x.dtype)
+        tau = np.empty(rows, np.float64)
+        support = np.empty(rows, np.int64)
+        n_iter = np.empty(rows, np.int64)
+        converged = np.empty(rows, np.bool_)
+        if rows:
+            _nm.normmax_rows(x, alpha, out, tau, support, n_iter, converged, 8 * numba.get_num_threads())
+        return RowSolve(out, tau, support, n_iter, converged)
+
+    def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        from .numba import normmax as _nm
+
+        p, g = _as_rows(p), _as_rows(g)
+        if p.shape != g.shape:
+            raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
+        alpha = _as_alpha(alpha, p.shape[0])
+        dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
+        if p.shape[0]:
+            _nm.normmax_vjp_rows(p, g, alpha, dx)
+        return dx
+
+    def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
+        """Sorted row, one merged walk over the breakpoints, closed form on the crossing
+        piece (:mod:`entmax_ref.backends.numba.budget`)."""
+        from .numba import budget as _bs
+
+        x = _as_rows(x)
+        rows, n = x.shape
+        budget = np.ascontiguousarray(budget, dtype=np.float64)
+        if budget.shape != (rows,):
+            raise ValueError(f"budget must have shape ({rows},), got {budget.shape}")
+        out = np.empty((rows, n), x.dtype)
+        tau = np.empty(rows, np.float64)
+        support = np.empty(rows, np.int64)
+        if rows:
+            _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())
+        return RowSolve(out, tau, support, np.zeros(rows, np.int64), np.ones(rows, np.bool_))
+
+    def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        from .numba import budget as _bs
+
+        p, g = _as_rows(p), _as_rows(g)
+        if p.shape != g.shape:
+            raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
+        dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
+        if p.shape[0]:
+            _bs.budget_vjp_rows(p, g, dx)
+        return dx
+
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         """The fused chunked forward of :mod:`entmax_ref.backends.numba.attention` (BLAS
         score products, then one row kernel: masks, bias, row solve, support-only output)."""

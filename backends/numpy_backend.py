@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
+from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
 from .constants import EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
@@ -388,6 +389,22 @@ class NumpyBackend:
             term = np.where(onb, pb * (1.0 - a1 * Lb) * (gb - r), 0.0)
             out[big] = term.sum(axis=1) / (a1[:, 0] * a1[:, 0])
         return out
+
+    def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
+        """Sorted-rank support search, then monotone Newton on the beta-norm
+        (:mod:`entmax_ref.backends.numpy_family`)."""
+        return _family.normmax_rows(x, alpha)
+
+    def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        return _family.normmax_vjp_rows(p, g, alpha)
+
+    def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
+        """Binary search over the sorted breakpoints, then the closed form on the
+        bracketing piece (:mod:`entmax_ref.backends.numpy_family`)."""
+        return _family.budget_rows(x, budget)
+
+    def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return _family.budget_vjp_rows(p, g)
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         from .numpy_attention import attention_forward

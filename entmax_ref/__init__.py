@@ -39,6 +39,16 @@ from .diagnostics import (
     row_diagnostics,
     support_size,
 )
+from .family import (
+    BudgetInfo,
+    NormmaxInfo,
+    budget_sparsemax,
+    budget_sparsemax_vjp,
+    normmax,
+    normmax_loss,
+    normmax_loss_grad,
+    normmax_vjp,
+)
 from .gradients import entmax_alpha_vjp, entmax_jacobian, entmax_vjp
 from .losses import entmax_loss, entmax_loss_grad
 from .transforms import EntmaxInfo, entmax, entmax15, entmax_threshold, softmax, sparsemax
@@ -50,7 +60,9 @@ __all__ = [
     "AttentionGradients",
     "AttentionInfo",
     "BackendUnavailableError",
+    "BudgetInfo",
     "EntmaxInfo",
+    "NormmaxInfo",
     "RowDiagnostics",
     "asentmax",
     "asentmax_scale",
@@ -59,6 +71,8 @@ __all__ = [
     "attention",
     "attention_vjp",
     "available_backends",
+    "budget_sparsemax",
+    "budget_sparsemax_vjp",
     "entmax",
     "entmax15",
     "entmax_alpha_vjp",
@@ -72,6 +86,10 @@ __all__ = [
     "mass_on",
     "max_probability",
     "normalized_entropy",
+    "normmax",
+    "normmax_loss",
+    "normmax_loss_grad",
+    "normmax_vjp",
     "row_diagnostics",
     "softmax",
     "sparsemax",

@@ -2,7 +2,9 @@
 
 ``rows``   forward row solvers (max shift, candidate prefilter, Condat / pivot / Newton,
            output pass) and their ``prange`` drivers over rows;
-``grads``  the fused Jacobian-vector products with respect to the scores and to alpha.
+``grads``  the fused Jacobian-vector products with respect to the scores and to alpha;
+``normmax``  alpha-normmax forward (sorted support search, monotone Newton) and VJP;
+``budget``   budget-sparsemax forward (sorted breakpoint walk) and VJP.
 
 Every kernel is a per-row ``@njit`` core function plus an ``@njit(parallel=True)`` driver
 that runs the core over blocks of rows with ``prange`` (no shared writes, no exceptions

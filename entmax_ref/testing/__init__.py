@@ -5,7 +5,9 @@
   :func:`assert_attention_grads_close` (they compute the float64 reference themselves);
 * tolerances: :mod:`entmax_ref.testing.tolerance` (the documented formula);
 * batteries returning a :class:`CheckReport`: :func:`check_entmax`,
-  :func:`check_threshold`, :func:`check_entmax_vjp`, :func:`check_attention`;
+  :func:`check_threshold`, :func:`check_entmax_vjp`, :func:`check_attention`,
+  :func:`check_normmax`, :func:`check_budget_sparsemax` (with their tolerances in
+  :mod:`entmax_ref.testing.family_checks`);
 * the built-in corpus: :mod:`entmax_ref.testing.corpus`;
 * adapters: :func:`to_numpy` / :func:`from_numpy` (NumPy, CuPy, PyTorch, JAX, DLPack,
   ``__array__``; a framework is imported only when its objects are involved);
@@ -16,9 +18,10 @@
 The command ``entmax-ref check`` (:mod:`entmax_ref.testing.command`) runs the batteries.
 """
 
-from . import assertions, checks, tolerance
+from . import assertions, checks, family_checks, tolerance
 from ._adapters import from_numpy, to_numpy
 from .assertions import *  # noqa: F403 - the names in assertions.__all__
 from .checks import *  # noqa: F403 - the names in checks.__all__
+from .family_checks import *  # noqa: F403 - the names in family_checks.__all__
 
-__all__ = sorted([*assertions.__all__, *checks.__all__, "from_numpy", "to_numpy", "tolerance"])
+__all__ = sorted([*assertions.__all__, *checks.__all__, *family_checks.__all__, "from_numpy", "to_numpy", "tolerance"])

@@ -27,11 +27,14 @@ import numpy as np
 
 from .checks import CheckReport, CheckRow, check_attention, check_entmax, check_entmax_vjp, check_threshold
 from .corpus import FEATURES, row_corpus
+from .family_checks import check_budget_sparsemax, check_normmax
 from . import tolerance as T
 from .assertions import compare
 
 ALPHAS = (1.0, 1.25, 1.5, 2.0, 3.0)
-OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp")
+OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp", "normmax", "budget_sparsemax")
+NORMMAX_ALPHAS = (1.5, 2.0, 3.0)
+BUDGETS = (1.0, 2.5)
 
 
 class _Progress:
@@ -192,6 +195,21 @@ def backend_jobs(b: str, size: str, seed: int) -> list[tuple[str, Callable[[], C
     for a in (1.0, 1.5, 2.0):
         jobs.append((f"loss a={a:g} [{b}]", lambda a=a: _check_loss(b, a, size, seed)))
     jobs.append((f"asentmax a=1.5 [{b}]", lambda: _check_asentmax(b, 1.5, size, seed)))
+    for a in NORMMAX_ALPHAS:
+        jobs.append((f"normmax a={a:g} [{b}]", lambda a=a: _guard(
+            f"normmax a={a:g}", b, lambda: er.normmax(x0, a, backend=b),
+            lambda: check_normmax(lambda x, alpha: er.normmax(x, alpha, backend=b), a,
+                                  vjp=lambda x, g, alpha: er.normmax_vjp(er.normmax(x, alpha, backend=b), g, alpha,
+                                                                         backend=b),
+                                  name=b, size=size, seed=seed))))
+    for B in BUDGETS:
+        jobs.append((f"budget B={B:g} [{b}]", lambda B=B: _guard(
+            f"budget B={B:g}", b, lambda: er.budget_sparsemax(x0, 1.0, backend=b),
+            lambda: check_budget_sparsemax(
+                lambda x, budget: er.budget_sparsemax(x, budget, backend=b), B,
+                vjp=lambda x, g, budget: er.budget_sparsemax_vjp(er.budget_sparsemax(x, budget, backend=b), g, budget,
+                                                                 backend=b),
+                name=b, size=size, seed=seed))))
     for a in ALPHAS:
         jobs.append((f"attention a={a:g} [{b}]", lambda a=a: _guard(
             f"attention a={a:g}", b, lambda: er.attention(q0, q0, q0, alpha=a, backend=b),
@@ -259,6 +277,34 @@ def peer_jobs(size: str, seed: int) -> list[tuple[str, Callable[[], CheckReport]
 
         for label, a, f in fns[0][2]():
             jobs.append((f"{label} a={a:g}", lambda label=label, a=a, f=f: run_peer(label, a, f)))
+    if fns:
+        # normmax_bisect and budget_bisect (default 50 halvings), forward and autograd;
+        # budget_bisect's bracket is not finite on rows with -inf, so those are left out
+        def torch_vjp(f):
+            def vjp(x, g, prm):
+                xt = x.detach().clone().requires_grad_(True)
+                (f(xt, prm) * g).sum().backward()
+                return xt.grad
+            return vjp
+
+        def normmax_peer(x, alpha):
+            import entmax
+
+            return entmax.normmax_bisect(x, alpha=alpha, dim=-1)
+
+        def budget_peer(x, budget):
+            import entmax
+
+            return entmax.budget_bisect(x, budget=budget, dim=-1)
+
+        for a in NORMMAX_ALPHAS:
+            jobs.append((f"entmax.normmax_bisect a={a:g}", lambda a=a: check_normmax(
+                normmax_peer, a, vjp=torch_vjp(normmax_peer), name="entmax.normmax_bisect", framework="torch",
+                size=size, seed=seed, masked_rows=False, peer=True)))
+        for B in BUDGETS:
+            jobs.append((f"entmax.budget_bisect B={B:g}", lambda B=B: check_budget_sparsemax(
+                budget_peer, B, vjp=torch_vjp(budget_peer), name="entmax.budget_bisect", framework="torch",
+                size=size, seed=seed, masked_rows=False, masks=False, peer=True)))
     if importlib.util.find_spec("adasplash") is None:
         why = "not installed (GPU only)"
     else:
@@ -297,6 +343,7 @@ def impl_report(path: str, op: str, alphas, args) -> CheckReport:
         return CheckReport([CheckRow(op, label, "-", verdict="FAIL", notes=[str(exc)])])
     common = dict(name=label, framework=args.framework, device=args.device, size=args.size, seed=args.seed,
                   dtypes=args.dtype, alpha_arg=args.alpha_arg)
+    family = {key: val for key, val in common.items() if key != "alpha_arg"}
     rep = CheckReport()
     for a in alphas:
         if op == "entmax":
@@ -309,6 +356,11 @@ def impl_report(path: str, op: str, alphas, args) -> CheckReport:
             rep.extend(check_attention(fn, a, features=args.features, **common))
         elif op == "attention_vjp":
             rep.extend(check_attention(None, a, vjp=fn, features=args.features, **common))
+        elif op == "normmax":  # the family batteries pass alpha / budget positionally: fn(x, alpha)
+            rep.extend(check_normmax(fn, a, masked_rows=not args.no_masked_rows, **family))
+    if op == "budget_sparsemax":
+        for B in args.budget or [2.0]:
+            rep.extend(check_budget_sparsemax(fn, B, masked_rows=not args.no_masked_rows, **family))
     return rep
 
 
@@ -337,6 +389,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--alpha-arg", type=_alpha_arg, default="alpha", metavar="NAME|POSITION|none",
                     help="how --impl takes alpha: by keyword NAME (default 'alpha', passed only if the function "
                          "has it), as positional argument POSITION (1 for fn(x, a)), or 'none'")
+    ap.add_argument("--budget", type=float, action="append",
+                    help="budget for --op budget_sparsemax (repeatable; default 2)")
     ap.add_argument("--framework", choices=("numpy", "torch", "jax", "cupy"), default="numpy",
                     help="array type --impl takes (default numpy)")
     ap.add_argument("--device", default=None, help="device for torch/cupy inputs (e.g. cuda)")

@@ -1,0 +1,261 @@
+// family_core.cuh -- numerical core of the alpha-normmax and budget-sparsemax kernels.
+//
+// __host__ __device__ and templated on the team (entmax_teams.cuh on the GPU, HostTeam of
+// entmax_core.cuh on the CPU: family_harness.cpp runs these very functions under g++), so
+// every reduction has the same order on both.  There is no sort on the GPU, so both solve
+// on the whole row with team reductions, to the answer of the sort-based reference
+// (backends/numpy_family.py) up to rounding; all arithmetic is float64.
+//
+// normmax (alpha > 1, beta = alpha/(alpha-1), y = x - max x): phi(T) = ||[y - T]_+||_beta - 1
+// is convex (a monotone norm of convex functions of T) and decreasing on T < 0, and
+// phi(-1) >= 0 (the top entry alone).  Newton from T = -1 therefore increases monotonically
+// to the root; it stops when phi <= 0 or a step no longer increases T (full precision), and
+// the support is {y_i > T}.  One pass per step computes sum r^beta and sum r^(beta-1) with
+// r = (y - T)_+ / (-T) (scaled by the top term, so nothing overflows).
+// p_i = r_i^(1/(alpha-1)) / sum_j r_j^(1/(alpha-1)); tau = max x + T.
+//
+// budget (0 <= B <= n): h(t) = sum_i clip(x_i - t, 0, 1) is nonincreasing and piecewise
+// linear with breakpoints x_i and x_i - 1.  The bracket lo = min x - 1 (h = #finite > B),
+// hi = max x (h = 0 <= B) is shrunk -- at the largest breakpoint c inside it when c is in
+// its lower half, else at its midpoint -- until no breakpoint lies strictly inside;
+// then, with U = {x_i - 1 >= hi} and F = {x_i >= hi, x_i - 1 <= lo} (all within 1 of hi),
+// tau = hi + (|U| + sum_F (x_i - hi) - B) / |F|, clamped to [lo, hi].  Each step
+// halves the bracket or leaves no breakpoint inside it (one reduction to find c, one for h).  At most B finite
+// entries: tau = -inf, p = 1 on them.
+#pragma once
+#include "entmax_core.cuh"
+
+namespace er {
+
+// Whether a team reduces the final sums of budget_solve in two passes (1 + 2 sums) rather
+// than one (3 sums): the same values; only ptxas's register allocation differs (the block
+// kernels spill with one 3-sum pass, the warp kernels with two).  family_rows.cu sets it
+// for BlockTeam.
+template <class Team>
+struct SplitFinalSums {
+    static constexpr bool value = false;
+};
+
+struct FamilySolve {
+    double tau;
+    double rel;  // normmax: tau - max x, kept unrounded (tau itself may round it away)
+    long long n_iter;
+    bool converged;
+};
+
+// ------------------------------------------------------------------------ normmax
+template <class Team, class Row>
+ER_HD FamilySolve normmax_solve(const Team& team, const Row& x, int n, double alpha, int max_iter, double* m_out) {
+    const double m = team.reduce_max(n, [&](int i) { return x(i); });
+    *m_out = m;
+    FamilySolve s{-inf(), 0.0, 0, true};
+    if (!(m > -inf())) return s;
+    const double beta = alpha / (alpha - 1.0);
+    double T = -1.0;
+    s.converged = false;
+    for (int it = 0; it < max_iter; ++it) {
+        const double top = -T;
+        double sums[2];
+        team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
+            const double r = (x(i) - m - T) / top;
+            if (r > 0.0) {
+                const double lr = log(r);
+                a.add(0, exp(beta * lr));
+                a.add(1, exp((beta - 1.0) * lr));
+            }
+        }, sums);
+        const double lsr = log(sums[0]) / beta;  // log(norm / top)
+        const double norm = top * exp(lsr);
+        if (!(norm > 1.0)) {
+            s.converged = true;
+            break;
+        }
+        // -phi'(T) = sum (t_i / norm)^(beta - 1) = (top / norm)^(beta - 1) sum r^(beta - 1)
+        const double slope = exp(-(beta - 1.0) * lsr) * sums[1];
+        double nxt = T + (norm - 1.0) / slope;
+        if (nxt > 0.0) nxt = 0.0;
+        if (!(nxt > T)) {
+            s.converged = true;
+            break;
+        }
+        T = nxt;
+        s.n_iter = it + 1;
+    }
+    s.tau = m + T;
+    s.rel = T;
+    return s;
+}
+
+template <class Team, class Row, class T>
+ER_HD long long normmax_write(const Team& team, const Row& x, int n, double alpha, double m, const FamilySolve& s,
+                              T* p) {
+    if (!(s.tau > -inf())) {
+        team.for_each(n, [&](int i) { p[i] = T(0); });
+        return 0;
+    }
+    const double Tm = s.rel;  // in [-1, 0)
+    const double g = 1.0 / (alpha - 1.0);
+    double S[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
+        const double r = (x(i) - m - Tm) / -Tm;
+        if (r > 0.0) a.add(0, exp(g * log(r)));
+    }, S);
+    double cnt[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
+        const double r = (x(i) - m - Tm) / -Tm;
+        const double v = r > 0.0 ? exp(g * log(r)) / S[0] : 0.0;
+        p[i] = T(v);
+        if (v > 0.0) a.add(0, 1.0);
+    }, cnt);
+    return (long long)cnt[0];
+}
+
+// dx = v (g - <p, g>) - p (v . (g - <p, g>)), v = N (p/N)^(2-alpha) / (alpha-1), N = ||p||_alpha.
+template <class Team, class T>
+ER_HD void normmax_vjp_row(const Team& team, const T* p, const T* g, int n, double alpha, T* dx) {
+    const double top = team.reduce_max(n, [&](int i) { return double(p[i]); });
+    if (!(top > 0.0)) {
+        team.for_each(n, [&](int i) { dx[i] = T(0); });
+        return;
+    }
+    double s1[2];
+    team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
+        const double pi = double(p[i]);
+        if (pi > 0.0) {
+            a.add(0, pi * double(g[i]));
+            a.add(1, exp(alpha * log(pi / top)));
+        }
+    }, s1);
+    const double pg = s1[0];
+    // v = N (p/N)^(2-alpha) / (alpha-1) = exp(c0 + (2-alpha) log p)
+    const double c0 = (alpha - 1.0) * (log(top) + log(s1[1]) / alpha) - log(alpha - 1.0);
+    const double a2 = 2.0 - alpha;
+    auto v_of = [&](double pi) { return exp(c0 + a2 * log(pi)); };
+    double s2[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
+        const double pi = double(p[i]);
+        if (pi > 0.0) a.add(0, v_of(pi) * (double(g[i]) - pg));
+    }, s2);
+    team.for_each(n, [&](int i) {
+        const double pi = double(p[i]);
+        dx[i] = pi > 0.0 ? T(v_of(pi) * (double(g[i]) - pg) - pi * s2[0]) : T(0);
+    });
+}
+
+// ------------------------------------------------------------------------ budget
+template <class Team, class Row>
+ER_HD double budget_h(const Team& team, const Row& x, int n, double t) {
+    double h[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
+        const double v = x(i);
+        if (v > -inf()) {
+            const double c = v - t;
+            a.add(0, c <= 0.0 ? 0.0 : c >= 1.0 ? 1.0 : c);
+        }
+    }, h);
+    return h[0];
+}
+
+template <class Team, class Row>
+ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, int max_iter) {
+    FamilySolve s{-inf(), 0.0, 0, true};
+    const double mn = -team.reduce_max(n, [&](int i) { const double v = x(i); return v > -inf() ? -v : -inf(); });
+    double cnt[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (x(i) > -inf()) a.add(0, 1.0); }, cnt);
+    if (cnt[0] <= B) return s;  // every unmasked entry is 1 (none on all -inf rows)
+    double lo = mn - 1.0, hi = team.reduce_max(n, [&](int i) { return x(i); });  // h(lo) = #finite > B >= 0 = h(hi)
+    s.converged = false;
+    for (int it = 0; it < max_iter; ++it) {
+        // the largest breakpoint strictly inside (lo, hi); none: the piece is found
+        const double c = team.reduce_max(n, [&](int i) {
+            const double v = x(i);
+            const double w = v - 1.0;
+            return (v > lo && v < hi) ? v : (w > lo && w < hi) ? w : -inf();
+        });
+        if (!(c > -inf())) {
+            s.converged = true;
+            break;
+        }
+        // the breakpoint if it is in the lower half (then the next step ends or halves),
+        // else the midpoint (the bracket halves)
+        const double mid = lo + 0.5 * (hi - lo);
+        const double pivot = c <= mid ? c : mid;
+        if (budget_h(team, x, n, pivot) > B)
+            lo = pivot;
+        else
+            hi = pivot;
+        s.n_iter = it + 1;
+    }
+    // the closed form relative to m = hi: the free entries lie in [hi, lo + 1], within 1 of it
+    const double m = hi;
+    double nU, nF, sF;  // |U|, |F| and sum_F (x - m)
+    if constexpr (SplitFinalSums<Team>::value) {
+        double a1[1], a2[2];
+        team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (x(i) - 1.0 >= m) a.add(0, 1.0); }, a1);
+        team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
+            const double v = x(i);
+            if (v >= m && v - 1.0 <= lo && v - 1.0 < m) {
+                a.add(0, 1.0);
+                a.add(1, v - m);
+            }
+        }, a2);
+        nU = a1[0];
+        nF = a2[0];
+        sF = a2[1];
+    } else {
+        double a3[3];
+        team.template reduce_sum<3>(n, [&](int i, Acc<3>& a) {
+            const double v = x(i);
+            if (v - 1.0 >= m) a.add(0, 1.0);
+            else if (v >= m && v - 1.0 <= lo) {
+                a.add(1, 1.0);
+                a.add(2, v - m);
+            }
+        }, a3);
+        nU = a3[0];
+        nF = a3[1];
+        sF = a3[2];
+    }
+    // F is not empty when h(lo) > h(hi) (a guard only against an impossible division)
+    double tau = nF > 0.0 ? m + (nU + sF - B) / nF : m;
+    if (tau < lo) tau = lo;
+    if (tau > hi) tau = hi;
+    s.tau = tau;
+    return s;
+}
+
+template <class Team, class Row, class T>
+ER_HD long long budget_write(const Team& team, const Row& x, int n, double tau, T* p) {
+    double cnt[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
+        const double v = x(i);
+        double q = 0.0;
+        if (v > -inf()) {
+            const double c = v - tau;  // +inf when tau = -inf
+            q = c <= 0.0 ? 0.0 : c >= 1.0 ? 1.0 : c;
+        }
+        p[i] = T(q);
+        if (q > 0.0) a.add(0, 1.0);
+    }, cnt);
+    return (long long)cnt[0];
+}
+
+// dx_i = g_i - mean_F(g) on F = {0 < p < 1}, 0 elsewhere.
+template <class Team, class T>
+ER_HD void budget_vjp_row(const Team& team, const T* p, const T* g, int n, T* dx) {
+    double s[2];
+    team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
+        const double pi = double(p[i]);
+        if (pi > 0.0 && pi < 1.0) {
+            a.add(0, double(g[i]));
+            a.add(1, 1.0);
+        }
+    }, s);
+    const double mean = s[1] > 0.0 ? s[0] / s[1] : 0.0;
+    team.for_each(n, [&](int i) {
+        const double pi = double(p[i]);
+        dx[i] = (pi > 0.0 && pi < 1.0) ? T(double(g[i]) - mean) : T(0);
+    });
+}
+
+}  // namespace er

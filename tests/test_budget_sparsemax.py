@@ -1,0 +1,218 @@
+"""budget-sparsemax: exactness against a rational-arithmetic oracle, properties, VJP, peers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import entmax_ref as er
+from family_oracle import budget_np
+
+EPS = np.finfo(np.float64).eps
+
+
+def _rows(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((10, 9)) * rng.choice([0.1, 1.0, 3.0], size=(10, 1))
+    x[1, [0, 4]] = -np.inf  # masks
+    x[2, :5] = x[2, 0]  # ties
+    x[3, :] = -np.inf  # all masked
+    x[4, :3] = -np.inf  # only 6 unmasked
+    x[5] = 100.0 + rng.standard_normal(9)  # offset
+    x[6] = np.array([3.0, 1.0, 0.0, -1.0, -2.0, -4.0, -5.0, -6.0, -7.0])  # integer-spaced breakpoints
+    return x
+
+
+def _tol(x, budget):
+    """A few roundings of tau = max + (|U| + sum_F (x - max) - B)/|F| and of x - tau."""
+    mag = np.nanmax(np.where(np.isfinite(x), np.abs(x), 0.0), axis=1, keepdims=True)
+    return 16 * EPS * (1 + mag + np.max(budget))
+
+
+@pytest.mark.parametrize("budget", (0.0, 0.5, 1.0, 2.0, 3.5, 6.0, 8.25, 9.0))
+def test_matches_exact_oracle(backend, budget):
+    x = _rows()
+    p, info = er.budget_sparsemax(backend.asarray(x), budget, backend=backend, return_info=True)
+    p, tau = backend.numpy(p), backend.numpy(info.tau)
+    p_ref, tau_ref = budget_np(x, budget)
+    tol = _tol(x, budget)
+    err = np.abs(p - p_ref)
+    assert (err <= tol).all(), (np.argwhere(err > tol)[:4], err.max())
+    np.testing.assert_array_equal(np.isfinite(tau), np.isfinite(tau_ref))
+    live = np.isfinite(tau_ref)
+    assert (np.abs(tau[live] - tau_ref[live]) <= tol[live, 0]).all()
+    np.testing.assert_array_equal(backend.numpy(info.support), (p_ref > 0).sum(axis=1))
+    # the budget is met wherever it can be (at most the number of unmasked entries)
+    m = np.isfinite(x).sum(axis=1)
+    np.testing.assert_allclose(p.sum(axis=1), np.minimum(budget, m), rtol=0, atol=x.shape[1] * tol.max())
+
+
+def test_hand_example_and_conventions(backend):
+    p, info = er.budget_sparsemax(backend.asarray(np.array([1.5, 0.8, 0.2, -1.0])), 2.0, backend=backend,
+                                  return_info=True)
+    np.testing.assert_allclose(backend.numpy(p), [1.0, 0.8, 0.2, 0.0], rtol=0, atol=2 * EPS)
+    assert abs(float(backend.numpy(info.tau))) <= 4 * EPS
+    # integer budget, no fractional entry: tau is not unique; the smallest one is returned
+    p, info = er.budget_sparsemax(backend.asarray(np.array([5.0, 4.0, 0.0])), 2.0, backend=backend, return_info=True)
+    np.testing.assert_array_equal(backend.numpy(p), [1.0, 1.0, 0.0])
+    assert float(backend.numpy(info.tau)) == 0.0
+    # budget 0: zeros, tau = max; budget n: ones, tau = -inf
+    p, info = er.budget_sparsemax(backend.asarray(np.array([0.3, -0.2])), 0.0, backend=backend, return_info=True)
+    np.testing.assert_array_equal(backend.numpy(p), [0.0, 0.0])
+    assert float(backend.numpy(info.tau)) == 0.3
+    p, info = er.budget_sparsemax(backend.asarray(np.array([0.3, -0.2])), 2, backend=backend, return_info=True)
+    np.testing.assert_array_equal(backend.numpy(p), [1.0, 1.0])
+    assert float(backend.numpy(info.tau)) == -np.inf
+    # budget 1 is sparsemax
+    x = np.random.default_rng(2).standard_normal((5, 7))
+    np.testing.assert_allclose(backend.numpy(er.budget_sparsemax(backend.asarray(x), 1.0, backend=backend)),
+                               er.sparsemax(x, backend="numpy"), rtol=0, atol=8 * EPS)
+
+
+def test_rows_with_a_huge_dynamic_range(backend):
+    # the free entries are relative to each other, not to the row's maximum
+    x = np.array([[1e300, -1e300, 0.0, 0.25], [1e16, 0.5, 0.0, -1e16]])
+    p = backend.numpy(er.budget_sparsemax(backend.asarray(x), 1.5, backend=backend))
+    np.testing.assert_array_equal(p, [[1.0, 0.0, 0.125, 0.375], [1.0, 0.5, 0.0, 0.0]])
+
+
+def test_masks_all_masked_and_saturated_rows(backend):
+    x = np.array([[0.5, -np.inf, 0.2, -np.inf], [-np.inf] * 4, [0.1, -np.inf, -np.inf, -np.inf]])
+    p, info = er.budget_sparsemax(backend.asarray(x), 1.5, backend=backend, return_info=True)
+    p = backend.numpy(p)
+    np.testing.assert_allclose(p[0], [0.9, 0.0, 0.6, 0.0], rtol=0, atol=4 * EPS)
+    np.testing.assert_array_equal(p[1], 0.0)
+    np.testing.assert_array_equal(p[2], [1.0, 0.0, 0.0, 0.0])  # 1 unmasked entry < budget
+    tau = backend.numpy(info.tau)
+    assert tau[1] == -np.inf and tau[2] == -np.inf
+    dx = backend.numpy(er.budget_sparsemax_vjp(backend.asarray(p), backend.asarray(np.ones_like(p) * 3), 1.5,
+                                               backend=backend))
+    np.testing.assert_array_equal(dx[1:], 0.0)
+
+
+def test_dtypes_axis_inputs_untouched_and_per_row_budget(backend):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 6, 3))
+    keep = x.copy()
+    p0 = backend.numpy(er.budget_sparsemax(backend.asarray(x), 2.5, axis=1, backend=backend))
+    np.testing.assert_array_equal(x, keep)
+    p1 = backend.numpy(er.budget_sparsemax(backend.asarray(np.moveaxis(x, 1, -1)), 2.5, backend=backend))
+    np.testing.assert_array_equal(p0, np.moveaxis(p1, -1, 1))
+    x32 = x.astype(np.float32)
+    p32 = er.budget_sparsemax(backend.asarray(x32), 2.5, axis=1, backend=backend)
+    assert p32.dtype == np.float32
+    ref = er.budget_sparsemax(x32.astype(np.float64), 2.5, axis=1, backend="numpy").astype(np.float32)
+    np.testing.assert_allclose(backend.numpy(p32), ref, rtol=0, atol=np.finfo(np.float32).eps)
+    b = np.array([0.5, 1.0, 2.0, 5.5])
+    pr = backend.numpy(er.budget_sparsemax(backend.asarray(x[:, :, 0]), b, backend=backend))
+    for i in range(4):
+        np.testing.assert_array_equal(
+            pr[i], backend.numpy(er.budget_sparsemax(backend.asarray(x[i, :, 0]), b[i], backend=backend)))
+
+
+@pytest.mark.parametrize("budget", [-0.5, 4.5, np.inf, np.nan])
+def test_budget_outside_range_is_a_value_error(budget):
+    with pytest.raises(ValueError, match=r"budget.*(\[0, 4\]|finite)"):
+        er.budget_sparsemax(np.zeros(4), budget, backend="numpy")
+    with pytest.raises(ValueError, match="budget"):
+        er.budget_sparsemax_vjp(np.zeros(4), np.zeros(4), budget, backend="numpy")
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match=r"n = 3"):
+        er.budget_sparsemax(np.zeros((2, 3)), 4, backend="numpy")
+    with pytest.raises(ValueError, match="budget"):
+        er.budget_sparsemax(np.zeros((2, 3)), np.array([1.0, 2.0, 0.5]), backend="numpy")
+    with pytest.raises(TypeError, match="budget"):
+        er.budget_sparsemax(np.zeros(3), "2", backend="numpy")
+    with pytest.raises(ValueError, match="NaN"):
+        er.budget_sparsemax([0.0, np.nan], 1, backend="numpy")
+
+
+def test_vjp_free_set_and_degenerate_cases(backend):
+    p = np.array([[1.0, 0.8, 0.2, 0.0], [1.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    g = np.array([[3.0, 1.0, 0.0, 5.0], [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 6.0]])
+    dx = backend.numpy(er.budget_sparsemax_vjp(backend.asarray(p), backend.asarray(g), 2.0, backend=backend))
+    np.testing.assert_array_equal(dx[0], [0.0, 0.5, -0.5, 0.0])
+    np.testing.assert_array_equal(dx[1], 0.0)  # empty free set: p is locally constant
+    np.testing.assert_array_equal(dx[2], [-2.0, -1.0, 0.0, 3.0])
+
+
+@given(
+    x=hnp.arrays(np.float64, st.integers(1, 10),
+                 elements=st.one_of(st.floats(-4, 4, allow_nan=False), st.just(-np.inf))),
+    frac=st.floats(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_properties_and_vjp_vs_finite_differences(backend, x, frac, seed):
+    n = len(x)
+    budget = frac * n
+    p, info = er.budget_sparsemax(backend.asarray(x), budget, backend=backend, return_info=True)
+    p, tau = backend.numpy(p), float(backend.numpy(info.tau))
+    fin = np.isfinite(x)
+    tol = 16 * EPS * (1 + np.abs(np.where(fin, x, 0)).max() + n)
+    assert (p >= 0).all() and (p <= 1).all() and (p[~fin] == 0).all()
+    assert abs(p.sum() - min(budget, fin.sum())) <= n * tol
+    if np.isfinite(tau):
+        np.testing.assert_allclose(p, np.where(fin, np.clip(x - tau, 0, 1), 0.0), rtol=0, atol=tol)
+    # optimality against the exact oracle
+    p_ref, _ = budget_np(x, budget)
+    np.testing.assert_allclose(p, p_ref[0], rtol=0, atol=tol)
+    # VJP vs central differences, away from the breakpoints
+    assume(np.isfinite(tau))
+    assume(np.min(np.minimum(np.abs(x - tau), np.abs(x - 1 - tau))[fin]) > 1e-4)
+    g = np.random.default_rng(seed).standard_normal(n)
+    dx = backend.numpy(er.budget_sparsemax_vjp(backend.asarray(p), backend.asarray(g), budget, backend=backend))
+    h = 1e-7
+    fd = np.array([(g @ er.budget_sparsemax(x + h * e, budget, backend="numpy")
+                    - g @ er.budget_sparsemax(x - h * e, budget, backend="numpy")) / (2 * h) for e in np.eye(n)])
+    np.testing.assert_allclose(dx, fd, rtol=0, atol=1e-6 * (1 + np.abs(g).sum()))
+
+
+def test_backends_agree_on_a_large_batch(backend):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((130, 257)) * 2  # > numba's SEQUENTIAL_MAX entries: the prange drivers
+    x[rng.random(x.shape) < 0.05] = -np.inf
+    b = rng.uniform(0, 257, 130)
+    p, info = er.budget_sparsemax(backend.asarray(x), b, backend=backend, return_info=True)
+    q, iq = er.budget_sparsemax(x, b, backend="numpy", return_info=True)
+    np.testing.assert_allclose(backend.numpy(p), q, rtol=0, atol=_tol(x, b).max())
+    g = rng.standard_normal(x.shape)
+    d1 = backend.numpy(er.budget_sparsemax_vjp(backend.asarray(q), backend.asarray(g), b, backend=backend))
+    np.testing.assert_allclose(d1, er.budget_sparsemax_vjp(q, g, b, backend="numpy"), rtol=0, atol=1e-13)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("budget", (1.0, 2.0, 3.5, 7.0))
+def test_peer_budget_bisect_forward_and_autograd(backend, budget):
+    torch = pytest.importorskip("torch")
+    entmax_pkg = pytest.importorskip("entmax")
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((12, 15))
+    g = rng.standard_normal(x.shape)
+    xt = torch.tensor(x, requires_grad=True)
+    pt = entmax_pkg.budget_bisect(xt, budget=budget, n_iter=100)
+    (pt * torch.tensor(g)).sum().backward()
+    p = er.budget_sparsemax(backend.asarray(x), budget, backend=backend)
+    np.testing.assert_allclose(backend.numpy(p), pt.detach().numpy(), rtol=0, atol=1e-14)
+    dx = er.budget_sparsemax_vjp(p, backend.asarray(g), budget, backend=backend)
+    np.testing.assert_allclose(backend.numpy(dx), xt.grad.numpy(), rtol=0, atol=1e-13)
+
+
+def test_check_battery_passes_the_backends_and_fails_a_perturbed_implementation(backend):
+    from entmax_ref.testing.family_checks import check_budget_sparsemax
+
+    good = check_budget_sparsemax(lambda x, budget: er.budget_sparsemax(x, budget, backend=backend), 2.5,
+                                  vjp=lambda x, g, budget: er.budget_sparsemax_vjp(
+                                      er.budget_sparsemax(x, budget, backend=backend), g, budget, backend=backend),
+                                  name=backend, size="quick")
+    assert good.ok, good.table()
+
+    def sum_slightly_off(x, budget):
+        return np.clip(er.budget_sparsemax(x, budget, backend="numpy") * (1 + 1e-9), 0, 1).astype(x.dtype)
+
+    bad = check_budget_sparsemax(sum_slightly_off, 2.5, size="quick", dtypes=("float64",))
+    assert not bad.ok

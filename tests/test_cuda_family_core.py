@@ -1,0 +1,108 @@
+"""The normmax / budget-sparsemax CUDA core (backends/cuda/family_core.cuh) on the CPU.
+
+family_harness.cpp compiles the header's __host__ __device__ functions with g++ and runs
+them with the reduction orders of the GPU teams (serial, a 32-lane warp, a 256-thread
+block); the results are compared with the NumPy reference (and so, through
+tests/test_normmax.py and tests/test_budget_sparsemax.py, with the exact oracles).  CI has
+no GPU: this is how the cupy backend's math is tested there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from entmax_ref.backends import _cuda_loader
+from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows, normmax_rows, normmax_vjp_rows
+
+EPS = np.finfo(np.float64).eps
+LANES = (1, 32, 256)
+MAX_ITER = 4400  # CupyTuning.max_iter
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) to build the CPU harness of the CUDA core")
+    src = _cuda_loader.cuda_dir()
+    out = tmp_path_factory.mktemp("family_core") / "family.so"
+    cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
+           f"-I{src}", str(src / "family_harness.cpp"), "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    return ctypes.CDLL(str(out))
+
+
+def _ptr(a):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def _forward(lib, name, x, prm, lanes):
+    x = np.ascontiguousarray(x, np.float64)
+    rows, n = x.shape
+    prm = np.ascontiguousarray(prm, np.float64)
+    p = np.empty_like(x)
+    tau = np.empty(rows)
+    sup = np.empty(rows, np.int64)
+    it = np.empty(rows, np.int64)
+    conv = np.empty(rows, np.uint8)
+    rc = getattr(lib, name)(_ptr(x), ctypes.c_long(rows), ctypes.c_int(n), _ptr(prm), ctypes.c_int(MAX_ITER),
+                            ctypes.c_int(lanes), _ptr(p), _ptr(tau), _ptr(sup), _ptr(it), _ptr(conv))
+    assert rc == 0
+    return p, tau, sup, it, conv.astype(bool)
+
+
+def _batch(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((40, 70)) * rng.choice([0.05, 0.5, 2.0, 8.0], size=(40, 1))
+    x[rng.random(x.shape) < 0.05] = -np.inf
+    x[3] = -np.inf
+    x[4, :10] = x[4, 0]
+    x[5] = 50.0 + rng.standard_normal(70)
+    x[6] = -np.inf
+    x[6, :4] = [1e300, -1e300, 0.0, 0.25]  # huge dynamic range: free entries relative to each other
+    return x
+
+
+@pytest.mark.parametrize("lanes", LANES)
+def test_normmax_core_matches_reference(lib, lanes):
+    x = _batch(1)
+    alpha = np.random.default_rng(2).uniform(1.1, 5.0, len(x))
+    p, tau, sup, it, conv = _forward(lib, "er_normmax_f64", x, alpha, lanes)
+    want = normmax_rows(x, alpha)
+    assert conv.all()
+    np.testing.assert_array_equal(sup, want.support)
+    live = np.isfinite(want.theta)
+    np.testing.assert_array_equal(np.isfinite(tau), live)
+    assert (np.abs(tau[live] - want.theta[live]) <= 16 * EPS * (1 + np.abs(want.theta[live]))).all()
+    np.testing.assert_allclose(p, want.p, rtol=1e-12, atol=1e-14)
+    g = np.random.default_rng(3).standard_normal(x.shape)
+    dx = np.empty_like(x)
+    assert lib.er_normmax_vjp_f64(_ptr(want.p), _ptr(g), ctypes.c_long(len(x)), ctypes.c_int(x.shape[1]),
+                                  _ptr(alpha), ctypes.c_int(lanes), _ptr(dx)) == 0
+    d0 = normmax_vjp_rows(want.p, g, alpha)
+    np.testing.assert_allclose(dx, d0, rtol=1e-12, atol=1e-12 * np.abs(d0).max())
+
+
+@pytest.mark.parametrize("lanes", LANES)
+def test_budget_core_matches_reference(lib, lanes):
+    x = _batch(4)
+    budget = np.random.default_rng(5).uniform(0, 70, len(x))
+    budget[:6] = [0.0, 1.0, 2.0, 70.0, 69.0, 3.0]
+    p, tau, sup, it, conv = _forward(lib, "er_budget_f64", x, budget, lanes)
+    want = budget_rows(x, budget)
+    assert conv.all()
+    np.testing.assert_array_equal(np.isfinite(tau), np.isfinite(want.theta))
+    mag = np.nanmax(np.where(np.isfinite(x), np.abs(x), 0), axis=1, keepdims=True)
+    assert (np.abs(p - want.p) <= 16 * EPS * (1 + mag + 70)).all(), np.abs(p - want.p).max()
+    np.testing.assert_array_equal(sup, want.support)
+    g = np.random.default_rng(6).standard_normal(x.shape)
+    dx = np.empty_like(x)
+    assert lib.er_budget_vjp_f64(_ptr(want.p), _ptr(g), ctypes.c_long(len(x)), ctypes.c_int(x.shape[1]),
+                                 ctypes.c_int(lanes), _ptr(dx)) == 0
+    np.testing.assert_allclose(dx, budget_vjp_rows(want.p, g), rtol=0, atol=1e-13)
