@@ -53,6 +53,10 @@ CAPABILITIES: dict[str, dict[str, tuple]] = {
     "entmax_alpha_vjp": {"numpy": _ROW, "numba": _ROW, "cupy": _ROW},
     "attention_forward": {"numpy": _ROW, "numba": _ROW, "cupy": _ROW},
     "attention_backward": {"numpy": _ROW, "numba": _ROW, "cupy": _ROW},
+    "normmax_forward": {"numpy": _ROW, "numba": _ROW, "cupy": _ROW},
+    "normmax_vjp": {"numpy": _ROW, "numba": _ROW, "cupy": _ROW},
+    "budget_forward": {"numpy": _ROW, "numba": _ROW, "cupy": _ROW},
+    "budget_vjp": {"numpy": _ROW, "numba": _ROW, "cupy": _ROW},
 }
 
 

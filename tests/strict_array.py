@@ -216,6 +216,22 @@ class StrictBackend:
         self._check(p, g)
         return _wrap(self._ref.entmax_alpha_vjp(_host(p), _host(g), _host(alpha)))
 
+    def normmax_forward(self, x, alpha):
+        self._check(x)
+        return RowSolve(*(_wrap(f) for f in self._ref.normmax_forward(_host(x), _host(alpha))))
+
+    def normmax_vjp(self, p, g, alpha):
+        self._check(p, g)
+        return _wrap(self._ref.normmax_vjp(_host(p), _host(g), _host(alpha)))
+
+    def budget_forward(self, x, budget):
+        self._check(x)
+        return RowSolve(*(_wrap(f) for f in self._ref.budget_forward(_host(x), _host(budget))))
+
+    def budget_vjp(self, p, g):
+        self._check(p, g)
+        return _wrap(self._ref.budget_vjp(_host(p), _host(g)))
+
     def _spec(self, spec):
         from dataclasses import replace
 
@@ -238,4 +254,5 @@ def register() -> None:
     register_backend(NAME, StrictBackend, capabilities={
         "entmax_forward": (None, "sort", "bisect"),
         "entmax_vjp": (None,), "entmax_alpha_vjp": (None,), "attention_forward": (None,), "attention_backward": (None,),
+        "normmax_forward": (None,), "normmax_vjp": (None,), "budget_forward": (None,), "budget_vjp": (None,),
     })

@@ -80,6 +80,14 @@ CALLS = {
     "normalized_entropy": lambda d, be: (er.normalized_entropy(d["p"]), er.normalized_entropy(d["p"], n=d["n"]),
                                          er.normalized_entropy(d["p"], scores=d["scores"])),
     "mass_on": lambda d, be: er.mass_on(d["p"], d["positions"]),
+    "normmax": lambda d, be: er.normmax(d["x"], 1.5, backend=be, return_info=True),
+    "normmax_vjp": lambda d, be: er.normmax_vjp(er.normmax(d["x"], 2.0, backend=be), d["g"], 2.0, backend=be),
+    "normmax_loss": lambda d, be: (er.normmax_loss(d["x"], d["target"], 1.5, backend=be),
+                                   er.normmax_loss(d["x"], d["target_p"], 2.0, backend=be)),
+    "normmax_loss_grad": lambda d, be: er.normmax_loss_grad(d["x"], d["target"], 2.0, backend=be),
+    "budget_sparsemax": lambda d, be: er.budget_sparsemax(d["x"], 2.0, backend=be, return_info=True),
+    "budget_sparsemax_vjp": lambda d, be: er.budget_sparsemax_vjp(er.budget_sparsemax(d["x"], 2.0, backend=be), d["g"],
+                                                                  2.0, backend=be),
     "row_diagnostics": lambda d, be: er.row_diagnostics(d["p"], scores=d["scores"], positions=d["positions"]),
 }
 
