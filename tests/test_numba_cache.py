@@ -117,3 +117,14 @@ def test_other_numba_functions_keep_numbas_own_cache(tmp_path):
     """ % str(tmp_path)
     out = _run(code, {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c")})
     assert Path(out["path"]) == tmp_path / "__pycache__"
+
+
+def test_old_keys_are_pruned_recent_ones_kept(tmp_path):
+    parent = tmp_path / "numba"
+    old, recent = parent / "oldkey", parent / "recentkey"
+    for d in (old, recent):
+        d.mkdir(parents=True)
+        (d / "x.nbi").write_text("")
+    os.utime(old, (1, 1))
+    _cache._prune(parent, keep="current")
+    assert not old.exists() and recent.exists()

@@ -136,6 +136,10 @@ CACHE_DIR: Path = cache_root() / "numba" / KEY
 #: so does a cache folder that cannot be written
 CACHE: bool = _enabled() and _writable(CACHE_DIR)
 if CACHE:
+    try:
+        os.utime(CACHE_DIR)  # last use, which is what _prune goes by
+    except OSError:
+        pass
     _prune(CACHE_DIR.parent, KEY)
 
 
