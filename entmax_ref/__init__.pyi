@@ -1,6 +1,6 @@
 # Type hints of the public API (PEP 561; the package ships py.typed).  The runtime module
-# is entmax_ref/__init__.py; CI checks that the two agree (python -m mypy.stubtest
-# entmax_ref) and type-checks a usage example (python -m mypy).
+# is entmax_ref/__init__.py; tests/test_typing_stub.py checks that the two agree (names,
+# parameters) and CI type-checks a usage example against this stub (python -m mypy).
 #
 # Arrays: inputs are anything array-like (NumPy arrays, nested lists, scalars; CuPy arrays
 # on the cupy backend).  Results are NumPy arrays for NumPy input and arrays of the
