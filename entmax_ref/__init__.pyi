@@ -18,6 +18,8 @@ from .attention import AttentionGradients as AttentionGradients
 from .attention import AttentionInfo as AttentionInfo
 from .backends import Backend, BackendUnavailableError as BackendUnavailableError
 from .diagnostics import RowDiagnostics as RowDiagnostics
+from .family import BudgetInfo as BudgetInfo
+from .family import NormmaxInfo as NormmaxInfo
 from .transforms import EntmaxInfo as EntmaxInfo
 
 Array = Any
@@ -54,6 +56,28 @@ def entmax15(x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return
              check_finite: bool = ...) -> tuple[Array, EntmaxInfo]: ...
 def entmax_threshold(x: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *, method: Method = ...,
                      backend: BackendArg = ..., check_finite: bool = ...) -> Array: ...
+
+# alpha-normmax and budget-sparsemax
+@overload
+def normmax(x: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *, backend: BackendArg = ...,
+            return_info: Literal[False] = ..., check_finite: bool = ...) -> Array: ...
+@overload
+def normmax(x: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *, backend: BackendArg = ...,
+            return_info: Literal[True], check_finite: bool = ...) -> tuple[Array, NormmaxInfo]: ...
+def normmax_vjp(p: ArrayLike, grad: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *,
+                backend: BackendArg = ...) -> Array: ...
+def normmax_loss(x: ArrayLike, target: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *,
+                 backend: BackendArg = ...) -> Array: ...
+def normmax_loss_grad(x: ArrayLike, target: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *,
+                      backend: BackendArg = ...) -> Array: ...
+@overload
+def budget_sparsemax(x: ArrayLike, budget: ArrayLike = ..., axis: int = ..., *, backend: BackendArg = ...,
+                     return_info: Literal[False] = ..., check_finite: bool = ...) -> Array: ...
+@overload
+def budget_sparsemax(x: ArrayLike, budget: ArrayLike = ..., axis: int = ..., *, backend: BackendArg = ...,
+                     return_info: Literal[True], check_finite: bool = ...) -> tuple[Array, BudgetInfo]: ...
+def budget_sparsemax_vjp(p: ArrayLike, grad: ArrayLike, budget: ArrayLike = ..., axis: int = ..., *,
+                         backend: BackendArg = ...) -> Array: ...
 
 # gradients and losses
 def entmax_vjp(p: ArrayLike, grad: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *,
