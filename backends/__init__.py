@@ -4,7 +4,12 @@ Choice of backend, highest priority first: the ``backend=`` argument of a public
 function; :func:`use_backend` (a ContextVar, so it is thread- and task-safe); the
 environment variable ``ENTMAX_REF_BACKEND`` (read at dispatch time); ``"auto"``.
 ``"auto"`` picks ``cupy`` for CuPy arrays and otherwise the fastest CPU engine that is
-registered as implemented (``numba`` once it exists, else ``numpy``).
+registered as implemented (``numba`` once it exists, else ``numpy``), except that inputs
+whose largest array has at most :data:`AUTO_SMALL` elements run on the ``numpy``
+reference: it is exact too, costs microseconds to milliseconds on such sizes, and needs
+no compilation, so a first small call takes a fraction of a second instead of the
+kernels' compile time (seconds to tens of seconds on a cold cache).  The choice depends
+only on the shapes, so the same call gives the same numbers every time.
 
 Nothing here imports numba or cupy: a backend module is imported on first use.
 """
@@ -76,6 +81,8 @@ _REGISTRY: dict[str, _Spec] = {
 }
 #: CPU engines "auto" may pick for NumPy arrays, best first, once they are implemented.
 _AUTO_CPU = ("numba", "numpy")
+#: "auto" computes on the NumPy reference when no array argument has more elements than this
+AUTO_SMALL = 4096
 
 _instances: dict[str, Backend] = {}
 _lock = threading.RLock()  # re-entrant: a factory may build the backend it wraps
@@ -173,6 +180,8 @@ def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
                 name = "cupy"
             else:
                 name = next(n for n in _AUTO_CPU if unavailable_reason(n) is None)
+                if name != "numpy" and max((int(getattr(a, "size", 0)) for a in arrays if a is not None), default=0) <= AUTO_SMALL:
+                    name = "numpy"
         chosen = get_backend(name)
     for a in arrays:
         if a is not None and not chosen.owns(a):

@@ -27,8 +27,11 @@ ALiBi and masks, solves each row with the compiled row solver and forms the outp
 skewed output from the support only.  The backward recomputes p from theta on the same
 candidates and works on the support only (dO.v, dQ, and a scatter into dK, dV).
 
-Compiled code is cached on disk; ``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns
-the cache off.  First call in a new process, measured on the project's shared 2-core VM:
+Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
+moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);
+``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  ``backend="auto"``
+sends inputs of at most 4096 elements to the NumPy reference, so a small first call
+compiles nothing.  First call in a new process, measured on the project's shared 2-core VM:
 with an empty cache the row solver compiles once per input dtype (about 17 s for float64,
 10 s more for float32, 1-2 s per VJP); with a warm cache the first call takes about 1 s
 (importing numba and loading the cached code) and later calls only their run time.

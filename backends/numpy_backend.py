@@ -23,7 +23,6 @@ Solvers (``method``):
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import logsumexp
 
 from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
@@ -115,6 +114,8 @@ def _h(w: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- row solvers
 def _softmax(y: np.ndarray):
+    from scipy.special import logsumexp  # imported here: scipy.special takes ~0.5-1 s to import
+
     theta = logsumexp(y, axis=1)
     return theta, np.zeros(len(y), np.int64), np.ones(len(y), bool)
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._repr import short_repr
 from . import _validate as V
 from .gradients import entmax_vjp
 from .transforms import entmax
@@ -29,6 +30,8 @@ class ScaleGrads(NamedTuple):
     dgamma: Any
     ddelta: Any
 
+    __repr__ = short_repr
+
 
 class ASEntmaxGrads(NamedTuple):
     """Gradients of :func:`asentmax`: dx has x's shape, the others the shapes given."""
@@ -38,12 +41,16 @@ class ASEntmaxGrads(NamedTuple):
     dgamma: Any
     ddelta: Any
 
+    __repr__ = short_repr
+
 
 class SSMaxGrads(NamedTuple):
     """Gradients of :func:`ssmax`: dx has x's shape, dbeta the shape of beta."""
 
     dx: Any
     dbeta: Any
+
+    __repr__ = short_repr
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class ASEntmaxInfo:
     support: Any
     s: Any
     n: Any
+
+    __repr__ = short_repr
 
 
 def _real(a: Any, name: str, xp: Any = np) -> Any:

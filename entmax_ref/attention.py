@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._repr import short_repr
 from . import _validate as V
 from .asentmax import _broadcast, _real, asentmax_scale, asentmax_scale_vjp
 from .backends import geometry, resolve_backend
@@ -43,6 +44,8 @@ class AttentionInfo:
     n: Any
     skew: Any
 
+    __repr__ = short_repr
+
 
 class AttentionGradients(NamedTuple):
     """Gradients of :func:`attention_vjp`.  dq, dk, dv are shaped and typed like q, k, v;
@@ -55,6 +58,8 @@ class AttentionGradients(NamedTuple):
     dbeta: Any = None
     dgamma: Any = None
     ddelta: Any = None
+
+    __repr__ = short_repr
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="entmax-ref bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="entmax-ref bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     ap.add_argument("--repeats", type=int, default=7, help="timed repeats per callable (median; default 7)")
     ap.add_argument("--threads", type=int, default=2, help="threads for torch and numba (default 2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import entmax
     except ImportError as exc:  # the peers are optional dependencies
-        print(f"entmax-ref bench needs torch and entmax (pip install torch entmax): {exc}", file=sys.stderr)
+        print(f'entmax-ref bench needs its peers torch and entmax: pip install "entmax-ref[bench]" ({exc})',
+              file=sys.stderr)
         return 2
     import numba
 

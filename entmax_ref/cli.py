@@ -1,14 +1,16 @@
-"""The ``entmax-ref`` command.
+"""The ``entmax-ref`` command (also ``python -m entmax_ref``).
 
 ``entmax-ref``            print the transforms of a small example (a smoke test)
 ``entmax-ref check ...``  cross-validate backends, peers or your implementation
 ``entmax-ref bench ...``  time the engines against their peers, as ratios
 ``entmax-ref demo ...``   plot the paper's claims
+``entmax-ref --version``  the installed version (and numba's, and where kernels are cached)
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import numpy as np
@@ -32,16 +34,77 @@ def _example() -> int:
     return 0
 
 
+#: one line per command for ``--help`` (a command missing here shows its module's summary)
+_SUMMARIES = {
+    "example": "print the transforms of a small example (the default; a smoke test)",
+    "check": "cross-validate the backends, the installed peers or your implementation",
+    "bench": 'time the engines against their peers, as ratios (pip install "entmax-ref[bench]")',
+    "demo": 'plot the paper\'s claims (pip install "entmax-ref[plot]")',
+}
+
+
+def _summary(name: str) -> str:
+    if name in _SUMMARIES:
+        return _SUMMARIES[name]
+    spec = importlib.util.find_spec(_SUBCOMMANDS[name])
+    doc = ""
+    if spec is not None and spec.origin:
+        import ast
+
+        with open(spec.origin, encoding="utf-8") as fh:
+            doc = ast.get_docstring(ast.parse(fh.read())) or ""
+    first = doc.split("\n\n")[0].replace("\n", " ")
+    return first.split(":", 1)[-1].replace("``", "").strip() if first else ""
+
+
+def _help() -> str:
+    names = ["example", *_SUBCOMMANDS]
+    width = max(len(n) for n in [*names, "-h, --help"]) + 2
+    lines = [
+        f"usage: entmax-ref [-h] [--version] [{{{','.join(names)}}}] [options]",
+        "",
+        "Exact, framework-free reference implementations of alpha-entmax, ASEntmax and",
+        "entmax attention (NumPy, Numba and CuPy engines).  python -m entmax_ref is the same.",
+        "",
+        "commands:",
+        *(f"  {n:<{width}}{_summary(n)}" for n in names),
+        "",
+        "options:",
+        f"  {'-h, --help':<{width}}show this message and exit",
+        f"  {'--version':<{width}}show the version (and numba's, and the kernel cache folder) and exit",
+        "",
+        "Run entmax-ref COMMAND --help for the options of a command.",
+    ]
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    import entmax_ref as er
+
+    parts = [f"entmax-ref {er.__version__}"]
+    if importlib.util.find_spec("numba") is not None:
+        import numba
+
+        from .backends.numba._cache import CACHE, CACHE_DIR
+
+        parts.append(f"numba {numba.__version__}, kernel cache: {CACHE_DIR if CACHE else 'off'}")
+    return " (".join(parts) + (")" if len(parts) > 1 else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("example",):
         return _example()
     if argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
+        print(_help())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(_version())
         return 0
     module = _SUBCOMMANDS.get(argv[0])
     if module is None:
-        print(f"entmax-ref: unknown command {argv[0]!r}; choose from: {', '.join(_SUBCOMMANDS)}", file=sys.stderr)
+        print(f"entmax-ref: unknown command {argv[0]!r}; choose from: {', '.join(_SUBCOMMANDS)} "
+              "(entmax-ref --help)", file=sys.stderr)
         return 2
     try:
         mod = importlib.import_module(module)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._repr import short_repr
 from . import _validate as V
 
 
@@ -36,6 +37,8 @@ class RowDiagnostics:
     max_prob: Any
     n: Any
     mass: Any = None
+
+    __repr__ = short_repr
 
 
 def _prob_rows(p: Any, axis: int) -> V.Rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._repr import short_repr
 from . import _validate as V
 from .backends import resolve_backend
 from .backends._base import theta_to_tau, xp_of
@@ -27,6 +28,8 @@ class EntmaxInfo:
     support: Any
     n_iter: Any
     converged: Any
+
+    __repr__ = short_repr
 
 
 def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=False, check_finite=True):

@@ -1,4 +1,12 @@
-"""Shared fixtures: the backend parametrisation, Hypothesis profiles, required backends.
+"""Shared fixtures: the backend parametrisation, Hypothesis profiles, required backends, tiers.
+
+Two tiers.  ``python -m pytest`` runs the default tier (a few minutes cold on 2 cores):
+every public function on every available backend, with property tests at the ``dev``
+Hypothesis profile.  ``python -m pytest --exhaustive`` (or ``ENTMAX_REF_EXHAUSTIVE=1``) also
+runs the tests marked ``exhaustive`` or ``slow`` (nvcc compile, the full oracle sweep, the
+65,536-key memory run, installs in temporary venvs, long inputs) and the long fuzz (the
+``ci`` profile unless ``HYPOTHESIS_PROFILE`` names another); ``-m "exhaustive or slow"
+--exhaustive`` runs only what the default tier leaves out.
 
 Every test that takes the ``backend`` fixture runs once per registered backend; a backend
 that cannot run here is skipped with the reason, unless it is listed in
@@ -21,7 +29,8 @@ settings.register_profile("ci", max_examples=150, deadline=None, print_blob=True
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+_TRUE = ("1", "true", "yes", "on")
 
 BACKENDS = [
     pytest.param("numpy", id="numpy"),
@@ -39,17 +48,45 @@ if os.environ.get("ENTMAX_REF_TEST_STRICT", "") not in ("", "0"):
 
 def pytest_addoption(parser):
     parser.addoption(
+        "--exhaustive",
+        action="store_true",
+        default=os.environ.get("ENTMAX_REF_EXHAUSTIVE", "").strip().lower() in _TRUE,
+        help="also run the exhaustive tier (tests marked exhaustive or slow) with the long Hypothesis profile",
+    )
+    parser.addoption(
         "--require-backends",
         default=os.environ.get("ENTMAX_REF_REQUIRE_BACKENDS", ""),
         help="comma-separated backends whose unavailability fails instead of skipping",
     )
 
 
+def pytest_configure(config):
+    exhaustive = config.getoption("--exhaustive")
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if exhaustive else "dev"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--exhaustive"):
+        return
+    skip = pytest.mark.skip(reason="exhaustive tier: run with --exhaustive (or ENTMAX_REF_EXHAUSTIVE=1)")
+    for item in items:
+        if "exhaustive" in item.keywords or "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def exhaustive(request) -> bool:
+    """Whether this run includes the exhaustive tier (tests may widen their sweeps)."""
+    return bool(request.config.getoption("--exhaustive"))
+
+
 def pytest_report_header(config):
     names = [p.values[0] for p in BACKENDS]
     found = {n: (unavailable_reason(n) or "available") for n in names}
     env = {k: v for k, v in os.environ.items() if k.startswith("ENTMAX_REF_")}
-    return [f"entmax-ref backends: {found}", f"ENTMAX_REF_* env: {env}"]
+    tier = "exhaustive (default + exhaustive/slow)" if config.getoption("--exhaustive") else "default"
+    return [f"entmax-ref backends: {found}", f"ENTMAX_REF_* env: {env}",
+            f"tier: {tier}; Hypothesis profile: {settings.get_current_profile_name()}"]
 
 
 class BackendName(str):

@@ -189,8 +189,33 @@ def test_use_backend_is_thread_local():
 
 
 def test_auto_picks_a_cpu_backend_for_numpy():
-    chosen = er.backends.resolve_backend(None, np.zeros(2))
+    small = er.backends.AUTO_SMALL
+    # small inputs on the reference (no compile on a first call), larger ones on numba
+    assert er.backends.resolve_backend(None, np.zeros(small)).name == "numpy"
+    assert er.backends.resolve_backend(None, np.zeros(3), np.zeros((2, small // 2))).name == "numpy"
+    chosen = er.backends.resolve_backend(None, np.zeros((2, small // 2 + 1)))
     assert chosen.name == ("numba" if "numba" in er.available_backends() else "numpy")
+    assert er.backends.resolve_backend("numba", np.zeros(2)).name == "numba"
+
+
+def test_a_first_small_call_compiles_nothing(tmp_path):
+    """Issue 11: the first call of a transform after install takes seconds, not minutes."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time, sys; t = time.perf_counter(); import entmax_ref as er; "
+            "p = er.entmax15([[1.0, 2.0, 0.5]] * 8); "
+            "print(time.perf_counter() - t, 'numba' in sys.modules, p[0].tolist())")
+    env = {**__import__("os").environ, "ENTMAX_REF_CACHE_DIR": str(tmp_path)}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]), timeout=300)
+    assert out.returncode == 0, out.stderr
+    seconds, numba_imported, row = out.stdout.split(" ", 2)
+    assert numba_imported == "False"
+    assert float(seconds) < 5.0, f"first call took {seconds} s (wall {time.perf_counter() - t0:.1f} s)"
+    assert abs(sum(__import__("ast").literal_eval(row)) - 1.0) < 1e-15
 
 
 def test_arrays_are_never_moved_between_devices():

@@ -115,3 +115,73 @@ def test_backend_run_reports_every_operation(capsys):
                "attention vjp a=3"):
         assert op in out, op
     assert "wall time" in out
+
+
+def test_impl_module_in_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Like ``python -m``: ``--impl mod:fn`` finds mod.py in the working directory even
+    when the console script's sys.path does not contain it (issue 11)."""
+    (tmp_path / "cwd_impl.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    code, out, _ = run(capsys, "--impl", "cwd_impl:good", "--alpha", "2", "--dtype", "float64")
+    assert code == 0, out
+    assert str(tmp_path) not in __import__("sys").path  # nothing left behind
+
+
+def test_table_has_a_tolerance_column_a_legend_and_progress_on_stderr(user_module, capsys):
+    code, out, err = run(capsys, "--impl", f"{user_module}:good", "--alpha", "1.5", "--dtype", "float64")
+    assert code == 0, out
+    head = out.splitlines()[0].split()
+    assert head[:8] == ["operation", "implementation", "dtype", "max", "abs", "err", "ulps", "tol"]
+    row = next(ln for ln in out.splitlines() if ln.startswith("entmax a=1.5"))
+    tol = float(row.split()[6])
+    assert tol > 0  # a budget in ulps next to the measured ulps
+    assert "ulps: |error| / (eps * max(1, |expected|))" in out and "float64 NumPy reference" in out
+    assert "props: property checks passed / run" in out
+    # stdout is not a terminal here: progress is one plain line per job, on stderr
+    assert err.startswith("[1/1 ") and "entmax [" in err and "\r" not in err
+    code, out, err = run(capsys, "--impl", f"{user_module}:good", "--alpha", "2", "--no-progress")
+    assert err == ""
+
+
+def test_top_level_help_version_and_module_entry_point():
+    import subprocess
+    import sys
+
+    from entmax_ref.cli import main as cli_main
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "entmax_ref", "--help"], capture_output=True, text=True, cwd=root,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: entmax-ref ")
+    assert "``" not in res.stdout and "check " in res.stdout and 'pip install "entmax-ref[bench]"' in res.stdout
+    res = subprocess.run([sys.executable, "-m", "entmax_ref", "--version"], capture_output=True, text=True, cwd=root,
+                         timeout=120)
+    import entmax_ref
+
+    assert res.returncode == 0 and res.stdout.startswith(f"entmax-ref {entmax_ref.__version__}")
+    assert cli_main(["nonsense"]) == 2
+    for sub in ("check", "bench", "demo"):
+        try:
+            code = cli_main([sub, "--help"])
+        except SystemExit as exc:  # argparse's own exit
+            code = exc.code
+        assert code == 0, sub
+
+
+def test_bench_without_peers_names_the_extra(monkeypatch, capsys):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name in ("torch", "entmax"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    from entmax_ref import bench
+
+    assert bench.main([]) == 2
+    assert 'pip install "entmax-ref[bench]"' in capsys.readouterr().err

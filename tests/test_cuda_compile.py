@@ -3,8 +3,8 @@
 Each source in backends/cuda/ is compiled as the loader compiles it (the same options,
 the same include directory) with every template kernel instantiated for float and double
 (the loader's name expressions), so a syntax, template or register-limit error fails CI
-even without a GPU.  Run alone with ``pytest tests/test_cuda_compile.py`` (about a minute
-on two cores).
+even without a GPU.  Exhaustive tier: run alone with ``pytest --exhaustive tests/test_cuda_compile.py``
+(about a minute on two cores).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import subprocess
 import pytest
 
 from entmax_ref.backends import _cuda_loader as L
+
+pytestmark = pytest.mark.exhaustive
 
 ARCHS = ("sm_80", "sm_90")
 

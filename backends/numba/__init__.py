@@ -10,18 +10,18 @@ Every kernel is a per-row ``@njit`` core function plus an ``@njit(parallel=True)
 that runs the core over blocks of rows with ``prange`` (no shared writes, no exceptions
 inside the parallel loop).
 
-Compiled machine code is cached on disk (numba's ``cache=True``: ``__pycache__`` next to
-these files, or ``NUMBA_CACHE_DIR`` when that is set or the folder is read-only), so a new
-process loads it instead of compiling again.  Set the environment variable
-``ENTMAX_REF_NUMBA_CACHE=0`` (before the backend is first imported) to turn the disk cache
-off, e.g. when several numba versions share one installation.
+Compiled machine code is cached on disk (``cache=CACHE`` on every kernel), so a new
+process loads it instead of compiling again.  The cache lives in the per-user cache
+directory of the platform (``~/.cache/entmax-ref`` on Linux, ``ENTMAX_REF_CACHE_DIR``
+overrides it), never inside the installed package, and is keyed on a hash of every kernel
+source in this folder (and the package modules they import), so a change to a helper in
+any file invalidates it (:mod:`entmax_ref.backends.numba._cache`).  Set the environment
+variable ``ENTMAX_REF_NUMBA_CACHE=0`` (before the backend is first imported) to turn the
+disk cache off.
 """
 
 from __future__ import annotations
 
-import os
+from ._cache import CACHE, CACHE_DIR
 
-#: Whether the kernels are cached on disk (``ENTMAX_REF_NUMBA_CACHE=0`` turns it off).
-CACHE: bool = os.environ.get("ENTMAX_REF_NUMBA_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-__all__ = ["CACHE"]
+__all__ = ["CACHE", "CACHE_DIR"]

@@ -53,6 +53,11 @@ class Comparison:
     actual: float | None = None
     tol: float | None = None
     support_diff: int = 0  #: entries that are zero in one and nonzero in the other
+    #: the tolerance, in the same ulps, at the entry that uses the largest fraction of its
+    #: own tolerance (the smallest tolerance when every entry is exact)
+    tol_ulps: float = 0.0
+    #: the largest ``|actual - expected| / tol`` (1 is the edge of the budget)
+    used: float = 0.0
     problem: str = ""  #: a shape/dtype/NaN problem found before comparing
     extra: dict = field(default_factory=dict)
 
@@ -99,14 +104,22 @@ def compare(actual: Any, expected: np.ndarray, tol: np.ndarray, dtype=None, *, s
     sdiff = int(((a64 != 0) != (e != 0)).sum()) if support else 0
     max_abs = float(diff.max(initial=0.0))
     max_ulps = float(ulps.max(initial=0.0))
+    tol_ulps = used = 0.0
+    if diff.size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(diff > 0, diff / tol, 0.0)
+            frac = np.where(np.isnan(frac), np.inf, frac)
+            budget = tol / scale
+        at = int(np.argmax(frac)) if frac.max() > 0 else int(np.argmin(budget))
+        tol_ulps, used = float(budget.flat[at]), float(frac.flat[at])
     if not bad.any():
-        return Comparison(True, max_abs, max_ulps, 0, None, None, support_diff=sdiff)
+        return Comparison(True, max_abs, max_ulps, 0, None, None, support_diff=sdiff, tol_ulps=tol_ulps, used=used)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(bad, diff / np.where(tol > 0, tol, np.finfo(np.float64).tiny), -1.0)
     idx = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), e.shape)
     row = int(np.ravel_multi_index(idx[:-1], e.shape[:-1])) if e.ndim > 1 else 0
     return Comparison(False, max_abs, max_ulps, int(bad.sum()), tuple(int(i) for i in idx), row,
-                      float(e[idx]), float(a64[idx]), float(tol[idx]), sdiff)
+                      float(e[idx]), float(a64[idx]), float(tol[idx]), sdiff, tol_ulps=tol_ulps, used=used)
 
 
 def _fmt(a: np.ndarray) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 import time
 from typing import Callable
@@ -38,13 +39,21 @@ BUDGETS = (1.0, 2.5)
 
 
 class _Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal, or forced)."""
+    """Progress on stderr: a one-line bar when stderr is a terminal, else one plain line per
+    job (so a log or a piped run, ``entmax-ref check > report.txt``, still shows where the
+    run is while the table goes to stdout)."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, total: int, enabled: bool, bar: bool):
         self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.perf_counter()
+        self.bar = bar
 
     def step(self, label: str) -> None:
         if not self.enabled:
+            return
+        if not self.bar:
+            self.done += 1
+            sys.stderr.write(f"[{self.done}/{self.total} {time.perf_counter() - self.t0:6.1f}s] {label}\n")
+            sys.stderr.flush()
             return
         width = 30
         fill = int(width * self.done / max(self.total, 1))
@@ -54,7 +63,7 @@ class _Progress:
         self.done += 1
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.bar:
             sys.stderr.write("\r" + " " * 100 + "\r")
             sys.stderr.flush()
 
@@ -323,10 +332,19 @@ def resolve_impl(path: str) -> Callable:
     if ":" not in path:
         raise ValueError(f"--impl {path!r} must look like package.module:function")
     mod_name, attr = path.split(":", 1)
+    # like ``python -m``, find modules in the current directory (the console script's
+    # sys.path starts with its own bin folder instead)
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
     try:
         obj = importlib.import_module(mod_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is a usage problem
         raise ValueError(f"cannot import module {mod_name!r} for --impl {path!r}: {type(exc).__name__}: {exc}") from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -375,7 +393,7 @@ def _alpha_arg(text: str) -> str | int | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="entmax-ref check", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="entmax-ref check", description=__doc__.split("\n\n")[0].replace("``", ""),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="small corpus")
@@ -404,7 +422,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--backends", default=None, help="comma-separated backends (default: every available one)")
     ap.add_argument("--no-peers", action="store_true", help="do not run the installed peers")
     ap.add_argument("--strict-peers", action="store_true", help="peer failures count in the exit status")
-    ap.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="no progress on stderr (a bar on a terminal, else one line per job)")
     return ap
 
 
@@ -436,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 jobs.extend(backend_jobs(b, args.size, args.seed))
         if not args.no_peers:
             jobs.extend(peer_jobs(args.size, args.seed))
-    bar = _Progress(len(jobs), args.progress or sys.stderr.isatty())
+    bar = _Progress(len(jobs), not args.no_progress, bar=sys.stderr.isatty())
     report = CheckReport()
     for label, job in jobs:
         bar.step(label)

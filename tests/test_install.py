@@ -1,0 +1,99 @@
+"""Installs in a temporary virtual environment (slow tier: each pip install takes a while).
+
+Regression tests of issue 11: (1) uninstalling leaves nothing in site-packages (numba's
+cache files used to be written there); (2) the README's old order, ``pip install .`` then
+``pip install -e .``, must leave a working package importable from any directory (the
+leftover folder used to shadow the editable install: "module 'entmax_ref' has no attribute
+'entmax15'"); (3) with a plain install, importing from the clone's root works.
+
+The temporary venv sees this interpreter's packages (numpy, numba, setuptools, ...) through
+a folder of links that leaves out entmax_ref itself (pip included), so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+_SKIP = {".git", "build", "dist", "site", ".hypothesis", ".pytest_cache", "__pycache__", "out"}
+
+
+def _sh(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+@pytest.fixture()
+def venv(tmp_path):
+    """(python of a fresh venv, its site-packages, a copy of the clone, env)."""
+    src = tmp_path / "clone"
+    shutil.copytree(ROOT, src, ignore=lambda d, names: [n for n in names if n in _SKIP or n.endswith(".egg-info")])
+    vdir = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(vdir)], check=True, timeout=300)
+    py = vdir / "bin" / "python"
+    sp = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip())
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    for outer in site.getsitepackages():
+        for entry in Path(outer).iterdir():
+            low = entry.name.lower()
+            if low.startswith(("entmax_ref", "entmax-ref", "__editable__", "_entmax_ref")) or entry.suffix == ".pth":
+                continue
+            if not (deps / entry.name).exists():
+                (deps / entry.name).symlink_to(entry)
+    (sp / "_outer_packages.pth").write_text(str(deps) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "NUMBA_CACHE_DIR")}
+    env["ENTMAX_REF_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PIP_NO_INDEX"] = "1"
+    return py, sp, src, env
+
+
+_USE = ("import entmax_ref as er, numpy as np; print(er.entmax15([1.0]).tolist()); "
+        "from entmax_ref.backends.numba import rows; rows._row_max(np.zeros(2)); print(er.__file__)")
+
+
+def _pip(py: Path, src: Path, env, *args: str) -> None:
+    _sh([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", *args], src, env)
+
+
+def test_uninstall_leaves_nothing_and_the_cache_is_outside(venv, tmp_path):
+    py, sp, src, env = venv
+    _pip(py, src, env, ".")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = _sh([str(py), "-c", _USE], elsewhere, env)
+    assert out.splitlines()[0] == "[1.0]" and str(sp) in out.splitlines()[1]
+    assert not [p for p in (sp / "entmax_ref").rglob("*") if p.suffix in (".nbi", ".nbc")]
+    assert list((tmp_path / "cache").rglob("*.nbi")), "no kernel was cached in ENTMAX_REF_CACHE_DIR"
+    _sh([str(py), "-m", "pip", "uninstall", "-y", "-q", "entmax-ref"], elsewhere, env)
+    assert not (sp / "entmax_ref").exists(), sorted(str(p) for p in (sp / "entmax_ref").rglob("*"))
+
+
+def test_install_then_editable_install_works_from_another_directory(venv, tmp_path):
+    py, sp, src, env = venv
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _pip(py, src, env, ".")
+    _sh([str(py), "-c", _USE], elsewhere, env)  # compiles a kernel with the plain install
+    _pip(py, src, env, "-e", ".")
+    out = _sh([str(py), "-c", _USE], elsewhere, env)
+    assert out.splitlines()[0] == "[1.0]"
+    assert Path(out.splitlines()[1]).resolve() == (src / "entmax_ref" / "__init__.py").resolve()
+
+
+def test_plain_install_imports_from_the_clone_root(venv):
+    py, sp, src, env = venv
+    _pip(py, src, env, ".")
+    out = _sh([str(py), "-c", _USE + "; import entmax_ref.backends.numba_backend"], src, env)
+    assert out.splitlines()[0] == "[1.0]"

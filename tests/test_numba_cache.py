@@ -1,0 +1,130 @@
+"""The numba kernels' disk cache: outside the package, keyed on every kernel source.
+
+Regression tests of issue 11, bug 1 (cache files were written into the installed package
+and numba's per-file stamp missed changes to helpers in other files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+from entmax_ref.backends.numba import _cache  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tree(tmp_path: Path) -> tuple[Path, Path]:
+    pkg = tmp_path / "pkg"
+    kern = pkg / "kern"
+    kern.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "consts.py").write_text("LIMIT = 10\n")
+    (pkg / "unrelated.py").write_text("X = 1\n")
+    (kern / "__init__.py").write_text("")
+    (kern / "helpers.py").write_text("def helper(x):\n    return x + 1\n")
+    (kern / "rows.py").write_text("from .helpers import helper\nfrom ..consts import LIMIT\n")
+    return pkg, kern
+
+
+def test_key_covers_every_kernel_file_and_the_package_modules_they_import(tmp_path):
+    pkg, kern = _tree(tmp_path)
+    files = {p.relative_to(pkg).as_posix() for p in _cache.kernel_sources(kern, pkg)}
+    assert files == {"kern/__init__.py", "kern/helpers.py", "kern/rows.py", "consts.py"}
+    key = _cache.source_key(kern, pkg)
+    assert key == _cache.source_key(kern, pkg)
+    # unrelated module: same key
+    (pkg / "unrelated.py").write_text("X = 2\n")
+    assert _cache.source_key(kern, pkg) == key
+    # a helper in another file than the kernel (numba's own stamp misses this one)
+    (kern / "helpers.py").write_text("def helper(x):\n    return x + 2\n")
+    key2 = _cache.source_key(kern, pkg)
+    assert key2 != key
+    # an imported constant
+    (pkg / "consts.py").write_text("LIMIT = 11\n")
+    key3 = _cache.source_key(kern, pkg)
+    assert key3 not in (key, key2)
+    # a new kernel file (e.g. a new transform's kernels) is covered without registration
+    (kern / "newkernels.py").write_text("Y = 0\n")
+    assert _cache.source_key(kern, pkg) not in (key, key2, key3)
+
+
+def test_the_real_key_covers_every_file_of_the_numba_folder():
+    sources = set(_cache.kernel_sources())
+    assert set(p.resolve() for p in _cache.KERNEL_DIR.rglob("*.py")) <= sources
+    assert _cache.CACHE_DIR.name == _cache.KEY
+    assert _cache.KERNEL_DIR not in _cache.CACHE_DIR.parents
+
+
+def _run(code: str, env: dict[str, str], cwd: Path = ROOT) -> dict:
+    full = {**os.environ, **env}
+    full.pop("NUMBA_CACHE_DIR", None)
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=full,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+_COMPILE_ONE = """
+    import json, numpy as np
+    from entmax_ref.backends.numba import rows, _cache
+    rows._row_max(np.zeros(3))
+    st = rows._row_max.stats
+    print(json.dumps({"dir": str(_cache.CACHE_DIR), "cache": _cache.CACHE,
+                      "hits": sum(st.cache_hits.values()), "misses": sum(st.cache_misses.values()),
+                      "path": rows._row_max._cache.cache_path}))
+"""
+
+
+def test_compiled_code_goes_to_the_user_cache_dir_and_is_reused(tmp_path):
+    before = {p for p in _cache.KERNEL_DIR.rglob("*") if p.suffix in (".nbi", ".nbc")}
+    env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"}
+    first = _run(_COMPILE_ONE, env)
+    assert first["cache"] and first["misses"] == 1 and first["hits"] == 0
+    assert Path(first["dir"]).parent.parent == (tmp_path / "c").resolve()
+    assert Path(first["path"]) == Path(first["dir"])
+    assert list(Path(first["dir"]).glob("rows._row_max-*.nbi"))
+    second = _run(_COMPILE_ONE, env)
+    assert second["hits"] == 1 and second["misses"] == 0
+    after = {p for p in _cache.KERNEL_DIR.rglob("*") if p.suffix in (".nbi", ".nbc")}
+    assert after == before, "cache files were written inside the package"
+
+
+def test_unwritable_cache_dir_turns_caching_off_instead_of_writing_the_package(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out = _run(_COMPILE_ONE, {"ENTMAX_REF_CACHE_DIR": str(blocker), "ENTMAX_REF_NUMBA_CACHE": "1"})
+    assert out["cache"] is False and out["hits"] == 0
+    assert not list(_cache.KERNEL_DIR.rglob("rows._row_max-*.nbi"))
+
+
+def test_other_numba_functions_keep_numbas_own_cache(tmp_path):
+    (tmp_path / "mine.py").write_text("from numba import njit\n@njit(cache=True)\ndef f(x):\n    return x + 1\n")
+    code = """
+        import json, sys
+        sys.path.insert(0, %r)
+        import entmax_ref.backends.numba, mine
+        mine.f(1.0)
+        print(json.dumps({"path": mine.f._cache.cache_path}))
+    """ % str(tmp_path)
+    out = _run(code, {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c")})
+    assert Path(out["path"]) == tmp_path / "__pycache__"
+
+
+def test_old_keys_are_pruned_recent_ones_kept(tmp_path):
+    parent = tmp_path / "numba"
+    old, recent = parent / "oldkey", parent / "recentkey"
+    for d in (old, recent):
+        d.mkdir(parents=True)
+        (d / "x.nbi").write_text("")
+    os.utime(old, (1, 1))
+    _cache._prune(parent, keep="current")
+    assert not old.exists() and recent.exists()
