@@ -854,7 +854,8 @@ def _need_mpmath() -> None:
                                   'pip install "entmax-ref[corpus]"', name="mpmath") from None
 
 
-def generate_corpus(out, *, seed: int = 0, size: str = "small", progress: Callable[[str], None] | None = None) -> dict:
+def generate_corpus(out, *, seed: int = 0, size: str = "small", ops=None,
+                    progress: Callable[[str], None] | None = None) -> dict:
     """Write the conformance corpus into directory ``out`` and return its manifest.
 
     Parameters
@@ -866,6 +867,8 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", progress: Callab
     size : {"small", "full"}
         "small": >= 1,000 row cases and >= 100 attention cases, written in seconds;
         "full": more and longer rows and larger attention problems.
+    ops : iterable of str or None
+        Write only the files of these operations (names of :data:`OPERATIONS`); all by default.
     progress : callable or None
         Called with each file's name as it starts.
 
@@ -879,6 +882,10 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", progress: Callab
         raise ValueError(f"size must be one of {SIZES}, got {size!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if ops is not None:
+        ops = tuple(ops)
+        for op in ops:
+            _operation(op)
     _need_mpmath()
     import entmax_ref as er
 
@@ -889,7 +896,7 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", progress: Callab
     _REF_CACHE.clear()
     files = []
     for o in OPERATIONS:
-        if o.generate is None:
+        if o.generate is None or (ops is not None and o.name not in ops):
             continue
         if progress:
             progress(o.file)
@@ -1023,6 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
     ap.add_argument("--seed", type=int, default=0, help="seed (default 0): the same seed gives identical files")
     ap.add_argument("--size", choices=SIZES, default="small", help="small (default) or full")
+    ap.add_argument("--ops", default=None, help=f"comma-separated operations to write (default all: {','.join(OPS)})")
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
@@ -1030,11 +1038,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed < 0:
         print("entmax-ref corpus: --seed must be >= 0", file=sys.stderr)
         return 2
+    ops = None if args.ops is None else [o for o in args.ops.split(",") if o]
     t0 = time.perf_counter()
     try:
-        m = generate_corpus(args.out, seed=args.seed, size=args.size,
+        m = generate_corpus(args.out, seed=args.seed, size=args.size, ops=ops,
                             progress=lambda f: print(f"writing {os.path.join(args.out, f)}", file=sys.stderr))
-    except ModuleNotFoundError as exc:
+    except (ModuleNotFoundError, ValueError) as exc:
         print(f"entmax-ref corpus: {exc}", file=sys.stderr)
         return 2
     for f in m["files"]:
