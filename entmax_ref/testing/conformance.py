@@ -257,6 +257,23 @@ def _ref(x64, alpha):
     return p.copy(), tau, support
 
 
+def _prefill_refs(ctx: _Context) -> None:
+    """Solve every row case's reference in one call per (n, alpha): a tenth of the time of
+    one call per row, and row for row the same numbers (the solver works per row)."""
+    import entmax_ref as er
+
+    groups: dict = {}
+    for _, a, _, _, x64 in _row_cases(ctx):
+        key = (x64.tobytes(), a)
+        if key not in _REF_CACHE:
+            groups.setdefault((len(x64), a), {})[key] = x64
+    for (_, a), rows in groups.items():
+        X = np.stack(list(rows.values()))
+        p, info = er.entmax(X, a, backend="numpy", return_info=True)
+        for i, key in enumerate(rows):
+            _REF_CACHE[key] = (p[i], float(info.tau[i]), int(info.support[i]))
+
+
 def _row_cases(ctx: _Context):
     """(source row, alpha, dtype, x in dtype, x as float64) for every row case."""
     rng = np.random.default_rng([ctx.seed, 16])
@@ -438,12 +455,22 @@ def gen_entmax_loss(ctx: _Context):
 
     mp = ctx.oracle.mp
     rng = np.random.default_rng([ctx.seed, 19])
+    items = []
     for src, a, dt, x, x64 in _row_cases(ctx):
         finite = np.flatnonzero(np.isfinite(x64))
         if not len(finite) or len(x) > 64 or a > 10.0:
             continue
-        target = int(finite[0]) if rng.random() < 0.5 else int(np.argmax(x64))
-        loss = float(np.asarray(er.entmax_loss(x64[None], np.array([target]), a, backend="numpy"))[0])
+        items.append((src, a, dt, x, x64, int(finite[0]) if rng.random() < 0.5 else int(np.argmax(x64))))
+    losses: dict = {}  # one call per (n, alpha): the loss is computed row by row
+    groups: dict = {}
+    for i, it in enumerate(items):
+        groups.setdefault((len(it[4]), it[1]), []).append(i)
+    for (_, a), idx in groups.items():
+        L = er.entmax_loss(np.stack([items[i][4] for i in idx]), np.array([items[i][5] for i in idx]), a,
+                           backend="numpy")
+        losses.update(zip(idx, np.asarray(L, np.float64).tolist()))
+    for i, (src, a, dt, x, x64, target) in enumerate(items):
+        loss = losses[i]
         p, tau, _ = _ref(x64, a)
         onehot = np.eye(len(x))[target]
         grad = p - onehot
@@ -894,6 +921,7 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", ops=None,
     ctx = _Context(size, int(seed), _Oracle(), [])
     ctx.rows = _row_sources(size, int(seed))
     _REF_CACHE.clear()
+    _prefill_refs(ctx)
     files = []
     for o in OPERATIONS:
         if o.generate is None or (ops is not None and o.name not in ops):

@@ -55,11 +55,16 @@ def entmax_mp(x, alpha, start: float | None = None):
         tol = mp.mpf(10) ** (-DPS + 3)
         for _ in range(2000):
             f, df = mass(T)
+            if f == 0:
+                break
             if f > 0:
                 lo = T
             else:
                 hi = T
             step = f / df if df > 0 else None
+            if step is not None and abs(step) <= tol * (1 + abs(T)):
+                T = T + step  # converged: a step this small cannot leave the bracket's interior
+                break
             nxt = T + step if step is not None else None
             if nxt is None or not (lo < nxt < hi):
                 nxt = (lo + hi) / 2
