@@ -93,10 +93,11 @@ def test_attention_cases_cover_the_features(cheap_corpus):
 
 
 def test_same_seed_gives_identical_bytes_other_seed_differs(cheap_corpus, tmp_path):
-    C.generate_corpus(tmp_path / "again", seed=3, ops=CHEAP)
-    assert _bytes(tmp_path / "again") == _bytes(cheap_corpus)
-    C.generate_corpus(tmp_path / "other", seed=4, ops=("attention",))
-    assert (tmp_path / "other" / "attention.jsonl").read_bytes() != (cheap_corpus / "attention.jsonl").read_bytes()
+    C.generate_corpus(tmp_path / "again", seed=3, ops=("asentmax_scale", "attention"))
+    for f in ("asentmax_scale.jsonl", "attention.jsonl"):
+        assert (tmp_path / "again" / f).read_bytes() == (cheap_corpus / f).read_bytes()
+    C.generate_corpus(tmp_path / "other", seed=4, ops=("asentmax_scale",))
+    assert (tmp_path / "other" / "asentmax_scale.jsonl").read_bytes() != (cheap_corpus / "asentmax_scale.jsonl").read_bytes()
 
 
 # ----------------------------------------------------------------------------- loading
