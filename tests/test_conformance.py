@@ -183,6 +183,7 @@ def test_small_corpus_sizes_and_hard_cases(small_corpus):
     counts = {f["file"]: f["cases"] for f in m["files"]}
     assert counts["entmax.jsonl"] >= 1000 and m["row_cases"] >= 1000
     assert counts["attention.jsonl"] >= 100 and counts["attention_vjp.jsonl"] >= 100
+    assert all(f["beyond_oracle_tol"] == 0 for f in m["files"])
     rows = corpus.cases["entmax.jsonl"]
     kinds = {c["kind"] for c in rows}
     assert {"near-ties", "support-boundary", "huge-offset", "masks", "all-masked", "long",

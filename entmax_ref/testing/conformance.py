@@ -304,17 +304,18 @@ def gen_entmax(ctx: _Context):
             per_entry = np.array([float(abs(mp.mpf(float(g)) - e)) for g, e in zip(p, exact)])
         err = float(per_entry.max(initial=0.0))
         budget = T.entmax_tolerance(p[None], a, "float64", masked=np.isneginf(x64)[None])[0]
-        if np.any(per_entry > budget) or (np.isfinite(tau) and tau_err > T.threshold_tolerance(
-                np.array([tau]), a, "float64", len(x))[0]):
-            raise RuntimeError(f"the float64 reference is off the 50-digit oracle beyond its float64 budget: "
-                               f"alpha={a!r}, x={x64.tolist()!r} (error {err:.3g})")
+        within = not (np.any(per_entry > budget) or (np.isfinite(tau) and tau_err > T.threshold_tolerance(
+            np.array([tau]), a, "float64", len(x))[0]))
         reaches = err <= ORACLE_ATOL
         if not reaches and a <= 2.0:
             raise RuntimeError(f"the float64 reference misses the {ORACLE_ATOL:g} contract at alpha={a!r}: "
                                f"x={x64.tolist()!r} (error {err:.3g})")
         case = {"op": "entmax", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
                 "p": nums(p), "tau": num(tau), "support": support, "tol_p": nums(tol_p), "tol_tau": num(tol_tau),
-                "oracle_err": num(err), "reaches_oracle": bool(reaches), "why": src.why}
+                "oracle_err": num(err), "reaches_oracle": bool(reaches), "within_tol_of_oracle": bool(within),
+                "why": src.why}
+        if not within:
+            case["why"] += "; the float64 reference is further from the oracle than its own float64 tolerance"
         if not reaches:
             case["why"] += ("; ill-conditioned (alpha > 2): float64 is within its budget of the 50-digit oracle "
                             "but not within 4e-15")
@@ -355,13 +356,12 @@ def gen_entmax_vjp(ctx: _Context):
         err = _mp_err(mp, dx[0], dx_mp)
         ill64 = bool(T.ill_posed_rows(x64[None], tau_to_theta(np.array([tau]), np.array([a])), a, "float64")[0])
         tol64 = float(T.vjp_tolerance(p[None], g64[None], dx, a, "float64")[0, 0]) if len(x) else 0.0
-        if not ill64 and err > tol64:
-            raise RuntimeError(f"entmax_vjp reference off the oracle: alpha={a!r}, x={x64.tolist()!r} ({err:.3g})")
+        within = ill64 or err <= tol64
         why = src.why + ("; ill-posed gradient (alpha >= 2 with an entry at the threshold): compare only "
                          "implementations that take p" if ill else "")
         yield {"op": "entmax_vjp", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
                "p": nums(p), "grad": nums(g, dt), "dx": nums(dx[0]), "tol_dx": num(tol), "ill_posed": ill,
-               "oracle_err": num(err), "why": why}
+               "oracle_err": num(err), "within_tol_of_oracle": bool(within), "why": why}
 
 
 def _alpha_vjp_tolerance(p, g, dalpha, a, dtype):
@@ -416,12 +416,10 @@ def gen_entmax_alpha_vjp(ctx: _Context):
         from entmax_ref.backends._base import tau_to_theta
 
         ill = bool(T.ill_posed_rows(x64[None], tau_to_theta(np.array([tau]), np.array([a])), a, "float64")[0])
-        if not ill and err > tol:
-            raise RuntimeError(f"entmax_alpha_vjp reference off the oracle: alpha={a!r}, x={x64.tolist()!r} "
-                               f"({err:.3g} > {tol:.3g})")
+        within = ill or err <= tol
         yield {"op": "entmax_alpha_vjp", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x),
                "x": nums(x, dt), "p": nums(p), "grad": nums(g), "dalpha": num(da), "tol_dalpha": num(tol),
-               "ill_posed": ill, "oracle_err": num(err),
+               "ill_posed": ill, "oracle_err": num(err), "within_tol_of_oracle": bool(within),
                "why": src.why + ("; ill-posed at x (alpha >= 2 with an entry at the threshold): dalpha is "
                                  "exact for the p given, not for x" if ill else "")}
 
@@ -478,11 +476,10 @@ def gen_entmax_loss(ctx: _Context):
         tol_g = T.entmax_tolerance(p[None], a, dt)[0] + T.unit_roundoff(np.float64) * np.abs(grad)
         exact, _ = ctx.oracle.row(x64, a, tau)
         err = float(abs(mp.mpf(loss) - _loss_mp(mp, exact, x64, target, a)))
-        if err > _loss_tolerance(x64, p, onehot, loss, "float64"):
-            raise RuntimeError(f"entmax_loss reference off the oracle: alpha={a!r}, x={x64.tolist()!r} ({err:.3g})")
+        within = err <= _loss_tolerance(x64, p, onehot, loss, "float64")
         yield {"op": "entmax_loss", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
                "target": target, "loss": num(loss), "tol_loss": num(tol), "grad": nums(grad), "tol_grad": nums(tol_g),
-               "oracle_err": num(err), "why": src.why}
+               "oracle_err": num(err), "within_tol_of_oracle": bool(within), "why": src.why}
 
 
 def _scale_tolerances(n, beta, gamma, delta, offset, s, dgamma):
@@ -901,8 +898,10 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", ops=None,
     Raises
     ------
     ValueError for a bad size or seed; ModuleNotFoundError (naming the ``corpus`` extra)
-    without mpmath; RuntimeError if a float64 reference value misses the 50-digit oracle
-    by more than its float64 budget (a bug in this library, never expected).
+    without mpmath; RuntimeError if a float64 probability with alpha <= 2 misses the
+    50-digit oracle by more than 4e-15 (the library's accuracy contract).  A case whose
+    reference is within that but further from the oracle than its own float64 tolerance
+    is written with ``"within_tol_of_oracle": false`` and counted in the manifest.
     """
     if size not in SIZES:
         raise ValueError(f"size must be one of {SIZES}, got {size!r}")
@@ -928,15 +927,17 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", ops=None,
         if progress:
             progress(o.file)
         h = hashlib.sha256()
-        count = 0
+        count = beyond = 0
         with open(out / o.file, "wb") as fh:
             for case in o.generate(ctx):
                 count += 1
+                beyond += case.get("within_tol_of_oracle") is False
                 line = (json.dumps({"id": f"{o.name}-{count:05d}", **case}, separators=(",", ":"),
                                    allow_nan=False) + "\n").encode()
                 h.update(line)
                 fh.write(line)
-        files.append({"file": o.file, "op": o.name, "cases": count, "sha256": h.hexdigest()})
+        files.append({"file": o.file, "op": o.name, "cases": count, "sha256": h.hexdigest(),
+                      "beyond_oracle_tol": beyond})
     _REF_CACHE.clear()
     manifest = {
         "format": "entmax-ref conformance corpus",
