@@ -4,6 +4,7 @@
 ``entmax-ref check ...``  cross-validate backends, peers or your implementation
 ``entmax-ref bench ...``  time the engines against their peers, as ratios
 ``entmax-ref demo ...``   plot the paper's claims
+``entmax-ref corpus ...`` write the language-neutral conformance corpus (JSON Lines)
 ``entmax-ref --version``  the installed version (and numba's, and where kernels are cached)
 """
 
@@ -19,6 +20,7 @@ _SUBCOMMANDS = {
     "check": "entmax_ref.testing.command",
     "bench": "entmax_ref.bench",
     "demo": "entmax_ref.demo",
+    "corpus": "entmax_ref.testing.conformance",
 }
 
 

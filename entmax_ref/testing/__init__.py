@@ -9,6 +9,8 @@
   :func:`check_normmax`, :func:`check_budget_sparsemax` (with their tolerances in
   :mod:`entmax_ref.testing.family_checks`);
 * the built-in corpus: :mod:`entmax_ref.testing.corpus`;
+* the conformance corpus on disk (``entmax-ref corpus``): :func:`load_corpus`,
+  :func:`replay_corpus` (:mod:`entmax_ref.testing.conformance`);
 * adapters: :func:`to_numpy` / :func:`from_numpy` (NumPy, CuPy, PyTorch, JAX, DLPack,
   ``__array__``; a framework is imported only when its objects are involved);
 * ``entmax_ref.testing.strategies`` holds Hypothesis strategies (needs ``hypothesis``, from
@@ -23,5 +25,7 @@ from ._adapters import from_numpy, to_numpy
 from .assertions import *  # noqa: F403 - the names in assertions.__all__
 from .checks import *  # noqa: F403 - the names in checks.__all__
 from .family_checks import *  # noqa: F403 - the names in family_checks.__all__
+from .conformance import Corpus, CorpusError, load_corpus, replay_corpus
 
-__all__ = sorted([*assertions.__all__, *checks.__all__, *family_checks.__all__, "from_numpy", "to_numpy", "tolerance"])
+__all__ = sorted([*assertions.__all__, *checks.__all__, *family_checks.__all__, "Corpus", "CorpusError",
+                  "from_numpy", "load_corpus", "replay_corpus", "to_numpy", "tolerance"])

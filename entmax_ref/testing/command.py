@@ -6,6 +6,7 @@ Usage::
     entmax-ref check --quick | --thorough  # corpus size
     entmax-ref check --impl pkg.mod:fn --op entmax --alpha 1.5 [--framework torch]
     entmax-ref check --json report.json --seed 3
+    entmax-ref check --corpus DIR [--impl pkg.mod:fn --op entmax]   # replay a conformance corpus
 
 Exit status: 0 when every backend row (and every ``--impl`` row) is within tolerance,
 1 otherwise, 2 on bad command-line usage.  Peer rows (the PyTorch ``entmax`` package,
@@ -36,6 +37,8 @@ ALPHAS = (1.0, 1.25, 1.5, 2.0, 3.0)
 OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp", "normmax", "budget_sparsemax")
 NORMMAX_ALPHAS = (1.5, 2.0, 3.0)
 BUDGETS = (1.0, 2.5)
+#: operations only a conformance corpus (--corpus) replays
+CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale")
 
 
 class _Progress:
@@ -382,6 +385,42 @@ def impl_report(path: str, op: str, alphas, args) -> CheckReport:
     return rep
 
 
+# ----------------------------------------------------------------------------- --corpus
+
+
+def _corpus_jobs(args):
+    """Jobs replaying ``--corpus DIR``: against ``--impl`` for ``--op``, or against every
+    selected backend for every operation; None (after a message) when it cannot be read."""
+    from .conformance import CorpusError, load_corpus, replay_backend, replay_corpus
+
+    try:
+        corpus = load_corpus(args.corpus)
+    except CorpusError as exc:
+        print(f"entmax-ref check: {exc}", file=sys.stderr)
+        return None
+    dtypes = tuple(args.dtype) if args.dtype_given else None
+    from .conformance import OPS as CORPUS_OPS
+
+    if args.impl and args.op not in CORPUS_OPS:
+        print(f"entmax-ref check: the corpus has no {args.op} cases; --op is one of {', '.join(CORPUS_OPS)} "
+              "with --corpus", file=sys.stderr)
+        return None
+    if args.impl:
+        def run_impl():
+            try:
+                fn = resolve_impl(args.impl)
+            except ValueError as exc:
+                return CheckReport([CheckRow(f"corpus {args.op}", args.impl, "-", verdict="FAIL", notes=[str(exc)])])
+            return replay_corpus(corpus, fn, args.op, name=args.impl, vjp_inputs=args.vjp_inputs,
+                                 framework=args.framework, device=args.device, dtypes=dtypes)
+
+        return [(f"corpus {args.op} [{args.impl}]", run_impl)]
+    import entmax_ref as er
+
+    names = er.available_backends() if args.backends is None else [s for s in args.backends.split(",") if s]
+    return [(f"corpus [{b}]", lambda b=b: replay_backend(corpus, b)) for b in names]
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -402,7 +441,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
     ap.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     ap.add_argument("--impl", metavar="PKG.MOD:FN", help="check your function instead of the backends")
-    ap.add_argument("--op", choices=OPS, default="entmax", help="what --impl computes (default entmax)")
+    ap.add_argument("--op", choices=OPS + CORPUS_ONLY_OPS, default="entmax",
+                    help="what --impl computes (default entmax; the last three only with --corpus)")
+    ap.add_argument("--corpus", metavar="DIR",
+                    help="replay a conformance corpus (written by entmax-ref corpus) instead of the built-in cases")
     ap.add_argument("--alpha", type=float, action="append", help="alpha (repeatable; default 1.5 for --impl)")
     ap.add_argument("--alpha-arg", type=_alpha_arg, default="alpha", metavar="NAME|POSITION|none",
                     help="how --impl takes alpha: by keyword NAME (default 'alpha', passed only if the function "
@@ -433,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    args.dtype_given = bool(args.dtype)
     args.dtype = tuple(args.dtype or ("float64", "float32"))
     args.features = tuple(f for f in args.features.split(",") if f)
     bad = set(args.features) - set(FEATURES)
@@ -442,7 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     import entmax_ref as er
 
     t0 = time.perf_counter()
-    if args.impl:
+    if args.op in CORPUS_ONLY_OPS and not args.corpus:
+        print(f"entmax-ref check: --op {args.op} needs --corpus DIR", file=sys.stderr)
+        return 2
+    if args.corpus:
+        jobs = _corpus_jobs(args)
+        if jobs is None:
+            return 2
+    elif args.impl:
         jobs = [(f"{args.op} [{args.impl}]", lambda: impl_report(args.impl, args.op, args.alpha or [1.5], args))]
     else:
         names = er.available_backends() if args.backends is None else [s for s in args.backends.split(",") if s]
