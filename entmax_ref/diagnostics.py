@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
+from ._interop import public
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,21 @@ class RowDiagnostics:
 
 
 def _prob_rows(p: Any, axis: int) -> V.Rows:
+    """p as float64 rows, checked to be distributions: entries >= 0, each row summing to 1
+    within 4 n eps of p's own dtype, or all zero (a row with nothing to attend)."""
     rows = V.to_rows(p, axis, "p", allow_neg_inf=False, dtype=np.dtype(np.float64))
     if np.any(rows.data < 0):
         raise ValueError("p must be non-negative (a probability distribution per row)")
+    n = rows.data.shape[1]
+    total = rows.data.sum(axis=1)
+    tol = 4 * max(n, 1) * V.eps_of(rows.out_dtype)
+    bad = (np.abs(total - 1.0) > tol) & (total != 0.0)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"p must hold a probability distribution per row (summing to 1 within {tol:.1e}, or all "
+            f"zero for a row with nothing to attend); row {i} sums to {float(total[i])!r}"
+        )
     return rows
 
 
@@ -68,6 +81,7 @@ def _entropy(p2: np.ndarray) -> np.ndarray:
     return 0.0 - (p2 * logp).sum(axis=1)  # 0.0 - 0.0 = +0.0 for one-hot rows
 
 
+@public
 def normalized_entropy(p, *, n=None, scores=None, axis=-1):
     """H(p) / log n per row, in [0, 1] when p has at most n nonzeros; 0 where n <= 1.
 
@@ -88,6 +102,7 @@ def normalized_entropy(p, *, n=None, scores=None, axis=-1):
     return rows.per_row(out)
 
 
+@public
 def support_size(p, *, axis=-1):
     """Number of nonzero probabilities per row (int64).
 
@@ -99,6 +114,7 @@ def support_size(p, *, axis=-1):
     return rows.per_row((rows.data > 0).sum(axis=1).astype(np.int64))
 
 
+@public
 def max_probability(p, *, axis=-1):
     """The largest probability of each row (float64).
 
@@ -130,6 +146,7 @@ def _position_mask(rows: V.Rows, positions: Any) -> np.ndarray:
     return np.broadcast_to(mask, rows.data.shape)
 
 
+@public
 def mass_on(p, positions, *, axis=-1):
     """Total probability on ``positions`` per row (float64).
 
@@ -145,6 +162,7 @@ def mass_on(p, positions, *, axis=-1):
     return rows.per_row(np.where(mask, rows.data, 0.0).sum(axis=1))
 
 
+@public
 def row_diagnostics(p, *, n=None, scores=None, positions=None, axis=-1) -> RowDiagnostics:
     """All diagnostics of :class:`RowDiagnostics` at once (see the single functions).
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import _validate as V
+from ._interop import public
 from .backends import resolve_backend
 from .backends._base import xp_of
 
@@ -12,9 +13,11 @@ def _pair(p, grad, axis, names=("p", "grad")):
     rg = V.to_rows(grad, axis, names[1], allow_neg_inf=False)
     V.same_shape(rp, rg, names)
     dt = V.common_dtype(rp.data.dtype, rg.data.dtype)
-    return rp, rp.data.astype(dt, copy=False), rg.data.astype(dt, copy=False)
+    out = rp.like(V.result_dtype(rp.out_dtype, rg.out_dtype))
+    return out, rp.data.astype(dt, copy=False), rg.data.astype(dt, copy=False)
 
 
+@public
 def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     """dL/dx of alpha-entmax, given its output ``p`` and the upstream ``grad`` = dL/dp.
 
@@ -32,9 +35,10 @@ def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     be = resolve_backend(backend, p2, g2)
     a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
     dx = be.entmax_vjp(p2, g2, a)
-    return V.Rows(dx, rp.shape, rp.axis, dx.dtype).restore(dx)
+    return rp.restore(dx)
 
 
+@public
 def entmax_alpha_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     """dL/dalpha per row (``p``'s shape without ``axis``), float64.
 
@@ -55,6 +59,7 @@ def entmax_alpha_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     return rp.per_row(be.entmax_alpha_vjp(p2, g2, a))
 
 
+@public
 def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
     """The explicit Jacobian dp/dx, shape p's batch shape + (n, n).
 
@@ -74,4 +79,5 @@ def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
     p_rep = xp.ascontiguousarray(xp.repeat(rp.data, n, axis=0))
     eye = xp.ascontiguousarray(xp.tile(xp.eye(n, dtype=rp.data.dtype), (rows, 1)))
     jac = be.entmax_vjp(p_rep, eye, xp.repeat(a, n))
-    return jac.reshape(rp.batch_shape + (n, n))
+    jac = jac.reshape(() if rp.scalar else rp.batch_shape + (n, n))
+    return jac.astype(rp.out_dtype, copy=False)
