@@ -121,8 +121,8 @@ def _converter(like: Any) -> Callable[[np.ndarray], Any]:
 
 
 def _convert_out(res: Any, conv: Callable[[np.ndarray], Any]) -> Any:
-    if isinstance(res, np.ndarray):
-        return conv(res)
+    if isinstance(res, (np.ndarray, np.generic)):
+        return conv(np.asarray(res))
     if isinstance(res, tuple):
         items = [_convert_out(r, conv) for r in res]
         return type(res)(*items) if hasattr(res, "_fields") else tuple(items)
