@@ -34,7 +34,8 @@ def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     rp, p2, g2 = _pair(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
     a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
-    dx = be.entmax_vjp(p2, g2, a)
+    # rows of length 0 have nothing to differentiate (engines are not asked about them)
+    dx = be.entmax_vjp(p2, g2, a) if p2.shape[1] else xp_of(p2).zeros(p2.shape, p2.dtype)
     return rp.restore(dx)
 
 
@@ -56,7 +57,8 @@ def entmax_alpha_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     rp, p2, g2 = _pair(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
     a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
-    return rp.per_row(be.entmax_alpha_vjp(p2, g2, a))
+    da = be.entmax_alpha_vjp(p2, g2, a) if p2.shape[1] else xp_of(p2).zeros(p2.shape[0])
+    return rp.per_row(da)
 
 
 @public
@@ -78,6 +80,6 @@ def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
     a = V.alpha_rows(alpha, rp.batch_shape, xp)
     p_rep = xp.ascontiguousarray(xp.repeat(rp.data, n, axis=0))
     eye = xp.ascontiguousarray(xp.tile(xp.eye(n, dtype=rp.data.dtype), (rows, 1)))
-    jac = be.entmax_vjp(p_rep, eye, xp.repeat(a, n))
+    jac = be.entmax_vjp(p_rep, eye, xp.repeat(a, n)) if n else p_rep
     jac = jac.reshape(() if rp.scalar else rp.batch_shape + (n, n))
     return jac.astype(rp.out_dtype, copy=False)
