@@ -292,7 +292,9 @@ def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backe
     Raises
     ------
     ValueError: NaN/+inf in x, NaN/inf in beta, gamma, delta, non-broadcastable
-    parameters, offset <= 0 on a row with one entry (log(n + offset) must be > 0).
+    parameters, log(n + offset) <= 0 on a row with n > 0 finite entries (rows with none
+    are never evaluated: they give zeros), a scale or scaled row s * x that overflows
+    float64 (the message names beta, gamma, delta and the row).
 
     Examples
     --------

@@ -304,7 +304,10 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     ------
     ValueError: shape mismatches (naming the shapes), NaN/inf in q, k, v, alibi_slopes,
     beta, gamma, delta, alpha < 1, key_lengths out of [0, Nk], beta/gamma not
-    broadcastable to (B, Hq, Nq), beta without gamma, offset <= 0, scores that overflow.
+    broadcastable to (B, Hq, Nq), beta without gamma, log(n + offset) <= 0 on a row with
+    n > 0 visible keys, a scale that overflows (naming beta, gamma, delta and the row),
+    scores that overflow.  Degenerate shapes (head dim 0, value dim 0, no query rows)
+    have exact answers (docs/conventions.md).
 
     Examples
     --------

@@ -23,7 +23,8 @@ def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
 
     With u = p ** (2 - alpha) on the support of p (0 elsewhere), the Jacobian is
     diag(u) - u u^T / sum(u), so dL/dx = u * (grad - (u . grad) / sum(u)); it is zero off
-    the support and on all-masked rows.
+    the support and on all-masked rows.  Returned in p's shape and in the wider dtype of
+    p and grad (float16/bfloat16 kept, computed in float32 or wider).
 
     >>> import entmax_ref as er
     >>> er.entmax_vjp([0.0, 0.25, 0.75], [1.0, 0.0, 0.0], alpha=2).tolist()
@@ -67,7 +68,8 @@ def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
 
     J = diag(u) - u u^T / sum(u), u = p ** (2 - alpha) on the support: symmetric, with
     J 1 = 0.  Built from the VJP (row i of J is the VJP of the i-th unit vector), so it
-    is exactly what :func:`entmax_vjp` computes.
+    is exactly what :func:`entmax_vjp` computes.  Returned in p's dtype (float16/bfloat16
+    kept); a 0-d p gives a 0-d J.
 
     >>> import entmax_ref as er
     >>> er.entmax_jacobian([0.0, 0.25, 0.75], alpha=2).tolist()

@@ -72,14 +72,17 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     Returns
     -------
     p : array, x's shape and dtype (float16/bfloat16 are computed in float32; integers
-        become float64).  ``(p, info)`` when ``return_info``.
+        become float64; a 0-d x gives a 0-d p), in the caller's array type (a torch
+        tensor for a torch tensor, see docs/conventions.md).  ``(p, info)`` when
+        ``return_info``.
 
     Raises
     ------
     ValueError
         NaN/+inf in x, alpha NaN/inf/< 1 or not broadcastable, axis out of range.
     TypeError
-        Complex, bool, object or string input.
+        Complex, bool, object or string input; a NumPy masked array; a ``backend`` that is
+        neither a name nor a backend.
 
     Notes
     -----
