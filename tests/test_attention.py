@@ -560,7 +560,7 @@ def test_bad_input_raises_value_errors_naming_shapes():
         (dict(alibi_slopes=[1.0, 1.0]), r"\(4,\)"),
         (dict(beta=np.ones(7), gamma=1.0), "broadcast"),
         (dict(beta=1.0), "together"),
-        (dict(beta=1.0, gamma=1.0, offset=0.0), "offset"),
+        (dict(beta=1.0, gamma=1.0, offset=-4.5), r"n \+ offset = 0.5 at query row"),  # every row sees 5 keys
         (dict(delta=0.0), "only apply"),
         (dict(alpha=0.5), "alpha"),
         (dict(alpha=np.nan), "finite"),
