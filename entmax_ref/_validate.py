@@ -54,6 +54,13 @@ def result_dtype(*dts: Any) -> np.dtype:
     return dts[0]
 
 
+def cast(a: Any, dtype: Any) -> Any:
+    """``a`` in ``dtype``; values beyond a narrow dtype's range round to +-inf, as any
+    rounding does, without a warning (a float16 VJP at large alpha may exceed 65504)."""
+    with np.errstate(over="ignore"):
+        return a.astype(dtype, copy=False)
+
+
 def real_array(a: Any, name: str) -> np.ndarray:
     """A real scalar or array parameter (alpha, beta, scale, ...) as float64 NumPy."""
     _interop.reject_masked(a, name)
@@ -124,7 +131,7 @@ class Rows:
         """(rows, n) back to the input's shape and dtype."""
         xp = xp_of(a2d)
         moved = a2d.reshape(self.batch_shape + (self.shape[self.axis],))
-        out = xp.moveaxis(moved, -1, self.axis).astype(self.out_dtype, copy=False)
+        out = cast(xp.moveaxis(moved, -1, self.axis), self.out_dtype)
         return out.reshape(()) if self.scalar else out
 
     def per_row(self, a1d: Any) -> Any:

@@ -406,9 +406,7 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
             if prob.spec.alpha == 1.0:
                 skew = np.ascontiguousarray(o.astype(np.float64))
     grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, theta, skew, prob.spec)
-    dq = grads.dq.astype(prob.out_dtypes[0], copy=False)
-    dk = grads.dk.astype(prob.out_dtypes[1], copy=False)
-    dv = grads.dv.astype(prob.out_dtypes[2], copy=False)
+    dq, dk, dv = (V.cast(g, dt) for g, dt in zip(grads[:3], prob.out_dtypes))
     if prob.params is None:
         return AttentionGradients(dq, dk, dv)
     live = prob.n > 0

@@ -84,4 +84,4 @@ def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
     eye = xp.ascontiguousarray(xp.tile(xp.eye(n, dtype=rp.data.dtype), (rows, 1)))
     jac = be.entmax_vjp(p_rep, eye, xp.repeat(a, n)) if n else p_rep
     jac = jac.reshape(() if rp.scalar else rp.batch_shape + (n, n))
-    return jac.astype(rp.out_dtype, copy=False)
+    return V.cast(jac, rp.out_dtype)
