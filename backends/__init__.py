@@ -172,6 +172,11 @@ def use_backend(name: str) -> Iterator[Backend]:
 def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
     """The backend a public call with these arrays runs on (see the module docstring)."""
     if backend is not None and not isinstance(backend, str):
+        if not callable(getattr(backend, "owns", None)):
+            raise TypeError(
+                f"backend must be a backend name ({', '.join(repr(n) for n in ('auto', *sorted(_REGISTRY)))}) "
+                f"or None (or a Backend instance), got {type(backend).__module__}.{type(backend).__qualname__} {backend!r}"[:300]
+            )
         chosen = backend
     else:
         name = backend or _current.get() or os.environ.get("ENTMAX_REF_BACKEND") or "auto"

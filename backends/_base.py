@@ -136,7 +136,8 @@ def theta_to_tau(theta: Any, alpha: Any) -> Any:
     """Convert the x-space threshold to design.md's tau."""
     xp = xp_of(theta)
     a1 = xp.where(alpha == 1.0, 1.0, alpha - 1.0)  # avoid 0 * -inf on all-masked rows
-    return xp.where(alpha == 1.0, theta, a1 * theta - 1.0)
+    with np.errstate(over="ignore"):  # |(alpha - 1) theta| beyond float64's range: tau is +-inf
+        return xp.where(alpha == 1.0, theta, a1 * theta - 1.0)
 
 
 def tau_to_theta(tau: Any, alpha: Any) -> Any:

@@ -30,6 +30,7 @@ from .capabilities import require
 from .constants import EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
 
 _F64 = np.float64
+_FLOOR = 1e100  # see entmax_forward: entries further than this below the row maximum get p = 0
 
 
 def e_alpha(y: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -156,11 +157,15 @@ def _entmax15(y: np.ndarray):
     finite = np.isfinite(zs)
     zf = np.where(finite, zs, 0.0)
     k = np.arange(1, n + 1)
-    mean = np.cumsum(zf, axis=1) / k
-    meansq = np.cumsum(zf * zf, axis=1) / k
-    delta = (1.0 - k * (meansq - mean * mean)) / k
-    tau_k = mean - np.sqrt(np.maximum(delta, 0.0))
-    ks = (finite & (tau_k <= zs)).sum(axis=1)
+    # Squares overflow only for z < -1e154, far below the support window (z > max z - 1):
+    # the prefixes that reach them give inf/NaN candidates, which the test below rejects.
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = np.cumsum(zf, axis=1) / k
+        meansq = np.cumsum(zf * zf, axis=1) / k
+        delta = (1.0 - k * (meansq - mean * mean)) / k
+    with np.errstate(invalid="ignore"):
+        tau_k = mean - np.sqrt(np.maximum(delta, 0.0))
+        ks = (finite & (tau_k <= zs)).sum(axis=1)
     tau = tau_k[np.arange(len(y)), ks - 1]
     A = _polish(y, 1.5, 2.0 * (tau + 1.0))
     return A, np.zeros(len(y), np.int64), np.ones(len(y), bool)
@@ -305,7 +310,14 @@ class NumpyBackend:
         for rows_mask, a in groups:
             if not rows_mask.any():
                 continue
-            y = x64[rows_mask] - m[rows_mask, None]
+            with np.errstate(over="ignore"):
+                y = x64[rows_mask] - m[rows_mask, None]
+            if a != 1.0:
+                # Entries more than _FLOOR below the maximum are outside every support window
+                # (at most log n wide) and e_alpha gives them exactly 0 either way; flooring
+                # them keeps the solvers' sums and products inside float64's range (a gap
+                # beyond it would otherwise overflow to -inf and read as a masked entry).
+                y = np.where(np.isfinite(x64[rows_mask]), np.maximum(y, -_FLOOR), -np.inf)
             if a == 1.0:
                 A, it, ok = _softmax(y)
             elif a == 1.5:

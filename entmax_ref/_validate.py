@@ -11,14 +11,18 @@ from typing import Any
 
 import numpy as np
 
+from . import _interop
 from .backends._base import xp_of
 
 _LOW_PRECISION = ("float16", "bfloat16")
 
 
-def as_array(x: Any) -> Any:
-    """``x`` as a CuPy array if it is one, else as a NumPy array (lists, scalars and other
-    ``__array__`` objects are converted; NumPy arrays are not copied)."""
+def as_array(x: Any, name: str = "x") -> Any:
+    """``x`` as a CuPy array if it is one, else as a NumPy array (lists, scalars, framework
+    arrays through :mod:`entmax_ref._interop` and other ``__array__`` objects are converted;
+    NumPy arrays are not copied).  NumPy masked arrays are rejected (TypeError)."""
+    _interop.reject_masked(x, name)
+    x = _interop.to_numpy(x)
     return xp_of(x).asarray(x)
 
 
@@ -40,6 +44,50 @@ def to_host(a: Any) -> Any:
     if xp_of(a) is not np and hasattr(a, "get"):
         return a.get()
     return np.asarray(a)
+
+
+def is_real_dtype(dt: Any) -> bool:
+    """Real floating (float16/32/64, bfloat16) or integer, not bool."""
+    dt = np.dtype(dt)
+    return dt.name in _LOW_PRECISION or dt.kind in "fiu"
+
+
+def eps_of(dt: Any) -> float:
+    """Machine epsilon of a floating dtype (bfloat16 included); float64's for integers."""
+    dt = np.dtype(dt)
+    if dt.name == "bfloat16":
+        return 2.0 ** -7
+    return float(np.finfo(dt if dt.kind == "f" else np.float64).eps)
+
+
+def result_dtype(*dts: Any) -> np.dtype:
+    """The dtype a result combining inputs of these storage dtypes is returned in: the
+    widest float among them (float16 with bfloat16 gives float32; integers count as
+    float64)."""
+    dts = [np.dtype(d) for d in dts]
+    if len(set(dts)) == 1 and (dts[0].kind == "f" or dts[0].name in _LOW_PRECISION):
+        return dts[0]
+    if any(d.kind in "iu" or d == np.float64 for d in dts):
+        return np.dtype(np.float64)
+    if any(d == np.float32 for d in dts) or len(set(dts)) > 1:
+        return np.dtype(np.float32)
+    return dts[0]
+
+
+def cast(a: Any, dtype: Any) -> Any:
+    """``a`` in ``dtype``; values beyond a narrow dtype's range round to +-inf, as any
+    rounding does, without a warning (a float16 VJP at large alpha may exceed 65504)."""
+    with np.errstate(over="ignore"):
+        return a.astype(dtype, copy=False)
+
+
+def real_array(a: Any, name: str) -> np.ndarray:
+    """A real scalar or array parameter (alpha, beta, scale, ...) as float64 NumPy."""
+    _interop.reject_masked(a, name)
+    arr = np.asarray(a.get() if hasattr(a, "get") else _interop.to_numpy(a))
+    if not is_real_dtype(arr.dtype) or arr.dtype.kind == "b":
+        raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
+    return arr.astype(np.float64)
 
 
 def compute_dtype(arr: Any, name: str) -> tuple[np.dtype, np.dtype]:
@@ -93,6 +141,7 @@ class Rows:
     shape: tuple  #: the input's shape (0-d inputs are treated as shape (1,))
     axis: int
     out_dtype: np.dtype
+    scalar: bool = False  #: the input was 0-d: results come back 0-d (per-row results too)
 
     @property
     def batch_shape(self) -> tuple:
@@ -102,20 +151,26 @@ class Rows:
         """(rows, n) back to the input's shape and dtype."""
         xp = xp_of(a2d)
         moved = a2d.reshape(self.batch_shape + (self.shape[self.axis],))
-        return xp.moveaxis(moved, -1, self.axis).astype(self.out_dtype, copy=False)
+        out = cast(xp.moveaxis(moved, -1, self.axis), self.out_dtype)
+        return out.reshape(()) if self.scalar else out
 
     def per_row(self, a1d: Any) -> Any:
         """(rows,) back to the batch shape (the input's shape without the axis)."""
         return a1d.reshape(self.batch_shape)
 
+    def like(self, out_dtype: Any) -> "Rows":
+        """The same layout, returned in another dtype."""
+        return Rows(self.data, self.shape, self.axis, np.dtype(out_dtype), self.scalar)
+
 
 def to_rows(x: Any, axis: int, name: str, *, finite: bool = True, allow_neg_inf: bool = True,
             dtype: np.dtype | None = None) -> Rows:
     """Validate ``x`` and lay it out as (rows, n) along ``axis``."""
-    arr = as_array(x)
+    arr = as_array(x, name)
     cdt, odt = compute_dtype(arr, name)
     if dtype is not None:
         cdt = dtype
+    shape0 = tuple(arr.shape)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     ax = normalize_axis(axis, arr.ndim, name)
@@ -125,7 +180,7 @@ def to_rows(x: Any, axis: int, name: str, *, finite: bool = True, allow_neg_inf:
     n = arr.shape[ax]
     rows = int(np.prod(arr.shape)) // n if n else int(np.prod(arr.shape[:ax] + arr.shape[ax + 1 :]))
     data = xp.ascontiguousarray(xp.moveaxis(arr, ax, -1).astype(cdt, copy=False)).reshape(rows, n)
-    return Rows(data, tuple(arr.shape), ax, odt)
+    return Rows(data, tuple(arr.shape), ax, odt, shape0 == ())
 
 
 def same_shape(a: Rows, b: Rows, names: tuple[str, str]) -> None:
@@ -139,10 +194,7 @@ def common_dtype(*dts: np.dtype) -> np.dtype:
 
 def alpha_rows(alpha: Any, batch_shape: tuple, xp: Any = np) -> Any:
     """alpha as a float64 (rows,) array; scalar or broadcastable to ``batch_shape``."""
-    a = np.asarray(alpha.get() if hasattr(alpha, "get") else alpha)
-    if a.dtype.kind not in "fiu":
-        raise TypeError(f"alpha must be real, got dtype {a.dtype}")
-    a = a.astype(np.float64)
+    a = real_array(alpha, "alpha")
     if not np.all(np.isfinite(a)):
         raise ValueError(f"alpha must be finite, got {a.ravel()[~np.isfinite(a.ravel())][0]!r}")
     if np.any(a < 1.0):

@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._repr import short_repr
 from . import _validate as V
+from ._repr import short_repr
+from ._interop import public
 from .gradients import entmax_vjp
 from .transforms import entmax
 
@@ -74,10 +75,14 @@ class ASEntmaxInfo:
 
 
 def _real(a: Any, name: str, xp: Any = np) -> Any:
-    arr = xp.asarray(a)
-    if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
-        raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
+    """A real float64 parameter in namespace ``xp`` (host values are moved there explicitly)."""
+    if xp is np:
+        arr = V.real_array(a, name)
+    else:
+        arr = xp.asarray(a)
+        if not V.is_real_dtype(arr.dtype) or arr.dtype.kind == "b":
+            raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
+        arr = arr.astype(np.float64)
     V.check_finite(arr, name, allow_neg_inf=False)
     return arr
 
@@ -105,8 +110,17 @@ def _reduce_to(g: np.ndarray, shape: tuple) -> np.ndarray:
     return g.sum(axis=axes, keepdims=True) if axes else g
 
 
-def _scale_parts(n, beta, gamma, delta, offset):
-    xp = V.namespace(n, beta, gamma, delta, offset)
+def _where(idx: tuple, what: str) -> str:
+    return f"{what} {idx}"
+
+
+def _scale_parts(n, beta, gamma, delta, offset, live=None, what="n at index"):
+    """Validated float64 parameters and L = log(n + offset), broadcast together.
+
+    ``live`` (a boolean mask broadcastable with n) marks the entries whose scale is used;
+    the domain and overflow checks apply there only, and L is 1 elsewhere (a row with
+    nothing to attend has no scale; its value must not fail the call)."""
+    xp = V.namespace(n, beta, gamma, delta, offset, live)
     n = _real(n, "n", xp)
     beta, gamma, delta = _real(beta, "beta", xp), _real(gamma, "gamma", xp), _real(delta, "delta", xp)
     off = _real(offset, "offset", xp)
@@ -114,16 +128,44 @@ def _scale_parts(n, beta, gamma, delta, offset):
         raise ValueError(f"offset must be a scalar, got shape {off.shape}")
     if bool(xp.any(n < 0)):
         raise ValueError(f"n must be >= 0, got {float(n[n < 0].ravel()[0])!r}")
-    log_n = xp.log(n + off)
-    if bool(xp.any(log_n <= 0.0)):
-        bad = float((n + off)[log_n <= 0.0].ravel()[0])
+    shape = _broadcast({"n": n, "beta": beta, "gamma": gamma, "delta": delta})
+    use = xp.ones(shape, dtype=bool) if live is None else xp.broadcast_to(xp.asarray(live), shape)
+    arg = xp.broadcast_to(n + off, shape)
+    bad = use & (arg <= 1.0)  # log(n + offset) <= 0
+    if bool(xp.any(bad)):
+        idx = tuple(int(i) for i in np.unravel_index(int(xp.argmax(bad)), shape))
         raise ValueError(
-            f"log(n + offset) must be > 0 for (log(n + offset)) ** gamma to be defined; "
-            f"got n + offset = {bad!r} (use offset > 1 - min(n))"
+            f"log(n + offset) must be > 0 for (log(n + offset)) ** gamma to be defined; got "
+            f"n + offset = {float(arg[idx])!r} at {_where(idx, what)} (use offset > 1 - min(n))"
         )
-    return n, beta, gamma, delta, log_n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_n = xp.where(use, xp.log(xp.where(use, arg, np.e)), 1.0)
+    return n, beta, gamma, delta, log_n, use
 
 
+def _scale_of(n, beta, gamma, delta, log_n, use, what):
+    """s = delta + beta * L ** gamma where ``use`` (1 elsewhere); ValueError naming the
+    parameters and the first entry where it is not a finite float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = delta + beta * log_n ** gamma
+    xp = V.namespace(s)
+    s = xp.where(use, s, 1.0)
+    bad = ~xp.isfinite(s)
+    if bool(xp.any(bad)):
+        idx = tuple(int(i) for i in np.unravel_index(int(xp.argmax(bad)), s.shape))
+
+        def at(a):
+            return float(xp.broadcast_to(a, s.shape)[idx])
+
+        raise ValueError(
+            f"the ASEntmax scale delta + beta * log(n + offset) ** gamma overflows float64 at "
+            f"{_where(idx, what)}: beta = {at(beta)!r}, gamma = {at(gamma)!r}, delta = {at(delta)!r}, "
+            f"n = {at(n)!r}; use smaller beta, gamma or delta"
+        )
+    return s
+
+
+@public
 def asentmax_scale(n, beta, gamma, delta=1.0, offset=1.0):
     """The ASEntmax scale ``s = delta + beta * log(n + offset) ** gamma``, float64.
 
@@ -144,7 +186,8 @@ def asentmax_scale(n, beta, gamma, delta=1.0, offset=1.0):
     Raises
     ------
     ValueError: NaN/inf inputs, n < 0, log(n + offset) <= 0 (the power is then undefined
-    for real gamma), shapes that do not broadcast.
+    for real gamma), shapes that do not broadcast, and a scale that overflows float64
+    (huge beta, gamma or delta: the message names them and the index); never returns inf.
 
     Examples
     --------
@@ -154,11 +197,11 @@ def asentmax_scale(n, beta, gamma, delta=1.0, offset=1.0):
     >>> er.asentmax_scale([1, 3], beta=1.0, gamma=1.0, delta=0.0).round(4).tolist()  # log 2, log 4
     [0.6931, 1.3863]
     """
-    n, beta, gamma, delta, log_n = _scale_parts(n, beta, gamma, delta, offset)
-    _broadcast({"n": n, "beta": beta, "gamma": gamma, "delta": delta})
-    return delta + beta * log_n ** gamma
+    n, beta, gamma, delta, log_n, use = _scale_parts(n, beta, gamma, delta, offset)
+    return _scale_of(n, beta, gamma, delta, log_n, use, "n at index")
 
 
+@public
 def asentmax_scale_vjp(grad_s, n, beta, gamma, delta=1.0, offset=1.0):
     """Gradients of a loss through :func:`asentmax_scale`, given ``grad_s = dL/ds``.
 
@@ -177,11 +220,16 @@ def asentmax_scale_vjp(grad_s, n, beta, gamma, delta=1.0, offset=1.0):
     >>> float(g.dbeta), float(g.dgamma), float(g.ddelta)  # L = 1: L**3 = 1, log L = 0
     (2.0, 0.0, 2.0)
     """
-    n, beta, gamma, delta, log_n = _scale_parts(n, beta, gamma, delta, offset)
+    return _scale_vjp(grad_s, n, beta, gamma, delta, offset)
+
+
+def _scale_vjp(grad_s, n, beta, gamma, delta, offset, live=None, what="n at index"):
+    n, beta, gamma, delta, log_n, use = _scale_parts(n, beta, gamma, delta, offset, live, what)
+    _scale_of(n, beta, gamma, delta, log_n, use, what)
     xp = V.namespace(log_n)
     g = _real(grad_s, "grad_s", xp)
     shape = _broadcast({"grad_s": g, "n": n, "beta": beta, "gamma": gamma, "delta": delta})
-    g = xp.broadcast_to(g, shape)
+    g = xp.where(xp.broadcast_to(use, shape), xp.broadcast_to(g, shape), 0.0)
     power = log_n ** gamma
     return ScaleGrads(
         _reduce_to(g * power, beta.shape),
@@ -199,18 +247,38 @@ def _row_setup(x, axis, beta, gamma, delta, offset):
     params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp), "delta": _real(delta, "delta", xp)}
     _broadcast(params, rows.batch_shape)
     live = n > 0
-    s = asentmax_scale(xp.where(live, n, 1), params["beta"], params["gamma"], params["delta"], offset)
-    s = xp.broadcast_to(s, rows.batch_shape)
-    return rows, data, n, live, params, xp.where(live, s, 1.0)
+    s = row_scale(n, params, offset, live)
+    return rows, data, n, live, params, s
 
 
-def _scaled(data: np.ndarray, s_rows: np.ndarray) -> np.ndarray:
-    """s * x per row with masked (-inf) entries kept -inf whatever the sign of s."""
+def row_scale(n, params, offset, live, what="row"):
+    """The scale of each row (``live``: rows with something to attend; 1 elsewhere),
+    broadcast to n's shape; the domain and overflow checks name the row."""
+    n, beta, gamma, delta, log_n, use = _scale_parts(n, params["beta"], params["gamma"], params["delta"],
+                                                     offset, live, what)
+    xp = V.namespace(log_n)
+    return xp.ascontiguousarray(xp.broadcast_to(_scale_of(n, beta, gamma, delta, log_n, use, what), n.shape))
+
+
+def _scaled(data: np.ndarray, s_rows: np.ndarray, batch_shape: tuple = ()) -> np.ndarray:
+    """s * x per row with masked (-inf) entries kept -inf whatever the sign of s; a
+    ValueError naming the row when the product overflows float64."""
     xp = V.namespace(data)
-    with np.errstate(invalid="ignore"):
-        return xp.where(xp.isfinite(data), data * s_rows.reshape(-1, 1), -np.inf)
+    finite = xp.isfinite(data)
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = xp.where(finite, data * s_rows.reshape(-1, 1), -np.inf)
+    bad = finite & ~xp.isfinite(z)
+    if bool(xp.any(bad)):
+        r = int(xp.argmax(bad.any(axis=1)))
+        idx = tuple(int(i) for i in np.unravel_index(r, batch_shape)) if batch_shape else ()
+        raise ValueError(
+            f"s * x overflows float64 on {_where(idx, 'row')} (scale s = {float(s_rows.reshape(-1)[r])!r} "
+            "from beta, gamma, delta); use smaller beta, gamma or delta"
+        )
+    return z
 
 
+@public
 def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backend=None,
              return_info=False):
     """ASEntmax: alpha-entmax of ``s * x`` along ``axis``, with a length-dependent scale.
@@ -246,7 +314,9 @@ def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backe
     Raises
     ------
     ValueError: NaN/+inf in x, NaN/inf in beta, gamma, delta, non-broadcastable
-    parameters, offset <= 0 on a row with one entry (log(n + offset) must be > 0).
+    parameters, log(n + offset) <= 0 on a row with n > 0 finite entries (rows with none
+    are never evaluated: they give zeros), a scale or scaled row s * x that overflows
+    float64 (the message names beta, gamma, delta and the row).
 
     Examples
     --------
@@ -259,15 +329,17 @@ def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backe
     """
     rows, data, n, live, _, s = _row_setup(x, axis, beta, gamma, delta, offset)
     a = V.alpha_rows(alpha, rows.batch_shape)
-    res = entmax(_scaled(data, s), a, -1, backend=backend, return_info=return_info)
-    p, info = res if return_info else (res, None)
-    p = V.Rows(p, rows.shape, rows.axis, rows.out_dtype).restore(p)
+    res = entmax(_scaled(data, s, rows.batch_shape), a, -1, backend=backend, return_info=return_info)
+    p2, info = res if return_info else (res, None)
+    p = rows.restore(p2)
     if not return_info:
         return p
     s_info = V.namespace(s).where(live, s, np.nan)
-    return p, ASEntmaxInfo(info.tau.reshape(rows.batch_shape), info.support.reshape(rows.batch_shape), s_info, n)
+    support = rows.per_row((p2.astype(rows.out_dtype, copy=False) > 0).sum(axis=1))  # what the caller counts
+    return p, ASEntmaxInfo(rows.per_row(info.tau), support, s_info, n)
 
 
+@public
 def asentmax_vjp(grad, x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, p=None, axis=-1,
                  backend=None):
     """Gradients of a loss through :func:`asentmax`, given ``grad = dL/dp``.
@@ -295,7 +367,7 @@ def asentmax_vjp(grad, x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, p=No
     rows, data, n, live, params, s = _row_setup(x, axis, beta, gamma, delta, offset)
     a = V.alpha_rows(alpha, rows.batch_shape)
     if p is None:
-        p2 = entmax(_scaled(data, s), a, -1, backend=backend).astype(np.float64, copy=False)
+        p2 = entmax(_scaled(data, s, rows.batch_shape), a, -1, backend=backend).astype(np.float64, copy=False)
     else:
         rp = V.to_rows(p, axis, "p", allow_neg_inf=False)
         V.same_shape(rows, rp, ("x", "p"))
@@ -308,12 +380,12 @@ def asentmax_vjp(grad, x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, p=No
     dx = xp.where(finite, dz * s.reshape(-1, 1), 0.0)
     ds = xp.where(finite, dz * xp.where(finite, data, 0.0), 0.0).sum(axis=1).reshape(rows.batch_shape)
     ds = xp.where(live, ds, 0.0)
-    grads = asentmax_scale_vjp(ds, xp.where(live, n, 1), params["beta"], params["gamma"],
-                               params["delta"], offset)
-    out_dtype = np.result_type(rows.out_dtype, rg.out_dtype)
-    return ASEntmaxGrads(V.Rows(dx, rows.shape, rows.axis, out_dtype).restore(dx), *grads)
+    grads = _scale_vjp(ds, n, params["beta"], params["gamma"], params["delta"], offset, live, "row")
+    out = rows.like(V.result_dtype(rows.out_dtype, rg.out_dtype))
+    return ASEntmaxGrads(out.restore(dx), *grads)
 
 
+@public
 def ssmax(x, *, beta, offset=1.0, axis=-1, backend=None, return_info=False):
     """Scalable softmax (SSMax, Nakanishi 2025): softmax of ``beta * log(n + offset) * x``.
 
@@ -328,6 +400,7 @@ def ssmax(x, *, beta, offset=1.0, axis=-1, backend=None, return_info=False):
                     backend=backend, return_info=return_info)
 
 
+@public
 def ssmax_vjp(grad, x, *, beta, offset=1.0, p=None, axis=-1, backend=None):
     """Gradients of a loss through :func:`ssmax`: SSMaxGrads(dx, dbeta).
 

@@ -16,9 +16,11 @@ import numpy as np
 
 from ._repr import short_repr
 from . import _validate as V
-from .asentmax import _broadcast, _real, asentmax_scale, asentmax_scale_vjp
+from ._interop import public
+from .asentmax import _broadcast, _real, _scale_vjp
+from .asentmax import row_scale as row_scale_of
 from .backends import geometry, resolve_backend
-from .backends._base import AttentionSpec, tau_to_theta, theta_to_tau
+from .backends._base import AttentionForward, AttentionGrads, AttentionSpec, tau_to_theta, theta_to_tau, xp_of
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class _Problem:
 
 
 def _tensor(x: Any, name: str, ndim: int):
-    arr = V.as_array(x)
+    arr = V.as_array(x, name)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(arr.shape)}")
     cdt, odt = V.compute_dtype(arr, name)
@@ -85,8 +87,8 @@ def _tensor(x: Any, name: str, ndim: int):
 
 
 def _scalar(x: Any, name: str) -> float:
-    a = V.namespace(x).asarray(x)
-    if a.ndim != 0 or a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+    a = V.real_array(x, name) if V.namespace(x) is np else V.namespace(x).asarray(x)
+    if a.ndim != 0 or not V.is_real_dtype(a.dtype) or a.dtype.kind == "b":
         raise ValueError(f"{name} must be a real scalar, got {x!r}")
     val = float(a)
     if not np.isfinite(val):
@@ -94,6 +96,60 @@ def _scalar(x: Any, name: str) -> float:
     return val
 
 
+class _ShapeGuard:
+    """A backend seen through the degenerate shapes' exact answers, so that engines only
+    ever get B * Hq * Nq > 0 and D, Dv >= 1.
+
+    * head dim D = 0: every q . k is the empty sum, 0, so q and k are given one zero column
+      (the scores, hence p, are those of all-zero content scores plus any ALiBi bias) and
+      dq, dk are returned without it (empty);
+    * value dim Dv = 0: v and grad_out get one zero column, so dO . v = 0 and no gradient
+      reaches q, k or the scale; out and the skewed output are returned empty;
+    * no query rows (B, Hq or Nq = 0): empty outputs, and zero gradients for k and v.
+    """
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.name = backend.name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.backend, attr)
+
+    @staticmethod
+    def _pad(a: Any) -> Any:
+        xp = xp_of(a)
+        return xp.ascontiguousarray(xp.concatenate([a, xp.zeros(a.shape[:3] + (1,), a.dtype)], axis=3))
+
+    def attention_forward(self, q, k, v, spec, *rest, **kw):
+        xp = xp_of(q)
+        (B, Hq, Nq, D), Dv = q.shape, v.shape[3]
+        if B * Hq * Nq == 0:
+            known = {"out": xp.zeros((B, Hq, Nq, Dv), q.dtype), "theta": xp.full((B, Hq, Nq), -np.inf),
+                     "support": xp.zeros((B, Hq, Nq), np.int64), "skew": xp.zeros((B, Hq, Nq, Dv))}
+            return AttentionForward(**{f: known.get(f) for f in AttentionForward._fields})
+        if D == 0:
+            q, k = self._pad(q), self._pad(k)
+        fwd = self.backend.attention_forward(q, k, self._pad(v) if Dv == 0 else v, spec, *rest, **kw)
+        return fwd._replace(out=fwd.out[..., :Dv], skew=fwd.skew[..., :Dv]) if Dv == 0 else fwd
+
+    def attention_backward(self, do, q, k, v, *rest, **kw):
+        xp = xp_of(q)
+        (B, Hq, Nq, D), Dv = q.shape, v.shape[3]
+        if B * Hq * Nq == 0:
+            spec = next(a for a in (*rest, *kw.values()) if isinstance(a, AttentionSpec))
+            ds = None if spec.row_scale is None else xp.zeros((B, Hq, Nq))
+            return AttentionGrads(xp.zeros(q.shape, q.dtype), xp.zeros(k.shape, k.dtype),
+                                  xp.zeros(v.shape, v.dtype), ds)
+        if D == 0:
+            q, k = self._pad(q), self._pad(k)
+        if Dv == 0:
+            v, do = self._pad(v), self._pad(do)
+            rest = tuple(self._pad(a) if getattr(a, "ndim", 0) == 4 else a for a in rest)  # the skewed output
+        g = self.backend.attention_backward(do, q, k, v, *rest, **kw)
+        return g._replace(dq=g.dq[..., :D], dk=g.dk[..., :D], dv=g.dv[..., :Dv])
+
+
+@public
 def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1) -> np.ndarray:
     """Number of keys each query row may attend, shape (B, 1, Nq), int64.
 
@@ -124,7 +180,9 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     Hkv, Nk = k.shape[1], k.shape[2]
     if k.shape[3] != D:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same head dim")
-    if Hkv == 0 or Hq % Hkv:
+    if Hkv == 0 and Hq == 0:
+        pass  # no heads at all: an empty output
+    elif Hkv == 0 or Hq % Hkv:
         raise ValueError(
             f"the {Hq} query heads of q {tuple(q.shape)} must be a multiple of the {Hkv} "
             f"key/value heads of k {tuple(k.shape)}"
@@ -135,9 +193,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     if a < 1.0:
         raise ValueError(f"alpha must be >= 1, got {a!r}")
     if scale is None:
-        if D == 0:
-            raise ValueError(f"q {tuple(q.shape)} has head dim 0; pass scale explicitly")
-        sc = 1.0 / float(np.sqrt(D))
+        # head dim 0: every score q . k is the empty sum 0, whatever the scale
+        sc = 1.0 / float(np.sqrt(D)) if D else 1.0
     else:
         sc = _scalar(scale, "scale")
     lengths = None
@@ -173,22 +230,21 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         raise ValueError("beta and gamma must be given together (SSMax: gamma=1, delta=0, alpha=1)")
     if beta is not None:
         off = _scalar(offset, "offset")
-        if off <= 0.0:
-            raise ValueError(f"offset must be > 0 so that log(n + offset) > 0 for every row with a key, got {off!r}")
         params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp),
                   "delta": _real(delta, "delta", xp)}
         _broadcast(params, (B, Hq, Nq))
         live = n > 0
-        s = asentmax_scale(xp.where(live, n, 1), params["beta"], params["gamma"], params["delta"], off)
-        s = xp.broadcast_to(s, (B, Hq, Nq))
-        row_scale = xp.ascontiguousarray(xp.where(live, s, 1.0))
-        s_info = xp.where(live, s, np.nan)
+        # checked (domain, overflow) on the rows that attend something only; the error names (b, h, i)
+        row_scale = row_scale_of(xp.ascontiguousarray(n), params, off, live, "query row (b, h, i) =")
+        s_info = xp.where(live, row_scale, np.nan)
         params["offset"] = off
     elif any(bool(V.namespace(a).any(V.namespace(a).asarray(a) != 1.0)) for a in (delta, offset)):
         raise ValueError("delta and offset only apply with beta and gamma (the ASEntmax scale)")
 
     cdt = V.common_dtype(cq, ck, cv)
     be = resolve_backend(backend, q, k, v)
+    if B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
+        be = _ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
                          alibi_slopes=slopes, row_scale=row_scale, chunk=chunk)
 
@@ -199,6 +255,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
                     (oq, ok, ov))
 
 
+@public
 def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, alibi_slopes=None,
               beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, return_info=False, backend=None):
     """alpha-entmax attention ``o_i = sum_j entmax(z_i)_j v_j``, exact, in query chunks.
@@ -253,7 +310,10 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     ------
     ValueError: shape mismatches (naming the shapes), NaN/inf in q, k, v, alibi_slopes,
     beta, gamma, delta, alpha < 1, key_lengths out of [0, Nk], beta/gamma not
-    broadcastable to (B, Hq, Nq), beta without gamma, offset <= 0, scores that overflow.
+    broadcastable to (B, Hq, Nq), beta without gamma, log(n + offset) <= 0 on a row with
+    n > 0 visible keys, a scale that overflows (naming beta, gamma, delta and the row),
+    scores that overflow.  Degenerate shapes (head dim 0, value dim 0, no query rows)
+    have exact answers (docs/conventions.md).
 
     Examples
     --------
@@ -271,7 +331,7 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
                     chunk, backend)
     fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
-    out_dtype = np.result_type(*prob.out_dtypes)
+    out_dtype = V.result_dtype(*prob.out_dtypes)
     out = fwd.out.astype(out_dtype, copy=False)
     if not return_info:
         return out
@@ -279,6 +339,7 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew)
 
 
+@public
 def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=None, causal=False,
                   key_lengths=None, alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0,
                   chunk=None, backend=None):
@@ -335,7 +396,7 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
         theta, skew = fwd.theta, fwd.skew
     else:
-        t = V.as_array(tau)
+        t = V.as_array(tau, "tau")
         if tuple(t.shape) != (B, Hq, Nq):
             raise ValueError(f"tau must have shape {(B, Hq, Nq)}, got {tuple(t.shape)}")
         V.check_finite(t, "tau", allow_neg_inf=True)
@@ -352,14 +413,12 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
             if prob.spec.alpha == 1.0:
                 skew = V.namespace(o).ascontiguousarray(o.astype(np.float64))
     grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, theta, skew, prob.spec)
-    dq = grads.dq.astype(prob.out_dtypes[0], copy=False)
-    dk = grads.dk.astype(prob.out_dtypes[1], copy=False)
-    dv = grads.dv.astype(prob.out_dtypes[2], copy=False)
+    dq, dk, dv = (V.cast(g, dt) for g, dt in zip(grads[:3], prob.out_dtypes))
     if prob.params is None:
         return AttentionGradients(dq, dk, dv)
     live = prob.n > 0
     xp = V.namespace(prob.n)
     ds = xp.where(live, grads.drow_scale.astype(np.float64, copy=False), 0.0)
     p = prob.params
-    sg = asentmax_scale_vjp(ds, xp.where(live, prob.n, 1), p["beta"], p["gamma"], p["delta"], p["offset"])
+    sg = _scale_vjp(ds, prob.n, p["beta"], p["gamma"], p["delta"], p["offset"], live, "query row (b, h, i) =")
     return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta)

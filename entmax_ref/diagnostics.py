@@ -15,6 +15,7 @@ import numpy as np
 
 from ._repr import short_repr
 from . import _validate as V
+from ._interop import public
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,22 @@ class RowDiagnostics:
 
 
 def _prob_rows(p: Any, axis: int) -> V.Rows:
+    """p as float64 rows, checked to be distributions: entries >= 0, each row summing to 1
+    within 4 n eps of p's own dtype, or all zero (a row with nothing to attend)."""
     rows = V.to_rows(p, axis, "p", allow_neg_inf=False, dtype=np.dtype(np.float64))
-    if bool(V.namespace(rows.data).any(rows.data < 0)):
+    xp = V.namespace(rows.data)
+    if bool(xp.any(rows.data < 0)):
         raise ValueError("p must be non-negative (a probability distribution per row)")
+    n = rows.data.shape[1]
+    total = rows.data.sum(axis=1)
+    tol = 4 * max(n, 1) * V.eps_of(rows.out_dtype)
+    bad = (xp.abs(total - 1.0) > tol) & (total != 0.0)
+    if bool(xp.any(bad)):
+        i = int(xp.argmax(bad))
+        raise ValueError(
+            f"p must hold a probability distribution per row (summing to 1 within {tol:.1e}, or all "
+            f"zero for a row with nothing to attend); row {i} sums to {float(total[i])!r}"
+        )
     return rows
 
 
@@ -73,6 +87,7 @@ def _entropy(p2: np.ndarray) -> np.ndarray:
     return 0.0 - (p2 * logp).sum(axis=1)  # 0.0 - 0.0 = +0.0 for one-hot rows
 
 
+@public
 def normalized_entropy(p, *, n=None, scores=None, axis=-1):
     """H(p) / log n per row, in [0, 1] when p has at most n nonzeros; 0 where n <= 1.
 
@@ -97,6 +112,7 @@ def _normalised(h: Any, nn: Any) -> Any:
         return xp.where(nn > 1, h / xp.log(xp.maximum(nn, 2)), 0.0)
 
 
+@public
 def support_size(p, *, axis=-1):
     """Number of nonzero probabilities per row (int64).
 
@@ -108,6 +124,7 @@ def support_size(p, *, axis=-1):
     return rows.per_row((rows.data > 0).sum(axis=1).astype(np.int64))
 
 
+@public
 def max_probability(p, *, axis=-1):
     """The largest probability of each row (float64).
 
@@ -140,6 +157,7 @@ def _position_mask(rows: V.Rows, positions: Any) -> np.ndarray:
     return xp.broadcast_to(mask, rows.data.shape)
 
 
+@public
 def mass_on(p, positions, *, axis=-1):
     """Total probability on ``positions`` per row (float64).
 
@@ -155,6 +173,7 @@ def mass_on(p, positions, *, axis=-1):
     return rows.per_row(V.namespace(rows.data).where(mask, rows.data, 0.0).sum(axis=1))
 
 
+@public
 def row_diagnostics(p, *, n=None, scores=None, positions=None, axis=-1) -> RowDiagnostics:
     """All diagnostics of :class:`RowDiagnostics` at once (see the single functions).
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import _validate as V
+from ._interop import public
 from .backends import resolve_backend
 from .backends._base import xp_of
 
@@ -12,15 +13,18 @@ def _pair(p, grad, axis, names=("p", "grad")):
     rg = V.to_rows(grad, axis, names[1], allow_neg_inf=False)
     V.same_shape(rp, rg, names)
     dt = V.common_dtype(rp.data.dtype, rg.data.dtype)
-    return rp, rp.data.astype(dt, copy=False), rg.data.astype(dt, copy=False)
+    out = rp.like(V.result_dtype(rp.out_dtype, rg.out_dtype))
+    return out, rp.data.astype(dt, copy=False), rg.data.astype(dt, copy=False)
 
 
+@public
 def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     """dL/dx of alpha-entmax, given its output ``p`` and the upstream ``grad`` = dL/dp.
 
     With u = p ** (2 - alpha) on the support of p (0 elsewhere), the Jacobian is
     diag(u) - u u^T / sum(u), so dL/dx = u * (grad - (u . grad) / sum(u)); it is zero off
-    the support and on all-masked rows.
+    the support and on all-masked rows.  Returned in p's shape and in the wider dtype of
+    p and grad (float16/bfloat16 kept, computed in float32 or wider).
 
     >>> import entmax_ref as er
     >>> er.entmax_vjp([0.0, 0.25, 0.75], [1.0, 0.0, 0.0], alpha=2).tolist()
@@ -31,10 +35,12 @@ def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     rp, p2, g2 = _pair(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
     a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
-    dx = be.entmax_vjp(p2, g2, a)
-    return V.Rows(dx, rp.shape, rp.axis, dx.dtype).restore(dx)
+    # rows of length 0 have nothing to differentiate (engines are not asked about them)
+    dx = be.entmax_vjp(p2, g2, a) if p2.shape[1] else xp_of(p2).zeros(p2.shape, p2.dtype)
+    return rp.restore(dx)
 
 
+@public
 def entmax_alpha_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     """dL/dalpha per row (``p``'s shape without ``axis``), float64.
 
@@ -52,15 +58,18 @@ def entmax_alpha_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     rp, p2, g2 = _pair(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
     a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
-    return rp.per_row(be.entmax_alpha_vjp(p2, g2, a))
+    da = be.entmax_alpha_vjp(p2, g2, a) if p2.shape[1] else xp_of(p2).zeros(p2.shape[0])
+    return rp.per_row(da)
 
 
+@public
 def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
     """The explicit Jacobian dp/dx, shape p's batch shape + (n, n).
 
     J = diag(u) - u u^T / sum(u), u = p ** (2 - alpha) on the support: symmetric, with
     J 1 = 0.  Built from the VJP (row i of J is the VJP of the i-th unit vector), so it
-    is exactly what :func:`entmax_vjp` computes.
+    is exactly what :func:`entmax_vjp` computes.  Returned in p's dtype (float16/bfloat16
+    kept); a 0-d p gives a 0-d J.
 
     >>> import entmax_ref as er
     >>> er.entmax_jacobian([0.0, 0.25, 0.75], alpha=2).tolist()
@@ -73,5 +82,6 @@ def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
     a = V.alpha_rows(alpha, rp.batch_shape, xp)
     p_rep = xp.ascontiguousarray(xp.repeat(rp.data, n, axis=0))
     eye = xp.ascontiguousarray(xp.tile(xp.eye(n, dtype=rp.data.dtype), (rows, 1)))
-    jac = be.entmax_vjp(p_rep, eye, xp.repeat(a, n))
-    return jac.reshape(rp.batch_shape + (n, n))
+    jac = be.entmax_vjp(p_rep, eye, xp.repeat(a, n)) if n else p_rep
+    jac = jac.reshape(() if rp.scalar else rp.batch_shape + (n, n))
+    return V.cast(jac, rp.out_dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _validate as V
+from ._interop import public
 from .backends import resolve_backend
 from .backends._base import xp_of
 
@@ -25,7 +26,7 @@ def _tsallis_omega(p, alpha, xp):
 def _target_rows(target, rows: V.Rows, xp):
     """The target as a float64 (rows, n) probability array, in x's namespace (host lists and
     NumPy arrays are moved there explicitly)."""
-    t = xp.asarray(target)
+    t = xp.asarray(V.as_array(target, "target")) if V.xp_of(target) is np else target
     rows_n, n = rows.data.shape
     if t.dtype.kind in "iu" and tuple(t.shape) == rows.batch_shape:
         idx = t.reshape(-1)
@@ -44,9 +45,9 @@ def _target_rows(target, rows: V.Rows, xp):
     q = rt.data
     if bool((q < 0).any()):
         raise ValueError("target probabilities must be >= 0")
-    eps = np.finfo(np.dtype(t.dtype) if np.dtype(t.dtype).kind == "f" else np.float64).eps
+    eps = V.eps_of(t.dtype)  # the target's own precision (bfloat16: 2**-7)
     err = xp.abs(q.sum(axis=1) - 1.0)
-    if n and float(err.max()) > 4 * n * eps:
+    if err.size and float(err.max()) > 4 * n * eps:
         raise ValueError(f"target rows must sum to 1 (within {4 * n * eps:.1e}); worst row is off by {float(err.max()):.3g}")
     return q
 
@@ -62,6 +63,7 @@ def _prediction_and_target(x, target, alpha, axis, backend):
     return rows, xp, a, p, q
 
 
+@public
 def entmax_loss(x, target, alpha=1.5, axis=-1, *, backend=None):
     """The Fenchel-Young loss L(x; q) = Omega(q) - Omega(p) + <p - q, x>, per row.
 
@@ -80,19 +82,23 @@ def entmax_loss(x, target, alpha=1.5, axis=-1, *, backend=None):
     x64 = rows.data.astype(np.float64)
     m = x64.max(axis=1, keepdims=True, initial=-np.inf) if x64.shape[1] else xp.zeros((len(x64), 1))
     diff = p - q
-    shifted = x64 - xp.where(xp.isfinite(m), m, 0.0)
+    # a gap beyond float64's range rounds to -inf, and the loss then to +inf: its true value
+    with np.errstate(over="ignore"):
+        shifted = x64 - xp.where(xp.isfinite(m), m, 0.0)
     with np.errstate(invalid="ignore"):
         lin = xp.where(diff != 0, diff * shifted, 0.0).sum(axis=1)
     loss = _tsallis_omega(q, a, xp) - _tsallis_omega(p, a, xp) + lin
     return rows.per_row(xp.maximum(loss, 0.0))
 
 
+@public
 def entmax_loss_grad(x, target, alpha=1.5, axis=-1, *, backend=None):
-    """Gradient of :func:`entmax_loss` w.r.t. x: entmax(x, alpha) - target (x's shape, float64).
+    """Gradient of :func:`entmax_loss` w.r.t. x: entmax(x, alpha) - target, formed in float64
+    and returned in x's shape and dtype (float64 for integer x), like every gradient w.r.t. x.
 
     >>> import entmax_ref as er
     >>> er.entmax_loss_grad([-2.0, 0.0, 0.5], 2, alpha=2).tolist()
     [0.0, 0.25, -0.25]
     """
     rows, xp, a, p, q = _prediction_and_target(x, target, alpha, axis, backend)
-    return V.Rows(p, rows.shape, rows.axis, np.dtype(np.float64)).restore(p - q)
+    return rows.restore(p - q)

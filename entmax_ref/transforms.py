@@ -7,6 +7,7 @@ from typing import Any
 
 from ._repr import short_repr
 from . import _validate as V
+from ._interop import public
 from .backends import resolve_backend
 from .backends._base import theta_to_tau, xp_of
 
@@ -19,19 +20,27 @@ class EntmaxInfo:
     ----------
     tau : threshold in the units p = [(alpha-1) x - tau]_+ ** (1/(alpha-1)) (logsumexp at
         alpha = 1); -inf for a row with nothing to attend.
-    support : number of nonzero probabilities.
+    support : number of nonzero probabilities of the returned array, i.e.
+        ``(p > 0).sum(axis)`` (int64).
     n_iter : iterations of the iterative solver (0 for the closed forms).
     converged : whether the solver reached full working precision.
+    support_exact : size of the exact-arithmetic support {i : (alpha - 1) x_i > tau}
+        (x_i > -inf at alpha = 1), which the solver found in float64.  It can exceed
+        ``support`` when the input dtype is narrower than float64 and a tiny
+        probability rounds to 0 (float32 x = [0, -120, -1e-3] at alpha = 1:
+        support_exact 3, support 2).
     """
 
     tau: Any
     support: Any
     n_iter: Any
     converged: Any
+    support_exact: Any = None
 
     __repr__ = short_repr
 
 
+@public
 def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=False, check_finite=True):
     r"""alpha-entmax along ``axis``: the maximiser over the simplex of ``<p, x> + H_alpha(p)``.
 
@@ -70,7 +79,9 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     Returns
     -------
     p : array, x's shape and dtype (float16/bfloat16 are computed in float32; integers
-        become float64).  ``(p, info)`` when ``return_info``.
+        become float64; a 0-d x gives a 0-d p), in the caller's array type (a torch
+        tensor for a torch tensor, see docs/conventions.md).  ``(p, info)`` when
+        ``return_info``.
 
     Raises
     ------
@@ -78,7 +89,8 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
         NaN/+inf in x, alpha NaN/inf/< 1 or not broadcastable, axis out of range, an
         unknown ``method``.
     TypeError
-        Complex, bool, object or string input.
+        Complex, bool, object or string input; a NumPy masked array; a ``backend`` that is
+        neither a name nor a backend.
     NotImplementedError
         ``method`` exists, but not on this backend (or "sort" with another alpha).
 
@@ -104,10 +116,12 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     if not return_info:
         return p
     tau = theta_to_tau(res.theta, a)
-    info = EntmaxInfo(*(rows.per_row(f) for f in (tau, res.support, res.n_iter, res.converged)))
-    return p, info
+    support = (res.p.astype(rows.out_dtype, copy=False) > 0).sum(axis=1)  # what the caller counts
+    fields = (tau, support.astype(res.support.dtype), res.n_iter, res.converged, res.support)
+    return p, EntmaxInfo(*(rows.per_row(f) for f in fields))
 
 
+@public
 def softmax(x, axis=-1, *, backend=None, return_info=False, check_finite=True):
     """Softmax, alpha-entmax at alpha = 1 (tau = logsumexp).
 
@@ -118,6 +132,7 @@ def softmax(x, axis=-1, *, backend=None, return_info=False, check_finite=True):
     return entmax(x, 1.0, axis, backend=backend, return_info=return_info, check_finite=check_finite)
 
 
+@public
 def sparsemax(x, axis=-1, *, backend=None, return_info=False, check_finite=True):
     """Sparsemax, alpha-entmax at alpha = 2: the Euclidean projection of x onto the simplex.
 
@@ -128,6 +143,7 @@ def sparsemax(x, axis=-1, *, backend=None, return_info=False, check_finite=True)
     return entmax(x, 2.0, axis, backend=backend, return_info=return_info, check_finite=check_finite)
 
 
+@public
 def entmax15(x, axis=-1, *, backend=None, return_info=False, check_finite=True):
     """1.5-entmax (Peters et al. 2019): p = [x/2 - tau]_+ ** 2.
 
@@ -138,6 +154,7 @@ def entmax15(x, axis=-1, *, backend=None, return_info=False, check_finite=True):
     return entmax(x, 1.5, axis, backend=backend, return_info=return_info, check_finite=check_finite)
 
 
+@public
 def entmax_threshold(x, alpha=1.5, axis=-1, *, method=None, backend=None, check_finite=True):
     """The threshold tau of :func:`entmax` per row (x's shape without ``axis``), float64.
 

@@ -76,7 +76,7 @@ CALLS = {
     "attention_vjp": _attention_vjp,
     "keys_visible": lambda d, be: er.keys_visible(3, 5, causal=True, key_lengths=d["key_lengths"], batch=2),
     "support_size": lambda d, be: er.support_size(d["p"]),
-    "max_probability": lambda d, be: er.max_probability(d["p"], axis=0),
+    "max_probability": lambda d, be: er.max_probability(d["p"], axis=2),
     "normalized_entropy": lambda d, be: (er.normalized_entropy(d["p"]), er.normalized_entropy(d["p"], n=d["n"]),
                                          er.normalized_entropy(d["p"], scores=d["scores"])),
     "mass_on": lambda d, be: er.mass_on(d["p"], d["positions"]),

@@ -126,8 +126,8 @@ def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
             row.measure(cmp)
             if not cmp.ok:
                 row.fail(f"[{case.name}] {cmp.describe('loss')}")
-            # p's budget plus the rounding of the float64 subtraction p - q
-            gtol = T.entmax_tolerance(p, alpha, dt) + T.unit_roundoff(np.float64) * np.abs(p - onehot)
+            # p's budget plus the rounding of p - q to the gradient's dtype (x's dtype)
+            gtol = T.entmax_tolerance(p, alpha, dt) + T.unit_roundoff(np.asarray(grad).dtype) * np.abs(p - onehot)
             cg = compare(grad, p - onehot, gtol, dt, name="grad")
             row.measure(cg)
             if not cg.ok:
