@@ -169,9 +169,9 @@ class NumbaBackend:
 
         return attention_forward(self, q, k, v, spec)
 
-    def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
+    def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         """The support-only chunked backward of :mod:`entmax_ref.backends.numba.attention`
         (the NumPy driver's at alpha = 1, where the support is dense)."""
         from .numba.attention import attention_backward
 
-        return attention_backward(self, do, q, k, v, theta, skew, spec)
+        return attention_backward(self, do, q, k, v, res, skew, spec)
