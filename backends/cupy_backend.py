@@ -126,7 +126,7 @@ class CupyBackend:
 
     def _attn_kernel(self, name: str, n_keys: int, rows: int, scalar: str):
         t = self.tuning
-        if n_keys <= t.warp_max_n and name != "attn_probs_from_theta":
+        if n_keys <= t.warp_max_n and not name.startswith("attn_probs_from_"):
             per = t.warps_per_block
             return L.get_kernel(_ATTN, f"{name}_warp", scalar), ((rows + per - 1) // per,), (32 * per,)
         return L.get_kernel(_ATTN, f"{name}_block", scalar), (rows,), (t.block,)
@@ -333,8 +333,12 @@ class CupyBackend:
                 p = s.copy()
                 u = cupy.empty_like(s)
                 su = cupy.empty(rows, np.float64)
-                kernel, grid, block = self._attn_kernel("attn_probs_from_theta", kend, rows, scalar)
-                kernel(grid, block, (p, u, *head, *common_tail, th, *resid, su))
+                if spec.alpha > 2.0:
+                    kernel, grid, block = self._attn_kernel("attn_probs_from_edge", kend, rows, scalar)
+                    kernel(grid, block, (p, u, *head, *common_tail, th, *resid, su))
+                else:
+                    kernel, grid, block = self._attn_kernel("attn_probs_from_theta", kend, rows, scalar)
+                    kernel(grid, block, (p, u, *head, *common_tail, th, su))
                 if spec.alpha == 1.0:
                     sk = cupy.matmul(p, vv).astype(np.float64)
                 else:

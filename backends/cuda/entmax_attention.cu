@@ -137,10 +137,38 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_backward_block(ER_ATTN_BWD_
     attn_backward_row(team, ER_ATTN_BWD_ARGS);
 }
 
-// Probabilities and skew weights from the residual (the backward when no skewed output was
-// kept); alpha > 2: the weights u / max u, as the forward writes them.
+// Probabilities and skew weights from theta (the backward when no skewed output was kept),
+// alpha <= 2.
 template <typename T>
 __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(
+    T* dots, T* u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq, long long offset,
+    double scale, double alpha, const double* row_scale, const double* slopes, const long long* key_lengths,
+    int causal, const double* theta, double* sum_u) {
+    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
+    er::BlockTeam team{scratch};
+    const long long r = blockIdx.x;
+    if (r >= rows) return;
+    RowIndex ix = row_index(r, chunk, heads, i0, nq);
+    const long long off = r * (long long)n_keys;
+    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
+                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+    er::Alpha al = er::make_alpha(alpha);
+    const double th = theta[ix.out];
+    double out[1];
+    team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
+        er::Terms t = er::terms_from_theta(al, z(j), th);
+        acc.add(0, t.u);
+        dots[off + j] = T(t.p);
+        u_out[off + j] = T(t.u);
+    }, out);
+    if (team.leader()) sum_u[r] = out[0];
+}
+
+// The same for alpha > 2, from the edge residual (row max m, edge c, edge probability q):
+// p = edge_p((z - m) - c), weights u / max u = exp((2 - alpha)(log p - log q)), as the
+// forward writes them (the largest u is at the edge entry, whose p is q).
+template <typename T>
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_edge_block(
     T* dots, T* u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq, long long offset,
     double scale, double alpha, const double* row_scale, const double* slopes, const long long* key_lengths,
     int causal, const double* theta, const double* row_max, const double* edge, const double* edge_p,
@@ -153,19 +181,16 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(
     const long long off = r * (long long)n_keys;
     er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
                                          key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
-    er::Alpha al = er::make_alpha(alpha);
-    const double th = theta[ix.out];
-    const er::EdgeResidual e = {row_max[ix.out], edge[ix.out], edge_p[ix.out]};
-    const double a2 = 2.0 - alpha;
-    const double lmax = al.mode == er::GENERAL_GT2 ? team.reduce_max(n_keys, [&](int j) {
-        double pj = er::prob_from_residual(al, z(j), th, e);
-        return pj > 0.0 ? a2 * log(pj) : -er::inf();
-    }) : 0.0;
+    const double a1 = alpha - 1.0, a2 = 2.0 - alpha;
+    const bool live = theta[ix.out] > -er::inf();
+    const double m = row_max[ix.out], c = edge[ix.out], q = edge_p[ix.out];
+    const double lq = er::edge_lq(q, a1);
+    const double lmax = q > 0.0 ? a2 * log(q) : 0.0;
     double out[1];
     team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
-        double pj = er::prob_from_residual(al, z(j), th, e);
-        double u = 0.0;
-        if (pj > 0.0) u = al.mode == er::GENERAL_GT2 ? exp(a2 * log(pj) - lmax) : er::terms_from_theta(al, z(j), th).u;
+        double zj = z(j);
+        double pj = live && zj > -er::inf() ? er::edge_p((zj - m) - c, a1, q, lq) : 0.0;
+        double u = pj > 0.0 ? exp(a2 * log(pj) - lmax) : 0.0;
         acc.add(0, u);
         dots[off + j] = T(pj);
         u_out[off + j] = T(u);
