@@ -24,8 +24,9 @@ worker threads.  Per chunk one float32 BLAS product serves as a rigorous filter 
 bound on its scores rules out the keys that cannot reach the support window); the keys
 left get their exact float64 scores, and one ``nogil`` kernel per chunk applies scale,
 ALiBi and masks, solves each row with the compiled row solver and forms the output and
-skewed output from the support only.  The backward recomputes p from theta on the same
-candidates and works on the support only (dO.v, dQ, and a scatter into dK, dV).
+skewed output from the support only.  The backward rebuilds p on the same candidates from
+the forward's residual (theta; for alpha > 2 the support's edge, as the row solvers write
+it) and works on the support only (dO.v, dQ, and a scatter into dK, dV).
 
 Threads: the row kernels run under ``prange`` on numba's threading layer.  Concurrent calls
 from several Python threads are safe: with a thread-safe layer (tbb, omp) they run

@@ -29,7 +29,9 @@ forward (``fwd_rows``, per row)
 
 backward (``bwd_rows`` then ``bwd_scatter``)
     candidates against the forward's theta; ``p_j = e_alpha(z_j - theta_i)`` with the
-    reference's formula (``exp(log1p(a1 y) / a1)``) on them; the support is compacted
+    reference's formula (``exp(log1p(a1 y) / a1)``) on them (alpha > 2: edge-relative
+    from the forward's row max, edge and edge probability, :func:`_edge_prob`, and dZ in
+    the row VJP's overflow-free form, :func:`_dz_big`); the support is compacted
     (key, ``p``, ``u``), the skewed output recomputed from it when the caller has none,
     ``delta_i = dO_i . skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)`` (a dot product per
     *support* entry, no dense ``dO V^T``), ``ds_i = sum_j dZ_ij a_ij``, ``dQ_i = scale sum_j
