@@ -32,8 +32,8 @@ Threads: the row kernels run under ``prange`` on numba's threading layer.  Concu
 from several Python threads are safe: with a thread-safe layer (tbb, omp) they run
 concurrently, with ``workqueue`` (not thread-safe; numba's fallback when neither TBB nor
 OpenMP is installed) the parallel launches are serialised behind a lock (:func:`_launch`).
-The attention's worker threads run only ``nogil`` serial kernels and BLAS, and change no
-process-wide setting (the BLAS thread count is left as the caller set it).
+The attention's worker threads run only ``nogil`` serial kernels and BLAS (held at one
+thread while attention calls run, through threadpoolctl, and restored after the last).
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);

@@ -43,10 +43,10 @@ backward (``bwd_rows`` then ``bwd_scatter``)
 
 Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest first)
 from a queue; each runs a BLAS product and a ``nogil`` kernel (no ``prange``) on its chunk,
-so the kernels need no thread-safe numba threading layer.  No process-wide setting is
-changed: the BLAS thread count is left as the caller set it (an earlier version set
-OpenBLAS to one thread per call through ctypes, which raced between concurrent calls and
-could leave the process at one BLAS thread).
+so the kernels need no thread-safe numba threading layer.  While any attention call runs,
+BLAS is held at one thread (:func:`_single_threaded_blas`: threadpoolctl, shared by
+concurrent calls, and the caller's count restored when the last one ends; a multi-threaded
+BLAS alternating with the kernels leaves two thread pools spinning against each other).
 Each worker accumulates dK, dV of the current kv-head in its own float64 buffer (one
 shared buffer behind a lock when those would exceed :data:`ACCUMULATOR_BYTES`).
 
@@ -625,6 +625,39 @@ def expand(idx, pb, ub, cnt, P, U):
 
 
 # --------------------------------------------------------------------------- the drivers
+_BLAS_LOCK = threading.Lock()
+_BLAS_STATE = {"users": 0, "limiter": None, "controller": None}
+
+
+@contextlib.contextmanager
+def _single_threaded_blas():
+    """BLAS on one thread while any attention call of this process runs, restored when the
+    last one ends.  The drivers run ``workers`` Python threads that each call BLAS and a
+    ``nogil`` kernel in turn; a multi-threaded BLAS between them would have two thread
+    pools busy-waiting against each other on the same cores (3x slower on the 2-core VM).
+    threadpoolctl sets and restores the limit; a count of the calls in flight (under a
+    lock) makes concurrent calls share one limit, so the count the caller had is always
+    restored (setting it per call raced: after concurrent calls the process was left at
+    one BLAS thread)."""
+    with _BLAS_LOCK:
+        st = _BLAS_STATE
+        if st["users"] == 0:
+            if st["controller"] is None:
+                from threadpoolctl import ThreadpoolController
+
+                st["controller"] = ThreadpoolController()
+            st["limiter"] = st["controller"].limit(limits=1, user_api="blas")
+        st["users"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            st["users"] -= 1
+            if st["users"] == 0:
+                st["limiter"].restore_original_limits()
+                st["limiter"] = None
+
+
 def _run_parallel(items, work, workers):
     """Run ``work(slot, item)`` for every item on ``workers`` threads pulling from one
     queue (slot = the worker's index); re-raises the first exception."""
@@ -794,15 +827,16 @@ def attention_forward(backend, q, k, v, spec):
     per_head = 20 * Nk * max(D, Dv) + 1
     step = max(1, HEAD_BYTES // per_head)
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
-    for p0 in range(0, len(pairs), step):
-        batch = pairs[p0:p0 + step]
-        heads.clear()
-        items = []
-        for b, hk in batch:
-            heads[b, hk] = head(b, hk)
-            items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
-        items.sort(key=lambda t: -(t[3] - t[2]) * t[4])
-        _run_parallel(items, work, workers)
+    with _single_threaded_blas():
+        for p0 in range(0, len(pairs), step):
+            batch = pairs[p0:p0 + step]
+            heads.clear()
+            items = []
+            for b, hk in batch:
+                heads[b, hk] = head(b, hk)
+                items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
+            items.sort(key=lambda t: -(t[3] - t[2]) * t[4])
+            _run_parallel(items, work, workers)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
 
@@ -840,83 +874,84 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     extra = [] if shared else [(np.empty((Nk, D), f64), np.empty((Nk, Dv), f64)) for _ in range(workers - 1)]
     acc_lock = threading.Lock() if shared else contextlib.nullcontext()
     state = {"filter": FILTER_FRACTION > 0}
-    for b in range(B):
-        items = _head_items(spec, b, Nq, Nk, group)
-        for hk in range(Hkv):
-            h0 = hk * group
-            kk_all = np.ascontiguousarray(k[b, hk], f64)
-            vv_all = np.ascontiguousarray(v[b, hk], f64)
-            with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
-                k32_all = np.ascontiguousarray(k[b, hk], np.float32)
-                kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
-            slopes = _group_slopes(spec, h0, group)
-            accs = [(dk[b, hk], dv[b, hk])]
-            for dk_w, dv_w in extra:
-                dk_w[:] = 0.0
-                dv_w[:] = 0.0
-                accs.append((dk_w, dv_w))
+    with _single_threaded_blas():
+        for b in range(B):
+            items = _head_items(spec, b, Nq, Nk, group)
+            for hk in range(Hkv):
+                h0 = hk * group
+                kk_all = np.ascontiguousarray(k[b, hk], f64)
+                vv_all = np.ascontiguousarray(v[b, hk], f64)
+                with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
+                    k32_all = np.ascontiguousarray(k[b, hk], np.float32)
+                    kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
+                slopes = _group_slopes(spec, h0, group)
+                accs = [(dk[b, hk], dv[b, hk])]
+                for dk_w, dv_w in extra:
+                    dk_w[:] = 0.0
+                    dv_w[:] = 0.0
+                    accs.append((dk_w, dv_w))
 
-            def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all, kn=kn,
-                     slopes=slopes, accs=accs):
-                i0, i1, key_end = item
-                nc = i1 - i0
-                sl = (b, slice(h0, h0 + group), slice(i0, i1))
-                qc = np.ascontiguousarray(np.asarray(q[sl], f64).reshape(-1, D))
-                doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
-                kk, vv = kk_all[:key_end], vv_all[:key_end]
-                rs = _row_scale(spec, b, h0, group, i0, i1)
-                filt = state["filter"]
-                with np.errstate(over="ignore", invalid="ignore"):
-                    if filt:
-                        err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
-                        filt = bool(np.all(err < 1e290))
-                    if filt:
-                        g = np.asarray(q[sl], np.float32).reshape(-1, D) @ k32_all[:key_end].T
+                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all, kn=kn,
+                         slopes=slopes, accs=accs):
+                    i0, i1, key_end = item
+                    nc = i1 - i0
+                    sl = (b, slice(h0, h0 + group), slice(i0, i1))
+                    qc = np.ascontiguousarray(np.asarray(q[sl], f64).reshape(-1, D))
+                    doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
+                    kk, vv = kk_all[:key_end], vv_all[:key_end]
+                    rs = _row_scale(spec, b, h0, group, i0, i1)
+                    filt = state["filter"]
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        if filt:
+                            err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
+                            filt = bool(np.all(err < 1e290))
+                        if filt:
+                            g = np.asarray(q[sl], np.float32).reshape(-1, D) @ k32_all[:key_end].T
+                        else:
+                            g = qc @ kk.T
+                            err = np.zeros(g.shape[0])
+                    rows = g.shape[0]
+                    th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
+                    if resid is None:
+                        rm = ce = qe = th  # not read for alpha <= 2
                     else:
-                        g = qc @ kk.T
-                        err = np.zeros(g.shape[0])
-                rows = g.shape[0]
-                th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
-                if resid is None:
-                    rm = ce = qe = th  # not read for alpha <= 2
-                else:
-                    rm, ce, qe = (np.ascontiguousarray(np.asarray(a[sl], f64).reshape(-1)) for a in resid)
-                sk = no_skew if skew is None else np.ascontiguousarray(np.asarray(skew[sl], f64).reshape(-1, Dv))
-                idx = np.empty((rows, key_end), np.int32)
-                pb = np.empty((rows, key_end), f64)
-                ub = np.empty((rows, key_end), f64)
-                cnt = np.empty(rows, np.int64)
-                dqc = np.empty((rows, D), f64)
-                dsc = np.empty(rows, f64)
-                bad = np.empty(rows, np.int8)
-                bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes, alpha, th, rm, ce, qe,
-                         doc, sk, vv, idx, pb, ub, cnt, dqc, dsc, bad)
-                if bad.any():
-                    raise ValueError(_OVERFLOW)
-                if filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
-                    state["filter"] = False
-                dq[sl] = dqc.reshape(group, nc, D)
-                if ds is not None:
-                    ds[sl] = dsc.reshape(group, nc)
-                dk_acc, dv_acc = accs[0 if shared else slot]
-                dk_acc, dv_acc = dk_acc[:key_end], dv_acc[:key_end]
-                if cnt.sum() > DENSE_FRACTION * rows * key_end:
-                    P = np.empty((rows, key_end), f64)
-                    U = g if g.dtype == f64 else np.empty((rows, key_end), f64)  # g is done with
-                    expand(idx, pb, ub, cnt, P, U)
-                    dv_part = P.T @ doc
-                    dk_part = scale * (U.T @ qc)
-                    with acc_lock:
-                        dv_acc += dv_part
-                        dk_acc += dk_part
-                else:
-                    with acc_lock:
-                        bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc)
+                        rm, ce, qe = (np.ascontiguousarray(np.asarray(a[sl], f64).reshape(-1)) for a in resid)
+                    sk = no_skew if skew is None else np.ascontiguousarray(np.asarray(skew[sl], f64).reshape(-1, Dv))
+                    idx = np.empty((rows, key_end), np.int32)
+                    pb = np.empty((rows, key_end), f64)
+                    ub = np.empty((rows, key_end), f64)
+                    cnt = np.empty(rows, np.int64)
+                    dqc = np.empty((rows, D), f64)
+                    dsc = np.empty(rows, f64)
+                    bad = np.empty(rows, np.int8)
+                    bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes, alpha, th, rm, ce, qe,
+                             doc, sk, vv, idx, pb, ub, cnt, dqc, dsc, bad)
+                    if bad.any():
+                        raise ValueError(_OVERFLOW)
+                    if filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
+                        state["filter"] = False
+                    dq[sl] = dqc.reshape(group, nc, D)
+                    if ds is not None:
+                        ds[sl] = dsc.reshape(group, nc)
+                    dk_acc, dv_acc = accs[0 if shared else slot]
+                    dk_acc, dv_acc = dk_acc[:key_end], dv_acc[:key_end]
+                    if cnt.sum() > DENSE_FRACTION * rows * key_end:
+                        P = np.empty((rows, key_end), f64)
+                        U = g if g.dtype == f64 else np.empty((rows, key_end), f64)  # g is done with
+                        expand(idx, pb, ub, cnt, P, U)
+                        dv_part = P.T @ doc
+                        dk_part = scale * (U.T @ qc)
+                        with acc_lock:
+                            dv_acc += dv_part
+                            dk_acc += dk_part
+                    else:
+                        with acc_lock:
+                            bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc)
 
-            _run_parallel(items, work, workers)
-            for dk_w, dv_w in accs[1:]:
-                dk[b, hk] += dk_w
-                dv[b, hk] += dv_w
+                _run_parallel(items, work, workers)
+                for dk_w, dv_w in accs[1:]:
+                    dk[b, hk] += dk_w
+                    dv[b, hk] += dv_w
     return AttentionGrads(
         dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
         dv.astype(v.dtype, copy=False), ds,
