@@ -430,7 +430,13 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             qe = edge_p[r]
             lqa = a1 * math.log(qe) if qe > 0.0 else -np.inf
             for c in range(mc):
-                p = _edge_prob((zc[c] - L) - ce, a1, qe, lqa)
+                # the scores may differ from the forward's by an ulp (BLAS or _dot, as the
+                # float32 filter's state decides per chunk): an entry within rounding of
+                # the edge is the edge (p = q), not an entry outside or far inside it
+                d = (zc[c] - L) - ce
+                if abs(d) <= 8.0 * 2.220446049250313e-16 * (abs(zc[c]) + abs(L)):
+                    d = 0.0
+                p = _edge_prob(d, a1, qe, lqa)
                 if p > 0.0:
                     idx[r, m] = ci[c]
                     pb[r, m] = p
