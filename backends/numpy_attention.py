@@ -148,7 +148,8 @@ def rebuild_p(z: np.ndarray, alpha: float, theta: np.ndarray, m=None, c=None, q=
         d = np.where(live[:, None], (z - mm) - cc, -np.inf)
         # scores computed elsewhere (another engine, another BLAS order) may differ by an
         # ulp: an entry within rounding of the edge is the edge (p = q)
-        d = np.where(np.abs(d) <= 8.0 * np.finfo(_F64).eps * (np.abs(z) + np.abs(mm)), 0.0, d)
+        tie = np.isfinite(d) & (np.abs(d) <= 8.0 * np.finfo(_F64).eps * (np.abs(z) + np.abs(mm)))
+        d = np.where(tie, 0.0, d)
         on = d > 0
         Ld = np.where(on, np.log(np.where(on, a1[:, None] * d, 1.0)), -np.inf)
         return _edge_p(Ld, d, np.where(live, q, 0.0), a1)

@@ -434,7 +434,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 # float32 filter's state decides per chunk): an entry within rounding of
                 # the edge is the edge (p = q), not an entry outside or far inside it
                 d = (zc[c] - L) - ce
-                if abs(d) <= 8.0 * 2.220446049250313e-16 * (abs(zc[c]) + abs(L)):
+                if d - d == 0.0 and abs(d) <= 8.0 * 2.220446049250313e-16 * (abs(zc[c]) + abs(L)):
                     d = 0.0
                 p = _edge_prob(d, a1, qe, lqa)
                 if p > 0.0:
