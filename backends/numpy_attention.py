@@ -18,10 +18,17 @@ Per block, in float64 whatever the input dtype:
   ``j > i + Nk - Nq`` under the causal mask;
 * forward: ``p, theta = backend.entmax_forward(z)``, ``o_i = sum_j p_ij v_j`` and the
   skewed output ``skew_i = sum_j u_ij v_j / sum_j u_ij`` with ``u = p^(2-alpha)``;
-* backward: ``p = e_alpha(z - theta)`` from the forward's threshold, ``delta_i = dO_i .
-  skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)``, then ``dV += p^T dO``,
-  ``dQ = scale * (s * dZ) K``, ``dK += scale * (s * dZ)^T Q`` and
-  ``ds_i = sum_j dZ_ij a_ij``.
+* the forward also keeps each row's residual (:class:`~entmax_ref.backends._base.AttentionResidual`):
+  theta, the row maximum ``m``, the edge ``c = min_{p_j > 0} (z_j - m)`` and its
+  probability ``q`` (read off the solver's p, which is ``q`` exactly at the edge);
+* backward: p rebuilt from the residual exactly as the row solver wrote it
+  (``e_alpha(z - theta)`` for alpha <= 2, edge-relative for alpha > 2, where theta cannot
+  resolve the edge entry), then ``dZ = backend.entmax_vjp(p, dO V^T)`` row by row (the
+  row VJP, overflow-free for alpha > 2), ``dV += p^T dO``, ``dQ = scale * (s * dZ) K``,
+  ``dK += scale * (s * dZ)^T Q`` and ``ds_i = sum_j dZ_ij a_ij`` (summed as
+  ``sum_j dZ_ij (a_ij - a_im)``, m the entry of largest u; see :func:`_row_scale_grad`).  (The reference does
+  not need the skewed output: the row VJP forms ``sum_j u_ij (dO_i . v_j) / sum_j u_ij``
+  itself.)
 
 A row with no visible key gets ``theta = -inf``, support 0, a zero output, a zero skewed
 output and zero gradients.
@@ -38,7 +45,7 @@ import numpy as np
 
 from . import geometry
 from ._base import AttentionForward, AttentionGrads, AttentionSpec
-from .numpy_backend import e_alpha, skew_weights
+from .numpy_backend import _edge_p, _normalised_skew, e_alpha, skew_weights
 
 #: Bytes of one float64 ``(rows, keys)`` score block when the chunk is chosen
 #: automatically.  The row solver and the backward hold about 10-20 such blocks at once,
@@ -80,8 +87,72 @@ def chunk_bounds(spec: AttentionSpec, b: int, Nq: int, Nk: int, group: int) -> l
 
 
 def _weights(p: np.ndarray, alpha: float) -> np.ndarray:
-    """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1)."""
-    return p if alpha == 1.0 else skew_weights(p, alpha)
+    """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1), up to a
+    per-row factor: for alpha > 2, where u is unbounded at the support's edge and
+    overflows, u / max u (computed in log space); the skewed output is a ratio of sums of
+    them, so the factor cancels."""
+    if alpha == 1.0:
+        return p
+    if alpha > 2.0:
+        return _normalised_skew(p, alpha)
+    return skew_weights(p, alpha)
+
+
+def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha: float) -> np.ndarray:
+    """``ds_i = sum_j dZ_ij a_ij``, as ``sum_j dZ_ij (a_ij - a_im)`` with m the first entry
+    of largest u = p^(2-alpha) (equal: the dZ of a row sum to 0).  For alpha > 2, dZ is
+    huge at the support's edge, where the a_ij nearly agree; the shifted sum does not
+    cancel those terms against each other, the plain one loses all its digits."""
+    rows = np.arange(p.shape[0])
+    on = p > 0
+    with np.errstate(divide="ignore"):
+        lu = np.where(on, (2.0 - alpha) * np.log(np.where(on, p, 1.0)), -np.inf)
+    a_ref = a[rows, lu.argmax(axis=1)] if a.shape[1] else np.zeros(len(rows))
+    return np.einsum("rj,rj->r", dz, a - a_ref[:, None])
+
+
+def edge_residual(z: np.ndarray, p: np.ndarray):
+    """Per row of a score block and its float64 probabilities: the row maximum ``m``, the
+    edge ``c = min_{p_j > 0} (z_j - m)`` (computed as the row solvers compute ``y = x - m``)
+    and its probability ``q`` (-inf, -inf, 0 for a row without support).  For alpha > 2 the
+    solvers write ``p_j = q`` exactly where ``z_j - m = c``, so ``(m, c, q)`` rebuild every
+    p of the row bit for bit (:func:`rebuild_p`)."""
+    rows = np.arange(z.shape[0])
+    m = z.max(axis=1, initial=-np.inf)
+    on = p > 0
+    live = on.any(axis=1)
+    with np.errstate(invalid="ignore"):
+        y = np.where(on, z - np.where(live, m, 0.0)[:, None], np.inf)
+    j = y.argmin(axis=1) if y.shape[1] else np.zeros(len(rows), np.int64)
+    c = np.where(live, y[rows, j] if y.shape[1] else 0.0, -np.inf)
+    q = np.where(live, p[rows, j] if y.shape[1] else 0.0, 0.0)
+    return np.where(live, m, -np.inf), c, q
+
+
+def rebuild_p(z: np.ndarray, alpha: float, theta: np.ndarray, m=None, c=None, q=None) -> np.ndarray:
+    """The forward's probabilities of a score block from its residual (rows of ``z`` with
+    theta = -inf get 0): ``e_alpha(z - theta)`` for alpha <= 2; for alpha > 2 the row
+    solvers' edge-relative form ``p = (a1 d + q^a1)^(1/a1)``, ``d = (z - m) - c``
+    (:func:`entmax_ref.backends.numpy_backend._edge_p`)."""
+    live = np.isfinite(theta)
+    if alpha <= 2.0:
+        th = np.where(live, theta, np.inf)  # empty rows: p = e_alpha(-inf) = 0
+        with np.errstate(invalid="ignore"):
+            return e_alpha(z - th[:, None], alpha)
+    if m is None or c is None or q is None:
+        raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
+    a1 = np.full(z.shape[0], alpha - 1.0)
+    mm = np.where(live, m, 0.0)[:, None]
+    cc = np.where(live, c, 0.0)[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.where(live[:, None], (z - mm) - cc, -np.inf)
+        # scores computed elsewhere (another engine, another BLAS order) may differ by an
+        # ulp: an entry within rounding of the edge is the edge (p = q)
+        tie = np.isfinite(d) & (np.abs(d) <= 8.0 * np.finfo(_F64).eps * (np.abs(z) + np.abs(mm)))
+        d = np.where(tie, 0.0, d)
+        on = d > 0
+        Ld = np.where(on, np.log(np.where(on, a1[:, None] * d, 1.0)), -np.inf)
+        return _edge_p(Ld, d, np.where(live, q, 0.0), a1)
 
 
 def _skewed(u: np.ndarray, vv: np.ndarray) -> np.ndarray:
@@ -135,6 +206,9 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     skew = np.zeros((B, Hq, Nq, Dv), _F64)
     theta = np.full((B, Hq, Nq), -np.inf)
     support = np.zeros((B, Hq, Nq), np.int64)
+    row_max = np.full((B, Hq, Nq), -np.inf)
+    edge = np.full((B, Hq, Nq), -np.inf)
+    edge_p = np.zeros((B, Hq, Nq))
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
@@ -147,18 +221,25 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
         theta[b, h0:h0 + group, i0:i1] = np.asarray(res.theta, _F64).reshape(shape)
         support[b, h0:h0 + group, i0:i1] = np.asarray(res.support).reshape(shape)
-    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
+        m, c, qe = edge_residual(blk.z, p)
+        row_max[b, h0:h0 + group, i0:i1] = m.reshape(shape)
+        edge[b, h0:h0 + group, i0:i1] = c.reshape(shape)
+        edge_p[b, h0:h0 + group, i0:i1] = qe.reshape(shape)
+    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
 
 def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                       theta: np.ndarray, skew, spec: AttentionSpec) -> AttentionGrads:
-    """Chunked backward from the forward's theta (and skewed output, recomputed per chunk
-    when ``skew`` is None); see the module docstring.  dq, dk, dv come back in the dtypes
-    of q, k, v; drow_scale is float64 (None when ``spec.row_scale`` is None)."""
+                       res, skew, spec: AttentionSpec) -> AttentionGrads:
+    """Chunked backward from the forward's residual ``res`` (theta, and for alpha > 2 the
+    edge: row_max, edge, edge_p; see :func:`rebuild_p`); see the module docstring.  The
+    skewed output is not needed here (``skew`` is accepted for the backend contract).  dq,
+    dk, dv come back in the dtypes of q, k, v; drow_scale is float64 (None when
+    ``spec.row_scale`` is None)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = geometry.key_offset(Nq, Nk)
+    big = spec.alpha > 2.0
     dq = np.zeros((B, Hq, Nq, D), _F64)
     dk = np.zeros((B, Hkv, Nk, D), _F64)
     dv = np.zeros((B, Hkv, Nk, Dv), _F64)
@@ -169,21 +250,19 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
         qc = np.asarray(q[sl], _F64).reshape(-1, D)
         doc = np.asarray(do[sl], _F64).reshape(-1, Dv)
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
-        th = np.asarray(theta[sl], _F64).reshape(-1)
-        # Empty rows (theta = -inf) get p = 0: shift them by +inf instead.
-        th = np.where(np.isfinite(th), th, np.inf)
-        with np.errstate(invalid="ignore"):
-            p = e_alpha(blk.z - th[:, None], spec.alpha)
-        u = _weights(p, spec.alpha)
-        if skew is None:
-            sk = _skewed(u, vv)
+
+        def rows_of(a):
+            return None if a is None else np.asarray(a[sl], _F64).reshape(-1)
+
+        if big:
+            p = rebuild_p(blk.z, spec.alpha, rows_of(res.theta), rows_of(res.row_max), rows_of(res.edge),
+                          rows_of(res.edge_p))
         else:
-            sk = np.asarray(skew[sl], _F64).reshape(-1, Dv)
-        delta = np.einsum("rd,rd->r", doc, sk)
-        dz = u * ((doc @ vv.T) - delta[:, None])
+            p = rebuild_p(blk.z, spec.alpha, rows_of(res.theta))
+        dz = np.asarray(backend.entmax_vjp(p, doc @ vv.T, np.full(p.shape[0], spec.alpha)), _F64)
         dv[b, hk, :key_end] += p.T @ doc
         if ds is not None:
-            ds[sl] = np.einsum("rj,rj->r", dz, blk.a).reshape(group, i1 - i0)
+            ds[sl] = _row_scale_grad(dz, blk.a, p, spec.alpha).reshape(group, i1 - i0)
             da = dz * blk.s[:, None]
         else:
             da = dz

@@ -181,9 +181,9 @@ def test_attention_forward_backward(gpu, ref, case, Nk, dtype):
     assert np.abs(got.skew.get() - want.skew).max() <= tol
     live = np.isfinite(want.theta)
     np.testing.assert_array_equal(np.isfinite(got.theta.get()), live)
-    gw = ref.attention_backward(do, q, k, v, want.theta, want.skew, spec)
+    gw = ref.attention_backward(do, q, k, v, want, want.skew, spec)
     for skew in (got.skew, None):  # with the kept skewed output, and recomputing it
-        gg = gpu.attention_backward(dev[3], *dev[:3], got.theta, skew, spec)
+        gg = gpu.attention_backward(dev[3], *dev[:3], got, skew, spec)
         for name in ("dq", "dk", "dv"):
             a, b = getattr(gg, name).get().astype(np.float64), getattr(gw, name).astype(np.float64)
             scale = max(1.0, float(np.abs(do).max()) * Nq)
