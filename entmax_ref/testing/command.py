@@ -38,7 +38,8 @@ OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp", "normm
 NORMMAX_ALPHAS = (1.5, 2.0, 3.0)
 BUDGETS = (1.0, 2.5)
 #: operations only a conformance corpus (--corpus) replays
-CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale")
+CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale", "normmax_threshold", "normmax_vjp",
+                   "budget_sparsemax_vjp")
 
 
 class _Progress:
@@ -439,7 +440,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     ap.add_argument("--impl", metavar="PKG.MOD:FN", help="check your function instead of the backends")
     ap.add_argument("--op", choices=OPS + CORPUS_ONLY_OPS, default="entmax",
-                    help="what --impl computes (default entmax; the last three only with --corpus)")
+                    help=f"what --impl computes (default entmax; {', '.join(CORPUS_ONLY_OPS)} only with --corpus)")
     ap.add_argument("--corpus", metavar="DIR",
                     help="replay a conformance corpus (written by entmax-ref corpus) instead of the built-in cases")
     ap.add_argument("--alpha", type=float, action="append", help="alpha (repeatable; default 1.5 for --impl)")
