@@ -1370,7 +1370,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"entmax-ref corpus: {exc}", file=sys.stderr)
         return 2
     for f in m["files"]:
-        print(f"{f['file']:<24} {f['cases']:>6} cases  sha256 {f['sha256'][:16]}")
+        print(f"{f['file']:<27} {f['cases']:>6} cases  sha256 {f['sha256'][:16]}")
     print(f"{m['row_cases']} row cases, {m['attention_cases']} attention cases, schema {m['schema_version']}, "
           f"seed {m['seed']}, size {m['size']}: {args.out} ({time.perf_counter() - t0:.1f}s)")
     return 0
