@@ -190,9 +190,12 @@ def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
             # relative to the largest free entry c: the free entries lie within 1 of it
             c = np.where(F, xs, -np.inf).max(axis=1)
             sF = np.where(F, xs - c[:, None], 0.0).sum(axis=1)
-            nF = F.sum(axis=1)  # >= 1: h changes between the two breakpoints
-            t = c + (U.sum(axis=1) + sF - budget[solved]) / nF
-            tau[r] = np.clip(t, down, up)
+            # nF >= 1 where h changes between the two breakpoints; nF = 0 where they have
+            # collapsed in float64 (|x| >= 2^53, x - 1 == x): tau is the upper breakpoint,
+            # where the mass is still <= budget (as the numba walk stops)
+            nF = F.sum(axis=1)
+            t = c + (U.sum(axis=1) + sF - budget[solved]) / np.maximum(nF, 1)
+            tau[r] = np.where(nF > 0, np.clip(t, down, up), up)
     with np.errstate(invalid="ignore"):
         p = np.where(fin, np.clip(x64 - tau[:, None], 0.0, 1.0), 0.0)
     support = (p > 0).sum(axis=1).astype(np.int64)

@@ -79,6 +79,19 @@ def test_rows_with_a_huge_dynamic_range(backend):
     np.testing.assert_array_equal(p, [[1.0, 0.0, 0.125, 0.375], [1.0, 0.5, 0.0, 0.0]])
 
 
+def test_rows_beyond_2_53_where_breakpoints_collapse(backend):
+    # |x| >= 2^53: x - 1 rounds to x, so the free set between two breakpoints can be empty
+    # in float64 (numpy divided 0 by 0, numba raised ZeroDivisionError); tau is then the
+    # collapsed breakpoint, and p = clip(x - tau, 0, 1) is what float64 can represent
+    big = 2.0 ** 53
+    x = np.array([[4 * big, 4 * big - 8.0, 0.0], [-big, 0.0, 0.25]])
+    p, info = er.budget_sparsemax(backend.asarray(x), 1.5, backend=backend, return_info=True)
+    p, tau = backend.numpy(p), backend.numpy(info.tau)
+    assert tau[0] == 4 * big - 8.0  # the upper of the collapsed breakpoints: mass 1 <= 1.5
+    np.testing.assert_array_equal(p[0], [1.0, 0.0, 0.0])  # exact [1, 0.5, 0]: tau not representable
+    np.testing.assert_array_equal(p[1], [0.0, 0.625, 0.875])  # ordinary rows are unaffected
+
+
 def test_masks_all_masked_and_saturated_rows(backend):
     x = np.array([[0.5, -np.inf, 0.2, -np.inf], [-np.inf] * 4, [0.1, -np.inf, -np.inf, -np.inf]])
     p, info = er.budget_sparsemax(backend.asarray(x), 1.5, backend=backend, return_info=True)

@@ -75,6 +75,8 @@ def _budget_tau(x, B, c):
         nF = i_in - i_up
         h = i_up + ((sF + cF) - nF * t)
         if h > B or t == cut:
+            if nF == 0:  # breakpoints collapsed in float64 (|x| >= 2^53, x - 1 == x): tau is t
+                return min(t, prev)
             # closed form relative to the largest free entry (F spans less than 1)
             ref = s[k - 1 - i_up]
             S, cS = 0.0, 0.0

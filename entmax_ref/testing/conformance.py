@@ -684,7 +684,8 @@ def _budget_cases(ctx: _Context):
     for src, b, dt, x, x64 in _family_cases(ctx, BUDGETS, _budget_boundary_rows, salt=26):
         if np.any(np.isfinite(x64) & (x64 - 1.0 == x64)):
             # |x| >= 2^53: x - 1 rounds to x, so the box's breakpoints collapse and float64
-            # cannot represent a fractional entry (the backends divide by an empty free set)
+            # cannot represent the exact fractional entries (p = clip(x - tau, 0, 1) is off by up
+            # to one there: no oracle-grade expected value exists)
             continue
         for B in dict.fromkeys((float(min(b, len(x))),) + ((float(len(x)),) if b == BUDGETS[0] else ())):
             key = (id(src), B, dt)
