@@ -9,10 +9,10 @@ One source of truth (data, in the spirit of SciPy's ``xp_capabilities``).  It dr
 * the table in ``docs/guides/backends.md`` (:func:`markdown_table`; a test checks that the
   page shows exactly this table).
 
-A method name means one algorithm on every engine (:data:`METHODS`); ``None`` is each
-engine's exact default, described per backend in :data:`DEFAULTS`.
+A method name means one algorithm on every engine (``METHODS``); ``None`` is each
+engine's exact default, described per backend in ``DEFAULTS``.
 
-Adding an operation is one entry in :data:`CAPABILITIES` (``op: {backend: methods}``);
+Adding an operation is one entry in ``CAPABILITIES`` (``op: {backend: methods}``);
 adding a backend is one key in each operation it implements.  Backends registered at run
 time (:func:`entmax_ref.backends.register_backend`) are not in the table unless they pass
 ``capabilities=``; :func:`require` leaves the method check to such a backend itself.

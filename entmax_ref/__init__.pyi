@@ -128,7 +128,8 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, alpha: float = ..., s
               beta: ArrayLike | None = ..., gamma: ArrayLike | None = ..., delta: ArrayLike = ...,
               offset: ArrayLike = ..., chunk: int | None = ..., return_info: Literal[True],
               backend: BackendArg = ...) -> tuple[Array, AttentionInfo]: ...
-def attention_vjp(grad_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, *, out: ArrayLike | None = ...,
+def attention_vjp(grad_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, *, info: AttentionInfo | None = ...,
+                  out: ArrayLike | None = ...,
                   tau: ArrayLike | None = ..., alpha: float = ..., scale: float | None = ..., causal: bool = ...,
                   key_lengths: ArrayLike | None = ..., alibi_slopes: ArrayLike | None = ...,
                   beta: ArrayLike | None = ..., gamma: ArrayLike | None = ..., delta: ArrayLike = ...,

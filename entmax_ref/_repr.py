@@ -23,7 +23,9 @@ def _field(value: Any) -> str:
 
 
 def short_repr(self: Any) -> str:
-    """``Name(field=dtype(shape) [first values, ...], ...)`` for a dataclass or NamedTuple."""
-    names = getattr(self, "_fields", None) or tuple(getattr(self, "__dataclass_fields__", {}))
+    """``Name(field=dtype(shape) [first values, ...], ...)`` for a dataclass or NamedTuple
+    (dataclass fields declared with ``repr=False``, such as a backward's residual, are left out)."""
+    names = getattr(self, "_fields", None) or tuple(
+        name for name, f in getattr(self, "__dataclass_fields__", {}).items() if f.repr)  # repr=False: left out
     parts = ", ".join(f"{n}={_field(getattr(self, n))}" for n in names)
     return f"{type(self).__name__}({parts})"

@@ -9,7 +9,7 @@ from the threshold and the skewed output, is in docs/attention.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,10 +57,11 @@ class AttentionInfo:
     s: Any
     n: Any
     skew: Any
-    theta: Any = None
-    row_max: Any = None
-    edge: Any = None
-    edge_p: Any = None
+    # the backward's residual (attention_vjp(info=)): kept out of the repr
+    theta: Any = field(default=None, repr=False)
+    row_max: Any = field(default=None, repr=False)
+    edge: Any = field(default=None, repr=False)
+    edge_p: Any = field(default=None, repr=False)
     alpha: float | None = None
 
     __repr__ = short_repr

@@ -258,3 +258,13 @@ def register() -> None:
         "entmax_vjp": (None,), "entmax_alpha_vjp": (None,), "attention_forward": (None,), "attention_backward": (None,),
         "normmax_forward": (None,), "normmax_vjp": (None,), "budget_forward": (None,), "budget_vjp": (None,),
     })
+
+
+def unregister() -> None:
+    """Remove the ``"strict"`` backend again, so that it never shows in other tests' views of
+    the registry (e.g. the list of valid names in an error message)."""
+    from entmax_ref import backends
+
+    backends._REGISTRY.pop(NAME, None)
+    backends._instances.pop(NAME, None)
+    capabilities.remove_backend(NAME)

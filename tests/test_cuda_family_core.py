@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from entmax_ref.backends import _cuda_loader
+from entmax_ref.backends.constants import CUDA_MAX_PASSES, cuda_defines
 from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows, normmax_rows, normmax_vjp_rows
 
 EPS = np.finfo(np.float64).eps
 LANES = (1, 32, 256)
-MAX_ITER = 4400  # CupyTuning.max_iter
+MAX_ITER = CUDA_MAX_PASSES  # what the cupy backend passes its kernels
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def lib(tmp_path_factory):
     src = _cuda_loader.cuda_dir()
     out = tmp_path_factory.mktemp("family_core") / "family.so"
     cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
-           f"-I{src}", str(src / "family_harness.cpp"), "-o", str(out)]
+           *cuda_defines(), f"-I{src}", str(src / "family_harness.cpp"), "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     return ctypes.CDLL(str(out))

@@ -18,7 +18,17 @@ import strict_array as S
 
 import entmax_ref as er
 
-S.register()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _strict_backend():
+    """The stand-in backend, registered for this module only (unless the whole run asked for
+    it with ENTMAX_REF_TEST_STRICT=1, see conftest.py)."""
+    already = S.NAME in er.backends._REGISTRY
+    S.register()
+    yield
+    if not already:
+        S.unregister()
 
 #: public callables that take no arrays (names, contexts)
 NO_ARRAYS = {"available_backends", "get_backend", "use_backend"}
