@@ -230,6 +230,12 @@ class CupyBackend:
 
     # ------------------------------------------------------------------ attention
     def _attn_setup(self, q, k, v, spec: AttentionSpec):
+        unsupported = [name for name, on in (("alpha per head", spec.head_alpha is not None),
+                                             ("key_padding_mask", spec.key_mask is not None),
+                                             ("the gradient of alpha", spec.alpha_grad)) if on]
+        if unsupported:
+            raise ValueError(f"the cupy backend's attention does not support {', '.join(unsupported)} yet; "
+                             "use backend='numba' or 'numpy' (move the arrays to the host)")
         B, Hq, Nq, D = q.shape
         Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
         if Hq % Hkv:

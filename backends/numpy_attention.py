@@ -76,12 +76,26 @@ def chunk_bounds(spec: AttentionSpec, b: int, Nq: int, Nk: int, group: int) -> l
     """(i0, i1, key_end) of every query chunk of batch b that sees a key: rows i0..i1 of
     each query head attend at most keys 0..key_end (causal structure and padding)."""
     length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
+    if spec.key_mask is not None:  # no key after the last attendable one is visible
+        kept = np.flatnonzero(np.asarray(spec.key_mask[b, :length]))
+        length = int(kept[-1]) + 1 if kept.size else 0
     return geometry.chunk_bounds(length, Nq, Nk, choose_chunk(spec, group, length, Nq), spec.causal)
 
 
-def _weights(p: np.ndarray, alpha: float) -> np.ndarray:
-    """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1)."""
-    return p if alpha == 1.0 else skew_weights(p, alpha)
+def _weights(p: np.ndarray, alpha) -> np.ndarray:
+    """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1);
+    ``alpha`` a float or a (rows, 1) array."""
+    if np.ndim(alpha) == 0:
+        return p if alpha == 1.0 else skew_weights(p, alpha)
+    return np.where(alpha == 1.0, p, skew_weights(p, alpha))
+
+
+def row_alpha(spec: AttentionSpec, h0: int, group: int, nc: int) -> np.ndarray:
+    """alpha of each row of a block (query heads h0 .. h0+group, ``nc`` queries each),
+    shape (group * nc,) float64."""
+    if spec.head_alpha is None:
+        return np.full(group * nc, float(spec.alpha))
+    return np.repeat(np.asarray(spec.head_alpha[h0:h0 + group], _F64), nc)
 
 
 def _skewed(u: np.ndarray, vv: np.ndarray) -> np.ndarray:
@@ -120,6 +134,8 @@ class _Block:
             )
         if spec.causal:
             z = np.where(geometry.sees(i_abs[:, None], j[None, :], True), z, -np.inf)
+        if spec.key_mask is not None:
+            z = np.where(np.asarray(spec.key_mask[b, :key_end])[None, :], z, -np.inf)
         return z
 
 
@@ -138,10 +154,11 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
-        res = backend.entmax_forward(blk.z, np.full(blk.z.shape[0], spec.alpha), None)
+        a_rows = row_alpha(spec, h0, group, i1 - i0)
+        res = backend.entmax_forward(blk.z, a_rows, None)
         p = np.asarray(res.p, _F64)
         o = p @ vv
-        sk = o if spec.alpha == 1.0 else _skewed(_weights(p, spec.alpha), vv)
+        sk = o if np.all(a_rows == 1.0) else _skewed(_weights(p, a_rows[:, None]), vv)
         shape = (group, i1 - i0)
         out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
@@ -163,6 +180,7 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
     dk = np.zeros((B, Hkv, Nk, D), _F64)
     dv = np.zeros((B, Hkv, Nk, Dv), _F64)
     ds = np.zeros((B, Hq, Nq), _F64) if spec.row_scale is not None else None
+    dalpha = np.zeros((B, Hq, Nq), _F64) if spec.alpha_grad else None
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         hk, key_end = h0 // group, len(kk)
         sl = (b, slice(h0, h0 + group), slice(i0, i1))
@@ -172,15 +190,20 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
         th = np.asarray(theta[sl], _F64).reshape(-1)
         # Empty rows (theta = -inf) get p = 0: shift them by +inf instead.
         th = np.where(np.isfinite(th), th, np.inf)
+        a_rows = row_alpha(spec, h0, group, i1 - i0)
+        a_col = float(spec.alpha) if spec.head_alpha is None else a_rows[:, None]
         with np.errstate(invalid="ignore"):
-            p = e_alpha(blk.z - th[:, None], spec.alpha)
-        u = _weights(p, spec.alpha)
+            p = e_alpha(blk.z - th[:, None], a_col)
+        u = _weights(p, a_col)
         if skew is None:
             sk = _skewed(u, vv)
         else:
             sk = np.asarray(skew[sl], _F64).reshape(-1, Dv)
         delta = np.einsum("rd,rd->r", doc, sk)
-        dz = u * ((doc @ vv.T) - delta[:, None])
+        gp = doc @ vv.T  # dL/dp_ij = dO_i . v_j
+        dz = u * (gp - delta[:, None])
+        if dalpha is not None:  # the row transform's alpha VJP, on the support of p
+            dalpha[sl] = np.asarray(backend.entmax_alpha_vjp(p, gp, a_rows), _F64).reshape(group, i1 - i0)
         dv[b, hk, :key_end] += p.T @ doc
         if ds is not None:
             ds[sl] = np.einsum("rj,rj->r", dz, blk.a).reshape(group, i1 - i0)
@@ -191,5 +214,5 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
         dk[b, hk, :key_end] += spec.scale * (da.T @ qc)
     return AttentionGrads(
         dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
-        dv.astype(v.dtype, copy=False), ds,
+        dv.astype(v.dtype, copy=False), ds, dalpha,
     )

@@ -9,7 +9,7 @@ from the threshold and the skewed output, is in docs/attention.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,7 +52,8 @@ class AttentionInfo:
 class AttentionGradients(NamedTuple):
     """Gradients of :func:`attention_vjp`.  dq, dk, dv are shaped and typed like q, k, v;
     dbeta, dgamma, ddelta are float64 shaped like beta, gamma, delta (None without
-    ASEntmax)."""
+    ASEntmax); dalpha is float64 shaped like alpha when alpha was given as an array
+    (shape () or (Hq,)), None when it was a Python or NumPy scalar."""
 
     dq: Any
     dk: Any
@@ -60,6 +61,7 @@ class AttentionGradients(NamedTuple):
     dbeta: Any = None
     dgamma: Any = None
     ddelta: Any = None
+    dalpha: Any = None
 
     __repr__ = short_repr
 
@@ -75,6 +77,8 @@ class _Problem:
     s_info: np.ndarray  # (B, Hq, Nq) float64
     params: dict | None  # beta, gamma, delta as float64 arrays, offset
     out_dtypes: tuple  # q, k, v
+    alpha_shape: tuple | None  # () or (Hq,) when alpha was an array (dalpha wanted), else None
+    alpha_b: Any  # alpha as a float, or (1, Hq, 1) float64 when it differs between heads
 
 
 def _tensor(x: Any, name: str, ndim: int):
@@ -139,7 +143,7 @@ class _ShapeGuard:
             spec = next(a for a in (*rest, *kw.values()) if isinstance(a, AttentionSpec))
             ds = None if spec.row_scale is None else xp.zeros((B, Hq, Nq))
             return AttentionGrads(xp.zeros(q.shape, q.dtype), xp.zeros(k.shape, k.dtype),
-                                  xp.zeros(v.shape, v.dtype), ds)
+                                  xp.zeros(v.shape, v.dtype), ds, xp.zeros((B, Hq, Nq)) if spec.alpha_grad else None)
         if D == 0:
             q, k = self._pad(q), self._pad(k)
         if Dv == 0:
@@ -150,23 +154,70 @@ class _ShapeGuard:
 
 
 @public
-def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1) -> np.ndarray:
+def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1,
+                 key_padding_mask=None) -> np.ndarray:
     """Number of keys each query row may attend, shape (B, 1, Nq), int64.
 
     Causal masking is bottom-right aligned: query i sees keys j <= i + Nk - Nq.
-    ``key_lengths[b]`` keys (a prefix) are valid in batch b.
+    ``key_lengths[b]`` keys (a prefix) are valid in batch b; ``key_padding_mask[b, j]``
+    (a (B, Nk) bool array) is True where key j of batch b may be attended.  A key counts
+    when every given mask allows it.
 
     >>> import entmax_ref as er
     >>> er.keys_visible(3, 5, causal=True, key_lengths=[4]).tolist()
     [[[3, 4, 4]]]
+    >>> er.keys_visible(3, 5, causal=True, key_padding_mask=[[False, False, True, True, True]]).tolist()
+    [[[1, 2, 3]]]
     """
     lengths = None if key_lengths is None else V.to_host(key_lengths)
-    n = geometry.keys_visible(nq, nk, causal=causal, key_lengths=lengths, batch=batch)
-    return V.namespace(key_lengths).asarray(n)  # in key_lengths' namespace
+    mask = None if key_padding_mask is None else V.to_host(key_padding_mask).astype(bool)
+    n = geometry.keys_visible(nq, nk, causal=causal, key_lengths=lengths, batch=batch, key_mask=mask)
+    return V.namespace(key_lengths, key_padding_mask).asarray(n)  # in the masks' namespace
+
+
+def _alpha_arg(alpha: Any, Hq: int, q_shape: tuple) -> tuple[float, Any, tuple | None]:
+    """(alpha of the spec, (Hq,) float64 per-head alpha or None, the array shape of alpha
+    or None for a scalar).  An array alpha of equal values runs as a scalar."""
+    if isinstance(alpha, (bool, np.bool_)):
+        raise ValueError(f"alpha must be a real scalar or an array of shape ({Hq},), got {alpha!r}")
+    if isinstance(alpha, (int, float, np.integer, np.floating)):
+        a = _scalar(alpha, "alpha")
+        if a < 1.0:
+            raise ValueError(f"alpha must be >= 1, got {a!r}")
+        return a, None, None
+    arr = V.to_host(alpha)  # a small host parameter (one value per head)
+    if arr.dtype.kind not in "fiu" or arr.shape not in ((), (Hq,)):
+        raise ValueError(
+            f"alpha must be a scalar or one value per query head, shape () or ({Hq},) for q "
+            f"{tuple(q_shape)}; got dtype {arr.dtype} and shape {tuple(arr.shape)}"
+        )
+    a = np.asarray(arr, np.float64)
+    if not np.all(np.isfinite(a)) or np.any(a < 1.0):
+        raise ValueError(f"alpha must be finite and >= 1 for every head, got {a.tolist()!r}")
+    if a.ndim == 0:
+        return float(a), None, ()
+    if Hq == 0 or np.all(a == a[0]):  # one value: the scalar kernels
+        return (float(a[0]) if Hq else 1.5), None, (Hq,)
+    return float(a[0]), np.ascontiguousarray(a), (Hq,)
+
+
+def _key_mask_arg(mask: Any, B: int, Nk: int, k_shape: tuple) -> np.ndarray | None:
+    """key_padding_mask as a (B, Nk) bool numpy array (None when not given): a host
+    parameter of the backend contract, like key_lengths."""
+    if mask is None:
+        return None
+    m = V.to_host(mask)
+    if m.dtype != np.bool_ or m.shape != (B, Nk):
+        raise ValueError(
+            f"key_padding_mask must be a bool array of shape ({B}, {Nk}) (batch, keys) for k "
+            f"{tuple(k_shape)}, True where a key may be attended; got dtype {m.dtype} and shape "
+            f"{tuple(m.shape)}"
+        )
+    return np.ascontiguousarray(m)
 
 
 def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-             chunk, backend) -> _Problem:
+             chunk, backend, key_padding_mask=None) -> _Problem:
     q, cq, oq = _tensor(q, "q", 4)
     k, ck, ok = _tensor(k, "k", 4)
     v, cv, ov = _tensor(v, "v", 4)
@@ -189,9 +240,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         )
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    a = _scalar(alpha, "alpha")
-    if a < 1.0:
-        raise ValueError(f"alpha must be >= 1, got {a!r}")
+    a, head_alpha, alpha_shape = _alpha_arg(alpha, Hq, q.shape)
+    key_mask = _key_mask_arg(key_padding_mask, B, Nk, k.shape)
     if scale is None:
         # head dim 0: every score q . k is the empty sum 0, whatever the scale
         sc = 1.0 / float(np.sqrt(D)) if D else 1.0
@@ -221,8 +271,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
 
     xp = V.namespace(q)
-    n = xp.broadcast_to(xp.asarray(geometry.keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B)),
-                        (B, Hq, Nq))
+    n = xp.broadcast_to(xp.asarray(geometry.keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B,
+                                                         key_mask=key_mask)), (B, Hq, Nq))
     params = None
     row_scale = None
     s_info = xp.ones((B, Hq, Nq))
@@ -246,18 +296,21 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     if B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
         be = _ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
-                         alibi_slopes=slopes, row_scale=row_scale, chunk=chunk)
+                         alibi_slopes=slopes, row_scale=row_scale, chunk=chunk, head_alpha=head_alpha,
+                         key_mask=key_mask)
 
     def canon(x):
         return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
 
+    alpha_b = a if head_alpha is None else xp.asarray(head_alpha[None, :, None])
     return _Problem(canon(q), canon(k), canon(v), spec, be, xp.ascontiguousarray(n), s_info, params,
-                    (oq, ok, ov))
+                    (oq, ok, ov), alpha_shape, alpha_b)
 
 
 @public
 def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, alibi_slopes=None,
-              beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, return_info=False, backend=None):
+              beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, return_info=False, backend=None,
+              key_padding_mask=None):
     """alpha-entmax attention ``o_i = sum_j entmax(z_i)_j v_j``, exact, in query chunks.
 
     ``z_ij = s_i * scale * (q_i . k_j) + bias_ij`` over the keys row i may attend:
@@ -329,20 +382,20 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     [[[[0.1693, 0.8307]]]]
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend)
+                    chunk, backend, key_padding_mask)
     fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
     out_dtype = V.result_dtype(*prob.out_dtypes)
     out = fwd.out.astype(out_dtype, copy=False)
     if not return_info:
         return out
-    tau = theta_to_tau(fwd.theta, prob.spec.alpha)
+    tau = theta_to_tau(fwd.theta, prob.alpha_b)
     return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew)
 
 
 @public
 def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=None, causal=False,
                   key_lengths=None, alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0,
-                  chunk=None, backend=None):
+                  chunk=None, backend=None, key_padding_mask=None):
     """Gradients of a loss through :func:`attention`, given ``grad_out = dL/dout``.
 
     Takes the same keyword arguments as :func:`attention`.  With ``tau`` (the forward's
@@ -383,7 +436,7 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
     ([[[[0.0]]]], [[[[0.0, 0.0], [1.0, 1.0]]]])
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend)
+                    chunk, backend, key_padding_mask)
     B, Hq, Nq, _ = prob.q.shape
     Dv = prob.v.shape[3]
     do, cdo, _ = _tensor(grad_out, "grad_out", 4)
@@ -405,20 +458,27 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
         empty = prob.n == 0
         if bool(xp.any(xp.isneginf(t) & ~empty)):
             raise ValueError("tau is -inf on a row that has keys to attend; pass the forward's info.tau")
-        theta = xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.spec.alpha)))
+        theta = xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.alpha_b)))
         if out is not None:
             o, _, _ = _tensor(out, "out", 4)
             if tuple(o.shape) != (B, Hq, Nq, Dv):
                 raise ValueError(f"out must have shape {(B, Hq, Nq, Dv)}, got {tuple(o.shape)}")
-            if prob.spec.alpha == 1.0:
+            if prob.spec.alpha == 1.0 and prob.spec.head_alpha is None:
                 skew = V.namespace(o).ascontiguousarray(o.astype(np.float64))
-    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, theta, skew, prob.spec)
+    spec = prob.spec if prob.alpha_shape is None else replace(prob.spec, alpha_grad=True)
+    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, theta, skew, spec)
     dq, dk, dv = (V.cast(g, dt) for g, dt in zip(grads[:3], prob.out_dtypes))
+    dalpha = None
+    if prob.alpha_shape is not None:  # per row -> per head (summed over batch and queries), on the host
+        n_host = V.to_host(prob.n)
+        da = np.where(n_host > 0, V.to_host(grads.dalpha).astype(np.float64), 0.0)
+        dalpha = da.sum(axis=(0, 2)) if prob.alpha_shape else np.asarray(da.sum())
+        dalpha = V.namespace(alpha).asarray(dalpha)  # in alpha's namespace
     if prob.params is None:
-        return AttentionGradients(dq, dk, dv)
+        return AttentionGradients(dq, dk, dv, dalpha=dalpha)
     live = prob.n > 0
     xp = V.namespace(prob.n)
     ds = xp.where(live, grads.drow_scale.astype(np.float64, copy=False), 0.0)
     p = prob.params
     sg = _scale_vjp(ds, prob.n, p["beta"], p["gamma"], p["delta"], p["offset"], live, "query row (b, h, i) =")
-    return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta)
+    return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta, dalpha)

@@ -578,11 +578,21 @@ HEAD_BYTES = 64 * 2**20
 ACCUMULATOR_BYTES = 512 * 2**20
 
 
+def _reference_driver(spec) -> bool:
+    """Problems the fused kernels do not cover (alpha per head, a key mask), which run on
+    the NumPy driver with this backend's compiled row solver (and alpha VJP)."""
+    return spec.head_alpha is not None or spec.key_mask is not None
+
+
 def attention_forward(backend, q, k, v, spec):
     """Chunked fused forward (see the module docstring); the NumPy driver's outputs and
     conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
 
+    if _reference_driver(spec):
+        from ..numpy_attention import attention_forward as numpy_forward
+
+        return numpy_forward(backend, q, k, v, spec)
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
@@ -668,7 +678,7 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
     from .._base import AttentionGrads
     from ..numpy_attention import attention_backward as numpy_backward
 
-    if spec.alpha == 1.0:
+    if spec.alpha == 1.0 or _reference_driver(spec) or spec.alpha_grad:
         return numpy_backward(backend, do, q, k, v, theta, skew, spec)
     f64 = np.float64
     B, Hq, Nq, D = q.shape
