@@ -137,6 +137,7 @@ def check_forward(backend, q, k, v, alpha, *, causal=False, key_lengths=None, ke
 HEAD_ALPHAS = {
     "mixed": [1.0, 1.25, 2.0, 3.0],
     "near1": [1.0, 1.0 + 1e-9, 1.001, 1.5],
+    "above1": [1.0 + 1e-9, 1.25, 2.0, 3.0],  # no softmax head: numba's fused kernels throughout
     "equal": [1.5, 1.5, 1.5, 1.5],
 }
 
@@ -165,12 +166,13 @@ def test_alpha_per_head_equals_one_call_per_head(backend):
 
 
 @pytest.mark.parametrize("alphas", list(HEAD_ALPHAS), ids=list(HEAD_ALPHAS))
-def test_dalpha_matches_dense_row_vjp_and_finite_differences(backend, alphas):
+@pytest.mark.parametrize("masked", [False, True], ids=["lengths", "mask"])
+def test_dalpha_matches_dense_row_vjp_and_finite_differences(backend, alphas, masked):
     """dalpha through attention equals the row transform's alpha VJP summed over each
     head's rows (exact through alpha -> 1: the 'near1' heads), and central differences."""
     rng, q, k, v = problem(11)
     alpha = np.array(HEAD_ALPHAS[alphas])
-    kw = dict(causal=True, key_lengths=[7, 6], key_padding_mask=left_padding_mask([7, 5], 7),
+    kw = dict(causal=True, key_lengths=[7, 6], key_padding_mask=left_padding_mask([7, 5], 7) if masked else None,
               alibi_slopes=[0.3, 0.0, 0.0, 0.1])
     g_out = rng.standard_normal((2, 4, 5, 2))
     grads = er.attention_vjp(g_out, q, k, v, alpha=alpha, backend=backend, **kw)
@@ -228,13 +230,18 @@ def test_scalar_and_array_alpha(backend):
 # --------------------------------------------------------------------------- key_padding_mask
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 3.0])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_key_padding_mask_matches_dense(backend, alpha, causal):
+@pytest.mark.parametrize("kind", ["holes", "runs"])
+def test_key_padding_mask_matches_dense(backend, alpha, causal, kind):
     """Left padding, holes, combined with causal and key_lengths, ASEntmax n over the
-    visible keys, rows with nothing to attend."""
+    visible keys, rows with nothing to attend.  ("runs": every batch's keys one contiguous
+    run, which numba computes with its fused kernels on the run; "holes": not.)"""
     rng, q, k, v = problem(23 + causal, B=3, Nq=6, Nk=8)
     mask = np.ones((3, 8), bool)
     mask[0, :3] = False  # left padding
-    mask[1, [1, 4, 6]] = False  # holes
+    if kind == "holes":
+        mask[1, [1, 4, 6]] = False
+    else:
+        mask[1, [0, 6, 7]] = False  # left and right padding
     mask[2, :] = False  # nothing to attend
     check_forward(backend, q, k, v, alpha, causal=causal, key_lengths=[8, 7, 8], key_padding_mask=mask,
                   alibi_slopes=[0.5, 0.25, 0.0, 0.1], beta=rng.uniform(0.3, 1.0, (4, 1)),
@@ -337,7 +344,8 @@ def bisect_dalpha_tol(d: Dense, v, g_out, alpha):
 @pytest.mark.peer
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("alphas", ["sparse", "with_softmax"])
-def test_matches_pytorch_autograd(backend, causal, alphas):
+@pytest.mark.parametrize("masked", [False, True], ids=["lengths", "mask"])
+def test_matches_pytorch_autograd(backend, causal, alphas, masked):
     """Forward and every gradient (q, k, v, beta, gamma, delta and, where torch has it,
     alpha) against torch autograd: alpha per head, GQA, ALiBi, ASEntmax, a left-padded
     key_padding_mask combined with key_lengths and causal."""
@@ -347,6 +355,8 @@ def test_matches_pytorch_autograd(backend, causal, alphas):
     beta, gamma, delta = rng.uniform(0.3, 1.2, (4, 1)), rng.uniform(-1, 1, (4, 1)), np.array(0.8)
     mask = left_padding_mask([6, 4], 6)
     mask[0, 2] = False
+    if not masked:  # numba: the fused kernels (with alpha > 1 on every head)
+        mask = None
     kw = dict(causal=causal, key_lengths=[6, 5], key_padding_mask=mask, alibi_slopes=[0.5, 0.25, 0.0, 0.0])
     g_out = rng.standard_normal((2, 4, 5, 2))
 
@@ -363,7 +373,7 @@ def test_matches_pytorch_autograd(backend, causal, alphas):
 
     d = dense(q, k, v, alpha=alpha, visible=vis, alibi_slopes=kw["alibi_slopes"], beta=beta, gamma=gamma,
               delta=delta)
-    assert (d.n == 0).any() == causal  # left-padded causal rows that see nothing
+    assert (d.n == 0).any() == (causal and masked)  # left-padded causal rows that see nothing
     a4 = alpha[None, :, None, None]
     np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=0, atol=out_tol(d, v, a4, np.float64))
     tols = grad_tols(d, q, k, v, g_out, a4, beta=beta, gamma=gamma)

@@ -63,6 +63,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
+from .grads import _alpha_vjp_row, _alpha_vjp_row_big
 from .rows import METHOD_DEFAULT, _solve_row
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
@@ -265,18 +266,16 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
 
 
 @njit(nogil=True, cache=CACHE)
-def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alpha, vv,
+def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
              out, skew, theta, support, ncand, bad):
     """Fused forward of one chunk: ``g`` (rows, key_end) is q.k (float64, or float32 as a
     filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score error
-    bound; ``row_scale`` (rows,) or empty; ``slopes`` (group,) float64.  Writes ``out``,
+    bound; ``row_scale`` (rows,) or empty; ``slopes`` and ``alphas`` (group,) float64
+    (per query head of the group; ``filt`` needs every alpha > 1).  Writes ``out``,
     ``skew`` (rows, Dv), ``theta``, ``support``, ``ncand`` (candidates) per row, and
     ``bad[r] = 1`` for a row whose scores overflowed."""
     rows, key_end = g.shape
     dv = vv.shape[1]
-    a1 = alpha - 1.0
-    a2 = 2.0 - alpha
-    window = 1.0 / a1 if a1 > 0.0 else np.inf
     has_s = row_scale.shape[0] > 0
     za = np.empty(key_end, np.float64)
     zc = np.empty(key_end, np.float64)
@@ -290,6 +289,9 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     sk = np.empty(dv, np.float64)
     for r in range(rows):
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
+        a1 = alphas[h] - 1.0
+        a2 = 2.0 - alphas[h]
+        window = 1.0 / a1 if a1 > 0.0 else np.inf
         s = row_scale[r] if has_s else 1.0
         m, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
                             0.0, za, idx, zc, gx, c, aux, aux2)
@@ -325,19 +327,21 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
 
 
 @njit(nogil=True, cache=CACHE)
-def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alpha, th, doc,
-             skew_in, vv, idx, pb, ub, cnt, dq, ds, bad):
+def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, th, doc,
+             skew_in, vv, idx, pb, ub, cnt, dq, ds, bad, dal):
     """Per-row backward of one chunk over the support only (see the module docstring).
-    ``g``, ``filt``, ``err`` as in :func:`fwd_rows`; ``th`` (rows,) theta (-inf: empty
-    row); ``skew_in`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p);
-    writes the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ), ``cnt`` per row,
-    and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1`` where a score overflowed."""
+    ``g``, ``filt``, ``err``, ``alphas`` (every one > 1 here) as in :func:`fwd_rows`;
+    ``th`` (rows,) theta (-inf: empty row); ``skew_in`` (rows, Dv) or an empty (0, Dv)
+    array (then recomputed from p); writes the compacted support ``idx``, ``pb`` (p),
+    ``ub`` (s dZ), ``cnt`` per row, and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1``
+    where a score overflowed.  ``dal`` (rows,) or empty: dL/dalpha of each row, the row
+    transform's alpha VJP (:mod:`entmax_ref.backends.numba.grads`) on the support's p
+    and dL/dp = dO . v."""
     rows, key_end = g.shape
     dv = vv.shape[1]
     D = kk.shape[1]
-    a1 = alpha - 1.0
-    a2 = 2.0 - alpha
-    window = 1.0 / a1
+    want_dal = dal.shape[0] > 0
+    gp = np.empty(key_end, np.float64)
     has_s = row_scale.shape[0] > 0
     have_skew = skew_in.shape[0] > 0
     za = np.empty(key_end, np.float64)
@@ -349,6 +353,9 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     acc = np.empty(D, np.float64)
     for r in range(rows):
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
+        a1 = alphas[h] - 1.0
+        a2 = 2.0 - alphas[h]
+        window = 1.0 / a1
         s = row_scale[r] if has_s else 1.0
         t = th[r]
         for d in range(D):
@@ -395,6 +402,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             gd = 0.0
             for d in range(dv):
                 gd += doc[r, d] * vv[j, d]
+            gp[c] = gd
             dz = ub[r, c] * (gd - delta)
             if has_s:
                 dsr += dz * (scale * gs[c])
@@ -405,6 +413,11 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         ds[r] = dsr
         for d in range(D):
             dq[r, d] = scale * acc[d]
+        if want_dal:
+            if a1 > 1.0:
+                dal[r] = _alpha_vjp_row_big(pb[r, :m], gp[:m], a1)
+            else:
+                dal[r] = _alpha_vjp_row(pb[r, :m], gp[:m], a1)
 
 
 @njit(nogil=True, cache=CACHE)
@@ -528,6 +541,12 @@ def _head_items(spec, b, Nq, Nk, group):
     return sorted(chunk_bounds(spec, b, Nq, Nk, group), key=lambda t: -(t[1] - t[0]) * t[2])
 
 
+def _group_alphas(spec, h0, group):
+    if spec.head_alpha is None:
+        return np.full(group, float(spec.alpha))
+    return np.ascontiguousarray(np.asarray(spec.head_alpha[h0:h0 + group], np.float64))
+
+
 def _group_slopes(spec, h0, group):
     if spec.alibi_slopes is None:
         return np.zeros(group)
@@ -578,10 +597,67 @@ HEAD_BYTES = 64 * 2**20
 ACCUMULATOR_BYTES = 512 * 2**20
 
 
-def _reference_driver(spec) -> bool:
-    """Problems the fused kernels do not cover (alpha per head, a key mask), which run on
-    the NumPy driver with this backend's compiled row solver (and alpha VJP)."""
-    return spec.head_alpha is not None or spec.key_mask is not None
+def _key_runs(spec, Nk):
+    """``[(lo, hi)]`` per batch when the keys each batch may attend (``key_mask`` and
+    ``key_lengths`` together) form one contiguous run ``lo <= j < hi`` (left or right
+    padding, or both), else None (a mask with holes)."""
+    keep = np.asarray(spec.key_mask, bool)
+    if spec.key_lengths is not None:
+        keep = keep & (np.arange(Nk)[None, :] < np.asarray(spec.key_lengths)[:, None])
+    runs = []
+    for row in keep:
+        idx = np.flatnonzero(row)
+        if idx.size and idx[-1] - idx[0] + 1 != idx.size:
+            return None
+        runs.append((int(idx[0]), int(idx[-1]) + 1) if idx.size else (0, 0))
+    return runs
+
+
+def _run_spec(spec, b, lo, hi):
+    """The problem of batch b restricted to its keys lo .. hi-1, as a key-sliced problem
+    without a mask: with ``k[b, :, lo:]`` (Nk - lo keys, the first hi - lo valid) the
+    bottom-right causal offset, the visible keys and the ALiBi distances |i_abs - j| are
+    all shifted by lo, i.e. unchanged."""
+    from dataclasses import replace
+
+    rs = None if spec.row_scale is None else spec.row_scale[b:b + 1]
+    return replace(spec, key_mask=None, key_lengths=np.array([hi - lo], np.int64), row_scale=rs)
+
+
+def _masked_forward(backend, q, k, v, spec):
+    """Forward with a key mask: per batch on its key run (fused kernels), or the NumPy
+    driver with the compiled row solver for masks with holes."""
+    from .._base import AttentionForward
+    from ..numpy_attention import attention_forward as numpy_forward
+
+    runs = _key_runs(spec, k.shape[2])
+    if not runs:  # holes (or an empty batch)
+        return numpy_forward(backend, q, k, v, spec)
+    parts = [attention_forward(backend, q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], _run_spec(spec, b, lo, hi))
+             for b, (lo, hi) in enumerate(runs)]
+    return AttentionForward(*(np.concatenate(field) for field in zip(*parts)))
+
+
+def _masked_backward(backend, do, q, k, v, theta, skew, spec):
+    """Backward with a key mask, as :func:`_masked_forward`."""
+    from .._base import AttentionGrads
+    from ..numpy_attention import attention_backward as numpy_backward
+
+    runs = _key_runs(spec, k.shape[2])
+    if not runs:  # holes (or an empty batch)
+        return numpy_backward(backend, do, q, k, v, theta, skew, spec)
+    dk, dv = np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+    dq, ds, dal = [], [], []
+    for b, (lo, hi) in enumerate(runs):
+        g = attention_backward(backend, do[b:b + 1], q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:],
+                               theta[b:b + 1], None if skew is None else skew[b:b + 1], _run_spec(spec, b, lo, hi))
+        dq.append(g.dq)
+        dk[b, :, lo:] = g.dk[0]
+        dv[b, :, lo:] = g.dv[0]
+        ds.append(g.drow_scale)
+        dal.append(g.dalpha)
+    return AttentionGrads(np.concatenate(dq), dk, dv, None if ds[0] is None else np.concatenate(ds),
+                          None if dal[0] is None else np.concatenate(dal))
 
 
 def attention_forward(backend, q, k, v, spec):
@@ -589,10 +665,8 @@ def attention_forward(backend, q, k, v, spec):
     conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
 
-    if _reference_driver(spec):
-        from ..numpy_attention import attention_forward as numpy_forward
-
-        return numpy_forward(backend, q, k, v, spec)
+    if spec.key_mask is not None:
+        return _masked_forward(backend, q, k, v, spec)
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
@@ -602,9 +676,9 @@ def attention_forward(backend, q, k, v, spec):
     skew = np.zeros((B, Hq, Nq, Dv), f64)
     theta = np.full((B, Hq, Nq), -np.inf)
     support = np.zeros((B, Hq, Nq), np.int64)
-    causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
+    causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
-    state = {"filter": alpha > 1.0 and FILTER_FRACTION > 0}  # the float32 filter, while it pays
+    state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
     heads = {}
 
     def head(b, hk):
@@ -623,7 +697,8 @@ def attention_forward(backend, q, k, v, spec):
         qsl = q[b, h0:h0 + group, i0:i1]
         qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
         rs = _row_scale(spec, b, h0, group, i0, i1)
-        filt = state["filter"]
+        alphas = _group_alphas(spec, h0, group)
+        filt = state["filter"] and bool(np.all(alphas > 1.0))
         with np.errstate(over="ignore", invalid="ignore"):
             if filt:
                 err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
@@ -641,13 +716,16 @@ def attention_forward(backend, q, k, v, spec):
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
         fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs,
-                 _group_slopes(spec, h0, group), alpha, vv_all[:key_end], o, sk, th, sup, ncand, bad)
+                 _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, ncand, bad)
         if bad.any():
             raise ValueError(_OVERFLOW)
         if filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
             state["filter"] = False
-        if alpha == 1.0:
+        softmax_rows = np.repeat(alphas == 1.0, nc)
+        if softmax_rows.all():
             sk = o
+        elif softmax_rows.any():  # the skewed output of a softmax row is its output
+            sk[softmax_rows] = o[softmax_rows]
         shape = (group, nc)
         out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
@@ -678,8 +756,11 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
     from .._base import AttentionGrads
     from ..numpy_attention import attention_backward as numpy_backward
 
-    if spec.alpha == 1.0 or _reference_driver(spec) or spec.alpha_grad:
+    softmax = spec.alpha == 1.0 if spec.head_alpha is None else bool(np.any(spec.head_alpha == 1.0))
+    if softmax:
         return numpy_backward(backend, do, q, k, v, theta, skew, spec)
+    if spec.key_mask is not None:
+        return _masked_backward(backend, do, q, k, v, theta, skew, spec)
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
@@ -689,8 +770,10 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
     dk = np.zeros((B, Hkv, Nk, D), f64)
     dv = np.zeros((B, Hkv, Nk, Dv), f64)
     ds = np.zeros((B, Hq, Nq), f64) if spec.row_scale is not None else None
+    dalpha = np.zeros((B, Hq, Nq), f64) if spec.alpha_grad else None
+    no_dal = np.empty(0, f64)
     no_skew = np.empty((0, Dv), f64)
-    causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
+    causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     # per-worker accumulators of one kv-head (worker 0 uses dk, dv themselves), or one
     # shared pair behind a lock when that would take too much memory
@@ -744,8 +827,9 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                     dqc = np.empty((rows, D), f64)
                     dsc = np.empty(rows, f64)
                     bad = np.empty(rows, np.int8)
-                    bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes, alpha, th, doc, sk,
-                             vv, idx, pb, ub, cnt, dqc, dsc, bad)
+                    dal = no_dal if dalpha is None else np.empty(rows, f64)
+                    bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes,
+                             _group_alphas(spec, h0, group), th, doc, sk, vv, idx, pb, ub, cnt, dqc, dsc, bad, dal)
                     if bad.any():
                         raise ValueError(_OVERFLOW)
                     if filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
@@ -753,6 +837,8 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                     dq[sl] = dqc.reshape(group, nc, D)
                     if ds is not None:
                         ds[sl] = dsc.reshape(group, nc)
+                    if dalpha is not None:
+                        dalpha[sl] = dal.reshape(group, nc)
                     dk_acc, dv_acc = accs[0 if shared else slot]
                     dk_acc, dv_acc = dk_acc[:key_end], dv_acc[:key_end]
                     if cnt.sum() > DENSE_FRACTION * rows * key_end:
@@ -774,5 +860,5 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                     dv[b, hk] += dv_w
     return AttentionGrads(
         dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
-        dv.astype(v.dtype, copy=False), ds,
+        dv.astype(v.dtype, copy=False), ds, dalpha,
     )
