@@ -34,10 +34,12 @@ float64 blocks.  The chunk is chosen so that one such block stays within
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import geometry
-from ._base import AttentionForward, AttentionGrads, AttentionSpec
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, xp_of
 from .numpy_backend import e_alpha, skew_weights
 
 #: Bytes of one float64 ``(rows, keys)`` score block when the chunk is chosen
@@ -80,6 +82,68 @@ def chunk_bounds(spec: AttentionSpec, b: int, Nq: int, Nk: int, group: int) -> l
         kept = np.flatnonzero(np.asarray(spec.key_mask[b, :length]))
         length = int(kept[-1]) + 1 if kept.size else 0
     return geometry.chunk_bounds(length, Nq, Nk, choose_chunk(spec, group, length, Nq), spec.causal)
+
+
+def key_runs(spec: AttentionSpec, Nk: int):
+    """``[(lo, hi)]`` per batch when the keys each batch may attend (``key_mask`` and
+    ``key_lengths`` together) form one contiguous run ``lo <= j < hi`` (left or right
+    padding, or both), else None (a mask with holes, or no batch)."""
+    keep = np.asarray(spec.key_mask, bool)
+    if spec.key_lengths is not None:
+        keep = keep & (np.arange(Nk)[None, :] < np.asarray(spec.key_lengths)[:, None])
+    runs = []
+    for row in keep:
+        idx = np.flatnonzero(row)
+        if idx.size and idx[-1] - idx[0] + 1 != idx.size:
+            return None
+        runs.append((int(idx[0]), int(idx[-1]) + 1) if idx.size else (0, 0))
+    return runs or None
+
+
+def run_spec(spec: AttentionSpec, b: int, lo: int, hi: int) -> AttentionSpec:
+    """The problem of batch b restricted to its keys lo .. hi-1, as a key-sliced problem
+    without a mask: with ``k[b, :, lo:]`` (Nk - lo keys, the first hi - lo valid) the
+    bottom-right causal offset, the visible keys and the ALiBi distances |i_abs - j| are
+    all shifted by lo, i.e. unchanged."""
+    rs = None if spec.row_scale is None else spec.row_scale[b:b + 1]
+    return replace(spec, key_mask=None, key_lengths=np.array([hi - lo], np.int64), row_scale=rs)
+
+
+def forward_by_key_runs(forward, q, k, v, spec: AttentionSpec, otherwise):
+    """A masked forward as one unmasked ``forward(q, k, v, spec)`` per batch on its run
+    of keys (:func:`key_runs`); ``otherwise()`` when the mask has holes.  Works on the
+    backend's array type."""
+    runs = key_runs(spec, k.shape[2])
+    if runs is None:
+        return otherwise()
+    xp = xp_of(q)
+    parts = [forward(q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], run_spec(spec, b, lo, hi))
+             for b, (lo, hi) in enumerate(runs)]
+    return AttentionForward(*(xp.concatenate(field) for field in zip(*parts)))
+
+
+def backward_by_key_runs(backward, do, q, k, v, theta, skew, spec: AttentionSpec, otherwise):
+    """The backward of :func:`forward_by_key_runs`: ``backward(do, q, k, v, theta, skew,
+    spec)`` per batch on its run of keys, dK and dV scattered back (0 off the run)."""
+    runs = key_runs(spec, k.shape[2])
+    if runs is None:
+        return otherwise()
+    xp = xp_of(q)
+    parts = []
+    for b, (lo, hi) in enumerate(runs):
+        parts.append(backward(do[b:b + 1], q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], theta[b:b + 1],
+                              None if skew is None else skew[b:b + 1], run_spec(spec, b, lo, hi)))
+    dk = xp.zeros(k.shape, parts[0].dk.dtype)
+    dv = xp.zeros(v.shape, parts[0].dv.dtype)
+    for (lo, _), g, b in zip(runs, parts, range(len(runs))):
+        dk[b, :, lo:] = g.dk[0]
+        dv[b, :, lo:] = g.dv[0]
+
+    def cat(name):
+        fields = [getattr(g, name) for g in parts]
+        return None if fields[0] is None else xp.concatenate(fields)
+
+    return AttentionGrads(cat("dq"), dk, dv, cat("drow_scale"), cat("dalpha"))
 
 
 def _weights(p: np.ndarray, alpha) -> np.ndarray:

@@ -422,3 +422,22 @@ def test_inputs_not_modified(backend):
     er.attention_vjp(g_out, q, k, v, alpha=alpha, key_padding_mask=mask, causal=True, backend=backend)
     for a, c in zip((q, k, v, mask, alpha), copies):
         np.testing.assert_array_equal(a, c)
+
+
+# --------------------------------------------------------------------------- entmax-ref check
+def test_check_battery_covers_key_padding_mask():
+    """The attention battery of ``entmax-ref check`` has a key_padding_mask case: the
+    library passes it (forward and gradients), an implementation ignoring the mask fails it."""
+    from entmax_ref.testing import check_attention
+
+    kw = dict(features=("causal", "key_padding_mask"), dtypes=("float64",), size="quick")
+    rep = check_attention(lambda q, k, v, **a: er.attention(q, k, v, **a), 1.5,
+                          vjp=lambda do, q, k, v, **a: er.attention_vjp(do, q, k, v, **a)[:3], **kw)
+    assert rep.ok, rep.table()
+
+    def ignores_mask(q, k, v, key_padding_mask=None, **a):
+        return er.attention(q, k, v, **a)
+
+    rep = check_attention(ignores_mask, 1.5, **kw)
+    assert not rep.ok
+    assert "[key_padding_mask]" in " ".join(rep.rows[0].notes)

@@ -597,76 +597,17 @@ HEAD_BYTES = 64 * 2**20
 ACCUMULATOR_BYTES = 512 * 2**20
 
 
-def _key_runs(spec, Nk):
-    """``[(lo, hi)]`` per batch when the keys each batch may attend (``key_mask`` and
-    ``key_lengths`` together) form one contiguous run ``lo <= j < hi`` (left or right
-    padding, or both), else None (a mask with holes)."""
-    keep = np.asarray(spec.key_mask, bool)
-    if spec.key_lengths is not None:
-        keep = keep & (np.arange(Nk)[None, :] < np.asarray(spec.key_lengths)[:, None])
-    runs = []
-    for row in keep:
-        idx = np.flatnonzero(row)
-        if idx.size and idx[-1] - idx[0] + 1 != idx.size:
-            return None
-        runs.append((int(idx[0]), int(idx[-1]) + 1) if idx.size else (0, 0))
-    return runs
-
-
-def _run_spec(spec, b, lo, hi):
-    """The problem of batch b restricted to its keys lo .. hi-1, as a key-sliced problem
-    without a mask: with ``k[b, :, lo:]`` (Nk - lo keys, the first hi - lo valid) the
-    bottom-right causal offset, the visible keys and the ALiBi distances |i_abs - j| are
-    all shifted by lo, i.e. unchanged."""
-    from dataclasses import replace
-
-    rs = None if spec.row_scale is None else spec.row_scale[b:b + 1]
-    return replace(spec, key_mask=None, key_lengths=np.array([hi - lo], np.int64), row_scale=rs)
-
-
-def _masked_forward(backend, q, k, v, spec):
-    """Forward with a key mask: per batch on its key run (fused kernels), or the NumPy
-    driver with the compiled row solver for masks with holes."""
-    from .._base import AttentionForward
-    from ..numpy_attention import attention_forward as numpy_forward
-
-    runs = _key_runs(spec, k.shape[2])
-    if not runs:  # holes (or an empty batch)
-        return numpy_forward(backend, q, k, v, spec)
-    parts = [attention_forward(backend, q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], _run_spec(spec, b, lo, hi))
-             for b, (lo, hi) in enumerate(runs)]
-    return AttentionForward(*(np.concatenate(field) for field in zip(*parts)))
-
-
-def _masked_backward(backend, do, q, k, v, theta, skew, spec):
-    """Backward with a key mask, as :func:`_masked_forward`."""
-    from .._base import AttentionGrads
-    from ..numpy_attention import attention_backward as numpy_backward
-
-    runs = _key_runs(spec, k.shape[2])
-    if not runs:  # holes (or an empty batch)
-        return numpy_backward(backend, do, q, k, v, theta, skew, spec)
-    dk, dv = np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
-    dq, ds, dal = [], [], []
-    for b, (lo, hi) in enumerate(runs):
-        g = attention_backward(backend, do[b:b + 1], q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:],
-                               theta[b:b + 1], None if skew is None else skew[b:b + 1], _run_spec(spec, b, lo, hi))
-        dq.append(g.dq)
-        dk[b, :, lo:] = g.dk[0]
-        dv[b, :, lo:] = g.dv[0]
-        ds.append(g.drow_scale)
-        dal.append(g.dalpha)
-    return AttentionGrads(np.concatenate(dq), dk, dv, None if ds[0] is None else np.concatenate(ds),
-                          None if dal[0] is None else np.concatenate(dal))
-
-
 def attention_forward(backend, q, k, v, spec):
     """Chunked fused forward (see the module docstring); the NumPy driver's outputs and
     conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
 
-    if spec.key_mask is not None:
-        return _masked_forward(backend, q, k, v, spec)
+    if spec.key_mask is not None:  # fused on each batch's run of keys, or the NumPy driver
+        from ..numpy_attention import attention_forward as numpy_forward
+        from ..numpy_attention import forward_by_key_runs
+
+        return forward_by_key_runs(lambda *a: attention_forward(backend, *a), q, k, v, spec,
+                                   lambda: numpy_forward(backend, q, k, v, spec))
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
@@ -760,7 +701,10 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
     if softmax:
         return numpy_backward(backend, do, q, k, v, theta, skew, spec)
     if spec.key_mask is not None:
-        return _masked_backward(backend, do, q, k, v, theta, skew, spec)
+        from ..numpy_attention import backward_by_key_runs
+
+        return backward_by_key_runs(lambda *a: attention_backward(backend, *a), do, q, k, v, theta, skew, spec,
+                                    lambda: numpy_backward(backend, do, q, k, v, theta, skew, spec))
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
