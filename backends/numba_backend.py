@@ -25,7 +25,10 @@ bound on its scores rules out the keys that cannot reach the support window); th
 left get their exact float64 scores, and one ``nogil`` kernel per chunk applies scale,
 ALiBi and masks, solves each row with the compiled row solver and forms the output and
 skewed output from the support only.  The backward recomputes p from theta on the same
-candidates and works on the support only (dO.v, dQ, and a scatter into dK, dV).
+candidates and works on the support only (dO.v, dQ, and a scatter into dK, dV, and the
+row alpha VJP when dalpha is asked for).  Alpha per head is per row in both kernels; a key
+mask that is one run of keys per batch runs them on the key-sliced problem, a mask with
+holes (and the backward with a softmax head) the NumPy driver with the compiled row solver.
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);

@@ -15,13 +15,15 @@ Per block, in float64 whatever the input dtype:
   touches the keys it can see; otherwise ``key_end = key_length``; the geometry is
   :mod:`entmax_ref.backends.geometry`);
 * ``z_ij = s_i * a_ij + bias_ij`` (ALiBi ``-slope_h * |i + Nk - Nq - j|``), ``-inf`` where
-  ``j > i + Nk - Nq`` under the causal mask;
+  ``j > i + Nk - Nq`` under the causal mask and where ``key_mask[b, j]`` is False;
+  each row solved with its head's alpha (``spec.head_alpha``);
 * forward: ``p, theta = backend.entmax_forward(z)``, ``o_i = sum_j p_ij v_j`` and the
   skewed output ``skew_i = sum_j u_ij v_j / sum_j u_ij`` with ``u = p^(2-alpha)``;
 * backward: ``p = e_alpha(z - theta)`` from the forward's threshold, ``delta_i = dO_i .
   skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)``, then ``dV += p^T dO``,
   ``dQ = scale * (s * dZ) K``, ``dK += scale * (s * dZ)^T Q`` and
-  ``ds_i = sum_j dZ_ij a_ij``.
+  ``ds_i = sum_j dZ_ij a_ij``; with ``spec.alpha_grad`` also dL/dalpha of each row, the
+  backend's row alpha VJP of ``p`` and ``dO . v``.
 
 A row with no visible key gets ``theta = -inf``, support 0, a zero output, a zero skewed
 output and zero gradients.

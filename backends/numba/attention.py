@@ -37,7 +37,15 @@ backward (``bwd_rows`` then ``bwd_scatter``)
     dZ_ij q_i`` over the compacted entries.  When a chunk's support is dense (more than
     :data:`DENSE_FRACTION` of its block) the entries are expanded into dense blocks and dK,
     dV use BLAS.  alpha = 1 (softmax: the support is every visible key) uses the NumPy
-    driver's backward.
+    driver's backward.  With ``spec.alpha_grad`` each row's dL/dalpha is the compiled row alpha
+    VJP (:mod:`entmax_ref.backends.numba.grads`) of the compacted support's ``p`` and
+    ``dO . v_j``.
+
+Alpha per head: every row takes its head's alpha (window, solver, weights); the float32
+filter is used only in chunks without a softmax head.  Key masks: when the keys a batch
+may attend form one run ``lo <= j < hi``, the batch runs as the key-sliced problem
+``k[b, :, lo:]`` with ``hi - lo`` valid keys (:func:`entmax_ref.backends.numpy_attention.
+forward_by_key_runs`); masks with holes use the NumPy driver with the compiled row solver.
 
 Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest first)
 from a queue; each runs single-threaded BLAS and a ``nogil`` kernel on its chunk.  (A
