@@ -317,7 +317,8 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
 
     * causal masking is bottom-right aligned (query i of Nq sees keys j <= i + Nk - Nq, the
       FlashAttention convention, so decoding Nq = 1 against a cache works);
-      ``key_lengths[b]`` masks right padding (keys j >= key_lengths[b]);
+      ``key_lengths[b]`` masks right padding (keys j >= key_lengths[b]) and
+      ``key_padding_mask[b, j] = False`` any key (left padding, holes);
     * ``bias_ij = -slope_h * |i + Nk - Nq - j|`` (ALiBi; with the causal mask this is
       ``-slope_h * (i_abs - j)``), one slope per query head (0 = a NoPE head);
     * ``s_i = delta + beta * log(n_i + offset) ** gamma`` (ASEntmax) when beta and gamma are
@@ -333,12 +334,17 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     q : (B, Hq, Nq, D) array
     k : (B, Hkv, Nk, D) array, Hq a multiple of Hkv (grouped-query heads share k and v)
     v : (B, Hkv, Nk, Dv) array
-    alpha : float
-        Any alpha >= 1 (1 is softmax attention, 2 sparsemax).
+    alpha : float or array of shape () or (Hq,)
+        Any alpha >= 1 (1 is softmax attention, 2 sparsemax); an (Hq,) array gives each
+        query head its own alpha (heads sharing a kv head may differ).
     scale : float or None
         Multiplies q . k; default 1 / sqrt(D).
     causal : bool
     key_lengths : (B,) integers in [0, Nk] or None
+    key_padding_mask : (B, Nk) bool array or None
+        True where key j of batch b may be attended; combines with ``causal`` and
+        ``key_lengths`` (a key is visible when all allow it).  ASEntmax's n counts the
+        visible keys.
     alibi_slopes : (Hq,) floats or None
     beta, gamma, delta : array_like or None
         ASEntmax parameters, broadcast (NumPy rules) against (B, Hq, Nq): per head use
@@ -362,7 +368,8 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     Raises
     ------
     ValueError: shape mismatches (naming the shapes), NaN/inf in q, k, v, alibi_slopes,
-    beta, gamma, delta, alpha < 1, key_lengths out of [0, Nk], beta/gamma not
+    beta, gamma, delta, alpha < 1 or an alpha array not of shape () or (Hq,), key_lengths
+    out of [0, Nk], a key_padding_mask not bool of shape (B, Nk), beta/gamma not
     broadcastable to (B, Hq, Nq), beta without gamma, log(n + offset) <= 0 on a row with
     n > 0 visible keys, a scale that overflows (naming beta, gamma, delta and the row),
     scores that overflow.  Degenerate shapes (head dim 0, value dim 0, no query rows)
@@ -408,7 +415,11 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
     * ``dV_j = sum_i p_ij dO_i``, ``dQ_i = scale * s_i * sum_j dZ_ij k_j``,
       ``dK_j = scale * sum_i s_i dZ_ij q_i`` (summed over the query heads of a kv head);
     * ``dL/ds_i = sum_j dZ_ij * scale * (q_i . k_j)``, chained to beta, gamma and delta by
-      :func:`entmax_ref.asentmax_scale_vjp`.
+      :func:`entmax_ref.asentmax_scale_vjp`;
+    * when ``alpha`` is an array: ``dL/dalpha`` per row is the row transform's alpha VJP
+      (:func:`entmax_ref.entmax_alpha_vjp`) of ``p_i`` and ``dL/dp_ij = dO_i . v_j`` on the
+      support, exact through alpha -> 1, summed over each head's rows (over all rows for
+      a shape () alpha).
 
     ``out`` is used only at alpha = 1 together with ``tau``: there the skewed output is
     the output, so no per-chunk recomputation of it is needed.  A row with nothing to
@@ -416,8 +427,9 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
 
     Returns
     -------
-    AttentionGradients(dq, dk, dv, dbeta, dgamma, ddelta); the last three are None
-    without ASEntmax.
+    AttentionGradients(dq, dk, dv, dbeta, dgamma, ddelta, dalpha); dbeta, dgamma, ddelta
+    are None without ASEntmax; dalpha is float64 shaped like alpha when alpha is an array
+    (shape () or (Hq,)), None when it is a Python or NumPy scalar (no extra work then).
 
     Raises
     ------
