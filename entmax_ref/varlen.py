@@ -23,7 +23,6 @@ import numpy as np
 from . import _validate as V
 from .asentmax import _broadcast, _real, _reduce_to
 from .attention import AttentionGradients, AttentionInfo, _alpha_arg, attention, attention_vjp
-from .backends._base import xp_of
 
 __all__ = ["attention_varlen", "attention_varlen_vjp"]
 
@@ -38,7 +37,7 @@ def _packed(x: Any, name: str, layout: str):
 
 def _offsets(cu: Any, name: str, total: int, total_name: str) -> np.ndarray:
     """Cumulative sequence offsets as an int64 numpy array, checked."""
-    c = np.asarray(cu.get() if hasattr(cu, "get") and not isinstance(cu, np.ndarray) else cu)
+    c = V.to_host(cu)  # a small host parameter, like key_lengths
     if c.ndim != 1 or c.shape[0] < 1:
         raise ValueError(f"{name} must be a 1-D array of shape (num_sequences + 1,), got shape {c.shape}")
     if c.dtype.kind not in "iu":
@@ -89,8 +88,9 @@ class _Packed:
             )
         self.params = None
         if beta is not None and gamma is not None:
-            self.params = {"beta": _real(beta, "beta"), "gamma": _real(gamma, "gamma"),
-                           "delta": _real(delta, "delta")}
+            xp = V.namespace(q)
+            self.params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp),
+                           "delta": _real(delta, "delta", xp)}
             _broadcast(self.params, (self.total_q, self.Hq))
 
     def sequences(self):
@@ -110,7 +110,8 @@ class _Packed:
         if self.params is None:
             return {"beta": beta, "gamma": gamma, "delta": delta}
         shape = (self.total_q, self.Hq)
-        return {name: np.broadcast_to(self.params[name], shape)[q0:q1].T[None]
+        xp = V.namespace(self.q)
+        return {name: xp.broadcast_to(self.params[name], shape)[q0:q1].T[None]
                 for name in ("beta", "gamma", "delta")}
 
 
@@ -173,13 +174,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     [0.0, 1.0, 5.0]
     """
     P = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, alpha, alibi_slopes, beta, gamma, delta, offset)
-    xp = xp_of(P.q)
+    xp = V.namespace(P.q)
     out = xp.zeros((P.total_q, P.Hq, P.Dv), P.out_dtype)
     if return_info:
         tau = xp.full((P.total_q, P.Hq), -np.inf)
         support = xp.zeros((P.total_q, P.Hq), np.int64)
-        s_info = np.full((P.total_q, P.Hq), np.nan if P.params is not None else 1.0)
-        n = np.zeros((P.total_q, P.Hq), np.int64)
+        s_info = xp.full((P.total_q, P.Hq), np.nan if P.params is not None else 1.0)
+        n = xp.zeros((P.total_q, P.Hq), np.int64)
         skew = xp.zeros((P.total_q, P.Hq, P.Dv))
     for _, q0, q1, k0, k1 in P.sequences():
         res = attention(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
@@ -191,8 +192,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
         if info is not None:
             tau[q0:q1] = info.tau[0].T
             support[q0:q1] = info.support[0].T
-            s_info[q0:q1] = np.asarray(info.s)[0].T
-            n[q0:q1] = np.asarray(info.n)[0].T
+            s_info[q0:q1] = info.s[0].T
+            n[q0:q1] = info.n[0].T
             skew[q0:q1] = info.skew[0].transpose(1, 0, 2)
     if not return_info:
         return out
@@ -235,19 +236,21 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, out=N
     expect = (P.total_q, P.Hq, P.Dv)
     if tuple(do.shape) != expect:
         raise ValueError(f"grad_out must have the output's shape {expect} (total_q, Hq, Dv), got {tuple(do.shape)}")
-    if out is not None and tuple(np.shape(out)) != expect:
-        raise ValueError(f"out must have shape {expect} (total_q, Hq, Dv), got {tuple(np.shape(out))}")
-    if tau is not None and tuple(np.shape(tau)) != expect[:2]:
-        raise ValueError(f"tau must have shape {expect[:2]} (total_q, Hq), got {tuple(np.shape(tau))}")
-    xp = xp_of(P.q)
+    out = None if out is None else V.as_array(out)
+    tau = None if tau is None else V.as_array(tau)
+    if out is not None and tuple(out.shape) != expect:
+        raise ValueError(f"out must have shape {expect} (total_q, Hq, Dv), got {tuple(out.shape)}")
+    if tau is not None and tuple(tau.shape) != expect[:2]:
+        raise ValueError(f"tau must have shape {expect[:2]} (total_q, Hq), got {tuple(tau.shape)}")
+    xp = V.namespace(P.q)
 
     def like(x):
         _, odt = V.compute_dtype(x, "x")
         return xp.zeros(x.shape, odt)
 
     dq, dk, dv = like(P.q), like(P.k), like(P.v)
-    dscale = None if P.params is None else {name: np.zeros((P.total_q, P.Hq)) for name in P.params}
-    dalpha = None if P.alpha_shape is None else np.zeros(P.alpha_shape)
+    dscale = None if P.params is None else {name: xp.zeros((P.total_q, P.Hq)) for name in P.params}
+    dalpha = None
     for _, q0, q1, k0, k1 in P.sequences():
         kw = P.scale_params(q0, q1, beta, gamma, delta)
         g = attention_vjp(P.heads_first(do, q0, q1), P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1),
@@ -261,9 +264,11 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, out=N
         dv[k0:k1] = g.dv[0].transpose(1, 0, 2)
         if dscale is not None:
             for name, part in zip(("beta", "gamma", "delta"), (g.dbeta, g.dgamma, g.ddelta)):
-                dscale[name][q0:q1] = np.broadcast_to(part, (1, P.Hq, q1 - q0))[0].T
-        if dalpha is not None:
-            dalpha += g.dalpha
+                dscale[name][q0:q1] = V.namespace(part).broadcast_to(part, (1, P.Hq, q1 - q0))[0].T
+        if g.dalpha is not None:
+            dalpha = g.dalpha if dalpha is None else dalpha + g.dalpha
+    if dalpha is None and P.alpha_shape is not None:  # no sequence has a query
+        dalpha = V.namespace(alpha).asarray(np.zeros(P.alpha_shape))
     if dscale is None:
         return AttentionGradients(dq, dk, dv, dalpha=dalpha)
     red = {name: _reduce_to(dscale[name], P.params[name].shape) for name in dscale}
