@@ -18,6 +18,16 @@ from test_attention import EPS, Dense, grad_tols, out_tol, tau_tol, weights
 import entmax_ref as er
 
 
+@pytest.fixture(autouse=True)
+def _cpu_engines_only(request):
+    """These tests hand NumPy data to the CPU engines.  The cupy backend takes one-run
+    key masks only (tests/test_cupy_backend.py::test_attention_key_padding_runs) and the
+    strict stand-in array type is covered by tests/test_strict_array.py."""
+    name = getattr(request.node, "callspec", None) and request.node.callspec.params.get("backend")
+    if name not in (None, "numpy", "numba"):
+        pytest.skip(f"{name}: covered by test_cupy_backend.py / test_strict_array.py")
+
+
 # --------------------------------------------------------------------------- dense references
 def visibility(B, Nq, Nk, *, causal=False, key_lengths=None, key_padding_mask=None):
     """(B, 1, Nq, Nk) bool: key j visible to query i of batch b (written out directly)."""
