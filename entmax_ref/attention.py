@@ -186,7 +186,8 @@ def _alpha_arg(alpha: Any, Hq: int, q_shape: tuple) -> tuple[float, Any, tuple |
             raise ValueError(f"alpha must be >= 1, got {a!r}")
         return a, None, None
     arr = V.to_host(alpha)  # a small host parameter (one value per head)
-    if arr.dtype.kind not in "fiu" or arr.shape not in ((), (Hq,)):
+    real = arr.dtype.kind in "fiu" or np.dtype(arr.dtype).name in V._LOW_PRECISION  # bfloat16 etc. too
+    if not real or arr.shape not in ((), (Hq,)):
         raise ValueError(
             f"alpha must be a scalar or one value per query head, shape () or ({Hq},) for q "
             f"{tuple(q_shape)}; got dtype {arr.dtype} and shape {tuple(arr.shape)}"
