@@ -61,10 +61,36 @@ class AttentionSpec:
 
 
 class AttentionForward(NamedTuple):
+    """What an attention forward returns.  ``theta``, ``row_max``, ``edge`` and ``edge_p``
+    are the backward's residual (see :class:`AttentionResidual`)."""
+
     out: Any  #: (B, Hq, Nq, Dv), dtype of q
     theta: Any  #: (B, Hq, Nq) float64, x-space threshold of each score row (-inf if empty)
     support: Any  #: (B, Hq, Nq) int64
     skew: Any  #: (B, Hq, Nq, Dv) float64 skewed output sum_j u_ij v_j / sum_j u_ij, u = p^(2-alpha)
+    row_max: Any = None  #: (B, Hq, Nq) float64 largest score m of each row (-inf if empty)
+    edge: Any = None  #: (B, Hq, Nq) float64 c = min over the support of (z_j - m) (-inf if empty)
+    edge_p: Any = None  #: (B, Hq, Nq) float64 q, the probability of that entry (0 if empty)
+
+
+class AttentionResidual(NamedTuple):
+    """Per score row, what the backward needs to rebuild the forward's probabilities exactly
+    (each (B, Hq, Nq) float64; an :class:`AttentionForward` has the same fields).
+
+    alpha <= 2: ``p_j = e_alpha(z_j - theta)`` (dp/dtheta = -p^(2-alpha) is bounded, so
+    theta's last-bit rounding moves p by about one rounding).  alpha > 2: dp/dtheta is
+    unbounded at the support's edge, and theta cannot resolve the edge entry's probability
+    (its gap ``q^(alpha-1) / (alpha-1)`` to theta is below theta's ulp, or below the float64
+    range), so the rows are rebuilt as the row solvers write them, relative to the row's
+    smallest support entry: with ``d_j = (z_j - row_max) - edge`` (the solvers' own
+    operations), ``p_j = (a1 d_j + edge_p^a1)^(1/a1)`` for ``d_j > 0`` (in log space),
+    ``edge_p`` at ``d_j = 0`` and 0 below.  Empty rows: theta = row_max = edge = -inf,
+    edge_p = 0.  ``row_max``, ``edge`` and ``edge_p`` may be None for alpha <= 2."""
+
+    theta: Any
+    row_max: Any = None
+    edge: Any = None
+    edge_p: Any = None
 
 
 class AttentionGrads(NamedTuple):
@@ -117,9 +143,11 @@ class Backend(Protocol):
         """Chunked attention forward; never holds an (Nq, Nk) matrix."""
 
     def attention_backward(
-        self, do: Any, q: Any, k: Any, v: Any, theta: Any, skew: Any, spec: AttentionSpec
+        self, do: Any, q: Any, k: Any, v: Any, res: Any, skew: Any, spec: AttentionSpec
     ) -> AttentionGrads:
-        """Chunked attention backward from the forward's theta and skewed output."""
+        """Chunked attention backward from the forward's residual ``res`` (an
+        :class:`AttentionResidual` or :class:`AttentionForward`) and skewed output (None:
+        recomputed)."""
 
 
 def is_cupy(x: Any) -> bool:

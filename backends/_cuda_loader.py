@@ -46,6 +46,7 @@ KERNELS: dict[str, tuple[str, ...]] = {
         "attn_backward_warp",
         "attn_backward_block",
         "attn_probs_from_theta_block",
+        "attn_probs_from_edge_block",
     ),
 }
 #: Scalar types every template is instantiated for.

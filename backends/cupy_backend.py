@@ -20,7 +20,8 @@ g++ harness (``cuda/harness.cpp``, ``tests/test_cuda_core.py``) runs on the CPU:
   same answers as the sort-based reference up to rounding (checked on the CPU by
   ``tests/test_cuda_family_core.py``);
 * attention: query chunks, ``cupy.matmul`` (cuBLAS) for the products, raw kernels for
-  the row solves and the backward's elementwise work; theta and the skewed output are
+  the row solves and the backward's elementwise work; theta, the edge residual (row max,
+  edge, edge probability: p is rebuilt from it for alpha > 2) and the skewed output are
   kept per row, memory is O(chunk x Nk).
 
 Methods (see :mod:`entmax_ref.backends.capabilities`): ``None`` (the default solvers
@@ -126,7 +127,7 @@ class CupyBackend:
 
     def _attn_kernel(self, name: str, n_keys: int, rows: int, scalar: str):
         t = self.tuning
-        if n_keys <= t.warp_max_n and name != "attn_probs_from_theta":
+        if n_keys <= t.warp_max_n and not name.startswith("attn_probs_from_"):
             per = t.warps_per_block
             return L.get_kernel(_ATTN, f"{name}_warp", scalar), ((rows + per - 1) // per,), (32 * per,)
         return L.get_kernel(_ATTN, f"{name}_block", scalar), (rows,), (t.block,)
@@ -271,6 +272,9 @@ class CupyBackend:
         skew = cupy.zeros((B, Hq, Nq, Dv), np.float64)
         theta = cupy.full((B, Hq, Nq), -np.inf, np.float64)
         support = cupy.zeros((B, Hq, Nq), np.int64)
+        row_max = cupy.full((B, Hq, Nq), -np.inf, np.float64)
+        edge = cupy.full((B, Hq, Nq), -np.inf, np.float64)
+        edge_p = cupy.zeros((B, Hq, Nq), np.float64)
         bad = cupy.zeros(1, np.int32)
         q5 = qc.reshape(B, Hkv, G, Nq, D)
         for i0, i1, kend in chunk_bounds(max_len, Nq, Nk, chunk, spec.causal):
@@ -285,7 +289,7 @@ class CupyBackend:
             kernel(grid, block, (s, u, np.int64(rows), np.int32(kend), np.int32(cc), np.int32(Hq), np.int64(i0),
                                  np.int64(Nq), np.int64(offset), np.float64(spec.scale), np.float64(spec.alpha),
                                  prm["row_scale"], prm["slopes"], prm["lengths"], np.int32(bool(spec.causal)),
-                                 np.int32(self.tuning.max_iter), theta, support, su, bad))
+                                 np.int32(self.tuning.max_iter), theta, support, su, row_max, edge, edge_p, bad))
             o = cupy.matmul(s, vv)  # p v
             out[:, :, i0:i1] = o.reshape(B, Hq, cc, Dv)
             if spec.alpha == 1.0:
@@ -295,7 +299,7 @@ class CupyBackend:
                 sk = cupy.where(sum_u > 0, cupy.matmul(u, vv).astype(np.float64) / cupy.where(sum_u > 0, sum_u, 1.0), 0.0)
             skew[:, :, i0:i1] = sk.reshape(B, Hq, cc, Dv)
         self._check(bad)
-        return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
+        return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
     @staticmethod
     def _check(bad) -> None:
@@ -306,15 +310,21 @@ class CupyBackend:
         if status == 2:
             raise RuntimeError("an attention row did not converge within CupyTuning.max_iter solver passes")
 
-    def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
+    def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
+        """From the forward's residual ``res``: theta, and for alpha > 2 the edge (row_max,
+        edge, edge_p), from which the kernels rebuild p as the row solver wrote it."""
         if spec.key_mask is not None:
-            return backward_by_key_runs(self.attention_backward, do, q, k, v, theta, skew, spec,
+            return backward_by_key_runs(self.attention_backward, do, q, k, v, res, skew, spec,
                                         lambda: self._attn_setup(q, k, v, spec))
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
         offset = key_offset(Nq, Nk)
         doc = cupy.ascontiguousarray(do, dtype=cdt)
-        th = _device(theta, np.float64)
+        th = _device(res.theta, np.float64)
+        if spec.alpha > 2.0 and (res.row_max is None or res.edge is None or res.edge_p is None):
+            raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
+        # not read for alpha <= 2 (any array of the right shape will do)
+        resid = tuple(th if a is None else _device(a, np.float64) for a in (res.row_max, res.edge, res.edge_p))
         skew_all = None if skew is None else _device(skew, np.float64)
         dq = cupy.zeros((B, Hq, Nq, D), cdt)
         dk = cupy.zeros((B, Hkv, Nk, D), cdt)
@@ -336,8 +346,12 @@ class CupyBackend:
                 p = s.copy()
                 u = cupy.empty_like(s)
                 su = cupy.empty(rows, np.float64)
-                kernel, grid, block = self._attn_kernel("attn_probs_from_theta", kend, rows, scalar)
-                kernel(grid, block, (p, u, *head, *common_tail, th, su))
+                if spec.alpha > 2.0:
+                    kernel, grid, block = self._attn_kernel("attn_probs_from_edge", kend, rows, scalar)
+                    kernel(grid, block, (p, u, *head, *common_tail, th, *resid, su))
+                else:
+                    kernel, grid, block = self._attn_kernel("attn_probs_from_theta", kend, rows, scalar)
+                    kernel(grid, block, (p, u, *head, *common_tail, th, su))
                 if spec.alpha == 1.0:
                     sk = cupy.matmul(p, vv).astype(np.float64)
                 else:
@@ -349,7 +363,7 @@ class CupyBackend:
             delta = cupy.ascontiguousarray((doch.astype(np.float64) * sk).sum(axis=-1)).reshape(rows)
             dp = cupy.ascontiguousarray(cupy.matmul(doch, vv.transpose(0, 1, 3, 2)))  # dO v^T
             kernel, grid, block = self._attn_kernel("attn_backward", kend, rows, scalar)
-            kernel(grid, block, (s, dp, *head, *common_tail, th, delta, _NULL if ds is None else ds))
+            kernel(grid, block, (s, dp, *head, *common_tail, th, *resid, delta, _NULL if ds is None else ds))
             # s now holds p, dp holds s_i * dZ.
             dv[:, :, :kend] += cupy.matmul(s.transpose(0, 1, 3, 2), doch)
             dq[:, :, i0:i1] = (spec.scale * cupy.matmul(dp, kk)).reshape(B, Hq, cc, D)

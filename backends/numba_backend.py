@@ -24,11 +24,20 @@ worker threads.  Per chunk one float32 BLAS product serves as a rigorous filter 
 bound on its scores rules out the keys that cannot reach the support window); the keys
 left get their exact float64 scores, and one ``nogil`` kernel per chunk applies scale,
 ALiBi and masks, solves each row with the compiled row solver and forms the output and
-skewed output from the support only.  The backward recomputes p from theta on the same
-candidates and works on the support only (dO.v, dQ, and a scatter into dK, dV, and the
-row alpha VJP when dalpha is asked for).  Alpha per head is per row in both kernels; a key
-mask that is one run of keys per batch runs them on the key-sliced problem, a mask with
-holes (and the backward with a softmax head) the NumPy driver with the compiled row solver.
+skewed output from the support only.  The backward rebuilds p on the same candidates from
+the forward's residual (theta; for alpha > 2 the support's edge, as the row solvers write
+it) and works on the support only (dO.v, dQ, and a scatter into dK, dV, and the row alpha
+VJP when dalpha is asked for).  Alpha per head is per row in both kernels (each row rebuilt
+by its own alpha's rule); a key mask that is one run of keys per batch runs them on the
+key-sliced problem, a mask with holes (and the backward with a softmax head) the NumPy
+driver with the compiled row solver.
+
+Threads: the row kernels run under ``prange`` on numba's threading layer.  Concurrent calls
+from several Python threads are safe: with a thread-safe layer (tbb, omp) they run
+concurrently, with ``workqueue`` (not thread-safe; numba's fallback when neither TBB nor
+OpenMP is installed) the parallel launches are serialised behind a lock (:func:`_launch`).
+The attention's worker threads run only ``nogil`` serial kernels and BLAS (held at one
+thread while attention calls run, through threadpoolctl, and restored after the last).
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);
@@ -42,6 +51,8 @@ with an empty cache the row solver compiles once per input dtype (about 17 s for
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 
@@ -51,6 +62,36 @@ from .numba import grads as _grads
 from .numba import rows as _rows
 
 _METHODS = {None: _rows.METHOD_DEFAULT, "bisect": _rows.METHOD_BISECT, "newton": _rows.METHOD_NEWTON}
+
+
+#: Numba threading layers that may launch parallel kernels from several Python threads at
+#: once.  ``workqueue`` (numba's fallback where neither TBB nor OpenMP is installed) is not
+#: one of them: concurrent launches abort the process ("Concurrent access has been
+#: detected").
+THREADSAFE_LAYERS = frozenset({"tbb", "omp"})
+
+_LAUNCH_LOCK = threading.Lock()
+_layer_safe: bool | None = None  # unknown until the first parallel kernel has run
+
+
+def _launch(kernel, *args) -> None:
+    """Run a ``parallel=True`` kernel, serialised behind a lock unless numba's threading
+    layer is thread-safe.  The layer is only known once a parallel kernel has run (numba
+    picks it then, from ``NUMBA_THREADING_LAYER`` and what is installed), so the first
+    launch is always serialised; after it, ``numba.threading_layer()`` decides: tbb and
+    omp run concurrently, anything else (workqueue) stays behind the lock, so concurrent
+    calls from several Python threads never abort the process."""
+    global _layer_safe
+    if _layer_safe:
+        kernel(*args)
+        return
+    with _LAUNCH_LOCK:
+        kernel(*args)
+        if _layer_safe is None:
+            try:
+                _layer_safe = numba.threading_layer() in THREADSAFE_LAYERS
+            except ValueError:  # no parallel region has run (cannot happen after a launch)
+                pass
 
 
 def _as_rows(a: np.ndarray) -> np.ndarray:
@@ -85,7 +126,8 @@ class NumbaBackend:
         n_iter = np.empty(rows, np.int64)
         converged = np.empty(rows, np.bool_)
         if rows:
-            _rows.entmax_rows(x, alpha, _METHODS[method], out, theta, support, n_iter, converged, 8 * numba.get_num_threads())
+            _launch(_rows.entmax_rows, x, alpha, _METHODS[method], out, theta, support, n_iter, converged,
+                    8 * numba.get_num_threads())
         return RowSolve(out, theta, support, n_iter, converged)
 
     def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -95,7 +137,7 @@ class NumbaBackend:
         alpha = _as_alpha(alpha, p.shape[0])
         dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
-            _grads.entmax_vjp_rows(p, g, alpha, dx)
+            _launch(_grads.entmax_vjp_rows, p, g, alpha, dx)
         return dx
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -105,7 +147,7 @@ class NumbaBackend:
         alpha = _as_alpha(alpha, p.shape[0])
         out = np.empty(p.shape[0], np.float64)
         if p.shape[0]:
-            _grads.entmax_alpha_vjp_rows(p, g, alpha, out)
+            _launch(_grads.entmax_alpha_vjp_rows, p, g, alpha, out)
         return out
 
     def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
@@ -122,7 +164,7 @@ class NumbaBackend:
         n_iter = np.empty(rows, np.int64)
         converged = np.empty(rows, np.bool_)
         if rows:
-            _nm.normmax_rows(x, alpha, out, tau, support, n_iter, converged, 8 * numba.get_num_threads())
+            _launch(_nm.normmax_rows, x, alpha, out, tau, support, n_iter, converged, 8 * numba.get_num_threads())
         return RowSolve(out, tau, support, n_iter, converged)
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -134,7 +176,7 @@ class NumbaBackend:
         alpha = _as_alpha(alpha, p.shape[0])
         dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
-            _nm.normmax_vjp_rows(p, g, alpha, dx)
+            _launch(_nm.normmax_vjp_rows, p, g, alpha, dx)
         return dx
 
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
@@ -151,7 +193,7 @@ class NumbaBackend:
         tau = np.empty(rows, np.float64)
         support = np.empty(rows, np.int64)
         if rows:
-            _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())
+            _launch(_bs.budget_rows, x, budget, out, tau, support, 8 * numba.get_num_threads())
         return RowSolve(out, tau, support, np.zeros(rows, np.int64), np.ones(rows, np.bool_))
 
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -162,7 +204,7 @@ class NumbaBackend:
             raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
         dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
-            _bs.budget_vjp_rows(p, g, dx)
+            _launch(_bs.budget_vjp_rows, p, g, dx)
         return dx
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
@@ -172,9 +214,9 @@ class NumbaBackend:
 
         return attention_forward(self, q, k, v, spec)
 
-    def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
+    def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         """The support-only chunked backward of :mod:`entmax_ref.backends.numba.attention`
         (the NumPy driver's at alpha = 1, where the support is dense)."""
         from .numba.attention import attention_backward
 
-        return attention_backward(self, do, q, k, v, theta, skew, spec)
+        return attention_backward(self, do, q, k, v, res, skew, spec)

@@ -19,11 +19,19 @@ Per block, in float64 whatever the input dtype:
   each row solved with its head's alpha (``spec.head_alpha``);
 * forward: ``p, theta = backend.entmax_forward(z)``, ``o_i = sum_j p_ij v_j`` and the
   skewed output ``skew_i = sum_j u_ij v_j / sum_j u_ij`` with ``u = p^(2-alpha)``;
-* backward: ``p = e_alpha(z - theta)`` from the forward's threshold, ``delta_i = dO_i .
-  skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)``, then ``dV += p^T dO``,
-  ``dQ = scale * (s * dZ) K``, ``dK += scale * (s * dZ)^T Q`` and
-  ``ds_i = sum_j dZ_ij a_ij``; with ``spec.alpha_grad`` also dL/dalpha of each row, the
-  backend's row alpha VJP of ``p`` and ``dO . v``.
+* the forward also keeps each row's residual (:class:`~entmax_ref.backends._base.AttentionResidual`):
+  theta, the row maximum ``m``, the edge ``c = min_{p_j > 0} (z_j - m)`` and its
+  probability ``q`` (read off the solver's p, which is ``q`` exactly at the edge);
+* backward: p rebuilt from the residual exactly as the row solver wrote it
+  (``e_alpha(z - theta)`` for alpha <= 2, edge-relative for alpha > 2, where theta cannot
+  resolve the edge entry), then ``dZ = backend.entmax_vjp(p, dO V^T)`` row by row (the
+  row VJP, overflow-free for alpha > 2), ``dV += p^T dO``, ``dQ = scale * (s * dZ) K``,
+  ``dK += scale * (s * dZ)^T Q`` and ``ds_i = sum_j dZ_ij a_ij`` (summed as
+  ``sum_j dZ_ij (a_ij - a_im)``, m the entry of largest u; see :func:`_row_scale_grad`).  (The reference does
+  not need the skewed output: the row VJP forms ``sum_j u_ij (dO_i . v_j) / sum_j u_ij``
+  itself.)  Each row is rebuilt and differentiated with its own alpha (its head's);
+  with ``spec.alpha_grad`` also dL/dalpha of each row, the backend's row alpha VJP of the
+  rebuilt ``p`` and ``dO . v``.
 
 A row with no visible key gets ``theta = -inf``, support 0, a zero output, a zero skewed
 output and zero gradients.
@@ -41,8 +49,8 @@ from dataclasses import replace
 import numpy as np
 
 from . import geometry
-from ._base import AttentionForward, AttentionGrads, AttentionSpec, xp_of
-from .numpy_backend import e_alpha, skew_weights
+from ._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, xp_of
+from .numpy_backend import _edge_p, _normalised_skew, e_alpha, skew_weights
 
 #: Bytes of one float64 ``(rows, keys)`` score block when the chunk is chosen
 #: automatically.  The row solver and the backward hold about 10-20 such blocks at once,
@@ -114,26 +122,31 @@ def run_spec(spec: AttentionSpec, b: int, lo: int, hi: int) -> AttentionSpec:
 def forward_by_key_runs(forward, q, k, v, spec: AttentionSpec, otherwise):
     """A masked forward as one unmasked ``forward(q, k, v, spec)`` per batch on its run
     of keys (:func:`key_runs`); ``otherwise()`` when the mask has holes.  Works on the
-    backend's array type."""
+    backend's array type.  The residual fields (theta, row_max, edge, edge_p) are
+    per query row, so the per-batch pieces concatenate into the whole problem's."""
     runs = key_runs(spec, k.shape[2])
     if runs is None:
         return otherwise()
     xp = xp_of(q)
     parts = [forward(q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], run_spec(spec, b, lo, hi))
              for b, (lo, hi) in enumerate(runs)]
-    return AttentionForward(*(xp.concatenate(field) for field in zip(*parts)))
+    return AttentionForward(*(None if field[0] is None else xp.concatenate(field) for field in zip(*parts)))
 
 
-def backward_by_key_runs(backward, do, q, k, v, theta, skew, spec: AttentionSpec, otherwise):
-    """The backward of :func:`forward_by_key_runs`: ``backward(do, q, k, v, theta, skew,
-    spec)`` per batch on its run of keys, dK and dV scattered back (0 off the run)."""
+def backward_by_key_runs(backward, do, q, k, v, res, skew, spec: AttentionSpec, otherwise):
+    """The backward of :func:`forward_by_key_runs`: ``backward(do, q, k, v, res_b, skew_b,
+    spec_b)`` per batch on its run of keys (``res_b`` the batch's slice of the
+    :class:`~entmax_ref.backends._base.AttentionResidual`), dK and dV scattered back (0 off
+    the run)."""
     runs = key_runs(spec, k.shape[2])
     if runs is None:
         return otherwise()
     xp = xp_of(q)
     parts = []
     for b, (lo, hi) in enumerate(runs):
-        parts.append(backward(do[b:b + 1], q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], theta[b:b + 1],
+        res_b = AttentionResidual(*(None if f is None else f[b:b + 1]
+                                    for f in (res.theta, res.row_max, res.edge, res.edge_p)))
+        parts.append(backward(do[b:b + 1], q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], res_b,
                               None if skew is None else skew[b:b + 1], run_spec(spec, b, lo, hi)))
     dk = xp.zeros(k.shape, parts[0].dk.dtype)
     dv = xp.zeros(v.shape, parts[0].dv.dtype)
@@ -149,11 +162,21 @@ def backward_by_key_runs(backward, do, q, k, v, theta, skew, spec: AttentionSpec
 
 
 def _weights(p: np.ndarray, alpha) -> np.ndarray:
-    """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1);
-    ``alpha`` a float or a (rows, 1) array."""
+    """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1), up to a
+    per-row factor: for alpha > 2, where u is unbounded at the support's edge and
+    overflows, u / max u (computed in log space); the skewed output is a ratio of sums of
+    them, so the factor cancels.  ``alpha`` a float or a (rows, 1) array."""
     if np.ndim(alpha) == 0:
-        return p if alpha == 1.0 else skew_weights(p, alpha)
-    return np.where(alpha == 1.0, p, skew_weights(p, alpha))
+        if alpha == 1.0:
+            return p
+        if alpha > 2.0:
+            return _normalised_skew(p, alpha)
+        return skew_weights(p, alpha)
+    u = np.where(alpha == 1.0, p, skew_weights(p, alpha))
+    big = alpha[:, 0] > 2.0
+    if big.any():
+        u[big] = _normalised_skew(p[big], alpha[big])
+    return u
 
 
 def row_alpha(spec: AttentionSpec, h0: int, group: int, nc: int) -> np.ndarray:
@@ -162,6 +185,87 @@ def row_alpha(spec: AttentionSpec, h0: int, group: int, nc: int) -> np.ndarray:
     if spec.head_alpha is None:
         return np.full(group * nc, float(spec.alpha))
     return np.repeat(np.asarray(spec.head_alpha[h0:h0 + group], _F64), nc)
+
+
+def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha) -> np.ndarray:
+    """``ds_i = sum_j dZ_ij a_ij``, as ``sum_j dZ_ij (a_ij - a_im)`` with m the first entry
+    of largest u = p^(2-alpha) (equal: the dZ of a row sum to 0).  For alpha > 2, dZ is
+    huge at the support's edge, where the a_ij nearly agree; the shifted sum does not
+    cancel those terms against each other, the plain one loses all its digits.  ``alpha``
+    a float or a (rows, 1) array."""
+    rows = np.arange(p.shape[0])
+    on = p > 0
+    with np.errstate(divide="ignore"):
+        lu = np.where(on, (2.0 - alpha) * np.log(np.where(on, p, 1.0)), -np.inf)
+    a_ref = a[rows, lu.argmax(axis=1)] if a.shape[1] else np.zeros(len(rows))
+    return np.einsum("rj,rj->r", dz, a - a_ref[:, None])
+
+
+def edge_residual(z: np.ndarray, p: np.ndarray):
+    """Per row of a score block and its float64 probabilities: the row maximum ``m``, the
+    edge ``c = min_{p_j > 0} (z_j - m)`` (computed as the row solvers compute ``y = x - m``)
+    and its probability ``q`` (-inf, -inf, 0 for a row without support).  For alpha > 2 the
+    solvers write ``p_j = q`` exactly where ``z_j - m = c``, so ``(m, c, q)`` rebuild every
+    p of the row bit for bit (:func:`rebuild_p`)."""
+    rows = np.arange(z.shape[0])
+    m = z.max(axis=1, initial=-np.inf)
+    on = p > 0
+    live = on.any(axis=1)
+    with np.errstate(invalid="ignore"):
+        y = np.where(on, z - np.where(live, m, 0.0)[:, None], np.inf)
+    j = y.argmin(axis=1) if y.shape[1] else np.zeros(len(rows), np.int64)
+    c = np.where(live, y[rows, j] if y.shape[1] else 0.0, -np.inf)
+    q = np.where(live, p[rows, j] if y.shape[1] else 0.0, 0.0)
+    return np.where(live, m, -np.inf), c, q
+
+
+def rebuild_p(z: np.ndarray, alpha, theta: np.ndarray, m=None, c=None, q=None) -> np.ndarray:
+    """The forward's probabilities of a score block from its residual (rows of ``z`` with
+    theta = -inf get 0): ``e_alpha(z - theta)`` for alpha <= 2; for alpha > 2 the row
+    solvers' edge-relative form ``p = (a1 d + q^a1)^(1/a1)``, ``d = (z - m) - c``
+    (:func:`entmax_ref.backends.numpy_backend._edge_p`).  ``alpha`` a float or a (rows,)
+    array (alpha per row, e.g. per query head): each row is rebuilt by its own rule."""
+    live = np.isfinite(theta)
+    if np.ndim(alpha) == 0:
+        if alpha <= 2.0:
+            return _rebuild_theta(z, alpha, theta, live)
+        return _rebuild_edge(z, np.full(z.shape[0], alpha - 1.0), live, m, c, q)
+    alpha = np.asarray(alpha, _F64)
+    big = alpha > 2.0
+    if not big.any():
+        return _rebuild_theta(z, alpha[:, None], theta, live)
+    p = np.empty(z.shape, _F64)
+    small = ~big
+    if small.any():
+        p[small] = _rebuild_theta(z[small], alpha[small, None], theta[small], live[small])
+    if m is None or c is None or q is None:
+        raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
+    p[big] = _rebuild_edge(z[big], alpha[big] - 1.0, live[big], m[big], c[big], q[big])
+    return p
+
+
+def _rebuild_theta(z, alpha, theta, live):
+    """:func:`rebuild_p` for alpha <= 2 (alpha a float or (rows, 1))."""
+    th = np.where(live, theta, np.inf)  # empty rows: p = e_alpha(-inf) = 0
+    with np.errstate(invalid="ignore"):
+        return e_alpha(z - th[:, None], alpha)
+
+
+def _rebuild_edge(z, a1, live, m, c, q):
+    """:func:`rebuild_p` for alpha > 2, a1 = alpha - 1 of each row, shape (rows,)."""
+    if m is None or c is None or q is None:
+        raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
+    mm = np.where(live, m, 0.0)[:, None]
+    cc = np.where(live, c, 0.0)[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.where(live[:, None], (z - mm) - cc, -np.inf)
+        # scores computed elsewhere (another engine, another BLAS order) may differ by an
+        # ulp: an entry within rounding of the edge is the edge (p = q)
+        tie = np.isfinite(d) & (np.abs(d) <= 8.0 * np.finfo(_F64).eps * (np.abs(z) + np.abs(mm)))
+        d = np.where(tie, 0.0, d)
+        on = d > 0
+        Ld = np.where(on, np.log(np.where(on, a1[:, None] * d, 1.0)), -np.inf)
+        return _edge_p(Ld, d, np.where(live, q, 0.0), a1)
 
 
 def _skewed(u: np.ndarray, vv: np.ndarray) -> np.ndarray:
@@ -217,6 +321,9 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     skew = np.zeros((B, Hq, Nq, Dv), _F64)
     theta = np.full((B, Hq, Nq), -np.inf)
     support = np.zeros((B, Hq, Nq), np.int64)
+    row_max = np.full((B, Hq, Nq), -np.inf)
+    edge = np.full((B, Hq, Nq), -np.inf)
+    edge_p = np.zeros((B, Hq, Nq))
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
@@ -230,18 +337,26 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
         theta[b, h0:h0 + group, i0:i1] = np.asarray(res.theta, _F64).reshape(shape)
         support[b, h0:h0 + group, i0:i1] = np.asarray(res.support).reshape(shape)
-    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
+        m, c, qe = edge_residual(blk.z, p)
+        row_max[b, h0:h0 + group, i0:i1] = m.reshape(shape)
+        edge[b, h0:h0 + group, i0:i1] = c.reshape(shape)
+        edge_p[b, h0:h0 + group, i0:i1] = qe.reshape(shape)
+    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
 
 def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                       theta: np.ndarray, skew, spec: AttentionSpec) -> AttentionGrads:
-    """Chunked backward from the forward's theta (and skewed output, recomputed per chunk
-    when ``skew`` is None); see the module docstring.  dq, dk, dv come back in the dtypes
-    of q, k, v; drow_scale is float64 (None when ``spec.row_scale`` is None)."""
+                       res, skew, spec: AttentionSpec) -> AttentionGrads:
+    """Chunked backward from the forward's residual ``res`` (theta, and for alpha > 2 the
+    edge: row_max, edge, edge_p; see :func:`rebuild_p`; with ``spec.head_alpha`` each row
+    by its head's alpha); see the module docstring.  The skewed output is not needed here
+    (``skew`` is accepted for the backend contract).  dq, dk, dv come back in the dtypes of
+    q, k, v; drow_scale and dalpha are float64 (None when ``spec.row_scale`` is None,
+    resp. unless ``spec.alpha_grad``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = geometry.key_offset(Nq, Nk)
+    big = spec.alpha > 2.0 if spec.head_alpha is None else bool(np.any(np.asarray(spec.head_alpha) > 2.0))
     dq = np.zeros((B, Hq, Nq, D), _F64)
     dk = np.zeros((B, Hkv, Nk, D), _F64)
     dv = np.zeros((B, Hkv, Nk, Dv), _F64)
@@ -253,26 +368,24 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
         qc = np.asarray(q[sl], _F64).reshape(-1, D)
         doc = np.asarray(do[sl], _F64).reshape(-1, Dv)
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
-        th = np.asarray(theta[sl], _F64).reshape(-1)
-        # Empty rows (theta = -inf) get p = 0: shift them by +inf instead.
-        th = np.where(np.isfinite(th), th, np.inf)
+
+        def rows_of(a):
+            return None if a is None else np.asarray(a[sl], _F64).reshape(-1)
+
         a_rows = row_alpha(spec, h0, group, i1 - i0)
         a_col = float(spec.alpha) if spec.head_alpha is None else a_rows[:, None]
-        with np.errstate(invalid="ignore"):
-            p = e_alpha(blk.z - th[:, None], a_col)
-        u = _weights(p, a_col)
-        if skew is None:
-            sk = _skewed(u, vv)
+        if big:
+            p = rebuild_p(blk.z, a_rows if spec.head_alpha is not None else spec.alpha, rows_of(res.theta),
+                          rows_of(res.row_max), rows_of(res.edge), rows_of(res.edge_p))
         else:
-            sk = np.asarray(skew[sl], _F64).reshape(-1, Dv)
-        delta = np.einsum("rd,rd->r", doc, sk)
+            p = rebuild_p(blk.z, a_rows if spec.head_alpha is not None else spec.alpha, rows_of(res.theta))
         gp = doc @ vv.T  # dL/dp_ij = dO_i . v_j
-        dz = u * (gp - delta[:, None])
+        dz = np.asarray(backend.entmax_vjp(p, gp, a_rows), _F64)
         if dalpha is not None:  # the row transform's alpha VJP, on the support of p
             dalpha[sl] = np.asarray(backend.entmax_alpha_vjp(p, gp, a_rows), _F64).reshape(group, i1 - i0)
         dv[b, hk, :key_end] += p.T @ doc
         if ds is not None:
-            ds[sl] = np.einsum("rj,rj->r", dz, blk.a).reshape(group, i1 - i0)
+            ds[sl] = _row_scale_grad(dz, blk.a, p, a_col).reshape(group, i1 - i0)
             da = dz * blk.s[:, None]
         else:
             da = dz

@@ -424,7 +424,7 @@ class NumpyBackend:
 
         return attention_forward(self, q, k, v, spec)
 
-    def attention_backward(self, do, q, k, v, theta, skew, spec: AttentionSpec) -> AttentionGrads:
+    def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         from .numpy_attention import attention_backward
 
-        return attention_backward(self, do, q, k, v, theta, skew, spec)
+        return attention_backward(self, do, q, k, v, res, skew, spec)

@@ -20,7 +20,7 @@ from ._interop import public
 from .asentmax import _broadcast, _real, _scale_vjp
 from .asentmax import row_scale as row_scale_of
 from .backends import geometry, resolve_backend
-from .backends._base import AttentionForward, AttentionGrads, AttentionSpec, tau_to_theta, theta_to_tau, xp_of
+from .backends._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, tau_to_theta, theta_to_tau, xp_of
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,19 @@ class AttentionInfo:
     skew : float64 (B, Hq, Nq, Dv) skewed output sum_j u_ij v_j / sum_j u_ij with
         u = p ** (2 - alpha) (the quantity FlashAttention-style backward kernels keep;
         equal to the output at alpha = 1), 0 on empty rows.
+    theta : float64 x-space threshold, p_ij = [1 + (alpha - 1)(z_ij - theta_i)]_+^(1/(alpha-1))
+        (exp(z_ij - theta_i) at alpha = 1): the threshold the backend solved, without the
+        conversion to tau (which loses relative precision as alpha -> 1); -inf on empty rows.
+    row_max, edge, edge_p : float64 the row's largest score m, its smallest support entry
+        relative to it c = min_{p_ij > 0} (z_ij - m), and that entry's probability q
+        (-inf, -inf, 0 on empty rows).  For alpha > 2 the backward rebuilds p from them,
+        as the row solvers write it: theta cannot resolve the support's edge there.
+    alpha : float, the alpha of the call, or with alphas that differ between query heads
+        the (Hq,) float64 array of them (checked by :func:`attention_vjp`).
+
+    Pass the whole object to ``attention_vjp(..., info=info)``: it is the lossless
+    residual of the forward (theta, the edge and the skewed output), so the backward
+    solves nothing again and rebuilds every probability exactly as the forward had it.
     """
 
     tau: Any
@@ -45,6 +58,11 @@ class AttentionInfo:
     s: Any
     n: Any
     skew: Any
+    theta: Any = None
+    row_max: Any = None
+    edge: Any = None
+    edge_p: Any = None
+    alpha: Any = None
 
     __repr__ = short_repr
 
@@ -128,8 +146,10 @@ class _ShapeGuard:
         xp = xp_of(q)
         (B, Hq, Nq, D), Dv = q.shape, v.shape[3]
         if B * Hq * Nq == 0:
-            known = {"out": xp.zeros((B, Hq, Nq, Dv), q.dtype), "theta": xp.full((B, Hq, Nq), -np.inf),
-                     "support": xp.zeros((B, Hq, Nq), np.int64), "skew": xp.zeros((B, Hq, Nq, Dv))}
+            rows = (B, Hq, Nq)
+            known = {"out": xp.zeros(rows + (Dv,), q.dtype), "theta": xp.full(rows, -np.inf),
+                     "support": xp.zeros(rows, np.int64), "skew": xp.zeros(rows + (Dv,)),
+                     "row_max": xp.full(rows, -np.inf), "edge": xp.full(rows, -np.inf), "edge_p": xp.zeros(rows)}
             return AttentionForward(**{f: known.get(f) for f in AttentionForward._fields})
         if D == 0:
             q, k = self._pad(q), self._pad(k)
@@ -397,20 +417,93 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     if not return_info:
         return out
     tau = theta_to_tau(fwd.theta, prob.alpha_b)
-    return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew)
+    return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew, fwd.theta, fwd.row_max, fwd.edge,
+                              fwd.edge_p, _info_alpha(prob))
+
+
+def _info_alpha(prob: _Problem):
+    """AttentionInfo.alpha: the call's alpha as a float, or per query head as a read-only
+    (Hq,) float64 numpy array when the heads' alphas differ."""
+    if prob.spec.head_alpha is None:
+        return prob.spec.alpha
+    a = np.array(prob.spec.head_alpha, np.float64)
+    a.flags.writeable = False
+    return a
+
+
+def _residual_from_info(info, prob: _Problem, shape: tuple):
+    """(AttentionResidual, skew) of a forward's :class:`AttentionInfo`, checked against the
+    problem: the same alpha, the same keys per row (masks), arrays of the right shape."""
+    if not isinstance(info, AttentionInfo):
+        raise TypeError(f"info must be the AttentionInfo of er.attention(..., return_info=True), got {type(info).__name__}")
+    if info.theta is None or info.alpha is None:
+        raise ValueError("info has no residual (theta, edge); pass the AttentionInfo returned by er.attention")
+    Hq = shape[1]
+    given = _info_alpha(prob)
+    try:
+        same = bool(np.array_equal(np.broadcast_to(np.asarray(info.alpha, np.float64), (Hq,)),
+                                   np.broadcast_to(np.asarray(given, np.float64), (Hq,))))
+    except ValueError:  # not broadcastable to the heads of this call
+        same = False
+    if not same:
+        raise ValueError(f"info comes from a forward with alpha={info.alpha!r}, but alpha={given!r} was given")
+    fields = {"theta": info.theta, "row_max": info.row_max, "edge": info.edge, "edge_p": info.edge_p}
+    for name, a in fields.items():
+        if a is None or tuple(a.shape) != shape:
+            got = None if a is None else tuple(a.shape)
+            raise ValueError(f"info.{name} must have shape {shape} (the rows of this call), got {got}")
+    if tuple(getattr(info.n, "shape", ())) != shape or not bool(V.namespace(prob.n).all(info.n == prob.n)):
+        raise ValueError("info.n (keys per row) differs from this call's: causal / key_lengths differ from the forward's")
+    skew = info.skew
+    B, Hq, Nq = shape
+    if skew is None or tuple(skew.shape)[:3] != shape or tuple(skew.shape)[3] != prob.v.shape[3]:
+        raise ValueError(f"info.skew must have shape {shape + (prob.v.shape[3],)}")
+    return AttentionResidual(info.theta, info.row_max, info.edge, info.edge_p), skew
+
+
+def _any_big(prob: _Problem) -> bool:
+    """Whether some head has alpha > 2 (its rows need the edge, which tau does not carry)."""
+    if prob.spec.head_alpha is None:
+        return prob.spec.alpha > 2.0
+    return bool(np.any(np.asarray(prob.spec.head_alpha) > 2.0))
+
+
+def _check_tau(tau, prob: _Problem, shape: tuple):
+    """theta from a forward's tau (validated: shape, NaN, -inf only on empty rows)."""
+    t = V.as_array(tau, "tau")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"tau must have shape {shape}, got {tuple(t.shape)}")
+    V.check_finite(t, "tau", allow_neg_inf=True)
+    t = t.astype(np.float64)
+    xp = V.namespace(t)
+    empty = prob.n == 0
+    if bool(xp.any(xp.isneginf(t) & ~empty)):
+        raise ValueError("tau is -inf on a row that has keys to attend; pass the forward's info.tau")
+    return xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.alpha_b)))
 
 
 @public
-def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=None, causal=False,
+def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5, scale=None, causal=False,
                   key_lengths=None, alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0,
                   chunk=None, backend=None, key_padding_mask=None):
     """Gradients of a loss through :func:`attention`, given ``grad_out = dL/dout``.
 
-    Takes the same keyword arguments as :func:`attention`.  With ``tau`` (the forward's
-    ``info.tau``) the thresholds are not solved again: each query chunk recomputes
-    ``p = [(alpha - 1) z - tau]_+ ** (1/(alpha - 1))`` from the scores.  Without it the
-    forward is run first.  Per row, with ``u = p ** (2 - alpha)`` on the support, the
-    skewed output ``skew_i = sum_j u_ij v_j / sum_j u_ij`` and ``delta_i = dO_i . skew_i``:
+    Takes the same keyword arguments as :func:`attention`.  The residual of the forward
+    can be passed in one of two ways (or not at all: the forward is then run first):
+
+    * ``info`` (recommended): the :class:`AttentionInfo` of ``attention(...,
+      return_info=True)``.  Lossless: the backward rebuilds every probability exactly as
+      the forward had it, from the backend's own threshold ``info.theta`` (alpha <= 2) or
+      the support's edge ``info.row_max, info.edge, info.edge_p`` (alpha > 2, where theta
+      cannot resolve the edge entry), and uses ``info.skew``; nothing is solved again.
+    * ``tau`` (the forward's ``info.tau``; kept for compatibility): for alpha <= 2,
+      ``theta = (tau + 1)/(alpha - 1)`` and ``p = e_alpha(z - theta)``; this conversion
+      loses relative precision as alpha -> 1 (about eps/(alpha - 1) in theta).  For
+      alpha > 2 tau cannot give the edge, so the rows are solved again (tau is only
+      checked).  Prefer ``info``.
+
+    Per row, with ``u = p ** (2 - alpha)`` on the support, the skewed output
+    ``skew_i = sum_j u_ij v_j / sum_j u_ij`` and ``delta_i = dO_i . skew_i``:
 
     * ``dZ_ij = u_ij (dO_i . v_j - delta_i)`` (the entmax VJP, never stored whole);
     * ``dV_j = sum_i p_ij dO_i``, ``dQ_i = scale * s_i * sum_j dZ_ij k_j``,
@@ -421,6 +514,10 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
       (:func:`entmax_ref.entmax_alpha_vjp`) of ``p_i`` and ``dL/dp_ij = dO_i . v_j`` on the
       support, exact through alpha -> 1, summed over each head's rows (over all rows for
       a shape () alpha).
+
+    For alpha > 2, where u is unbounded at the support's edge, ``dZ`` is formed as
+    :func:`entmax_ref.entmax_vjp` forms it (u / max u in log space; the entry of largest u
+    as ``sum_{j != m} u_j (g_m - g_j) / sum_j u_j``), finite wherever the true value is.
 
     ``out`` is used only at alpha = 1 together with ``tau``: there the skewed output is
     the output, so no per-chunk recomputation of it is needed.  A row with nothing to
@@ -435,7 +532,9 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
     Raises
     ------
     ValueError: everything :func:`attention` rejects, and grad_out / out / tau of the
-    wrong shape or with NaN (tau may be -inf only on rows with nothing to attend).
+    wrong shape or with NaN (tau may be -inf only on rows with nothing to attend), both
+    ``info`` and ``tau``, an ``info`` from a forward with another alpha, other masks or
+    other shapes.  TypeError: ``info`` that is not an :class:`AttentionInfo`.
 
     Examples
     --------
@@ -444,7 +543,8 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
 
     >>> import numpy as np, entmax_ref as er
     >>> q = np.array([[[[1.0]]]]); k = np.array([[[[0.0], [1.0]]]]); v = np.eye(2)[None, None]
-    >>> g = er.attention_vjp(np.ones((1, 1, 1, 2)), q, k, v, alpha=2, scale=1.0)
+    >>> out, info = er.attention(q, k, v, alpha=2, scale=1.0, return_info=True)
+    >>> g = er.attention_vjp(np.ones((1, 1, 1, 2)), q, k, v, info=info, alpha=2, scale=1.0)
     >>> g.dq.tolist(), g.dv.tolist()
     ([[[[0.0]]]], [[[[0.0, 0.0], [1.0, 1.0]]]])
     """
@@ -458,20 +558,18 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
     # kept in its own precision: the backend accumulates in float64 whatever it gets
     do = np.ascontiguousarray(do.astype(cdo, copy=False)) if isinstance(do, np.ndarray) else do.astype(cdo)
     skew = None
-    if tau is None:
+    if info is not None and tau is not None:
+        raise ValueError("pass the forward's residual once: info (recommended) or tau, not both")
+    if info is not None:
+        res, skew = _residual_from_info(info, prob, (B, Hq, Nq))
+    elif tau is None or _any_big(prob):
+        if tau is not None:  # alpha > 2: checked, but the edge is not in tau: solve again
+            _check_tau(tau, prob, (B, Hq, Nq))
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
-        theta, skew = fwd.theta, fwd.skew
+        res, skew = fwd, fwd.skew
     else:
-        t = V.as_array(tau, "tau")
-        if tuple(t.shape) != (B, Hq, Nq):
-            raise ValueError(f"tau must have shape {(B, Hq, Nq)}, got {tuple(t.shape)}")
-        V.check_finite(t, "tau", allow_neg_inf=True)
-        t = t.astype(np.float64)
-        xp = V.namespace(t)
-        empty = prob.n == 0
-        if bool(xp.any(xp.isneginf(t) & ~empty)):
-            raise ValueError("tau is -inf on a row that has keys to attend; pass the forward's info.tau")
-        theta = xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.alpha_b)))
+        theta = _check_tau(tau, prob, (B, Hq, Nq))
+        res = AttentionResidual(theta)
         if out is not None:
             o, _, _ = _tensor(out, "out", 4)
             if tuple(o.shape) != (B, Hq, Nq, Dv):
@@ -479,7 +577,7 @@ def attention_vjp(grad_out, q, k, v, *, out=None, tau=None, alpha=1.5, scale=Non
             if prob.spec.alpha == 1.0 and prob.spec.head_alpha is None:
                 skew = V.namespace(o).ascontiguousarray(o.astype(np.float64))
     spec = prob.spec if prob.alpha_shape is None else replace(prob.spec, alpha_grad=True)
-    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, theta, skew, spec)
+    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, res, skew, spec)
     dq, dk, dv = (V.cast(g, dt) for g, dt in zip(grads[:3], prob.out_dtypes))
     dalpha = None
     if prob.alpha_shape is not None:  # per row -> per head (summed over batch and queries), on the host

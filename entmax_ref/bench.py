@@ -119,7 +119,7 @@ def _attention_cases(torch, entmax, er, repeats: int, n: int) -> list[dict]:
 
     def ours_fwd_bwd():
         out, info = er.attention(q, k, v, alpha=1.5, causal=True, return_info=True, backend="numba")
-        er.attention_vjp(do, q, k, v, out=out, tau=info.tau, alpha=1.5, causal=True, backend="numba")
+        er.attention_vjp(do, q, k, v, info=info, alpha=1.5, causal=True, backend="numba")
 
     def ours():
         return er.attention(q, k, v, alpha=1.5, causal=True, backend="numba")

@@ -49,7 +49,7 @@ def _child(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     out, info = er.attention(q, k, v, return_info=True, **kw)
     t1 = time.perf_counter()
-    grads = er.attention_vjp(do, q, k, v, out=out, tau=info.tau, **kw)
+    grads = er.attention_vjp(do, q, k, v, info=info, **kw)
     t2 = time.perf_counter()
     res = {
         "n": args.n, "d": args.d, "dtype": args.dtype, "alpha": args.alpha, "causal": args.causal,

@@ -96,7 +96,7 @@ def main() -> None:
         spec = AttentionSpec(alpha=1.5, scale=D ** -0.5, causal=True)
         fwd = gpu.attention_forward(q, k, v, spec)
         t_f = 1e3 * _time(lambda: gpu.attention_forward(q, k, v, spec), 1)
-        t_b = 1e3 * _time(lambda: gpu.attention_backward(do, q, k, v, fwd.theta, fwd.skew, spec), 1)
+        t_b = 1e3 * _time(lambda: gpu.attention_backward(do, q, k, v, fwd, fwd.skew, spec), 1)
         base = "-"
         t_tf = t_tb = float("nan")
         if has_torch:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from entmax_ref.backends import AttentionForward, AttentionGrads, RowSolve, capabilities, get_backend, register_backend
+from entmax_ref.backends._base import AttentionResidual
 
 NAME = "strict"
 
@@ -242,9 +243,10 @@ class StrictBackend:
         res = self._ref.attention_forward(_host(q), _host(k), _host(v), self._spec(spec))
         return AttentionForward(*(_wrap(f) for f in res))
 
-    def attention_backward(self, do, q, k, v, theta, skew, spec):
-        self._check(do, q, k, v, theta, skew)
-        res = self._ref.attention_backward(_host(do), _host(q), _host(k), _host(v), _host(theta), _host(skew),
+    def attention_backward(self, do, q, k, v, res, skew, spec):
+        self._check(do, q, k, v, res.theta, skew)
+        host_res = AttentionResidual(*(_host(f) for f in (res.theta, res.row_max, res.edge, res.edge_p)))
+        res = self._ref.attention_backward(_host(do), _host(q), _host(k), _host(v), host_res, _host(skew),
                                            self._spec(spec))
         return AttentionGrads(*(_wrap(f) for f in res))
 

@@ -42,14 +42,24 @@ class Dense:
     dz: np.ndarray  # per-row bound on the score rounding
 
 
+def _on(fn, args, backend, kw):
+    """``fn`` on ``backend``: the fixture's BackendName moves the inputs to its array type and
+    the results back to NumPy; a plain name is passed as ``backend=`` (NumPy data)."""
+    if backend is None:
+        return fn(*args, **kw)
+    if not hasattr(backend, "call"):
+        return fn(*args, backend=backend, **kw)
+    return backend.call(fn, *args, **kw)
+
+
 def _attention(*args, backend=None, **kw):
-    """er.attention on ``backend``'s array type (inputs moved there, results back to NumPy)."""
-    return er.attention(*args, **kw) if backend is None else backend.call(er.attention, *args, **kw)
+    """er.attention on ``backend`` (see :func:`_on`)."""
+    return _on(er.attention, args, backend, kw)
 
 
 def _attention_vjp(*args, backend=None, **kw):
-    """er.attention_vjp on ``backend``'s array type, like :func:`_attention`."""
-    return er.attention_vjp(*args, **kw) if backend is None else backend.call(er.attention_vjp, *args, **kw)
+    """er.attention_vjp on ``backend``, like :func:`_attention`."""
+    return _on(er.attention_vjp, args, backend, kw)
 
 
 def dense(q, k, v, *, alpha, scale=None, causal=False, key_lengths=None, alibi_slopes=None,

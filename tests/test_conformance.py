@@ -25,6 +25,7 @@ from entmax_ref.testing.command import main as check_main
 
 ROOT = Path(__file__).resolve().parents[1]
 CHEAP = ("asentmax_scale", "attention", "attention_vjp")
+FAMILY = ("normmax", "normmax_vjp", "budget_sparsemax", "budget_sparsemax_vjp")
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +174,77 @@ def test_missing_mpmath_names_the_extra(tmp_path, monkeypatch):
         C.generate_corpus(tmp_path, ops=("attention",))
 
 
+# ----------------------------------------------------------------------------- normmax, budget-sparsemax
+
+
+@pytest.fixture(scope="module")
+def budget_corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("budget")
+    C.generate_corpus(d, seed=0, ops=("budget_sparsemax", "budget_sparsemax_vjp"))
+    return d
+
+
+def test_budget_files_cover_the_hard_budgets_and_replay(budget_corpus, tmp_path, monkeypatch, capsys):
+    corpus = load_corpus(budget_corpus)
+    m = corpus.manifest
+    assert [f["file"] for f in m["files"]] == ["budget_sparsemax.jsonl", "budget_sparsemax_vjp.jsonl"]
+    assert all(f["beyond_oracle_tol"] == 0 and f["cases"] >= 250 for f in m["files"])
+    cases = corpus.cases["budget_sparsemax.jsonl"]
+    live = [int(np.isfinite(C.parse(c["x"])).sum()) for c in cases]
+    assert {"0.0", "1.0", "2.0", "0.3", "2.5"} <= {c["budget"] for c in cases}
+    assert any(float(c["budget"]) == c["n"] for c in cases)  # every entry 1
+    assert any(float(c["budget"]) > k > 0 for c, k in zip(cases, live))  # fewer unmasked entries than the budget
+    assert {"support-boundary", "ties", "masks", "all-masked", "huge-offset"} <= {c["kind"] for c in cases}
+    for c in cases:  # p sums to the budget (capped by the unmasked entries), within its tolerances
+        p, tol = C.parse(c["p"]), C.parse(c["tol_p"])
+        assert abs(p.sum() - min(float(c["budget"]), np.isfinite(C.parse(c["x"])).sum())) <= tol.sum() + 1e-300
+    assert any(c["ill_posed"] for c in corpus.cases["budget_sparsemax_vjp.jsonl"])
+    rep = C.replay_backend(corpus, "numpy", ops=("budget_sparsemax", "budget_sparsemax_vjp"))
+    assert rep.ok and {r.op for r in rep.rows} == {"corpus budget_sparsemax", "corpus budget_sparsemax_vjp"}
+
+    def off_by_one_ulp(x, budget):
+        p = er.budget_sparsemax(x, budget, backend="numpy")
+        return np.where((p > 0) & (p < 1), p + 1e-12, p)
+
+    bad = replay_corpus(corpus, off_by_one_ulp, "budget_sparsemax")
+    assert not bad.ok and any("out of tolerance" in n for r in bad.rows for n in r.notes)
+    (tmp_path / "user_budget.py").write_text(
+        "import entmax_ref as er\n"
+        "def proj(x, b):\n    return er.budget_sparsemax(x, b, backend='numpy')\n"
+        "def vjp(x, g, budget):\n    p = er.budget_sparsemax(x, budget, backend='numpy')\n"
+        "    return er.budget_sparsemax_vjp(p, g, budget, backend='numpy')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert check_main(["--corpus", str(budget_corpus), "--impl", "user_budget:proj", "--op", "budget_sparsemax"]) == 0
+    assert check_main(["--corpus", str(budget_corpus), "--impl", "user_budget:vjp", "--op",
+                       "budget_sparsemax_vjp"]) == 0
+    assert "corpus budget_sparsemax_vjp" in capsys.readouterr().out
+    import importlib
+
+    rep = replay_corpus(corpus, importlib.import_module("user_budget").vjp, "budget_sparsemax_vjp")
+    assert rep.ok and any("ill-posed case(s) not compared" in n for r in rep.rows for n in r.notes)
+    assert check_main(["--corpus", str(budget_corpus), "--impl", "user_budget:proj", "--op", "normmax"]) == 0
+    assert "no normmax.jsonl" in capsys.readouterr().out
+
+
+def test_shared_budgets_live_in_the_tolerance_model():
+    from entmax_ref.testing import command, tolerance as T
+
+    src = (ROOT / "entmax_ref" / "testing" / "conformance.py").read_text()
+    assert "def _loss_tolerance" not in src and "def _alpha_vjp_tolerance" not in src
+    assert "def _scale_tolerances" not in src and "T.loss_tolerance" in src
+    import inspect
+
+    assert "T.loss_tolerance(" in inspect.getsource(command._check_loss)
+    x = np.array([[0.5, -1.0, -np.inf, 2.0]])
+    p = er.entmax(x, 1.5, backend="numpy")
+    q = np.eye(4)[[1]]
+    L = er.entmax_loss(x, np.array([1]), 1.5, backend="numpy")
+    # delta_n (1 + |L| + max |x_i - max x| over the support of p and the target: 3 here)
+    assert T.loss_tolerance(x, p, q, L, "float64")[0] == T.threshold_budget("float64", 4) * (1 + abs(L[0]) + 3.0)
+    s, db, dg = T.asentmax_scale_tolerances(0, 1.0, 1.0, 0.0, float(np.e) - 1.0, 1.0, 0.0)
+    assert 0 < s < 1e-14 and 0 < db < 1e-14 and 0 < dg < 1e-14
+
+
 # ----------------------------------------------------------------------------- the small corpus
 
 
@@ -184,6 +256,12 @@ def test_small_corpus_sizes_and_hard_cases(small_corpus):
     assert counts["entmax.jsonl"] >= 1000 and m["row_cases"] >= 1000
     assert counts["attention.jsonl"] >= 100 and counts["attention_vjp.jsonl"] >= 100
     assert all(f["beyond_oracle_tol"] == 0 for f in m["files"])
+    assert {f"{op}.jsonl" for op in FAMILY} <= set(counts) and all(counts[f"{op}.jsonl"] >= 250 for op in FAMILY)
+    nm = corpus.cases["normmax.jsonl"]
+    assert {"1.001", "1.05", "2.0", "50.0"} <= {c["alpha"] for c in nm}
+    assert {"support-boundary", "near-ties", "huge-offset", "masks", "all-masked"} <= {c["kind"] for c in nm}
+    assert all(c["tau"] == "-inf" and set(c["p"]) == {"0.0"} for c in nm if c["kind"] == "all-masked")
+    assert any(c["ill_posed"] for c in corpus.cases["normmax_vjp.jsonl"])
     rows = corpus.cases["entmax.jsonl"]
     kinds = {c["kind"] for c in rows}
     assert {"near-ties", "support-boundary", "huge-offset", "masks", "all-masked", "long",
@@ -207,6 +285,7 @@ def test_small_corpus_replays_without_failures(small_corpus, name):
     rep = C.replay_backend(small_corpus, name)
     assert rep.ok, rep.table()
     assert len(rep.rows) >= 13
+    assert {f"corpus {op}" for op in FAMILY + ("normmax_threshold",)} <= {r.op for r in rep.rows}
 
 
 @pytest.mark.slow

@@ -181,9 +181,9 @@ def test_attention_forward_backward(gpu, ref, case, Nk, dtype):
     assert np.abs(got.skew.get() - want.skew).max() <= tol
     live = np.isfinite(want.theta)
     np.testing.assert_array_equal(np.isfinite(got.theta.get()), live)
-    gw = ref.attention_backward(do, q, k, v, want.theta, want.skew, spec)
+    gw = ref.attention_backward(do, q, k, v, want, want.skew, spec)
     for skew in (got.skew, None):  # with the kept skewed output, and recomputing it
-        gg = gpu.attention_backward(dev[3], *dev[:3], got.theta, skew, spec)
+        gg = gpu.attention_backward(dev[3], *dev[:3], got, skew, spec)
         for name in ("dq", "dk", "dv"):
             a, b = getattr(gg, name).get().astype(np.float64), getattr(gw, name).astype(np.float64)
             scale = max(1.0, float(np.abs(do).max()) * Nq)
@@ -223,8 +223,8 @@ def test_attention_key_padding_runs(gpu, ref):
     tol = _attn_tol(q, k, v, spec, EPS64)
     np.testing.assert_array_equal(got.support.get(), want.support)
     assert np.abs(got.out.get() - want.out).max() <= tol
-    gw = ref.attention_backward(do, q, k, v, want.theta, want.skew, spec)
-    gg = gpu.attention_backward(dev[3], *dev[:3], got.theta, got.skew, spec)
+    gw = ref.attention_backward(do, q, k, v, want, want.skew, spec)
+    gg = gpu.attention_backward(dev[3], *dev[:3], got, got.skew, spec)
     for name in ("dq", "dk", "dv"):
         assert np.abs(getattr(gg, name).get() - getattr(gw, name)).max() <= tol * max(1.0, float(np.abs(do).max()) * Nq)
     holes = mask.copy()
@@ -236,7 +236,7 @@ def test_attention_key_padding_runs(gpu, ref):
                       (replace(spec, alpha_grad=True), "gradient of alpha")):
         with pytest.raises(ValueError, match=what):
             gpu.attention_forward(*dev[:3], bad) if what != "gradient of alpha" else gpu.attention_backward(
-                dev[3], *dev[:3], got.theta, got.skew, bad)
+                dev[3], *dev[:3], got, got.skew, bad)
 
 
 def test_no_silent_transfers(gpu):

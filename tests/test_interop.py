@@ -56,7 +56,7 @@ def _leaves(res):
         return [x for r in res for x in _leaves(r)]
     if dataclasses.is_dataclass(res):
         return [x for f in dataclasses.fields(res) for x in _leaves(getattr(res, f.name))]
-    return [] if res is None else [res]
+    return [] if res is None or isinstance(res, (int, float)) else [res]  # a Python scalar (info.alpha) is no array
 
 
 @pytest.mark.parametrize("name", list(CALLS))

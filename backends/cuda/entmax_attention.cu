@@ -35,7 +35,7 @@ __device__ void attn_forward_row(const Team& team, T* dots, T* u_out, long long 
                                  long long i0, long long nq, long long offset, double scale, double alpha,
                                  const double* row_scale, const double* slopes, const long long* key_lengths,
                                  int causal, int max_iter, double* theta, long long* support, double* sum_u,
-                                 int* bad) {
+                                 double* row_max, double* edge, double* edge_p, int* bad) {
     RowIndex ix = row_index(r, chunk, heads, i0, nq);
     const long long off = r * (long long)n_keys;
     er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
@@ -50,39 +50,37 @@ __device__ void attn_forward_row(const Team& team, T* dots, T* u_out, long long 
         return;
     }
     er::Solve s = er::solve_row(team, z, n_keys, alpha, er::METHOD_DEFAULT, max_iter);
+    er::EdgeResidual e = er::edge_residual(team, z, n_keys, alpha, s);
     double su;
     long long k = er::write_probs_weights(team, z, n_keys, alpha, s, dots + off, u_out + off, su);
     if (team.leader()) {
         theta[ix.out] = s.theta;
         support[ix.out] = k;
         sum_u[r] = su;
+        row_max[ix.out] = e.m;
+        edge[ix.out] = e.c;
+        edge_p[ix.out] = e.q;
         if (!s.converged) atomicExch(bad, 2);
     }
 }
 
-// Backward: from theta, p = e_alpha(z - theta) over the raw dots, and over dp = dO . v_j
-// the scaled score gradient s_i * u_ij (dp_ij - delta_i); ds_i = sum_j dZ_ij a_ij.
+// Backward: from the residual (theta; for alpha > 2 the edge), p over the raw dots and,
+// over dp = dO . v_j, the scaled score gradient s_i * dZ_ij (er::attn_grad_row);
+// ds_i = sum_j dZ_ij a_ij.
 template <class Team, class T>
 __device__ void attn_backward_row(const Team& team, T* dots, T* dp, long long r, int n_keys, int chunk, int heads,
                                   long long i0, long long nq, long long offset, double scale, double alpha,
                                   const double* row_scale, const double* slopes, const long long* key_lengths,
-                                  int causal, const double* theta, const double* delta, double* ds) {
+                                  int causal, const double* theta, const double* row_max, const double* edge,
+                                  const double* edge_p, const double* delta, double* ds) {
     RowIndex ix = row_index(r, chunk, heads, i0, nq);
     const long long off = r * (long long)n_keys;
     er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
                                          key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
-    er::Alpha al = er::make_alpha(alpha);
-    const double th = theta[ix.out], dl = delta[r], si = z.s;
-    double out[1];
-    team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
-        double a = z.a(j);
-        er::Terms t = er::terms_from_theta(al, z(j), th);
-        double dz = t.u * (double(dp[off + j]) - dl);
-        acc.add(0, dz * a);
-        dots[off + j] = T(t.p);
-        dp[off + j] = T(z.has_s ? dz * si : dz);
-    }, out);
-    if (ds != nullptr && team.leader()) ds[ix.out] = out[0];
+    er::EdgeResidual e = {row_max[ix.out], edge[ix.out], edge_p[ix.out]};
+    double d = er::attn_grad_row(team, z, [&](int j) { return z.a(j); }, n_keys, alpha, theta[ix.out], e, delta[r],
+                                 z.s, z.has_s, dots + off, dp + off);
+    if (ds != nullptr && team.leader()) ds[ix.out] = d;
 }
 
 }  // namespace
@@ -91,10 +89,10 @@ __device__ void attn_backward_row(const Team& team, T* dots, T* dp, long long r,
     T *dots, T *u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq,        \
         long long offset, double scale, double alpha, const double *row_scale, const double *slopes,        \
         const long long *key_lengths, int causal, int max_iter, double *theta, long long *support,          \
-        double *sum_u, int *bad
+        double *sum_u, double *row_max, double *edge, double *edge_p, int *bad
 #define ER_ATTN_FWD_ARGS                                                                                      \
     dots, u_out, r, n_keys, chunk, heads, i0, nq, offset, scale, alpha, row_scale, slopes, key_lengths, causal, \
-        max_iter, theta, support, sum_u, bad
+        max_iter, theta, support, sum_u, row_max, edge, edge_p, bad
 
 template <typename T>
 __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_forward_warp(ER_ATTN_FWD_PARAMS) {
@@ -116,10 +114,11 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_forward_block(ER_ATTN_FWD_P
 #define ER_ATTN_BWD_PARAMS                                                                                   \
     T *dots, T *dp, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq,           \
         long long offset, double scale, double alpha, const double *row_scale, const double *slopes,        \
-        const long long *key_lengths, int causal, const double *theta, const double *delta, double *ds
+        const long long *key_lengths, int causal, const double *theta, const double *row_max,               \
+        const double *edge, const double *edge_p, const double *delta, double *ds
 #define ER_ATTN_BWD_ARGS                                                                                      \
     dots, dp, r, n_keys, chunk, heads, i0, nq, offset, scale, alpha, row_scale, slopes, key_lengths, causal, \
-        theta, delta, ds
+        theta, row_max, edge, edge_p, delta, ds
 
 template <typename T>
 __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_backward_warp(ER_ATTN_BWD_PARAMS) {
@@ -138,7 +137,8 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_backward_block(ER_ATTN_BWD_
     attn_backward_row(team, ER_ATTN_BWD_ARGS);
 }
 
-// Probabilities and skew weights from theta (the backward when no skewed output was kept).
+// Probabilities and skew weights from theta (the backward when no skewed output was kept),
+// alpha <= 2.
 template <typename T>
 __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(
     T* dots, T* u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq, long long offset,
@@ -160,6 +160,40 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(
         acc.add(0, t.u);
         dots[off + j] = T(t.p);
         u_out[off + j] = T(t.u);
+    }, out);
+    if (team.leader()) sum_u[r] = out[0];
+}
+
+// The same for alpha > 2, from the edge residual (row max m, edge c, edge probability q):
+// p = edge_p((z - m) - c), weights u / max u = exp((2 - alpha)(log p - log q)), as the
+// forward writes them (the largest u is at the edge entry, whose p is q).
+template <typename T>
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_edge_block(
+    T* dots, T* u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq, long long offset,
+    double scale, double alpha, const double* row_scale, const double* slopes, const long long* key_lengths,
+    int causal, const double* theta, const double* row_max, const double* edge, const double* edge_p,
+    double* sum_u) {
+    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
+    er::BlockTeam team{scratch};
+    const long long r = blockIdx.x;
+    if (r >= rows) return;
+    RowIndex ix = row_index(r, chunk, heads, i0, nq);
+    const long long off = r * (long long)n_keys;
+    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
+                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+    const double a1 = alpha - 1.0, a2 = 2.0 - alpha;
+    const bool live = theta[ix.out] > -er::inf();
+    const double m = row_max[ix.out], c = edge[ix.out], q = edge_p[ix.out];
+    const double lq = er::edge_lq(q, a1);
+    const double lmax = q > 0.0 ? a2 * log(q) : 0.0;
+    double out[1];
+    team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
+        double zj = z(j);
+        double pj = live && zj > -er::inf() ? er::edge_p((zj - m) - c, a1, q, lq) : 0.0;
+        double u = pj > 0.0 ? exp(a2 * log(pj) - lmax) : 0.0;
+        acc.add(0, u);
+        dots[off + j] = T(pj);
+        u_out[off + j] = T(u);
     }, out);
     if (team.leader()) sum_u[r] = out[0];
 }

@@ -515,8 +515,9 @@ ER_HD long long write_probs(const Team& team, const X& x, int n, double alpha, c
     return (long long)out[0];
 }
 
-// Attention forward: p (may alias the scores x read, index by index) and the unnormalised
-// skew weights u = p^(2-alpha); returns the support size and sum_j u_j (0 for empty rows).
+// Attention forward: p (may alias the scores x read, index by index) and the skew weights
+// u = p^(2-alpha) (alpha > 2: u / max u); returns the support size and sum_j u_j (0 for
+// empty rows).
 template <class Team, class X, class T>
 ER_HD long long write_probs_weights(const Team& team, const X& x, int n, double alpha, const Solve& r, T* p, T* u,
                                     double& sum_u) {
@@ -527,13 +528,19 @@ ER_HD long long write_probs_weights(const Team& team, const X& x, int n, double 
         return 0;
     }
     const double lq = al.mode == GENERAL_GT2 ? edge_lq(r.s, al.a1) : 0.0;
+    // alpha > 2: u = p^(2-alpha) overflows at the support's edge; the weights are written
+    // as u / max u (log space), which leaves the skewed output sum u v / sum u unchanged.
+    const double lmax = al.mode == GENERAL_GT2 ? team.reduce_max(n, [&](int i) {
+        double lp = edge_logp((x(i) - r.m) - r.base, al.a1, r.s, lq);
+        return exp(lp) > 0.0 ? (2.0 - al.a) * lp : -inf();
+    }) : 0.0;
     double out[2];
     team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
         Terms t;
-        if (al.mode == GENERAL_GT2) {  // edge-relative (see solve_row); u = exp((2 - alpha) log p)
+        if (al.mode == GENERAL_GT2) {  // edge-relative (see solve_row); u / max u in log space
             double lp = edge_logp((x(i) - r.m) - r.base, al.a1, r.s, lq);
             t.p = exp(lp);
-            t.u = t.p > 0.0 ? exp((2.0 - al.a) * lp) : 0.0;
+            t.u = t.p > 0.0 ? exp((2.0 - al.a) * lp - lmax) : 0.0;
             t.w = 0.0;
         } else {
             t = terms(al, ((x(i) - r.m) - r.base) - r.s);
@@ -757,6 +764,116 @@ ER_HD inline Terms terms_from_theta(const Alpha& al, double z, double theta) {
         return t;
     }
     return terms(al, (z - theta) + al.shift);
+}
+
+// ------------------------------------------------------------------------ attention residual
+// The backward's residual of a score row (numpy_attention.edge_residual): the row maximum
+// m, the edge c = min over the support of (x_i - m) and its probability q.  For alpha > 2
+// the row solver writes p = q exactly where x_i - m = c, so (m, c, q) rebuild every p of the
+// row bit for bit (edge_p); theta cannot (the edge entry's gap to it is below its ulp).
+struct EdgeResidual {
+    double m, c, q;
+};
+
+template <class Team, class X>
+ER_HD EdgeResidual edge_residual(const Team& team, const X& x, int n, double alpha, const Solve& r) {
+    EdgeResidual e = {-inf(), -inf(), 0.0};
+    if (!(r.m > -inf())) return e;
+    Alpha al = make_alpha(alpha);
+    const double lq = al.mode == GENERAL_GT2 ? edge_lq(r.s, al.a1) : 0.0;
+    auto prob = [&](int i) {
+        return al.mode == GENERAL_GT2 ? edge_p((x(i) - r.m) - r.base, al.a1, r.s, lq)
+                                      : terms(al, ((x(i) - r.m) - r.base) - r.s).p;
+    };
+    const double negc = team.reduce_max(n, [&](int i) { return prob(i) > 0.0 ? -(x(i) - r.m) : -inf(); });
+    if (!(negc > -inf())) return e;
+    e.m = r.m;
+    e.c = -negc;
+    e.q = team.reduce_max(n, [&](int i) { return (x(i) - r.m) == e.c ? prob(i) : -inf(); });
+    return e;
+}
+
+// p of a score value z from the residual (numpy_attention.rebuild_p): e_alpha(z - theta) for
+// alpha <= 2, edge-relative for alpha > 2; 0 for an empty row (theta = -inf).
+ER_HD inline double prob_from_residual(const Alpha& al, double z, double theta, const EdgeResidual& e) {
+    if (!(theta > -inf()) || !(z > -inf())) return 0.0;
+    if (al.mode == GENERAL_GT2) return edge_p((z - e.m) - e.c, al.a1, e.q, edge_lq(e.q, al.a1));
+    return terms(al, (z - theta) + al.shift).p;
+}
+
+// Attention backward of one score row from its residual, over the row's raw dot products
+// and dp_j = dO . v_j (cupy_backend.py forms both with cuBLAS): writes p over p_out and
+// s * dZ over dp, returns ds = sum_j dZ_j a_j (as sum_j dZ_j (a_j - a_m), m the first entry
+// of largest u: the dZ sum to 0 and, for alpha > 2, are huge at the edge, where the a_j
+// nearly agree).  dZ_j = u_j (dp_j - delta) with delta = dO . skew; for alpha > 2 as
+// vjp_row_big forms it: u from log space (sign exp(log u + log|dp - delta|) where u
+// overflows) and, at m, sum_{j != m} u_j (dp_m - dp_j) / S with S = sum_j u_j / u_m
+// (scaled by the second largest u where that is not finite).  z(j) is the score, a(j) the
+// unscaled content score, s the row scale.
+template <class Team, class Z, class A, class T>
+ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, double alpha, double theta,
+                           const EdgeResidual& e, double delta, double s, bool has_s, T* p_out, T* dp) {
+    Alpha al = make_alpha(alpha);
+    const double a2 = 2.0 - alpha;
+    if (!(theta > -inf())) {
+        team.for_each(n, [&](int j) { p_out[j] = T(0); dp[j] = T(0); });
+        return 0.0;
+    }
+    auto lu_of = [&](int j) {  // log u on the support, -inf off it
+        double pj = prob_from_residual(al, z(j), theta, e);
+        return pj > 0.0 ? a2 * log(pj) : -inf();
+    };
+    const double lmax = team.reduce_max(n, lu_of);
+    if (!(lmax > -inf())) {
+        team.for_each(n, [&](int j) { p_out[j] = T(0); dp[j] = T(0); });
+        return 0.0;
+    }
+    const int mi = (int)-team.reduce_max(n, [&](int j) { return lu_of(j) == lmax ? -double(j) : -inf(); });
+    const double a_ref = team.reduce_max(n, [&](int j) { return j == mi ? a(j) : -inf(); });
+    const double gm = team.reduce_max(n, [&](int j) { return j == mi ? double(dp[j]) : -inf(); });
+    double dm = 0.0;
+    if (al.mode == GENERAL_GT2) {
+        const double l2 = team.reduce_max(n, [&](int j) { return j == mi ? -inf() : lu_of(j); });
+        double sw[2];
+        team.template reduce_sum<2>(n, [&](int j, Acc<2>& acc) {
+            double lu = lu_of(j);
+            if (lu > -inf()) {
+                acc.add(0, exp(lu - lmax));
+                if (j != mi) acc.add(1, exp(lu) * (gm - double(dp[j])));
+            }
+        }, sw);
+        const double S = sw[0];
+        if (l2 > -inf()) {
+            dm = sw[1] / S;
+            if (!is_finite(dm)) {
+                double t[1];
+                team.template reduce_sum<1>(n, [&](int j, Acc<1>& acc) {
+                    double lu = lu_of(j);
+                    if (lu > -inf() && j != mi) acc.add(0, exp(lu - l2) * (gm - double(dp[j])));
+                }, t);
+                dm = signed_exp(l2, t[0] / S);
+            }
+        }
+    }
+    double out[1];
+    team.template reduce_sum<1>(n, [&](int j, Acc<1>& acc) {
+        double lu = lu_of(j);
+        double pj = lu > -inf() ? prob_from_residual(al, z(j), theta, e) : 0.0;
+        double dz = 0.0;
+        if (lu > -inf()) {
+            if (al.mode == GENERAL_GT2 && j == mi) {
+                dz = dm;
+            } else {
+                double diff = double(dp[j]) - delta;
+                double u = al.mode == GENERAL_GT2 ? exp(lu) : terms_from_theta(al, z(j), theta).u;
+                dz = diff == 0.0 ? 0.0 : (is_finite(u) ? u * diff : signed_exp(lu, diff));
+            }
+        }
+        acc.add(0, dz * (a(j) - a_ref));
+        p_out[j] = T(pj);
+        dp[j] = T(has_s ? dz * s : dz);
+    }, out);
+    return out[0];
 }
 
 // ------------------------------------------------------------------------ row readers

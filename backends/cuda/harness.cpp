@@ -36,6 +36,25 @@ void alpha_vjp_rows(const T* p, const T* g, long rows, int n, const double* alph
     for (long r = 0; r < rows; ++r) out[r] = er::alpha_vjp_row(team, p + r * n, g + r * n, n, alpha[r]);
 }
 
+// The attention kernels' row math (entmax_attention.cu) on score rows z given directly
+// (a = z, s = 1): forward solve and edge residual, then the backward from that residual
+// with dp = dO . v_j given (overwritten by dZ) and delta = dO . skew.
+template <int LANES>
+void attn_rows(const double* z, long rows, int n, double alpha, int max_iter, const double* delta, double* p,
+               double* dp, double* theta, double* row_max, double* edge, double* edge_p, double* ds) {
+    er::HostTeam<LANES> team;
+    for (long r = 0; r < rows; ++r) {
+        er::RowReader<double> row{z + r * n};
+        er::Solve s = er::solve_row(team, row, n, alpha, er::METHOD_DEFAULT, max_iter);
+        er::EdgeResidual e = er::edge_residual(team, row, n, alpha, s);
+        theta[r] = s.theta;
+        row_max[r] = e.m;
+        edge[r] = e.c;
+        edge_p[r] = e.q;
+        ds[r] = er::attn_grad_row(team, row, row, n, alpha, s.theta, e, delta[r], 1.0, false, p + r * n, dp + r * n);
+    }
+}
+
 #define ER_BY_LANES(lanes, call)          \
     switch (lanes) {                      \
         case 1: call(1); return 0;        \
@@ -74,6 +93,13 @@ int er_alpha_vjp_f64(const double* p, const double* g, long rows, int n, const d
 int er_alpha_vjp_f32(const float* p, const float* g, long rows, int n, const double* alpha, int lanes,
                      double* out) {
     ER_BY_LANES(lanes, ER_AVJP)
+}
+
+#define ER_ATTN(L) attn_rows<L>(z, rows, n, alpha, max_iter, delta, p, dp, theta, row_max, edge, edge_p, ds)
+int er_attn_rows_f64(const double* z, long rows, int n, double alpha, int max_iter, int lanes, const double* delta,
+                     double* p, double* dp, double* theta, double* row_max, double* edge, double* edge_p,
+                     double* ds) {
+    ER_BY_LANES(lanes, ER_ATTN)
 }
 
 }  // extern "C"

@@ -29,7 +29,9 @@ forward (``fwd_rows``, per row)
 
 backward (``bwd_rows`` then ``bwd_scatter``)
     candidates against the forward's theta; ``p_j = e_alpha(z_j - theta_i)`` with the
-    reference's formula (``exp(log1p(a1 y) / a1)``) on them; the support is compacted
+    reference's formula (``exp(log1p(a1 y) / a1)``) on them (alpha > 2: edge-relative
+    from the forward's row max, edge and edge probability, :func:`_edge_prob`, and dZ in
+    the row VJP's overflow-free form, :func:`_dz_big`); the support is compacted
     (key, ``p``, ``u``), the skewed output recomputed from it when the caller has none,
     ``delta_i = dO_i . skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)`` (a dot product per
     *support* entry, no dense ``dO V^T``), ``ds_i = sum_j dZ_ij a_ij``, ``dQ_i = scale sum_j
@@ -48,10 +50,11 @@ may attend form one run ``lo <= j < hi``, the batch runs as the key-sliced probl
 forward_by_key_runs`); masks with holes use the NumPy driver with the compiled row solver.
 
 Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest first)
-from a queue; each runs single-threaded BLAS and a ``nogil`` kernel on its chunk.  (A
-multi-threaded BLAS alternating with ``prange`` kernels leaves two thread pools spinning
-against each other on the same cores: several times slower on the 2-core VM.)  NumPy's
-OpenBLAS is set to one thread for the duration of a call (:func:`_single_threaded_blas`).
+from a queue; each runs a BLAS product and a ``nogil`` kernel (no ``prange``) on its chunk,
+so the kernels need no thread-safe numba threading layer.  While any attention call runs,
+BLAS is held at one thread (:func:`_single_threaded_blas`: threadpoolctl, shared by
+concurrent calls, and the caller's count restored when the last one ends; a multi-threaded
+BLAS alternating with the kernels leaves two thread pools spinning against each other).
 Each worker accumulates dK, dV of the current kv-head in its own float64 buffer (one
 shared buffer behind a lock when those would exceed :data:`ACCUMULATOR_BYTES`).
 
@@ -88,6 +91,40 @@ def _skew(p, a2):
     elif a2 == 1.0:
         return p
     return math.exp(a2 * math.log(p))
+
+
+@njit(inline="always", cache=CACHE)
+def _logaddexp(x, y):
+    """``log(exp(x) + exp(y))``, numpy's ``npy_logaddexp`` step for step (as the row
+    solvers' copy in :mod:`entmax_ref.backends.numba.rows`)."""
+    if x == y:
+        return x + 0.6931471805599453
+    tmp = x - y
+    if tmp > 0.0:
+        return x + math.log1p(math.exp(-tmp))
+    elif tmp <= 0.0:
+        return y + math.log1p(math.exp(tmp))
+    return tmp
+
+
+@njit(inline="always", cache=CACHE)
+def _edge_prob(d, a1, q, lqa):
+    """alpha > 2: the row solvers' ``p = (a1 d + q^a1)^(1/a1)`` for ``d > 0`` (``lqa = a1 log
+    q``), ``q`` at ``d = 0``, 0 below, operation by operation as the solvers write it."""
+    if d > 0.0:
+        return math.exp(_logaddexp(math.log(a1 * d), lqa) / a1)
+    elif d == 0.0:
+        return q
+    return 0.0
+
+
+@njit(inline="always", cache=CACHE)
+def _signed_exp(l, v):
+    """``sign(v) exp(l + log|v|)`` (0 at v = 0): ``exp(l) * v`` without overflowing early."""
+    if v == 0.0:
+        return 0.0
+    e = math.exp(l + math.log(abs(v)))
+    return e if v > 0.0 else -e
 
 
 @njit(inline="always", cache=CACHE)
@@ -275,13 +312,16 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
 
 @njit(nogil=True, cache=CACHE)
 def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
-             out, skew, theta, support, ncand, bad):
+             out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
     """Fused forward of one chunk: ``g`` (rows, key_end) is q.k (float64, or float32 as a
     filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score error
     bound; ``row_scale`` (rows,) or empty; ``slopes`` and ``alphas`` (group,) float64
     (per query head of the group; ``filt`` needs every alpha > 1).  Writes ``out``,
-    ``skew`` (rows, Dv), ``theta``, ``support``, ``ncand`` (candidates) per row, and
-    ``bad[r] = 1`` for a row whose scores overflowed."""
+    ``skew`` (rows, Dv), ``theta``, ``support``, the residual ``rmax``, ``edge``,
+    ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p), ``ncand``
+    (candidates) per row, and ``bad[r] = 1`` for a row whose scores overflowed.  For
+    alpha > 2 the skewed output is formed from ``w = u / max u`` (u overflows at the
+    support's edge; the factor cancels in the ratio)."""
     rows, key_end = g.shape
     dv = vv.shape[1]
     has_s = row_scale.shape[0] > 0
@@ -299,6 +339,7 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
         a1 = alphas[h] - 1.0
         a2 = 2.0 - alphas[h]
+        big = alphas[h] > 2.0
         window = 1.0 / a1 if a1 > 0.0 else np.inf
         s = row_scale[r] if has_s else 1.0
         m, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
@@ -308,6 +349,9 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         for d in range(dv):
             o[d] = 0.0
             sk[d] = 0.0
+        rmax[r] = -np.inf
+        edge[r] = -np.inf
+        edge_p[r] = 0.0
         if m == 0 or not ok:
             theta[r] = -np.inf
             support[r] = 0
@@ -315,12 +359,30 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             th, cnt, _, _ = _solve_row(zc[:m], pc[:m], a1, METHOD_DEFAULT, c, aux, aux2, r)
             theta[r] = th
             support[r] = cnt
+            # the residual: the row maximum (the solver's m) and the support's edge
+            L = -np.inf
+            for ci in range(m):
+                if zc[ci] > L:
+                    L = zc[ci]
+            ce = np.inf
+            qe = 0.0
+            for ci in range(m):
+                if pc[ci] > 0.0:
+                    y = zc[ci] - L
+                    if y < ce:
+                        ce = y
+                        qe = pc[ci]
+            if cnt > 0:
+                rmax[r] = L
+                edge[r] = ce
+                edge_p[r] = qe
+            lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
             su = 0.0
             for ci in range(m):
                 pj = pc[ci]
                 if pj > 0.0:
                     j = idx[ci]
-                    u = _skew(pj, a2)
+                    u = math.exp(a2 * math.log(pj) - lmax) if big else _skew(pj, a2)
                     su += u
                     for d in range(dv):
                         vjd = vv[j, d]
@@ -335,27 +397,29 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
 
 
 @njit(nogil=True, cache=CACHE)
-def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, th, doc,
-             skew_in, vv, idx, pb, ub, cnt, dq, ds, bad, dal):
+def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, th, rmax, edge,
+             edge_p, doc, skew_in, vv, idx, pb, ub, cnt, dq, ds, bad, dal):
     """Per-row backward of one chunk over the support only (see the module docstring).
     ``g``, ``filt``, ``err``, ``alphas`` (every one > 1 here) as in :func:`fwd_rows`;
-    ``th`` (rows,) theta (-inf: empty row); ``skew_in`` (rows, Dv) or an empty (0, Dv)
+    ``th`` (rows,) theta (-inf: empty row), and for the rows whose alpha > 2 the
+    forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which p is rebuilt as the row
+    solver wrote it (:func:`_edge_prob`); ``skew_in`` (rows, Dv) or an empty (0, Dv)
     array (then recomputed from p); writes the compacted support ``idx``, ``pb`` (p),
     ``ub`` (s dZ), ``cnt`` per row, and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1``
-    where a score overflowed.  ``dal`` (rows,) or empty: dL/dalpha of each row, the row
-    transform's alpha VJP (:mod:`entmax_ref.backends.numba.grads`) on the support's p
-    and dL/dp = dO . v."""
+    where a score overflowed.  alpha > 2: :func:`_dz_big`.  ``dal`` (rows,) or empty:
+    dL/dalpha of each row, the row transform's alpha VJP
+    (:mod:`entmax_ref.backends.numba.grads`) on the support's p and dL/dp = dO . v."""
     rows, key_end = g.shape
     dv = vv.shape[1]
     D = kk.shape[1]
     want_dal = dal.shape[0] > 0
-    gp = np.empty(key_end, np.float64)
     has_s = row_scale.shape[0] > 0
     have_skew = skew_in.shape[0] > 0
     za = np.empty(key_end, np.float64)
     zc = np.empty(key_end, np.float64)
     gx = np.empty(key_end, np.float64)
     gs = np.empty(key_end, np.float64)
+    gd = np.empty(key_end, np.float64)
     ci = np.empty(key_end, np.int64)
     sk = np.empty(dv, np.float64)
     acc = np.empty(D, np.float64)
@@ -363,6 +427,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
         a1 = alphas[h] - 1.0
         a2 = 2.0 - alphas[h]
+        big = alphas[h] > 2.0
         window = 1.0 / a1
         s = row_scale[r] if has_s else 1.0
         t = th[r]
@@ -373,7 +438,26 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                              False, t, za, ci, zc, gx, za, za, za)
         bad[r] = 0 if ok else 1
         m = 0
-        if live:
+        if live and big:
+            L = rmax[r]
+            ce = edge[r]
+            qe = edge_p[r]
+            lqa = a1 * math.log(qe) if qe > 0.0 else -np.inf
+            for c in range(mc):
+                # the scores may differ from the forward's by an ulp (BLAS or _dot, as the
+                # float32 filter's state decides per chunk): an entry within rounding of
+                # the edge is the edge (p = q), not an entry outside or far inside it
+                d = (zc[c] - L) - ce
+                if d - d == 0.0 and abs(d) <= 8.0 * 2.220446049250313e-16 * (abs(zc[c]) + abs(L)):
+                    d = 0.0
+                p = _edge_prob(d, a1, qe, lqa)
+                if p > 0.0:
+                    idx[r, m] = ci[c]
+                    pb[r, m] = p
+                    ub[r, m] = a2 * math.log(p)  # log u, for _dz_big
+                    gs[m] = gx[c]
+                    m += 1
+        elif live:
             for c in range(mc):
                 w = a1 * (zc[c] - t)
                 if w > -1.0:  # e_alpha(z - theta) > 0 (up to underflow, checked below)
@@ -385,35 +469,48 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                         gs[m] = gx[c]
                         m += 1
         cnt[r] = m
-        if have_skew:
-            for d in range(dv):
-                sk[d] = skew_in[r, d]
+        mref = 0  # the first entry of largest u (the reference point of ds)
+        if big:
+            mref = _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd)
         else:
+            for c in range(1, m):
+                if ub[r, c] > ub[r, mref]:
+                    mref = c
+            if have_skew:
+                for d in range(dv):
+                    sk[d] = skew_in[r, d]
+            else:
+                for d in range(dv):
+                    sk[d] = 0.0
+                su = 0.0
+                for c in range(m):
+                    u = ub[r, c]
+                    su += u
+                    j = idx[r, c]
+                    for d in range(dv):
+                        sk[d] += u * vv[j, d]
+                if su > 0.0:
+                    for d in range(dv):
+                        sk[d] /= su
+            delta = 0.0
             for d in range(dv):
-                sk[d] = 0.0
-            su = 0.0
+                delta += doc[r, d] * sk[d]
             for c in range(m):
-                u = ub[r, c]
-                su += u
                 j = idx[r, c]
+                gdc = 0.0
                 for d in range(dv):
-                    sk[d] += u * vv[j, d]
-            if su > 0.0:
-                for d in range(dv):
-                    sk[d] /= su
-        delta = 0.0
-        for d in range(dv):
-            delta += doc[r, d] * sk[d]
+                    gdc += doc[r, d] * vv[j, d]
+                gd[c] = gdc
+                ub[r, c] = ub[r, c] * (gdc - delta)
         dsr = 0.0
+        a_ref = scale * gs[mref] if m > 0 else 0.0
         for c in range(m):
             j = idx[r, c]
-            gd = 0.0
-            for d in range(dv):
-                gd += doc[r, d] * vv[j, d]
-            gp[c] = gd
-            dz = ub[r, c] * (gd - delta)
+            dz = ub[r, c]
             if has_s:
-                dsr += dz * (scale * gs[c])
+                # ds = sum dZ a as sum dZ (a - a_ref): the dZ sum to 0, and the huge ones
+                # (alpha > 2, at the edge) sit where a is nearly a_ref
+                dsr += dz * (scale * gs[c] - a_ref)
                 dz = dz * s
             ub[r, c] = dz
             for d in range(D):
@@ -421,11 +518,104 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         ds[r] = dsr
         for d in range(D):
             dq[r, d] = scale * acc[d]
-        if want_dal:
+        if want_dal:  # gd[:m] = dO . v_j on the support (both branches above)
             if a1 > 1.0:
-                dal[r] = _alpha_vjp_row_big(pb[r, :m], gp[:m], a1)
+                dal[r] = _alpha_vjp_row_big(pb[r, :m], gd[:m], a1)
             else:
-                dal[r] = _alpha_vjp_row(pb[r, :m], gp[:m], a1)
+                dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
+
+
+@njit(inline="always", cache=CACHE)
+def _acc(s, comp, v):
+    """One step of Neumaier's compensated summation."""
+    t = s + v
+    if abs(s) >= abs(v):
+        comp += (s - t) + v
+    else:
+        comp += (v - t) + s
+    return t, comp
+
+
+@njit(cache=CACHE)
+def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
+    """alpha > 2: ``dZ_rc = u_c (g_c - delta_r)`` over the compacted support of row r, in
+    the overflow-free form of the row VJP (``NumpyBackend.entmax_vjp``), with ``g_c = dO_r
+    . v_j``.  On entry ``ub[r, :m]`` holds ``log u``; on exit dZ.  With ``w = u / max u``
+    (log space), ``S = sum w``, the skewed output ``sum w v / S`` (or the forward's) and
+    ``delta = dO . skew``: entries other than the first of largest u (the edge) get ``u_c
+    (g_c - delta)`` (``sign exp(log u_c + log|g_c - delta|)`` where u_c overflows); that
+    entry, whose ``g_m - delta`` is a tiny difference times a huge u, gets ``sum_{c != m}
+    u_c (g_m - g_c) / S`` (scaled by the second largest u where that is not finite).
+    Returns m."""
+    dv = vv.shape[1]
+    if m == 0:
+        return 0
+    mi = 0
+    lmax = ub[r, 0]
+    for c in range(1, m):
+        if ub[r, c] > lmax:
+            lmax = ub[r, c]
+            mi = c
+    S = 0.0
+    cS = 0.0
+    for c in range(m):
+        S, cS = _acc(S, cS, math.exp(ub[r, c] - lmax))
+    S = S + cS
+    if have_skew:
+        for d in range(dv):
+            sk[d] = skew_in[r, d]
+    else:
+        for d in range(dv):
+            sk[d] = 0.0
+        for c in range(m):
+            w = math.exp(ub[r, c] - lmax)
+            j = idx[r, c]
+            for d in range(dv):
+                sk[d] += w * vv[j, d]
+        for d in range(dv):
+            sk[d] /= S
+    delta = 0.0
+    for d in range(dv):
+        delta += doc[r, d] * sk[d]
+    l2 = -np.inf
+    for c in range(m):
+        j = idx[r, c]
+        gdc = 0.0
+        for d in range(dv):
+            gdc += doc[r, d] * vv[j, d]
+        gd[c] = gdc
+        if c != mi and ub[r, c] > l2:
+            l2 = ub[r, c]
+    gm = gd[mi]
+    Dm = 0.0
+    cD = 0.0
+    for c in range(m):
+        if c != mi:
+            Dm, cD = _acc(Dm, cD, math.exp(ub[r, c]) * (gm - gd[c]))
+    Dm = (Dm + cD) / S
+    if not (Dm - Dm == 0.0):  # beyond float64: scaled by the second largest u
+        T = 0.0
+        cT = 0.0
+        for c in range(m):
+            if c != mi:
+                T, cT = _acc(T, cT, math.exp(ub[r, c] - l2) * (gm - gd[c]))
+        Dm = _signed_exp(l2, (T + cT) / S)
+    if l2 == -np.inf:  # the edge alone on the support
+        Dm = 0.0
+    for c in range(m):
+        if c == mi:
+            continue
+        lu = ub[r, c]
+        diff = gd[c] - delta
+        u = math.exp(lu)
+        if diff == 0.0:
+            ub[r, c] = 0.0
+        elif u == np.inf:
+            ub[r, c] = _signed_exp(lu, diff)
+        else:
+            ub[r, c] = u * diff
+    ub[r, mi] = Dm
+    return mi
 
 
 @njit(nogil=True, cache=CACHE)
@@ -461,53 +651,37 @@ def expand(idx, pb, ub, cnt, P, U):
 
 
 # --------------------------------------------------------------------------- the drivers
-def _blas_threads_api():
-    """(get, set) of the number of threads of NumPy's OpenBLAS, or None when unknown."""
-    import ctypes
-    import glob
-    import os
-
-    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-    for path in sorted(glob.glob(os.path.join(libdir, "*openblas*"))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", "_64_"), ("openblas", "64_"),
-                               ("openblas", "")):
-            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            if get is not None and set_ is not None:
-                get.restype = ctypes.c_int
-                set_.argtypes = [ctypes.c_int]
-                return get, set_
-    return None
-
-
-_BLAS = []
 _BLAS_LOCK = threading.Lock()
+_BLAS_STATE = {"users": 0, "limiter": None, "controller": None}
 
 
 @contextlib.contextmanager
 def _single_threaded_blas():
-    """NumPy's BLAS on one thread for the duration (restored after).  The drivers run
-    ``workers`` Python threads, each calling single-threaded BLAS and a ``nogil`` kernel
-    in turn: a multi-threaded BLAS between multi-threaded kernels would have two thread
-    pools busy-waiting against each other on the same cores."""
+    """BLAS on one thread while any attention call of this process runs, restored when the
+    last one ends.  The drivers run ``workers`` Python threads that each call BLAS and a
+    ``nogil`` kernel in turn; a multi-threaded BLAS between them would have two thread
+    pools busy-waiting against each other on the same cores (3x slower on the 2-core VM).
+    threadpoolctl sets and restores the limit; a count of the calls in flight (under a
+    lock) makes concurrent calls share one limit, so the count the caller had is always
+    restored (setting it per call raced: after concurrent calls the process was left at
+    one BLAS thread)."""
     with _BLAS_LOCK:
-        if not _BLAS:
-            _BLAS.append(_blas_threads_api())
-    api = _BLAS[0]
-    if api is None:
-        yield
-        return
-    get, set_ = api
-    before = get()
-    set_(1)
+        st = _BLAS_STATE
+        if st["users"] == 0:
+            if st["controller"] is None:
+                from threadpoolctl import ThreadpoolController
+
+                st["controller"] = ThreadpoolController()
+            st["limiter"] = st["controller"].limit(limits=1, user_api="blas")
+        st["users"] += 1
     try:
         yield
     finally:
-        set_(before)
+        with _BLAS_LOCK:
+            st["users"] -= 1
+            if st["users"] == 0:
+                st["limiter"].restore_original_limits()
+                st["limiter"] = None
 
 
 def _run_parallel(items, work, workers):
@@ -625,6 +799,9 @@ def attention_forward(backend, q, k, v, spec):
     skew = np.zeros((B, Hq, Nq, Dv), f64)
     theta = np.full((B, Hq, Nq), -np.inf)
     support = np.zeros((B, Hq, Nq), np.int64)
+    row_max = np.full((B, Hq, Nq), -np.inf)
+    edge = np.full((B, Hq, Nq), -np.inf)
+    edge_p = np.zeros((B, Hq, Nq))
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -662,10 +839,13 @@ def attention_forward(backend, q, k, v, spec):
         sk = np.empty((rows, Dv), f64)
         th = np.empty(rows, f64)
         sup = np.empty(rows, np.int64)
+        rm = np.empty(rows, f64)
+        ce = np.empty(rows, f64)
+        qe = np.empty(rows, f64)
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
         fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs,
-                 _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, ncand, bad)
+                 _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad)
         if bad.any():
             raise ValueError(_OVERFLOW)
         if filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
@@ -680,6 +860,9 @@ def attention_forward(backend, q, k, v, spec):
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
         theta[b, h0:h0 + group, i0:i1] = th.reshape(shape)
         support[b, h0:h0 + group, i0:i1] = sup.reshape(shape)
+        row_max[b, h0:h0 + group, i0:i1] = rm.reshape(shape)
+        edge[b, h0:h0 + group, i0:i1] = ce.reshape(shape)
+        edge_p[b, h0:h0 + group, i0:i1] = qe.reshape(shape)
 
     # kv-heads in batches whose copies take at most HEAD_BYTES; the chunks of a batch run
     # in one parallel region (largest first), so that no worker idles at a head's end
@@ -696,23 +879,31 @@ def attention_forward(backend, q, k, v, spec):
                 items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
             items.sort(key=lambda t: -(t[3] - t[2]) * t[4])
             _run_parallel(items, work, workers)
-    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew)
+    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
 
-def attention_backward(backend, do, q, k, v, theta, skew, spec):
-    """Chunked support-only backward (see the module docstring); the NumPy driver's
-    outputs and conventions."""
+def attention_backward(backend, do, q, k, v, res, skew, spec):
+    """Chunked support-only backward from the forward's residual ``res`` (theta; for
+    alpha > 2 also row_max, edge, edge_p; with alpha per head, for the rows of heads with
+    alpha > 2) (see the module docstring); the NumPy driver's outputs and conventions."""
     from .._base import AttentionGrads
     from ..numpy_attention import attention_backward as numpy_backward
 
-    softmax = spec.alpha == 1.0 if spec.head_alpha is None else bool(np.any(spec.head_alpha == 1.0))
-    if softmax:
-        return numpy_backward(backend, do, q, k, v, theta, skew, spec)
+    heads_alpha = np.asarray([spec.alpha] if spec.head_alpha is None else spec.head_alpha, np.float64)
+    if bool(np.any(heads_alpha == 1.0)):  # a softmax head: the NumPy driver
+        return numpy_backward(backend, do, q, k, v, res, skew, spec)
     if spec.key_mask is not None:
         from ..numpy_attention import backward_by_key_runs
 
-        return backward_by_key_runs(lambda *a: attention_backward(backend, *a), do, q, k, v, theta, skew, spec,
-                                    lambda: numpy_backward(backend, do, q, k, v, theta, skew, spec))
+        return backward_by_key_runs(lambda *a: attention_backward(backend, *a), do, q, k, v, res, skew, spec,
+                                    lambda: numpy_backward(backend, do, q, k, v, res, skew, spec))
+    theta = res.theta
+    if bool(np.any(heads_alpha > 2.0)):
+        if res.row_max is None or res.edge is None or res.edge_p is None:
+            raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
+        resid = (res.row_max, res.edge, res.edge_p)
+    else:
+        resid = None
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
@@ -771,6 +962,10 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                             err = np.zeros(g.shape[0])
                     rows = g.shape[0]
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
+                    if resid is None:
+                        rm = ce = qe = th  # not read for alpha <= 2
+                    else:
+                        rm, ce, qe = (np.ascontiguousarray(np.asarray(a[sl], f64).reshape(-1)) for a in resid)
                     sk = no_skew if skew is None else np.ascontiguousarray(np.asarray(skew[sl], f64).reshape(-1, Dv))
                     idx = np.empty((rows, key_end), np.int32)
                     pb = np.empty((rows, key_end), f64)
@@ -781,7 +976,8 @@ def attention_backward(backend, do, q, k, v, theta, skew, spec):
                     bad = np.empty(rows, np.int8)
                     dal = no_dal if dalpha is None else np.empty(rows, f64)
                     bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes,
-                             _group_alphas(spec, h0, group), th, doc, sk, vv, idx, pb, ub, cnt, dqc, dsc, bad, dal)
+                             _group_alphas(spec, h0, group), th, rm, ce, qe, doc, sk, vv, idx, pb, ub, cnt, dqc, dsc,
+                             bad, dal)
                     if bad.any():
                         raise ValueError(_OVERFLOW)
                     if filt and cnt.sum() > FILTER_FRACTION * rows * key_end:

@@ -38,7 +38,8 @@ OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp", "normm
 NORMMAX_ALPHAS = (1.5, 2.0, 3.0)
 BUDGETS = (1.0, 2.5)
 #: operations only a conformance corpus (--corpus) replays
-CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale")
+CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale", "normmax_threshold", "normmax_vjp",
+                   "budget_sparsemax_vjp")
 
 
 class _Progress:
@@ -92,8 +93,7 @@ def _guard(op: str, impl: str, probe: Callable[[], object], run: Callable[[], Ch
 def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
     """entmax_loss and its gradient on backend b vs the float64 NumPy reference.
 
-    Budget: |dL| <= delta_n (1 + |L| + max |x_i - max x| over the support of p and the
-    target); the gradient p - q takes the probability budgets plus one float64 rounding
+    Budget: :func:`tolerance.loss_tolerance` (formula 6); the gradient p - q takes the probability budgets plus one float64 rounding
     of the subtraction."""
     import entmax_ref as er
 
@@ -119,9 +119,7 @@ def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
             L = er.entmax_loss(x64, target, alpha, backend="numpy")
             p = er.entmax(x64, alpha, backend="numpy")
             onehot = np.eye(x.shape[1])[target]
-            y = x64 - x64.max(axis=1, keepdims=True)
-            reach = np.where((p > 0) | (onehot > 0), np.abs(y), 0.0).max(axis=1)
-            tol = T.threshold_budget(dt, x.shape[1]) * (1 + np.abs(L) + reach)
+            tol = T.loss_tolerance(x64, p, onehot, L, dt)
             cmp = compare(got, L, tol, dt, name="loss")
             row.measure(cmp)
             if not cmp.ok:
@@ -442,7 +440,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     ap.add_argument("--impl", metavar="PKG.MOD:FN", help="check your function instead of the backends")
     ap.add_argument("--op", choices=OPS + CORPUS_ONLY_OPS, default="entmax",
-                    help="what --impl computes (default entmax; the last three only with --corpus)")
+                    help=f"what --impl computes (default entmax; {', '.join(CORPUS_ONLY_OPS)} only with --corpus)")
     ap.add_argument("--corpus", metavar="DIR",
                     help="replay a conformance corpus (written by entmax-ref corpus) instead of the built-in cases")
     ap.add_argument("--alpha", type=float, action="append", help="alpha (repeatable; default 1.5 for --impl)")

@@ -30,6 +30,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
@@ -364,21 +365,6 @@ def gen_entmax_vjp(ctx: _Context):
                "oracle_err": num(err), "within_tol_of_oracle": bool(within), "why": why}
 
 
-def _alpha_vjp_tolerance(p, g, dalpha, a, dtype):
-    """Budget of dL/dalpha per row: a threshold error delta_n moves log p_i by up to
-    kappa delta_n on the support (kappa of :func:`tolerance.vjp_kappa`), hence
-    c_i = -l_i^2 h(-(alpha-1) l_i) by (2 |l_i| + l_i^2) kappa delta_n relatively; both
-    terms of dp_i/dalpha, weighted by |g|, carry it (factor 4 as in formula 4)."""
-    on = p > 0
-    ell = np.abs(np.log(np.where(on, p, 1.0)))
-    with np.errstate(over="ignore"):
-        u = np.where(on, np.power(np.where(on, p, 1.0), 2.0 - a), 0.0)
-    d = T.threshold_budget(dtype, p.shape[-1])
-    kappa = float(T.vjp_kappa(p[None], a)[0])
-    weight = np.where(on, (p + u) * (1.0 + 2.0 * ell + ell * ell) ** 2, 0.0)
-    return float(4 * d * kappa * np.abs(g).max(initial=0.0) * weight.sum() + 2 * T.unit_roundoff(dtype) * abs(dalpha))
-
-
 def _alpha_vjp_mp(mp, exact, g, a):
     with mp.workdps(50):
         a = mp.mpf(a)
@@ -412,7 +398,7 @@ def gen_entmax_alpha_vjp(ctx: _Context):
         da = float(np.asarray(er.entmax_alpha_vjp(p[None], g[None], a, backend="numpy"))[0])
         exact, _ = ctx.oracle.row(x64, a, tau)
         err = float(abs(mp.mpf(da) - _alpha_vjp_mp(mp, exact, g, a)))
-        tol = _alpha_vjp_tolerance(p, g, da, a, dt)
+        tol = float(T.alpha_vjp_tolerance(p[None], g[None], da, a, dt)[0])
         from entmax_ref.backends._base import tau_to_theta
 
         ill = bool(T.ill_posed_rows(x64[None], tau_to_theta(np.array([tau]), np.array([a])), a, "float64")[0])
@@ -422,14 +408,6 @@ def gen_entmax_alpha_vjp(ctx: _Context):
                "ill_posed": ill, "oracle_err": num(err), "within_tol_of_oracle": bool(within),
                "why": src.why + ("; ill-posed at x (alpha >= 2 with an entry at the threshold): dalpha is "
                                  "exact for the p given, not for x" if ill else "")}
-
-
-def _loss_tolerance(x64, p, onehot, loss, dtype):
-    """|dL| <= delta_n (1 + |L| + max |x_i - max x| over the support of p and the target)
-    (the budget ``entmax-ref check`` uses for losses)."""
-    y = x64 - x64.max()
-    reach = np.where((p > 0) | (onehot > 0), np.abs(y), 0.0).max(initial=0.0)
-    return float(T.threshold_budget(dtype, len(x64)) * (1 + abs(loss) + reach))
 
 
 def _loss_mp(mp, exact, x64, target, a):
@@ -472,30 +450,14 @@ def gen_entmax_loss(ctx: _Context):
         p, tau, _ = _ref(x64, a)
         onehot = np.eye(len(x))[target]
         grad = p - onehot
-        tol = _loss_tolerance(x64, p, onehot, loss, dt)
+        tol = float(T.loss_tolerance(x64[None], p[None], onehot[None], loss, dt)[0])
         tol_g = T.entmax_tolerance(p[None], a, dt)[0] + T.unit_roundoff(np.float64) * np.abs(grad)
         exact, _ = ctx.oracle.row(x64, a, tau)
         err = float(abs(mp.mpf(loss) - _loss_mp(mp, exact, x64, target, a)))
-        within = err <= _loss_tolerance(x64, p, onehot, loss, "float64")
+        within = err <= float(T.loss_tolerance(x64[None], p[None], onehot[None], loss, "float64")[0])
         yield {"op": "entmax_loss", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
                "target": target, "loss": num(loss), "tol_loss": num(tol), "grad": nums(grad), "tol_grad": nums(tol_g),
                "oracle_err": num(err), "within_tol_of_oracle": bool(within), "why": src.why}
-
-
-def _scale_tolerances(n, beta, gamma, delta, offset, s, dgamma):
-    """Budgets of asentmax_scale and its gradients: L = log(n + c) carries
-    dL = u (2 + |L|) (rounding of n + c and of log), L^gamma a relative
-    r = |gamma| dL / L + 4u (pow to a few ulps); s, ds/dbeta = L^gamma and
-    ds/dgamma = beta L^gamma log L inherit it, plus their final rounding."""
-    u = T.unit_roundoff(np.float64)
-    L = math.log(n + offset)
-    dL = u * (2 + abs(L))
-    r = abs(gamma) * dL / L + 4 * u
-    Lg = L ** gamma
-    tol_s = abs(beta) * Lg * r + 2 * u * (abs(delta) + abs(s))
-    tol_db = Lg * r + u * Lg
-    tol_dg = abs(beta) * Lg * (r * abs(math.log(L)) + dL / L + 4 * u) + 2 * u * abs(dgamma)
-    return tol_s, tol_db, tol_dg
 
 
 def gen_asentmax_scale(ctx: _Context):
@@ -521,7 +483,7 @@ def gen_asentmax_scale(ctx: _Context):
                 s_mp = mp.mpf(delta) + mp.mpf(beta) * Lg
                 dg_mp = mp.mpf(beta) * Lg * mp.log(L)
                 errs = (float(abs(mp.mpf(s) - s_mp)), float(abs(mp.mpf(db) - Lg)), float(abs(mp.mpf(dg) - dg_mp)))
-            tols = _scale_tolerances(n, beta, gamma, delta, c, s, dg)
+            tols = T.asentmax_scale_tolerances(n, beta, gamma, delta, c, s, dg)
             if any(e > t for e, t in zip(errs, tols)) or dd != 1.0:
                 raise RuntimeError(f"asentmax_scale reference off the oracle: n={n}, beta={beta}, gamma={gamma}")
             yield {"op": "asentmax_scale", "kind": "scale", "dtype": "float64", "n": n, "beta": num(beta),
@@ -530,6 +492,272 @@ def gen_asentmax_scale(ctx: _Context):
                    "tol_dgamma": num(tols[2]), "tol_ddelta": "0.0", "oracle_err": num(max(errs)),
                    "why": "n = 0 with c = e - 1 (log = 1), c < 1, long contexts, negative beta and delta"
                    if n == 0 else "length-dependent temperature of ASEntmax"}
+
+
+# ----------------------------------------------------------------------------- normmax, budget-sparsemax
+
+#: normmax alphas: near 1 (p ~ t^1000 and t^20: underflow-prone powers), 1.5, 2, 3 and large
+NORMMAX_ALPHAS = (1.001, 1.05, 1.5, 2.0, 3.0, 10.0, 50.0)
+#: budgets: 0, integers, fractional ones, and n (every entry 1)
+BUDGETS = (0.0, 1.0, 2.0, 0.3, 2.5)
+#: the built-in row kinds (and how many of each) the family operations are generated from
+_FAMILY_KINDS = {"random": 6, "ties": 4, "masks": 6, "all-masked": 1, "extreme": 6, "tiny": 8, "near-ties": 5,
+                 "huge-offset": 3}
+
+
+def _family_rows(ctx: _Context) -> list[_Row]:
+    """The rows (n <= 64) normmax and budget-sparsemax are generated from: a subset of the
+    entmax row sources (their oracles cost tens of ms a row) plus rows of their own."""
+    out, seen = [], {}
+    for r in ctx.rows:
+        cap = _FAMILY_KINDS.get(r.kind, 0) * (3 if ctx.size == "full" else 1)
+        if len(r.x) <= 64 and seen.get(r.kind, 0) < cap:
+            seen[r.kind] = seen.get(r.kind, 0) + 1
+            out.append(r)
+    rng = np.random.default_rng([ctx.seed, 23])
+    x = rng.standard_normal(6)
+    x[[1, 4]] = -np.inf
+    out.append(_Row("masks", "two finite entries among -inf: fewer unmasked entries than most budgets", x))
+    out.append(_Row("masks", "a single finite entry", np.array([-np.inf, 0.25, -np.inf, -np.inf])))
+    out.append(_Row("huge-offset", "scores near 1e6 with a spread of 1e-3 (cancellation in x - tau)",
+                    1e6 + rng.standard_normal(12) * 1e-3))
+    out.append(_Row("near-ties", "all entries equal (uniform p)", np.full(7, -1.75)))
+    return out
+
+
+def _normmax_boundary_rows(alpha: float, rng) -> list[_Row]:
+    """k equal top entries (at 0) and entries exactly at normmax's threshold and one ulp
+    either side: with s below the top, k (0 - s)^beta = 1 puts tau at s (beta = alpha/(alpha-1))."""
+    beta = alpha / (alpha - 1.0)
+    rows = []
+    for k in (1, 2, 3):
+        s = -((1.0 / k) ** (1.0 / beta))
+        x = np.concatenate([np.zeros(k), [s, np.nextafter(s, np.inf), np.nextafter(s, -np.inf), s - 1.0]])
+        rows.append(_Row("support-boundary", f"{k} equal top entries; others at the threshold (k |s|^beta = 1) "
+                         "and one ulp either side", rng.permutation(x), (alpha,)))
+    return rows
+
+
+def _family_cases(ctx: _Context, params, boundary=None, salt=24):
+    """(source row, parameter, dtype, x, x64): every row at a rotation of three of
+    ``params`` (all of them with --size full) in both dtypes, plus the boundary rows."""
+    rng = np.random.default_rng([ctx.seed, salt])
+    rows = _family_rows(ctx)
+    picks = []
+    for i, src in enumerate(rows):
+        ps = params if ctx.size == "full" else [params[(i + j) % len(params)] for j in (0, 2, 4)]
+        picks.extend((src, p) for p in ps)
+    if boundary is not None:
+        for p in params:
+            picks.extend((src, p) for src in boundary(p, rng))
+    for src, prm in picks:
+        for dt in DTYPES:
+            with np.errstate(over="ignore"):
+                x = src.x.astype(dt)
+            if np.any(np.isinf(x) & np.isfinite(src.x)):
+                continue
+            yield src, prm, dt, x, x.astype(np.float64)
+
+
+class _FamilyOracle:
+    """The normmax (50 digits) and budget (exact rational) oracles, memoised per row."""
+
+    def __init__(self):
+        from . import family_oracle
+
+        self.fo = family_oracle
+        self.cache: dict = {}
+
+    def normmax(self, x64, alpha):
+        key = ("n", x64.tobytes(), alpha)
+        if key not in self.cache:
+            self.cache[key] = self.fo.normmax_mp(x64, alpha)
+        return self.cache[key]
+
+    def budget(self, x64, budget):
+        key = ("b", x64.tobytes(), budget)
+        if key not in self.cache:
+            self.cache[key] = self.fo.budget_exact(x64, budget)
+        return self.cache[key]
+
+
+def _family_oracle(ctx: _Context) -> _FamilyOracle:
+    if "family_oracle" not in ctx.stats:
+        ctx.stats["family_oracle"] = _FamilyOracle()
+    return ctx.stats["family_oracle"]
+
+
+def _normmax_ref(x64, a):
+    import entmax_ref as er
+
+    p, info = er.normmax(x64[None], a, backend="numpy", return_info=True)
+    return p[0], float(info.tau[0]), int(info.support[0])
+
+
+def gen_normmax(ctx: _Context):
+    """normmax.jsonl: p, tau and support of alpha-normmax, checked against the 50-digit oracle."""
+    from .family_checks import normmax_threshold_tolerance, normmax_tolerance
+
+    fo = _family_oracle(ctx)
+    mp = fo.fo.mp
+    for src, a, dt, x, x64 in _family_cases(ctx, NORMMAX_ALPHAS, _normmax_boundary_rows):
+        p, tau, support = _normmax_ref(x64, a)
+        tol_p = normmax_tolerance(p[None], [tau], x64[None], a, dt)[0]
+        tol_tau = float(normmax_threshold_tolerance(x64[None], dt)[0]) if np.isfinite(tau) else 0.0
+        exact, tau_mp = fo.normmax(x64, a)
+        with mp.workdps(50):
+            per_entry = np.array([float(abs(mp.mpf(float(v)) - e)) for v, e in zip(p, exact)])
+            tau_err = 0.0 if tau_mp is None else float(abs(mp.mpf(tau) - tau_mp))
+        err = float(per_entry.max(initial=0.0))
+        within = bool(np.all(per_entry <= normmax_tolerance(p[None], [tau], x64[None], a, "float64")[0])
+                      and (tau_mp is None) == (not np.isfinite(tau))
+                      and tau_err <= float(normmax_threshold_tolerance(x64[None], "float64")[0]))
+        case = {"op": "normmax", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
+                "p": nums(p), "tau": num(tau), "support": support, "tol_p": nums(tol_p), "tol_tau": num(tol_tau),
+                "oracle_err": num(max(err, tau_err)), "within_tol_of_oracle": within, "why": src.why}
+        if not within:
+            case["why"] += "; the float64 reference is further from the oracle than its own float64 tolerance"
+        _roundtrips(case["x"], x, dt)
+        yield case
+
+
+def _normmax_vjp_mp(mp, x64, tau_mp, exact, g, alpha):
+    """dx = c - p sum(c), c_i = r_i (g_i - <p, g>), r_i = gg t_i^(gg-1) / sum_j t_j^gg on
+    the support, t = x - tau, gg = 1/(alpha-1) (differentiating the KKT conditions)."""
+    with mp.workdps(50):
+        if tau_mp is None:
+            return [mp.mpf(0)] * len(x64)
+        gg = 1 / (mp.mpf(alpha) - 1)
+        t = [mp.mpf(float(v)) - tau_mp if np.isfinite(v) and mp.mpf(float(v)) > tau_mp else None for v in x64]
+        S = mp.fsum(ti ** gg for ti in t if ti is not None)
+        r = [gg * ti ** (gg - 1) / S if ti is not None else mp.mpf(0) for ti in t]
+        m = mp.fsum(e * mp.mpf(float(gi)) for e, gi in zip(exact, g))
+        c = [ri * (mp.mpf(float(gi)) - m) for ri, gi in zip(r, g)]
+        sc = mp.fsum(c)
+        return [ci - e * sc for ci, e in zip(c, exact)]
+
+
+def gen_normmax_vjp(ctx: _Context):
+    """normmax_vjp.jsonl: dx = J^T grad of alpha-normmax at x, checked against the oracle."""
+    import entmax_ref as er
+
+    from .family_checks import normmax_vjp_tolerance
+
+    fo = _family_oracle(ctx)
+    mp = fo.fo.mp
+    rng = np.random.default_rng([ctx.seed, 25])
+    for src, a, dt, x, x64 in _family_cases(ctx, NORMMAX_ALPHAS, _normmax_boundary_rows):
+        p, tau, _ = _normmax_ref(x64, a)
+        g = rng.standard_normal(len(x)).astype(dt)
+        g64 = g.astype(np.float64)
+        dx = np.asarray(er.normmax_vjp(p[None], g64[None], a, backend="numpy"), np.float64)
+        tol, ill = normmax_vjp_tolerance(p[None], x64[None], [tau], g64[None], dx, a, dt, ill_posed_inf=False)
+        tol64, ill64 = normmax_vjp_tolerance(p[None], x64[None], [tau], g64[None], dx, a, "float64")
+        exact, tau_mp = fo.normmax(x64, a)
+        err = _mp_err(mp, dx[0], _normmax_vjp_mp(mp, x64, tau_mp, exact, g64, a))
+        ill = bool(ill[0])
+        within = bool(ill64[0]) or err <= float(tol64[0, 0])
+        why = src.why + ("; ill-posed gradient (alpha >= 2 with an entry at the threshold): compare only "
+                         "implementations that take p" if ill else "")
+        yield {"op": "normmax_vjp", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
+               "p": nums(p), "grad": nums(g, dt), "dx": nums(dx[0]), "tol_dx": num(tol[0, 0]),
+               "ill_posed": ill, "oracle_err": num(err), "within_tol_of_oracle": bool(within), "why": why}
+
+
+def _budget_boundary_rows(budget: float, rng) -> list[_Row]:
+    """Rows whose entries sit exactly on budget-sparsemax's breakpoints (p = 0 or 1) and
+    one ulp either side: tau = 0 with entries at 0 and 1."""
+    rows = []
+    x = np.array([1.0, np.nextafter(1.0, 2.0), np.nextafter(1.0, 0.0), 0.0, np.nextafter(0.0, 1.0), -0.0, -1e-300,
+                  0.5, 0.25])
+    rows.append(_Row("support-boundary", "entries at the breakpoints 0 and 1 and one ulp (or a denormal) away",
+                     rng.permutation(x), (budget,)))
+    y = np.array([3.0, 2.0, 2.0, 2.0, 1.0, 0.0])  # exact ties: tau between the breakpoints of a tied group
+    rows.append(_Row("ties", "a tied group that the budget splits (entries share the mass equally)", y, (budget,)))
+    return rows
+
+
+def _budget_cases(ctx: _Context):
+    """The family cases at each budget (capped at the row's length n), and at n itself
+    alongside budget 0."""
+    seen = set()
+    for src, b, dt, x, x64 in _family_cases(ctx, BUDGETS, _budget_boundary_rows, salt=26):
+        if np.any(np.isfinite(x64) & (x64 - 1.0 == x64)):
+            # |x| >= 2^53: x - 1 rounds to x, so the box's breakpoints collapse and float64
+            # cannot represent a fractional entry (the backends divide by an empty free set)
+            continue
+        for B in dict.fromkeys((float(min(b, len(x))),) + ((float(len(x)),) if b == BUDGETS[0] else ())):
+            key = (id(src), B, dt)
+            if key not in seen:
+                seen.add(key)
+                yield src, B, dt, x, x64
+
+
+def _budget_why(src, B, x64):
+    live = int(np.isfinite(x64).sum())
+    extra = []
+    if B == 0.0:
+        extra.append("budget 0 (p = 0)")
+    elif B == len(x64):
+        extra.append("budget n (every unmasked entry 1)")
+    elif B > live:
+        extra.append(f"budget {B:g} above the {live} unmasked entries (those are 1)")
+    elif B != int(B):
+        extra.append(f"fractional budget {B:g}")
+    return "; ".join([src.why] + extra)
+
+
+def gen_budget_sparsemax(ctx: _Context):
+    """budget_sparsemax.jsonl: p = clip(x - tau, 0, 1) with sum p = budget, against the exact rational oracle."""
+    import entmax_ref as er
+
+    from .family_checks import budget_tolerance
+
+    fo = _family_oracle(ctx)
+    for src, B, dt, x, x64 in _budget_cases(ctx):
+        p, info = er.budget_sparsemax(x64[None], B, backend="numpy", return_info=True)
+        p, tau, support = p[0], float(info.tau[0]), int(info.support[0])
+        exact, _ = fo.budget(x64, B)
+        err = max((float(abs(Fraction(float(v)) - e)) for v, e in zip(p, exact)), default=0.0)
+        within = err <= float(budget_tolerance(x64[None], B, "float64").max(initial=0.0))
+        case = {"op": "budget_sparsemax", "kind": src.kind, "budget": num(B), "dtype": dt, "n": len(x),
+                "x": nums(x, dt), "p": nums(p), "tau": num(tau), "support": support,
+                "tol_p": nums(budget_tolerance(x64[None], B, dt)[0]), "oracle_err": num(err),
+                "within_tol_of_oracle": bool(within), "why": _budget_why(src, B, x64)}
+        if not within:
+            case["why"] += "; the float64 reference is further from the exact projection than its own tolerance"
+        _roundtrips(case["x"], x, dt)
+        yield case
+
+
+def gen_budget_sparsemax_vjp(ctx: _Context):
+    """budget_sparsemax_vjp.jsonl: dx_i = g_i - mean over the free set F = {0 < p < 1} of g on F, 0 elsewhere."""
+    import entmax_ref as er
+
+    from .family_checks import budget_vjp_tolerance
+
+    fo = _family_oracle(ctx)
+    rng = np.random.default_rng([ctx.seed, 27])
+    for src, B, dt, x, x64 in _budget_cases(ctx):
+        p = er.budget_sparsemax(x64[None], B, backend="numpy")
+        g = rng.standard_normal(len(x)).astype(dt)
+        g64 = g.astype(np.float64)
+        dx = np.asarray(er.budget_sparsemax_vjp(p, g64[None], B, backend="numpy"), np.float64)
+        tol, ill = budget_vjp_tolerance(x64[None], p, g64[None], dx, B, dt, ill_posed_inf=False)
+        tol64, _ = budget_vjp_tolerance(x64[None], p, g64[None], dx, B, "float64")
+        exact, _ = fo.budget(x64, B)
+        free = [i for i, e in enumerate(exact) if 0 < e < 1]
+        mean = sum((Fraction(float(g64[i])) for i in free), Fraction(0)) / len(free) if free else Fraction(0)
+        dx_exact = [Fraction(float(g64[i])) - mean if i in free else Fraction(0) for i in range(len(x))]
+        err = max((float(abs(Fraction(float(v)) - e)) for v, e in zip(dx[0], dx_exact)), default=0.0)
+        ill = bool(ill[0])
+        within = ill or err <= float(tol64.max(initial=0.0))
+        why = _budget_why(src, B, x64) + ("; ill-posed gradient (an entry at a breakpoint 0 or 1): compare only "
+                                          "implementations that take p" if ill else "")
+        yield {"op": "budget_sparsemax_vjp", "kind": src.kind, "budget": num(B), "dtype": dt, "n": len(x),
+               "x": nums(x, dt), "p": nums(p[0]), "grad": nums(g, dt), "dx": nums(dx[0]),
+               "tol_dx": nums(tol[0]), "ill_posed": ill, "oracle_err": num(err),
+               "within_tol_of_oracle": bool(within), "why": why}
 
 
 _ATTN_WHY = {
@@ -620,12 +848,25 @@ def _rows1(case, key, dtype):
 
 
 def _row_label(case):
-    return f"{case['kind']} alpha={case['alpha']} n={case['n']}"
+    prm = f"budget={case['budget']}" if "budget" in case else f"alpha={case['alpha']}"
+    return f"{case['kind']} {prm} n={case['n']}"
 
 
-def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, device, dtypes):
+def _param_caller(fn, data_args, op, form, param):
+    """A caller passing the (required) parameter by keyword ``param`` when fn has it (or
+    ``**kwargs``), else positionally right after the data."""
+    try:
+        _, _, var_kw, names = _positional_capacity(fn)
+    except (TypeError, ValueError):
+        names, var_kw = set(), False
+    return _caller(fn, data_args, op, form, param if (param in names or var_kw) else data_args)
+
+
+def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, device, dtypes, param=None):
     """Shared loop of the row replays: one CheckRow per dtype; ``compute(call, case, dt)``
-    returns (got, expected, tol) arrays or None (skipped)."""
+    returns (got, expected, tol) arrays or None (skipped).  ``param`` (normmax's "alpha",
+    "budget") names a required parameter taken from the case; by default alpha is passed
+    as :func:`checks._caller` does."""
     report = CheckReport()
     by_dt: dict = {}
     for c in cases:
@@ -636,14 +877,16 @@ def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, devi
         report.rows.append(row)
         t0 = time.perf_counter()
         try:
-            call = _caller(fn, data_args, f"corpus {op}", form)
+            call = (_caller(fn, data_args, f"corpus {op}", form) if param is None
+                    else _param_caller(fn, data_args, f"corpus {op}", form, param))
         except _CallError as exc:
             row.fail(str(exc))
             continue
         skipped = 0
         for c in group:
             def run(*arrays):
-                res = _run(row, call, *(from_numpy(a, framework, device) for a in arrays), alpha=float(c["alpha"]))
+                res = _run(row, call, *(from_numpy(a, framework, device) for a in arrays),
+                           alpha=float(c[param or "alpha"]))
                 return None if res is None else _safe_np(row, res)
 
             out = compute(run, c, dt)
@@ -720,6 +963,33 @@ def _replay_loss(corpus, fn, **kw):
 
     return _replay_rows(corpus.cases["entmax_loss.jsonl"], fn, "entmax_loss", "fn(x, target, alpha)", 2,
                         compute, **kw)
+
+
+def _replay_family(corpus, fn, *, op, vjp_inputs="x", **kw):
+    """normmax / normmax_threshold / budget_sparsemax and their VJPs."""
+    if vjp_inputs not in ("x", "p"):
+        raise ValueError(f"vjp_inputs must be 'x' or 'p', got {vjp_inputs!r}")
+    param = "budget" if op.startswith("budget") else "alpha"
+    vjp = op.endswith("_vjp")
+    file = (op[:-4] if vjp else op.replace("_threshold", "")) + ("_vjp" if vjp else "") + ".jsonl"
+
+    def compute(run, c, dt):
+        if vjp:
+            if vjp_inputs == "x" and c["ill_posed"]:
+                return None
+            got = run(_rows1(c, vjp_inputs, dt), _rows1(c, "grad", dt))
+            return False if got is None else [("dx", got, parse(c["dx"])[None], parse(c["tol_dx"])[None]
+                                                if isinstance(c["tol_dx"], list) else float(c["tol_dx"]))]
+        got = run(_rows1(c, "x", dt))
+        if got is None:
+            return False
+        if op == "normmax_threshold":
+            return [("tau", got.reshape(-1), parse([c["tau"]]), parse([c["tol_tau"]]))]
+        return [("p", got, parse(c["p"])[None], parse(c["tol_p"])[None])]
+
+    first = vjp_inputs if vjp else "x"
+    form = f"fn({first}, grad, {param})" if vjp else f"fn(x, {param})"
+    return _replay_rows(corpus.cases[file], fn, op, form, 2 if vjp else 1, compute, param=param, **kw)
 
 
 def _replay_scale(corpus, fn, *, label, framework="numpy", device=None, dtypes=None):
@@ -847,6 +1117,19 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("entmax_loss", "entmax_loss.jsonl", gen_entmax_loss, _replay_loss,
               lambda b: lambda x, target, alpha: _er().entmax_loss(x, target, alpha, backend=b),
               "fn(x, target, alpha) -> loss per row"),
+    Operation("normmax", "normmax.jsonl", gen_normmax, _replay_family,
+              lambda b: lambda x, alpha: _er().normmax(x, alpha, backend=b), "fn(x, alpha) -> p"),
+    Operation("normmax_threshold", "normmax.jsonl", None, _replay_family,
+              lambda b: lambda x, alpha: _er().normmax(x, alpha, backend=b, return_info=True)[1].tau,
+              "fn(x, alpha) -> tau"),
+    Operation("normmax_vjp", "normmax_vjp.jsonl", gen_normmax_vjp, _replay_family,
+              lambda b: lambda p, grad, alpha: _er().normmax_vjp(p, grad, alpha, backend=b),
+              "fn(x, grad, alpha) -> dx (or fn(p, grad, alpha) with vjp_inputs='p')"),
+    Operation("budget_sparsemax", "budget_sparsemax.jsonl", gen_budget_sparsemax, _replay_family,
+              lambda b: lambda x, budget: _er().budget_sparsemax(x, budget, backend=b), "fn(x, budget) -> p"),
+    Operation("budget_sparsemax_vjp", "budget_sparsemax_vjp.jsonl", gen_budget_sparsemax_vjp, _replay_family,
+              lambda b: lambda p, grad, budget: _er().budget_sparsemax_vjp(p, grad, budget, backend=b),
+              "fn(x, grad, budget) -> dx (or fn(p, grad, budget) with vjp_inputs='p')"),
     Operation("asentmax_scale", "asentmax_scale.jsonl", gen_asentmax_scale, _replay_scale, None,
               "fn(n, beta, gamma, delta, offset) -> s"),
     Operation("attention", "attention.jsonl", gen_attention, _replay_attention,
@@ -1026,6 +1309,8 @@ def replay_corpus(corpus, fn: Callable, op: str = "entmax", *, name: str | None 
         return o.replay(corpus, fn, **kw)
     if o.name == "entmax_vjp":
         return o.replay(corpus, fn, vjp_inputs=vjp_inputs, **kw)
+    if o.replay is _replay_family:
+        return o.replay(corpus, fn, op=o.name, vjp_inputs=vjp_inputs, **kw)
     return o.replay(corpus, fn, **kw)
 
 
@@ -1041,6 +1326,16 @@ def replay_backend(corpus, backend: str, ops=None) -> CheckReport:
             fn = _er().asentmax_scale
         else:
             fn = o.backend_fn(backend)
+        if o.replay is _replay_family:  # SKIP where the backend lacks the operation
+            z = np.zeros((1, 2))
+            try:
+                fn(*((z, z) if o.name.endswith("_vjp") else (z,)), 2.0)
+            except NotImplementedError as exc:
+                report.rows.append(CheckRow(f"corpus {o.name}", backend, "-", verdict="SKIP",
+                                            notes=[f"not implemented ({str(exc).splitlines()[0][:80]})"]))
+                continue
+            except Exception:  # noqa: BLE001 - the replay reports it properly
+                pass
         report.extend(replay_corpus(corpus, fn, o.name, name=backend, vjp_inputs="p"))
     return report
 
@@ -1075,7 +1370,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"entmax-ref corpus: {exc}", file=sys.stderr)
         return 2
     for f in m["files"]:
-        print(f"{f['file']:<24} {f['cases']:>6} cases  sha256 {f['sha256'][:16]}")
+        print(f"{f['file']:<27} {f['cases']:>6} cases  sha256 {f['sha256'][:16]}")
     print(f"{m['row_cases']} row cases, {m['attention_cases']} attention cases, schema {m['schema_version']}, "
           f"seed {m['seed']}, size {m['size']}: {args.out} ({time.perf_counter() - t0:.1f}s)")
     return 0

@@ -40,9 +40,12 @@ from .checks import CheckReport, CheckRow, _dtypes, _rows_of, _run, _safe_np
 
 __all__ = [
     "budget_tolerance",
+    "budget_vjp_tolerance",
     "check_budget_sparsemax",
     "check_normmax",
+    "normmax_threshold_tolerance",
     "normmax_tolerance",
+    "normmax_vjp_tolerance",
 ]
 
 ILL_POSED = T.ILL_POSED
@@ -58,6 +61,13 @@ def _normmax_d(x, dtype):
     m = _shift(x)
     spread = np.max(np.where(np.isfinite(x), np.abs(x - m[:, None]), 0.0), axis=1, initial=0.0)
     return T.threshold_budget(dtype, x.shape[1]) + 2 * T.unit_roundoff(dtype) * (spread + np.abs(m))
+
+
+def normmax_threshold_tolerance(x, dtype, *, factor=1.0):
+    """Absolute tolerance per row for the normmax threshold tau: the ``d`` of the module
+    docs (it covers tau's final rounding too: |tau| <= |max x| + 1)."""
+    x = np.atleast_2d(np.asarray(x, np.float64))
+    return factor * _normmax_d(x, dtype)
 
 
 def normmax_tolerance(expected, tau, x, alpha, dtype, *, factor=1.0):
@@ -86,7 +96,14 @@ def normmax_tolerance(expected, tau, x, alpha, dtype, *, factor=1.0):
     return tol
 
 
-def _normmax_vjp_tolerance(p, x, tau, g, dx, alpha, dtype):
+def normmax_vjp_tolerance(p, x, tau, g, dx, alpha, dtype, *, ill_posed_inf=True):
+    """(per-entry tolerance, ill-posed rows) for the alpha-normmax VJP (module docs).
+
+    ``p``, ``x``, ``g``, ``dx`` are (rows, n) float64 (reference p and dx), ``tau`` the
+    (rows,) reference thresholds.  The tolerance is inf on ill-posed rows (alpha >= 2 with
+    an entry within ILL_POSED d of tau), which are not to be compared from x, unless
+    ``ill_posed_inf`` is False (for implementations given the reference p).
+    """
     p = np.asarray(p, np.float64)
     rows, n = p.shape
     a = np.broadcast_to(np.asarray(alpha, np.float64).reshape(-1), (rows,))
@@ -103,8 +120,12 @@ def _normmax_vjp_tolerance(p, x, tau, g, dx, alpha, dtype):
     uu = T.unit_roundoff(dtype)
     gmax = np.abs(g).max(axis=1, initial=0.0)
     tol = 4 * (kappa * d + uu) * gmax * v.max(axis=1, initial=0.0) + 2 * uu * np.abs(dx).max(axis=1, initial=0.0)
-    ill = (a >= 2.0) & np.any(on & (t <= ILL_POSED * d[:, None]), axis=1)
-    return np.broadcast_to(np.where(ill, np.inf, tol)[:, None], (rows, n)), ill
+    # every unmasked entry near tau, zeros of p included (v jumps as an entry enters the support)
+    xx = np.asarray(x, np.float64)
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(xx - np.asarray(tau, np.float64).reshape(-1, 1))
+    ill = (a >= 2.0) & np.any(np.isfinite(xx) & (gap <= ILL_POSED * d[:, None]), axis=1)
+    return np.broadcast_to(np.where(ill & ill_posed_inf, np.inf, tol)[:, None], (rows, n)), ill
 
 
 def _budget_d(x, budget, dtype):
@@ -121,6 +142,25 @@ def budget_tolerance(x, budget, dtype, *, factor=1.0):
     d = factor * _budget_d(x, budget, dtype)
     tol = d[:, None] + T.unit_roundoff(dtype)
     return np.where(np.isfinite(x), np.broadcast_to(tol, x.shape), 0.0)
+
+
+def budget_vjp_tolerance(x, p, g, dx, budget, dtype, *, ill_posed_inf=True):
+    """(per-entry tolerance, ill-posed rows) for the budget-sparsemax VJP (module docs):
+    ``4 u max|g| + 2 u |dx|``, inf on rows with an entry within ILL_POSED d of a
+    breakpoint (p near 0 or 1), which are not to be compared from x (finite there too
+    when ``ill_posed_inf`` is False: for implementations given the reference p).
+
+    ``x``, ``p``, ``g``, ``dx`` are (rows, n) float64 (reference p and dx).
+    """
+    x = np.atleast_2d(np.asarray(x, np.float64))
+    p = np.atleast_2d(np.asarray(p, np.float64))
+    d = _budget_d(x, budget, dtype)[:, None]
+    with np.errstate(invalid="ignore"):
+        near = np.isfinite(x) & ((np.abs(p) <= ILL_POSED * d) & (p > 0) | (np.abs(1 - p) <= ILL_POSED * d) & (p < 1))
+    ill = near.any(axis=1)
+    uu = T.unit_roundoff(dtype)
+    tol = 4 * uu * np.abs(np.atleast_2d(g)).max(axis=1, keepdims=True) + 2 * uu * np.abs(np.atleast_2d(dx))
+    return np.where(ill[:, None] & ill_posed_inf, np.inf, tol), ill
 
 
 # ----------------------------------------------------------------------------- batteries
@@ -200,7 +240,7 @@ def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | No
                 got = None if res is None else _safe_np(vrow, res)
                 if got is None:
                     continue
-                tol, ill = _normmax_vjp_tolerance(p, x64, info.tau, g, dx, a, dt)
+                tol, ill = normmax_vjp_tolerance(p, x64, info.tau, g, dx, a, dt)
                 skipped += int(ill.sum())
                 cmp = compare(got, dx, tol, dt)
                 vrow.measure(cmp)
@@ -274,14 +314,9 @@ def check_budget_sparsemax(fn: Callable | None, budget: float = 2.0, *, vjp: Cal
                 got = None if res is None else _safe_np(vrow, res)
                 if got is None:
                     continue
-                d = _budget_d(x64, b, dt)[:, None]
-                with np.errstate(invalid="ignore"):
-                    near = np.isfinite(x64) & ((np.abs(p) <= ILL_POSED * d) & (p > 0) | (np.abs(1 - p) <= ILL_POSED * d) & (p < 1))
-                ill = near.any(axis=1)
+                tol, ill = budget_vjp_tolerance(x64, p, g, dx, b, dt)
                 skipped += int(ill.sum())
-                uu = T.unit_roundoff(dt)
-                tol = 4 * uu * np.abs(g).max(axis=1, keepdims=True) + 2 * uu * np.abs(dx)
-                cmp = compare(got, dx, np.where(ill[:, None], np.inf, tol), dt)
+                cmp = compare(got, dx, tol, dt)
                 vrow.measure(cmp)
                 if not cmp.ok:
                     vrow.fail(f"[{case.name}] {cmp.describe('dx')}")

@@ -54,11 +54,38 @@ returns), ``n`` the row length, and ``e_alpha(t) = [1 + (alpha-1) t]_+ ** (1/(al
    max_j sum_d |q_id k_jd|`` on top of ``delta_{Nk}``; outputs and gradients are sums of
    the per-entry budgets above weighted by |v|, |dO|, |q|, |k| (see the functions).
 
+6. Fenchel-Young loss ``L = Omega(q) - Omega(p) + <p - q, x>`` (q the one-hot target),
+   per row: evaluated on the max-shifted scores y = x - max x, the threshold error delta_n
+   moves it by at most delta_n (the sum of p), the n-term sums round relatively by
+   delta_n, and each shifted score |y_i| on the support of p or q carries its own
+   rounding, so::
+
+       tol_loss = delta_n * (1 + |L| + max_{p_i > 0 or q_i > 0} |x_i - max x|)
+
+7. The alpha gradient ``dL/dalpha = sum_i g_i (p_i c_i - u_i <p, c> / sum u)`` with
+   ``l_i = log p_i``, ``c_i = -l_i^2 h(-(alpha-1) l_i)``, ``h(w) = (e^w - 1 - w)/w^2``:
+   a threshold error delta_n moves ``l_i`` by up to ``kappa delta_n`` (kappa of formula 4),
+   hence c_i relatively by ``(2 |l_i| + l_i^2) kappa delta_n``; both terms of dp_i/dalpha,
+   weighted by max|g|, carry it (factor 4 as in formula 4)::
+
+       tol = 4 delta_n kappa max|g| sum_{p_i>0} (p_i + u_i)(1 + 2|l_i| + l_i^2)^2 + 2 u |dalpha|
+
+8. The ASEntmax scale ``s = delta + beta L^gamma``, ``L = log(n + c)`` (float64 scalars):
+   ``L`` carries ``dL = u (2 + |L|)`` (the rounding of n + c and of log), ``L^gamma`` a
+   relative ``r = |gamma| dL / L + 4 u`` (pow to a few ulps); s, ``ds/dbeta = L^gamma`` and
+   ``ds/dgamma = beta L^gamma log L`` inherit it, plus their final roundings::
+
+       tol_s      = |beta| L^gamma r + 2 u (|delta| + |s|)
+       tol_dbeta  = L^gamma (r + u)
+       tol_dgamma = |beta| L^gamma (r |log L| + dL / L + 4 u) + 2 u |ds/dgamma|
+
 ``rtol`` / ``atol`` arguments of the assertions add to (never replace) these budgets;
 ``factor`` multiplies them.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -69,8 +96,11 @@ ILL_POSED = 1e3  #: gradient rows with an entry within ILL_POSED * delta_n of th
 __all__ = [
     "C_THETA",
     "LAMBDA",
+    "alpha_vjp_tolerance",
+    "asentmax_scale_tolerances",
     "e_alpha",
     "entmax_tolerance",
+    "loss_tolerance",
     "threshold_budget",
     "threshold_tolerance",
     "unit_roundoff",
@@ -203,3 +233,88 @@ def ill_posed_rows(x, theta, alpha, dtype):
         gap = np.abs(1.0 + (a[:, None] - 1.0) * (x - th[:, None]))  # p^(alpha-1) on the support
     near = np.isfinite(x) & (gap <= ILL_POSED * (a[:, None] - 1.0) * threshold_budget(dtype, n))
     return (a >= 2.0) & near.any(axis=1)
+
+
+def loss_tolerance(x, p, target_onehot, loss, dtype, *, factor=1.0):
+    """Absolute tolerance per row for the Fenchel-Young entmax loss (formula 6).
+
+    Parameters
+    ----------
+    x : (rows, n) float64 scores (-inf for masked entries).
+    p : (rows, n) float64 reference probabilities.
+    target_onehot : (rows, n) one-hot targets q.
+    loss : (rows,) float64 reference losses.
+    dtype : the dtype the implementation computed in.
+    factor : multiplies the budget.
+
+    Returns
+    -------
+    (rows,) float64 array.
+    """
+    x = np.atleast_2d(np.asarray(x, np.float64))
+    p = np.atleast_2d(np.asarray(p, np.float64))
+    q = np.atleast_2d(np.asarray(target_onehot, np.float64))
+    with np.errstate(invalid="ignore"):
+        y = x - x.max(axis=1, keepdims=True)
+    reach = np.where((p > 0) | (q > 0), np.abs(y), 0.0).max(axis=1, initial=0.0)
+    loss = np.abs(np.asarray(loss, np.float64).reshape(-1))
+    return factor * threshold_budget(dtype, x.shape[1]) * (1 + loss + reach)
+
+
+def alpha_vjp_tolerance(p, g, dalpha, alpha, dtype, *, factor=1.0):
+    """Absolute tolerance per row for ``dL/dalpha`` of alpha-entmax (formula 7).
+
+    Parameters
+    ----------
+    p : (rows, n) float64 reference probabilities.
+    g : (rows, n) upstream gradient.
+    dalpha : (rows,) float64 reference dL/dalpha.
+    alpha : scalar or (rows,) alpha.
+    dtype : the dtype the implementation computed in.
+    factor : multiplies the budget.
+
+    Returns
+    -------
+    (rows,) float64 array.
+    """
+    p = np.atleast_2d(np.asarray(p, np.float64))
+    g = np.atleast_2d(np.asarray(g, np.float64))
+    a = np.broadcast_to(np.asarray(alpha, np.float64).reshape(-1), (p.shape[0],))[:, None]
+    on = p > 0
+    ell = np.abs(np.log(np.where(on, p, 1.0)))
+    with np.errstate(over="ignore"):
+        u = np.where(on, np.power(np.where(on, p, 1.0), 2.0 - a), 0.0)
+    weight = np.where(on, (p + u) * (1.0 + 2.0 * ell + ell * ell) ** 2, 0.0).sum(axis=1)
+    d = threshold_budget(dtype, p.shape[1])
+    tol = 4 * d * vjp_kappa(p, a) * np.abs(g).max(axis=1, initial=0.0) * weight
+    tol = tol + 2 * unit_roundoff(dtype) * np.abs(np.asarray(dalpha, np.float64).reshape(-1))
+    return factor * tol
+
+
+def asentmax_scale_tolerances(n, beta, gamma, delta, offset, s, dgamma, *, factor=1.0):
+    """Absolute tolerances (tol_s, tol_dbeta, tol_dgamma) of the float64 ASEntmax scale
+    ``s = delta + beta log(n + offset)^gamma`` and its gradients (formula 8); ``ds/ddelta``
+    is exactly 1.
+
+    Parameters
+    ----------
+    n : context length (log(n + offset) > 0).
+    beta, gamma, delta, offset : the scale's parameters.
+    s, dgamma : the reference s and ds/dgamma.
+    factor : multiplies the budgets.
+
+    Returns
+    -------
+    tuple of three floats.
+    """
+    u = unit_roundoff(np.float64)
+    L = math.log(n + offset)
+    if not L > 0:
+        raise ValueError(f"log(n + offset) must be > 0, got n={n!r}, offset={offset!r}")
+    dL = u * (2 + abs(L))
+    r = abs(gamma) * dL / L + 4 * u
+    Lg = L**gamma
+    tol_s = abs(beta) * Lg * r + 2 * u * (abs(delta) + abs(s))
+    tol_db = Lg * r + u * Lg
+    tol_dg = abs(beta) * Lg * (r * abs(math.log(L)) + dL / L + 4 * u) + 2 * u * abs(dgamma)
+    return factor * tol_s, factor * tol_db, factor * tol_dg
