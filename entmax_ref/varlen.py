@@ -80,7 +80,12 @@ class _Packed:
                 "shape (num_sequences + 1,)"
             )
         self.out_dtype = np.result_type(oq, ok, ov)
-        _, _, self.alpha_shape = _alpha_arg(alpha, self.Hq, q.shape)  # validated once, here
+        a, head_alpha, self.alpha_shape = _alpha_arg(alpha, self.Hq, q.shape)  # validated once, here
+        if head_alpha is None:  # AttentionInfo.alpha, as er.attention writes it
+            self.info_alpha = a
+        else:
+            self.info_alpha = np.array(head_alpha, np.float64)
+            self.info_alpha.flags.writeable = False
         if alibi_slopes is not None and np.shape(alibi_slopes) != (self.Hq,):
             raise ValueError(
                 f"alibi_slopes must have one slope per query head, shape ({self.Hq},) for q "
@@ -147,8 +152,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
         ASEntmax parameters, broadcast (NumPy rules) against ``(total_q, Hq)``: per head
         shape ``(Hq,)``, per token and head ``(total_q, Hq)``.
     return_info : bool
-        Also return an :class:`entmax_ref.AttentionInfo` whose per-row fields are shaped
-        ``(total_q, Hq)`` (``skew``: ``(total_q, Hq, Dv)``).
+        Also return an :class:`entmax_ref.AttentionInfo` whose per-row fields (tau,
+        support, s, n and the residual theta, row_max, edge, edge_p) are shaped
+        ``(total_q, Hq)`` (``skew``: ``(total_q, Hq, Dv)``); pass it whole to
+        :func:`attention_varlen_vjp` as ``info=`` (the lossless residual).
 
     Returns
     -------
@@ -182,6 +189,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
         s_info = xp.full((P.total_q, P.Hq), np.nan if P.params is not None else 1.0)
         n = xp.zeros((P.total_q, P.Hq), np.int64)
         skew = xp.zeros((P.total_q, P.Hq, P.Dv))
+        resid = {"theta": xp.full((P.total_q, P.Hq), -np.inf), "row_max": xp.full((P.total_q, P.Hq), -np.inf),
+                 "edge": xp.full((P.total_q, P.Hq), -np.inf), "edge_p": xp.zeros((P.total_q, P.Hq))}
     for _, q0, q1, k0, k1 in P.sequences():
         res = attention(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
                         alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
@@ -195,21 +204,39 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
             s_info[q0:q1] = info.s[0].T
             n[q0:q1] = info.n[0].T
             skew[q0:q1] = info.skew[0].transpose(1, 0, 2)
+            for name, field in resid.items():
+                field[q0:q1] = getattr(info, name)[0].T
     if not return_info:
         return out
-    return out, AttentionInfo(tau, support, s_info, n, skew)
+    return out, AttentionInfo(tau, support, s_info, n, skew, resid["theta"], resid["row_max"], resid["edge"],
+                              resid["edge_p"], P.info_alpha)
 
 
-def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, out=None, tau=None, alpha=1.5,
+def _sequence_info(info, q0: int, q1: int):
+    """The :class:`AttentionInfo` of one sequence (rows q0:q1) of a packed one, heads first
+    as :func:`entmax_ref.attention` returns it: (1, Hq, N_s), skew (1, Hq, N_s, Dv)."""
+    xp = V.namespace(info.tau)
+
+    def rows(a):
+        return None if a is None else xp.ascontiguousarray(a[q0:q1].T[None])
+
+    skew = None if info.skew is None else xp.ascontiguousarray(info.skew[q0:q1].transpose(1, 0, 2)[None])
+    return AttentionInfo(rows(info.tau), rows(info.support), rows(info.s), rows(info.n), skew, rows(info.theta),
+                         rows(info.row_max), rows(info.edge), rows(info.edge_p), info.alpha)
+
+
+def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=None, out=None, tau=None, alpha=1.5,
                          scale=None, causal=False, alibi_slopes=None, beta=None, gamma=None, delta=1.0,
                          offset=1.0, chunk=None, backend=None):
     """Gradients through :func:`attention_varlen`, given ``grad_out = dL/dout``
     (total_q, Hq, Dv).
 
     Each sequence's gradients are those of :func:`entmax_ref.attention_vjp` on it alone
-    (bit for bit); ``out`` and ``tau`` (the forward's output and ``info.tau``, packed as
-    (total_q, Hq, Dv) and (total_q, Hq)) are passed on per sequence.  A sequence's keys
-    get gradient only from its own queries.
+    (bit for bit); ``info`` (the packed :class:`entmax_ref.AttentionInfo` of
+    ``attention_varlen(..., return_info=True)``, recommended: the lossless residual), or
+    ``out`` and ``tau`` (the forward's output and ``info.tau``, packed as (total_q, Hq,
+    Dv) and (total_q, Hq)), are passed on per sequence, with the meaning they have there.
+    A sequence's keys get gradient only from its own queries.
 
     Returns
     -------
@@ -219,8 +246,10 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, out=N
 
     Raises
     ------
-    ValueError: everything :func:`attention_varlen` rejects, and grad_out / out / tau of
-    the wrong shape.
+    ValueError: everything :func:`attention_varlen` rejects, grad_out / out / tau / the
+    fields of info of the wrong shape, both info and tau, and everything
+    :func:`entmax_ref.attention_vjp` rejects in an info (another alpha, other masks).
+    TypeError: ``info`` that is not an :class:`entmax_ref.AttentionInfo`.
 
     Examples
     --------
@@ -242,6 +271,18 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, out=N
         raise ValueError(f"out must have shape {expect} (total_q, Hq, Dv), got {tuple(out.shape)}")
     if tau is not None and tuple(tau.shape) != expect[:2]:
         raise ValueError(f"tau must have shape {expect[:2]} (total_q, Hq), got {tuple(tau.shape)}")
+    if info is not None:
+        if not isinstance(info, AttentionInfo):
+            raise TypeError(f"info must be the AttentionInfo of er.attention_varlen(..., return_info=True), "
+                            f"got {type(info).__name__}")
+        if tau is not None:
+            raise ValueError("pass the forward's residual once: info (recommended) or tau, not both")
+        for name in ("tau", "support", "s", "n", "theta", "row_max", "edge", "edge_p", "skew"):
+            a = getattr(info, name)
+            want = expect if name == "skew" else expect[:2]
+            if a is None or tuple(a.shape) != want:
+                got = None if a is None else tuple(a.shape)
+                raise ValueError(f"info.{name} must have shape {want} (the packed rows of this call), got {got}")
     xp = V.namespace(P.q)
 
     def like(x):
@@ -257,6 +298,7 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, out=N
                           P.heads_first(P.v, k0, k1),
                           out=None if out is None else P.heads_first(out, q0, q1),
                           tau=None if tau is None else tau[q0:q1].T[None],
+                          info=None if info is None else _sequence_info(info, q0, q1),
                           alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
                           chunk=chunk, backend=backend, **kw)
         dq[q0:q1] = g.dq[0].transpose(1, 0, 2)

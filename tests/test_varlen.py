@@ -114,24 +114,25 @@ def test_forward_equals_per_sequence_calls(deterministic, cfg):
         o_s, i_s = er.attention(unpack(q, q0, q1), unpack(k, k0, k1), unpack(v, k0, k1), return_info=True,
                                 backend=backend, **_seq_kwargs(kw, q0, q1))
         np.testing.assert_array_equal(out[q0:q1], o_s[0].transpose(1, 0, 2))
-        for name in ("tau", "support", "s", "n"):
+        for name in ("tau", "support", "s", "n", "theta", "row_max", "edge", "edge_p"):
             np.testing.assert_array_equal(getattr(info, name)[q0:q1], getattr(i_s, name)[0].T, err_msg=name)
+        np.testing.assert_array_equal(info.alpha, i_s.alpha)
         np.testing.assert_array_equal(info.skew[q0:q1], i_s.skew[0].transpose(1, 0, 2))
         if k1 == k0:  # a sequence without keys: zero output, -inf threshold
             assert np.all(out[q0:q1] == 0) and np.all(np.isneginf(info.tau[q0:q1]))
 
 
 @pytest.mark.parametrize("cfg", list(CONFIGS))
-@pytest.mark.parametrize("with_tau", [False, True], ids=["recompute", "tau"])
-def test_vjp_equals_per_sequence_calls(deterministic, cfg, with_tau):
+@pytest.mark.parametrize("path", ["recompute", "tau", "info"])
+def test_vjp_equals_per_sequence_calls(deterministic, cfg, path):
     backend = deterministic
     rng, q, k, v, cq, ck = packed(5)
     kw = _kwargs(CONFIGS[cfg], rng, len(q), 4)
     g_out = rng.standard_normal((len(q), 4, 2))
     extra = {}
-    if with_tau:
+    if path != "recompute":
         out, info = er.attention_varlen(q, k, v, cq, ck, return_info=True, backend=backend, **kw)
-        extra = dict(out=out, tau=info.tau)
+        extra = dict(out=out, tau=info.tau) if path == "tau" else dict(info=info)
     grads = er.attention_varlen_vjp(g_out, q, k, v, cq, ck, backend=backend, **kw, **extra)
     assert grads.dq.shape == q.shape and grads.dk.shape == k.shape and grads.dv.shape == v.shape
     ref = {"beta": np.zeros(np.shape(kw.get("beta", 0.0))), "gamma": np.zeros(np.shape(kw.get("gamma", 0.0))),
@@ -142,8 +143,11 @@ def test_vjp_equals_per_sequence_calls(deterministic, cfg, with_tau):
             assert np.all(grads.dk[k0:k1] == 0) and np.all(grads.dv[k0:k1] == 0)  # keys nobody queries
             continue
         sk = {}
-        if with_tau:
+        if path == "tau":
             sk = dict(out=unpack(extra["out"], q0, q1), tau=extra["tau"][q0:q1].T[None])
+        elif path == "info":  # the sequence's own forward info: the packed one holds exactly it
+            _, sk["info"] = er.attention(unpack(q, q0, q1), unpack(k, k0, k1), unpack(v, k0, k1), return_info=True,
+                                         backend=backend, **_seq_kwargs(kw, q0, q1))
         g = er.attention_vjp(unpack(g_out, q0, q1), unpack(q, q0, q1), unpack(k, k0, k1), unpack(v, k0, k1),
                              backend=backend, **_seq_kwargs(kw, q0, q1), **sk)
         np.testing.assert_array_equal(grads.dq[q0:q1], g.dq[0].transpose(1, 0, 2))
@@ -256,3 +260,13 @@ def test_bad_input_names_argument_and_expected_shape():
         er.attention_varlen_vjp(np.ones((5, 4, 2)), q, k, v, cq, ck, tau=np.ones((4, 5)))
     with pytest.raises(ValueError, match=r"query heads"):
         er.attention_varlen(q[:, :3], k, v, cq, ck)
+    g_out = np.ones((5, 4, 2))
+    _, info = er.attention_varlen(q, k, v, cq, ck, alpha=3.0, return_info=True)
+    with pytest.raises(ValueError, match=r"info.tau must have shape \(4, 4\)"):
+        er.attention_varlen_vjp(g_out[:4], q[:4], k, v, np.array([0, 3, 4]), ck, info=info, alpha=3.0)
+    with pytest.raises(ValueError, match="not both"):
+        er.attention_varlen_vjp(g_out, q, k, v, cq, ck, info=info, tau=info.tau, alpha=3.0)
+    with pytest.raises(ValueError, match="alpha=3.0"):
+        er.attention_varlen_vjp(g_out, q, k, v, cq, ck, info=info, alpha=1.5)
+    with pytest.raises(TypeError, match="AttentionInfo"):
+        er.attention_varlen_vjp(g_out, q, k, v, cq, ck, info=info.tau, alpha=3.0)
