@@ -46,7 +46,7 @@ class AttentionInfo:
         (-inf, -inf, 0 on empty rows).  For alpha > 2 the backward rebuilds p from them,
         as the row solvers write it: theta cannot resolve the support's edge there.
     alpha : float, the alpha of the call, or with alphas that differ between query heads
-        the (Hq,) float64 array of them (checked by :func:`attention_vjp`).
+        the tuple of them, one float per head (checked by :func:`attention_vjp`).
 
     Pass the whole object to ``attention_vjp(..., info=info)``: it is the lossless
     residual of the forward (theta, the edge and the skewed output), so the backward
@@ -422,13 +422,11 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
 
 
 def _info_alpha(prob: _Problem):
-    """AttentionInfo.alpha: the call's alpha as a float, or per query head as a read-only
-    (Hq,) float64 numpy array when the heads' alphas differ."""
+    """AttentionInfo.alpha: the call's alpha as a float, or per query head as a tuple of
+    Hq floats when the heads' alphas differ (host values, like alpha itself)."""
     if prob.spec.head_alpha is None:
         return prob.spec.alpha
-    a = np.array(prob.spec.head_alpha, np.float64)
-    a.flags.writeable = False
-    return a
+    return tuple(float(a) for a in prob.spec.head_alpha)
 
 
 def _residual_from_info(info, prob: _Problem, shape: tuple):

@@ -81,11 +81,8 @@ class _Packed:
             )
         self.out_dtype = np.result_type(oq, ok, ov)
         a, head_alpha, self.alpha_shape = _alpha_arg(alpha, self.Hq, q.shape)  # validated once, here
-        if head_alpha is None:  # AttentionInfo.alpha, as er.attention writes it
-            self.info_alpha = a
-        else:
-            self.info_alpha = np.array(head_alpha, np.float64)
-            self.info_alpha.flags.writeable = False
+        # AttentionInfo.alpha, as er.attention writes it
+        self.info_alpha = a if head_alpha is None else tuple(float(h) for h in head_alpha)
         if alibi_slopes is not None and np.shape(alibi_slopes) != (self.Hq,):
             raise ValueError(
                 f"alibi_slopes must have one slope per query head, shape ({self.Hq},) for q "
