@@ -41,7 +41,11 @@ class AttentionSpec:
     Scores are ``z_ij = s_i * scale * (q_i . k_j) + bias_ij`` with ``bias_ij`` ALiBi
     (``-slope_h * (i_abs - j)`` when causal, ``-slope_h * |i_abs - j|`` otherwise, where
     ``i_abs = i + Nk - Nq``), ``s_i = row_scale[b, h, i]`` (1 when ``row_scale`` is None),
-    and keys ``j > i_abs`` (causal) or ``j >= key_lengths[b]`` masked out.
+    and keys ``j > i_abs`` (causal), ``j >= key_lengths[b]`` or ``key_mask[b, j] = False``
+    masked out.  Query head ``h`` uses ``head_alpha[h]`` when given, else ``alpha``; with
+    ``alpha_grad`` the backward also returns dL/dalpha of every row.  A backend that
+    cannot honour ``head_alpha``, ``key_mask`` or ``alpha_grad`` raises a ValueError
+    saying so (never silently ignores them).
     """
 
     alpha: float
@@ -51,6 +55,9 @@ class AttentionSpec:
     alibi_slopes: Any = None  #: (Hq,) float64 numpy array or None
     row_scale: Any = None  #: (B, Hq, Nq) float64 array (backend's array type) or None
     chunk: int | None = None  #: query rows per chunk; None = the backend chooses
+    head_alpha: Any = None  #: (Hq,) float64 numpy array (values >= 1) or None: alpha per query head
+    key_mask: Any = None  #: (B, Nk) bool numpy array or None: True where a key may be attended
+    alpha_grad: bool = False  #: the backward also computes dL/dalpha per row (AttentionGrads.dalpha)
 
 
 class AttentionForward(NamedTuple):
@@ -91,6 +98,7 @@ class AttentionGrads(NamedTuple):
     dk: Any
     dv: Any
     drow_scale: Any  #: (B, Hq, Nq) float64 dL/ds_i, or None when spec.row_scale is None
+    dalpha: Any = None  #: (B, Hq, Nq) float64 dL/dalpha of each row, or None unless spec.alpha_grad
 
 
 @runtime_checkable

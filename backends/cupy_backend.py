@@ -41,6 +41,7 @@ from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
 from .constants import CUDA_MAX_PASSES
 from .geometry import chunk_bounds, key_offset
+from .numpy_attention import backward_by_key_runs, forward_by_key_runs
 
 _METHODS = {None: 0, "bisect": 1}  # the kernels' method codes (the table says which exist)
 _ROWS = "entmax_rows.cu"
@@ -231,6 +232,12 @@ class CupyBackend:
 
     # ------------------------------------------------------------------ attention
     def _attn_setup(self, q, k, v, spec: AttentionSpec):
+        unsupported = [name for name, on in (("alpha per head", spec.head_alpha is not None),
+                                             ("a key_padding_mask with holes", spec.key_mask is not None),
+                                             ("the gradient of alpha", spec.alpha_grad)) if on]
+        if unsupported:
+            raise ValueError(f"the cupy backend's attention does not support {', '.join(unsupported)} yet; "
+                             "use backend='numba' or 'numpy' (move the arrays to the host)")
         B, Hq, Nq, D = q.shape
         Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
         if Hq % Hkv:
@@ -255,6 +262,9 @@ class CupyBackend:
         return (B, Hq, Nq, D, Hkv, Nk, Dv, group), cdt, (qc, kc, vc), params, chunk, max_len
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
+        if spec.key_mask is not None:  # padding (one run of keys per batch): per batch, key-sliced
+            return forward_by_key_runs(self.attention_forward, q, k, v, spec,
+                                       lambda: self._attn_setup(q, k, v, spec))
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
         offset = key_offset(Nq, Nk)
@@ -303,6 +313,9 @@ class CupyBackend:
     def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         """From the forward's residual ``res``: theta, and for alpha > 2 the edge (row_max,
         edge, edge_p), from which the kernels rebuild p as the row solver wrote it."""
+        if spec.key_mask is not None:
+            return backward_by_key_runs(self.attention_backward, do, q, k, v, res, skew, spec,
+                                        lambda: self._attn_setup(q, k, v, spec))
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
         offset = key_offset(Nq, Nk)

@@ -3,7 +3,8 @@
 Causal masking is bottom-right aligned (FlashAttention's convention): with ``Nq`` queries
 and ``Nk`` keys, query ``i`` sits at absolute position ``i + offset``, ``offset = Nk - Nq``,
 and sees keys ``j <= i + offset``.  Padding keeps the first ``key_lengths[b]`` keys of
-batch ``b`` (a prefix).  A query sees keys ``[0, visible_count)``, a prefix, in every case.
+batch ``b`` (a prefix).  A query sees keys ``[0, visible_count)``, a prefix, unless a
+``key_padding_mask`` (any subset of the keys per batch) is given.
 
 The public layer (:func:`entmax_ref.keys_visible`, the ASEntmax ``n``), the NumPy driver
 (masks and chunk bounds), the Numba driver (chunk bounds) and the CuPy adaptor (chunk
@@ -36,9 +37,22 @@ def sees(i_abs, j, causal: bool):
     return j <= i_abs if causal else np.ones(np.broadcast(i_abs, j).shape, bool)
 
 
-def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1) -> np.ndarray:
+def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1,
+                 key_mask=None) -> np.ndarray:
     """Number of keys each query may see, shape ``(batch, 1, nq)`` int64 (``key_lengths``:
-    a NumPy int array of shape ``(batch,)`` or None)."""
+    a NumPy int array of shape ``(batch,)`` or None; ``key_mask``: a NumPy bool array of
+    shape ``(batch, nk)``, True where a key may be seen, or None).  With a key mask the
+    visible keys are no longer a prefix: the count is that of the mask's True entries
+    among the keys the causal mask and the length leave."""
+    if key_mask is not None:
+        keep = np.asarray(key_mask, bool)
+        if key_lengths is not None:
+            keep = keep & (np.arange(nk)[None, :] < np.asarray(key_lengths, np.int64)[:, None])
+        # before[b, e] = number of attendable keys among 0 .. e-1
+        before = np.concatenate([np.zeros((keep.shape[0], 1), np.int64), np.cumsum(keep, axis=1, dtype=np.int64)],
+                                axis=1)
+        ends = np.clip(np.arange(nq) + key_offset(nq, nk) + 1, 0, nk) if causal else np.full(nq, nk)
+        return np.ascontiguousarray(before[:, None, ends], dtype=np.int64)
     lengths = np.full(batch, nk, np.int64) if key_lengths is None else np.asarray(key_lengths, np.int64)
     n = np.broadcast_to(lengths[:, None, None], (len(lengths), 1, nq))
     if causal:

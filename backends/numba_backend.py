@@ -26,7 +26,11 @@ left get their exact float64 scores, and one ``nogil`` kernel per chunk applies 
 ALiBi and masks, solves each row with the compiled row solver and forms the output and
 skewed output from the support only.  The backward rebuilds p on the same candidates from
 the forward's residual (theta; for alpha > 2 the support's edge, as the row solvers write
-it) and works on the support only (dO.v, dQ, and a scatter into dK, dV).
+it) and works on the support only (dO.v, dQ, and a scatter into dK, dV, and the row alpha
+VJP when dalpha is asked for).  Alpha per head is per row in both kernels (each row rebuilt
+by its own alpha's rule); a key mask that is one run of keys per batch runs them on the
+key-sliced problem, a mask with holes (and the backward with a softmax head) the NumPy
+driver with the compiled row solver.
 
 Threads: the row kernels run under ``prange`` on numba's threading layer.  Concurrent calls
 from several Python threads are safe: with a thread-safe layer (tbb, omp) they run

@@ -15,7 +15,8 @@ Per block, in float64 whatever the input dtype:
   touches the keys it can see; otherwise ``key_end = key_length``; the geometry is
   :mod:`entmax_ref.backends.geometry`);
 * ``z_ij = s_i * a_ij + bias_ij`` (ALiBi ``-slope_h * |i + Nk - Nq - j|``), ``-inf`` where
-  ``j > i + Nk - Nq`` under the causal mask;
+  ``j > i + Nk - Nq`` under the causal mask and where ``key_mask[b, j]`` is False;
+  each row solved with its head's alpha (``spec.head_alpha``);
 * forward: ``p, theta = backend.entmax_forward(z)``, ``o_i = sum_j p_ij v_j`` and the
   skewed output ``skew_i = sum_j u_ij v_j / sum_j u_ij`` with ``u = p^(2-alpha)``;
 * the forward also keeps each row's residual (:class:`~entmax_ref.backends._base.AttentionResidual`):
@@ -28,7 +29,9 @@ Per block, in float64 whatever the input dtype:
   ``dK += scale * (s * dZ)^T Q`` and ``ds_i = sum_j dZ_ij a_ij`` (summed as
   ``sum_j dZ_ij (a_ij - a_im)``, m the entry of largest u; see :func:`_row_scale_grad`).  (The reference does
   not need the skewed output: the row VJP forms ``sum_j u_ij (dO_i . v_j) / sum_j u_ij``
-  itself.)
+  itself.)  Each row is rebuilt and differentiated with its own alpha (its head's);
+  with ``spec.alpha_grad`` also dL/dalpha of each row, the backend's row alpha VJP of the
+  rebuilt ``p`` and ``dO . v``.
 
 A row with no visible key gets ``theta = -inf``, support 0, a zero output, a zero skewed
 output and zero gradients.
@@ -41,10 +44,12 @@ float64 blocks.  The chunk is chosen so that one such block stays within
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import geometry
-from ._base import AttentionForward, AttentionGrads, AttentionSpec
+from ._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, xp_of
 from .numpy_backend import _edge_p, _normalised_skew, e_alpha, skew_weights
 
 #: Bytes of one float64 ``(rows, keys)`` score block when the chunk is chosen
@@ -83,26 +88,111 @@ def chunk_bounds(spec: AttentionSpec, b: int, Nq: int, Nk: int, group: int) -> l
     """(i0, i1, key_end) of every query chunk of batch b that sees a key: rows i0..i1 of
     each query head attend at most keys 0..key_end (causal structure and padding)."""
     length = Nk if spec.key_lengths is None else int(spec.key_lengths[b])
+    if spec.key_mask is not None:  # no key after the last attendable one is visible
+        kept = np.flatnonzero(np.asarray(spec.key_mask[b, :length]))
+        length = int(kept[-1]) + 1 if kept.size else 0
     return geometry.chunk_bounds(length, Nq, Nk, choose_chunk(spec, group, length, Nq), spec.causal)
 
 
-def _weights(p: np.ndarray, alpha: float) -> np.ndarray:
+def key_runs(spec: AttentionSpec, Nk: int):
+    """``[(lo, hi)]`` per batch when the keys each batch may attend (``key_mask`` and
+    ``key_lengths`` together) form one contiguous run ``lo <= j < hi`` (left or right
+    padding, or both), else None (a mask with holes, or no batch)."""
+    keep = np.asarray(spec.key_mask, bool)
+    if spec.key_lengths is not None:
+        keep = keep & (np.arange(Nk)[None, :] < np.asarray(spec.key_lengths)[:, None])
+    runs = []
+    for row in keep:
+        idx = np.flatnonzero(row)
+        if idx.size and idx[-1] - idx[0] + 1 != idx.size:
+            return None
+        runs.append((int(idx[0]), int(idx[-1]) + 1) if idx.size else (0, 0))
+    return runs or None
+
+
+def run_spec(spec: AttentionSpec, b: int, lo: int, hi: int) -> AttentionSpec:
+    """The problem of batch b restricted to its keys lo .. hi-1, as a key-sliced problem
+    without a mask: with ``k[b, :, lo:]`` (Nk - lo keys, the first hi - lo valid) the
+    bottom-right causal offset, the visible keys and the ALiBi distances |i_abs - j| are
+    all shifted by lo, i.e. unchanged."""
+    rs = None if spec.row_scale is None else spec.row_scale[b:b + 1]
+    return replace(spec, key_mask=None, key_lengths=np.array([hi - lo], np.int64), row_scale=rs)
+
+
+def forward_by_key_runs(forward, q, k, v, spec: AttentionSpec, otherwise):
+    """A masked forward as one unmasked ``forward(q, k, v, spec)`` per batch on its run
+    of keys (:func:`key_runs`); ``otherwise()`` when the mask has holes.  Works on the
+    backend's array type.  The residual fields (theta, row_max, edge, edge_p) are
+    per query row, so the per-batch pieces concatenate into the whole problem's."""
+    runs = key_runs(spec, k.shape[2])
+    if runs is None:
+        return otherwise()
+    xp = xp_of(q)
+    parts = [forward(q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], run_spec(spec, b, lo, hi))
+             for b, (lo, hi) in enumerate(runs)]
+    return AttentionForward(*(None if field[0] is None else xp.concatenate(field) for field in zip(*parts)))
+
+
+def backward_by_key_runs(backward, do, q, k, v, res, skew, spec: AttentionSpec, otherwise):
+    """The backward of :func:`forward_by_key_runs`: ``backward(do, q, k, v, res_b, skew_b,
+    spec_b)`` per batch on its run of keys (``res_b`` the batch's slice of the
+    :class:`~entmax_ref.backends._base.AttentionResidual`), dK and dV scattered back (0 off
+    the run)."""
+    runs = key_runs(spec, k.shape[2])
+    if runs is None:
+        return otherwise()
+    xp = xp_of(q)
+    parts = []
+    for b, (lo, hi) in enumerate(runs):
+        res_b = AttentionResidual(*(None if f is None else f[b:b + 1]
+                                    for f in (res.theta, res.row_max, res.edge, res.edge_p)))
+        parts.append(backward(do[b:b + 1], q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], res_b,
+                              None if skew is None else skew[b:b + 1], run_spec(spec, b, lo, hi)))
+    dk = xp.zeros(k.shape, parts[0].dk.dtype)
+    dv = xp.zeros(v.shape, parts[0].dv.dtype)
+    for (lo, _), g, b in zip(runs, parts, range(len(runs))):
+        dk[b, :, lo:] = g.dk[0]
+        dv[b, :, lo:] = g.dv[0]
+
+    def cat(name):
+        fields = [getattr(g, name) for g in parts]
+        return None if fields[0] is None else xp.concatenate(fields)
+
+    return AttentionGrads(cat("dq"), dk, dv, cat("drow_scale"), cat("dalpha"))
+
+
+def _weights(p: np.ndarray, alpha) -> np.ndarray:
     """The Jacobian weights u = p^(2-alpha) on the support (p itself at alpha = 1), up to a
     per-row factor: for alpha > 2, where u is unbounded at the support's edge and
     overflows, u / max u (computed in log space); the skewed output is a ratio of sums of
-    them, so the factor cancels."""
-    if alpha == 1.0:
-        return p
-    if alpha > 2.0:
-        return _normalised_skew(p, alpha)
-    return skew_weights(p, alpha)
+    them, so the factor cancels.  ``alpha`` a float or a (rows, 1) array."""
+    if np.ndim(alpha) == 0:
+        if alpha == 1.0:
+            return p
+        if alpha > 2.0:
+            return _normalised_skew(p, alpha)
+        return skew_weights(p, alpha)
+    u = np.where(alpha == 1.0, p, skew_weights(p, alpha))
+    big = alpha[:, 0] > 2.0
+    if big.any():
+        u[big] = _normalised_skew(p[big], alpha[big])
+    return u
 
 
-def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha: float) -> np.ndarray:
+def row_alpha(spec: AttentionSpec, h0: int, group: int, nc: int) -> np.ndarray:
+    """alpha of each row of a block (query heads h0 .. h0+group, ``nc`` queries each),
+    shape (group * nc,) float64."""
+    if spec.head_alpha is None:
+        return np.full(group * nc, float(spec.alpha))
+    return np.repeat(np.asarray(spec.head_alpha[h0:h0 + group], _F64), nc)
+
+
+def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha) -> np.ndarray:
     """``ds_i = sum_j dZ_ij a_ij``, as ``sum_j dZ_ij (a_ij - a_im)`` with m the first entry
     of largest u = p^(2-alpha) (equal: the dZ of a row sum to 0).  For alpha > 2, dZ is
     huge at the support's edge, where the a_ij nearly agree; the shifted sum does not
-    cancel those terms against each other, the plain one loses all its digits."""
+    cancel those terms against each other, the plain one loses all its digits.  ``alpha``
+    a float or a (rows, 1) array."""
     rows = np.arange(p.shape[0])
     on = p > 0
     with np.errstate(divide="ignore"):
@@ -129,19 +219,42 @@ def edge_residual(z: np.ndarray, p: np.ndarray):
     return np.where(live, m, -np.inf), c, q
 
 
-def rebuild_p(z: np.ndarray, alpha: float, theta: np.ndarray, m=None, c=None, q=None) -> np.ndarray:
+def rebuild_p(z: np.ndarray, alpha, theta: np.ndarray, m=None, c=None, q=None) -> np.ndarray:
     """The forward's probabilities of a score block from its residual (rows of ``z`` with
     theta = -inf get 0): ``e_alpha(z - theta)`` for alpha <= 2; for alpha > 2 the row
     solvers' edge-relative form ``p = (a1 d + q^a1)^(1/a1)``, ``d = (z - m) - c``
-    (:func:`entmax_ref.backends.numpy_backend._edge_p`)."""
+    (:func:`entmax_ref.backends.numpy_backend._edge_p`).  ``alpha`` a float or a (rows,)
+    array (alpha per row, e.g. per query head): each row is rebuilt by its own rule."""
     live = np.isfinite(theta)
-    if alpha <= 2.0:
-        th = np.where(live, theta, np.inf)  # empty rows: p = e_alpha(-inf) = 0
-        with np.errstate(invalid="ignore"):
-            return e_alpha(z - th[:, None], alpha)
+    if np.ndim(alpha) == 0:
+        if alpha <= 2.0:
+            return _rebuild_theta(z, alpha, theta, live)
+        return _rebuild_edge(z, np.full(z.shape[0], alpha - 1.0), live, m, c, q)
+    alpha = np.asarray(alpha, _F64)
+    big = alpha > 2.0
+    if not big.any():
+        return _rebuild_theta(z, alpha[:, None], theta, live)
+    p = np.empty(z.shape, _F64)
+    small = ~big
+    if small.any():
+        p[small] = _rebuild_theta(z[small], alpha[small, None], theta[small], live[small])
     if m is None or c is None or q is None:
         raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
-    a1 = np.full(z.shape[0], alpha - 1.0)
+    p[big] = _rebuild_edge(z[big], alpha[big] - 1.0, live[big], m[big], c[big], q[big])
+    return p
+
+
+def _rebuild_theta(z, alpha, theta, live):
+    """:func:`rebuild_p` for alpha <= 2 (alpha a float or (rows, 1))."""
+    th = np.where(live, theta, np.inf)  # empty rows: p = e_alpha(-inf) = 0
+    with np.errstate(invalid="ignore"):
+        return e_alpha(z - th[:, None], alpha)
+
+
+def _rebuild_edge(z, a1, live, m, c, q):
+    """:func:`rebuild_p` for alpha > 2, a1 = alpha - 1 of each row, shape (rows,)."""
+    if m is None or c is None or q is None:
+        raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
     mm = np.where(live, m, 0.0)[:, None]
     cc = np.where(live, c, 0.0)[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -191,6 +304,8 @@ class _Block:
             )
         if spec.causal:
             z = np.where(geometry.sees(i_abs[:, None], j[None, :], True), z, -np.inf)
+        if spec.key_mask is not None:
+            z = np.where(np.asarray(spec.key_mask[b, :key_end])[None, :], z, -np.inf)
         return z
 
 
@@ -212,10 +327,11 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
-        res = backend.entmax_forward(blk.z, np.full(blk.z.shape[0], spec.alpha), None)
+        a_rows = row_alpha(spec, h0, group, i1 - i0)
+        res = backend.entmax_forward(blk.z, a_rows, None)
         p = np.asarray(res.p, _F64)
         o = p @ vv
-        sk = o if spec.alpha == 1.0 else _skewed(_weights(p, spec.alpha), vv)
+        sk = o if np.all(a_rows == 1.0) else _skewed(_weights(p, a_rows[:, None]), vv)
         shape = (group, i1 - i0)
         out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
@@ -231,19 +347,21 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
 def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                        res, skew, spec: AttentionSpec) -> AttentionGrads:
     """Chunked backward from the forward's residual ``res`` (theta, and for alpha > 2 the
-    edge: row_max, edge, edge_p; see :func:`rebuild_p`); see the module docstring.  The
-    skewed output is not needed here (``skew`` is accepted for the backend contract).  dq,
-    dk, dv come back in the dtypes of q, k, v; drow_scale is float64 (None when
-    ``spec.row_scale`` is None)."""
+    edge: row_max, edge, edge_p; see :func:`rebuild_p`; with ``spec.head_alpha`` each row
+    by its head's alpha); see the module docstring.  The skewed output is not needed here
+    (``skew`` is accepted for the backend contract).  dq, dk, dv come back in the dtypes of
+    q, k, v; drow_scale and dalpha are float64 (None when ``spec.row_scale`` is None,
+    resp. unless ``spec.alpha_grad``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = geometry.key_offset(Nq, Nk)
-    big = spec.alpha > 2.0
+    big = spec.alpha > 2.0 if spec.head_alpha is None else bool(np.any(np.asarray(spec.head_alpha) > 2.0))
     dq = np.zeros((B, Hq, Nq, D), _F64)
     dk = np.zeros((B, Hkv, Nk, D), _F64)
     dv = np.zeros((B, Hkv, Nk, Dv), _F64)
     ds = np.zeros((B, Hq, Nq), _F64) if spec.row_scale is not None else None
+    dalpha = np.zeros((B, Hq, Nq), _F64) if spec.alpha_grad else None
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         hk, key_end = h0 // group, len(kk)
         sl = (b, slice(h0, h0 + group), slice(i0, i1))
@@ -254,15 +372,20 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
         def rows_of(a):
             return None if a is None else np.asarray(a[sl], _F64).reshape(-1)
 
+        a_rows = row_alpha(spec, h0, group, i1 - i0)
+        a_col = float(spec.alpha) if spec.head_alpha is None else a_rows[:, None]
         if big:
-            p = rebuild_p(blk.z, spec.alpha, rows_of(res.theta), rows_of(res.row_max), rows_of(res.edge),
-                          rows_of(res.edge_p))
+            p = rebuild_p(blk.z, a_rows if spec.head_alpha is not None else spec.alpha, rows_of(res.theta),
+                          rows_of(res.row_max), rows_of(res.edge), rows_of(res.edge_p))
         else:
-            p = rebuild_p(blk.z, spec.alpha, rows_of(res.theta))
-        dz = np.asarray(backend.entmax_vjp(p, doc @ vv.T, np.full(p.shape[0], spec.alpha)), _F64)
+            p = rebuild_p(blk.z, a_rows if spec.head_alpha is not None else spec.alpha, rows_of(res.theta))
+        gp = doc @ vv.T  # dL/dp_ij = dO_i . v_j
+        dz = np.asarray(backend.entmax_vjp(p, gp, a_rows), _F64)
+        if dalpha is not None:  # the row transform's alpha VJP, on the support of p
+            dalpha[sl] = np.asarray(backend.entmax_alpha_vjp(p, gp, a_rows), _F64).reshape(group, i1 - i0)
         dv[b, hk, :key_end] += p.T @ doc
         if ds is not None:
-            ds[sl] = _row_scale_grad(dz, blk.a, p, spec.alpha).reshape(group, i1 - i0)
+            ds[sl] = _row_scale_grad(dz, blk.a, p, a_col).reshape(group, i1 - i0)
             da = dz * blk.s[:, None]
         else:
             da = dz
@@ -270,5 +393,5 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
         dk[b, hk, :key_end] += spec.scale * (da.T @ qc)
     return AttentionGrads(
         dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
-        dv.astype(v.dtype, copy=False), ds,
+        dv.astype(v.dtype, copy=False), ds, dalpha,
     )

@@ -67,6 +67,7 @@ from .family import (
 from .gradients import entmax_alpha_vjp, entmax_jacobian, entmax_vjp
 from .losses import entmax_loss, entmax_loss_grad
 from .transforms import EntmaxInfo, entmax, entmax15, entmax_threshold, softmax, sparsemax
+from .varlen import attention_varlen, attention_varlen_vjp
 
 __version__ = "0.1.0"
 
@@ -84,6 +85,8 @@ __all__ = [
     "asentmax_scale_vjp",
     "asentmax_vjp",
     "attention",
+    "attention_varlen",
+    "attention_varlen_vjp",
     "attention_vjp",
     "available_backends",
     "budget_sparsemax",

@@ -117,25 +117,43 @@ def ssmax_vjp(grad: ArrayLike, x: ArrayLike, *, beta: ArrayLike, offset: ArrayLi
 
 # attention
 @overload
-def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, alpha: float = ..., scale: float | None = ...,
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, alpha: float | ArrayLike = ..., scale: float | None = ...,
               causal: bool = ..., key_lengths: ArrayLike | None = ..., alibi_slopes: ArrayLike | None = ...,
               beta: ArrayLike | None = ..., gamma: ArrayLike | None = ..., delta: ArrayLike = ...,
               offset: ArrayLike = ..., chunk: int | None = ..., return_info: Literal[False] = ...,
-              backend: BackendArg = ...) -> Array: ...
+              backend: BackendArg = ..., key_padding_mask: ArrayLike | None = ...) -> Array: ...
 @overload
-def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, alpha: float = ..., scale: float | None = ...,
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, alpha: float | ArrayLike = ..., scale: float | None = ...,
               causal: bool = ..., key_lengths: ArrayLike | None = ..., alibi_slopes: ArrayLike | None = ...,
               beta: ArrayLike | None = ..., gamma: ArrayLike | None = ..., delta: ArrayLike = ...,
               offset: ArrayLike = ..., chunk: int | None = ..., return_info: Literal[True],
-              backend: BackendArg = ...) -> tuple[Array, AttentionInfo]: ...
+              backend: BackendArg = ..., key_padding_mask: ArrayLike | None = ...) -> tuple[Array, AttentionInfo]: ...
 def attention_vjp(grad_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, *, info: AttentionInfo | None = ...,
-                  out: ArrayLike | None = ...,
-                  tau: ArrayLike | None = ..., alpha: float = ..., scale: float | None = ..., causal: bool = ...,
-                  key_lengths: ArrayLike | None = ..., alibi_slopes: ArrayLike | None = ...,
-                  beta: ArrayLike | None = ..., gamma: ArrayLike | None = ..., delta: ArrayLike = ...,
-                  offset: ArrayLike = ..., chunk: int | None = ..., backend: BackendArg = ...) -> AttentionGradients: ...
+                  out: ArrayLike | None = ..., tau: ArrayLike | None = ..., alpha: float | ArrayLike = ...,
+                  scale: float | None = ..., causal: bool = ..., key_lengths: ArrayLike | None = ...,
+                  alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ..., gamma: ArrayLike | None = ...,
+                  delta: ArrayLike = ..., offset: ArrayLike = ..., chunk: int | None = ..., backend: BackendArg = ...,
+                  key_padding_mask: ArrayLike | None = ...) -> AttentionGradients: ...
 def keys_visible(nq: int, nk: int, *, causal: bool = ..., key_lengths: ArrayLike | None = ...,
-                 batch: int = ...) -> NDArray[np.int64]: ...
+                 batch: int = ..., key_padding_mask: ArrayLike | None = ...) -> NDArray[np.int64]: ...
+@overload
+def attention_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *,
+                     alpha: float | ArrayLike = ..., scale: float | None = ..., causal: bool = ...,
+                     alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ..., gamma: ArrayLike | None = ...,
+                     delta: ArrayLike = ..., offset: ArrayLike = ..., chunk: int | None = ...,
+                     return_info: Literal[False] = ..., backend: BackendArg = ...) -> Array: ...
+@overload
+def attention_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *,
+                     alpha: float | ArrayLike = ..., scale: float | None = ..., causal: bool = ...,
+                     alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ..., gamma: ArrayLike | None = ...,
+                     delta: ArrayLike = ..., offset: ArrayLike = ..., chunk: int | None = ...,
+                     return_info: Literal[True], backend: BackendArg = ...) -> tuple[Array, AttentionInfo]: ...
+def attention_varlen_vjp(grad_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
+                         cu_seqlens_k: ArrayLike, *, info: AttentionInfo | None = ..., out: ArrayLike | None = ...,
+                         tau: ArrayLike | None = ..., alpha: float | ArrayLike = ..., scale: float | None = ...,
+                         causal: bool = ..., alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ...,
+                         gamma: ArrayLike | None = ..., delta: ArrayLike = ..., offset: ArrayLike = ...,
+                         chunk: int | None = ..., backend: BackendArg = ...) -> AttentionGradients: ...
 
 # diagnostics
 def normalized_entropy(p: ArrayLike, *, n: ArrayLike | None = ..., scores: ArrayLike | None = ...,

@@ -9,7 +9,7 @@ from the threshold and the skewed output, is in docs/attention.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,7 +45,8 @@ class AttentionInfo:
         relative to it c = min_{p_ij > 0} (z_ij - m), and that entry's probability q
         (-inf, -inf, 0 on empty rows).  For alpha > 2 the backward rebuilds p from them,
         as the row solvers write it: theta cannot resolve the support's edge there.
-    alpha : float, the alpha of the call (checked by :func:`attention_vjp`).
+    alpha : float, the alpha of the call, or with alphas that differ between query heads
+        the tuple of them, one float per head (checked by :func:`attention_vjp`).
 
     Pass the whole object to ``attention_vjp(..., info=info)``: it is the lossless
     residual of the forward (theta, the edge and the skewed output), so the backward
@@ -62,7 +63,7 @@ class AttentionInfo:
     row_max: Any = field(default=None, repr=False)
     edge: Any = field(default=None, repr=False)
     edge_p: Any = field(default=None, repr=False)
-    alpha: float | None = None
+    alpha: Any = None  #: a float, or a tuple with one float per query head
 
     __repr__ = short_repr
 
@@ -70,7 +71,8 @@ class AttentionInfo:
 class AttentionGradients(NamedTuple):
     """Gradients of :func:`attention_vjp`.  dq, dk, dv are shaped and typed like q, k, v;
     dbeta, dgamma, ddelta are float64 shaped like beta, gamma, delta (None without
-    ASEntmax)."""
+    ASEntmax); dalpha is float64 shaped like alpha when alpha was given as an array
+    (shape () or (Hq,)), None when it was a Python or NumPy scalar."""
 
     dq: Any
     dk: Any
@@ -78,6 +80,7 @@ class AttentionGradients(NamedTuple):
     dbeta: Any = None
     dgamma: Any = None
     ddelta: Any = None
+    dalpha: Any = None
 
     __repr__ = short_repr
 
@@ -93,6 +96,8 @@ class _Problem:
     s_info: np.ndarray  # (B, Hq, Nq) float64
     params: dict | None  # beta, gamma, delta as float64 arrays, offset
     out_dtypes: tuple  # q, k, v
+    alpha_shape: tuple | None  # () or (Hq,) when alpha was an array (dalpha wanted), else None
+    alpha_b: Any  # alpha as a float, or (1, Hq, 1) float64 when it differs between heads
 
 
 def _tensor(x: Any, name: str, ndim: int):
@@ -159,7 +164,7 @@ class _ShapeGuard:
             spec = next(a for a in (*rest, *kw.values()) if isinstance(a, AttentionSpec))
             ds = None if spec.row_scale is None else xp.zeros((B, Hq, Nq))
             return AttentionGrads(xp.zeros(q.shape, q.dtype), xp.zeros(k.shape, k.dtype),
-                                  xp.zeros(v.shape, v.dtype), ds)
+                                  xp.zeros(v.shape, v.dtype), ds, xp.zeros((B, Hq, Nq)) if spec.alpha_grad else None)
         if D == 0:
             q, k = self._pad(q), self._pad(k)
         if Dv == 0:
@@ -170,23 +175,71 @@ class _ShapeGuard:
 
 
 @public
-def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1) -> np.ndarray:
+def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1,
+                 key_padding_mask=None) -> np.ndarray:
     """Number of keys each query row may attend, shape (B, 1, Nq), int64.
 
     Causal masking is bottom-right aligned: query i sees keys j <= i + Nk - Nq.
-    ``key_lengths[b]`` keys (a prefix) are valid in batch b.
+    ``key_lengths[b]`` keys (a prefix) are valid in batch b; ``key_padding_mask[b, j]``
+    (a (B, Nk) bool array) is True where key j of batch b may be attended.  A key counts
+    when every given mask allows it.
 
     >>> import entmax_ref as er
     >>> er.keys_visible(3, 5, causal=True, key_lengths=[4]).tolist()
     [[[3, 4, 4]]]
+    >>> er.keys_visible(3, 5, causal=True, key_padding_mask=[[False, False, True, True, True]]).tolist()
+    [[[1, 2, 3]]]
     """
     lengths = None if key_lengths is None else V.to_host(key_lengths)
-    n = geometry.keys_visible(nq, nk, causal=causal, key_lengths=lengths, batch=batch)
-    return V.namespace(key_lengths).asarray(n)  # in key_lengths' namespace
+    mask = None if key_padding_mask is None else V.to_host(key_padding_mask).astype(bool)
+    n = geometry.keys_visible(nq, nk, causal=causal, key_lengths=lengths, batch=batch, key_mask=mask)
+    return V.namespace(key_lengths, key_padding_mask).asarray(n)  # in the masks' namespace
+
+
+def _alpha_arg(alpha: Any, Hq: int, q_shape: tuple) -> tuple[float, Any, tuple | None]:
+    """(alpha of the spec, (Hq,) float64 per-head alpha or None, the array shape of alpha
+    or None for a scalar).  An array alpha of equal values runs as a scalar."""
+    if isinstance(alpha, (bool, np.bool_)):
+        raise ValueError(f"alpha must be a real scalar or an array of shape ({Hq},), got {alpha!r}")
+    if isinstance(alpha, (int, float, np.integer, np.floating)):
+        a = _scalar(alpha, "alpha")
+        if a < 1.0:
+            raise ValueError(f"alpha must be >= 1, got {a!r}")
+        return a, None, None
+    arr = V.to_host(alpha)  # a small host parameter (one value per head)
+    real = arr.dtype.kind in "fiu" or np.dtype(arr.dtype).name in V._LOW_PRECISION  # bfloat16 etc. too
+    if not real or arr.shape not in ((), (Hq,)):
+        raise ValueError(
+            f"alpha must be a scalar or one value per query head, shape () or ({Hq},) for q "
+            f"{tuple(q_shape)}; got dtype {arr.dtype} and shape {tuple(arr.shape)}"
+        )
+    a = np.asarray(arr, np.float64)
+    if not np.all(np.isfinite(a)) or np.any(a < 1.0):
+        raise ValueError(f"alpha must be finite and >= 1 for every head, got {a.tolist()!r}")
+    if a.ndim == 0:
+        return float(a), None, ()
+    if Hq == 0 or np.all(a == a[0]):  # one value: the scalar kernels
+        return (float(a[0]) if Hq else 1.5), None, (Hq,)
+    return float(a[0]), np.ascontiguousarray(a), (Hq,)
+
+
+def _key_mask_arg(mask: Any, B: int, Nk: int, k_shape: tuple) -> np.ndarray | None:
+    """key_padding_mask as a (B, Nk) bool numpy array (None when not given): a host
+    parameter of the backend contract, like key_lengths."""
+    if mask is None:
+        return None
+    m = V.to_host(mask)
+    if m.dtype != np.bool_ or m.shape != (B, Nk):
+        raise ValueError(
+            f"key_padding_mask must be a bool array of shape ({B}, {Nk}) (batch, keys) for k "
+            f"{tuple(k_shape)}, True where a key may be attended; got dtype {m.dtype} and shape "
+            f"{tuple(m.shape)}"
+        )
+    return np.ascontiguousarray(m)
 
 
 def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-             chunk, backend) -> _Problem:
+             chunk, backend, key_padding_mask=None) -> _Problem:
     q, cq, oq = _tensor(q, "q", 4)
     k, ck, ok = _tensor(k, "k", 4)
     v, cv, ov = _tensor(v, "v", 4)
@@ -209,9 +262,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         )
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    a = _scalar(alpha, "alpha")
-    if a < 1.0:
-        raise ValueError(f"alpha must be >= 1, got {a!r}")
+    a, head_alpha, alpha_shape = _alpha_arg(alpha, Hq, q.shape)
+    key_mask = _key_mask_arg(key_padding_mask, B, Nk, k.shape)
     if scale is None:
         # head dim 0: every score q . k is the empty sum 0, whatever the scale
         sc = 1.0 / float(np.sqrt(D)) if D else 1.0
@@ -241,8 +293,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
 
     xp = V.namespace(q)
-    n = xp.broadcast_to(xp.asarray(geometry.keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B)),
-                        (B, Hq, Nq))
+    n = xp.broadcast_to(xp.asarray(geometry.keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B,
+                                                         key_mask=key_mask)), (B, Hq, Nq))
     params = None
     row_scale = None
     s_info = xp.ones((B, Hq, Nq))
@@ -266,25 +318,29 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     if B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
         be = _ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
-                         alibi_slopes=slopes, row_scale=row_scale, chunk=chunk)
+                         alibi_slopes=slopes, row_scale=row_scale, chunk=chunk, head_alpha=head_alpha,
+                         key_mask=key_mask)
 
     def canon(x):
         return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
 
+    alpha_b = a if head_alpha is None else xp.asarray(head_alpha[None, :, None])
     return _Problem(canon(q), canon(k), canon(v), spec, be, xp.ascontiguousarray(n), s_info, params,
-                    (oq, ok, ov))
+                    (oq, ok, ov), alpha_shape, alpha_b)
 
 
 @public
 def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, alibi_slopes=None,
-              beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, return_info=False, backend=None):
+              beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, return_info=False, backend=None,
+              key_padding_mask=None):
     """alpha-entmax attention ``o_i = sum_j entmax(z_i)_j v_j``, exact, in query chunks.
 
     ``z_ij = s_i * scale * (q_i . k_j) + bias_ij`` over the keys row i may attend:
 
     * causal masking is bottom-right aligned (query i of Nq sees keys j <= i + Nk - Nq, the
       FlashAttention convention, so decoding Nq = 1 against a cache works);
-      ``key_lengths[b]`` masks right padding (keys j >= key_lengths[b]);
+      ``key_lengths[b]`` masks right padding (keys j >= key_lengths[b]) and
+      ``key_padding_mask[b, j] = False`` any key (left padding, holes);
     * ``bias_ij = -slope_h * |i + Nk - Nq - j|`` (ALiBi; with the causal mask this is
       ``-slope_h * (i_abs - j)``), one slope per query head (0 = a NoPE head);
     * ``s_i = delta + beta * log(n_i + offset) ** gamma`` (ASEntmax) when beta and gamma are
@@ -300,12 +356,17 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     q : (B, Hq, Nq, D) array
     k : (B, Hkv, Nk, D) array, Hq a multiple of Hkv (grouped-query heads share k and v)
     v : (B, Hkv, Nk, Dv) array
-    alpha : float
-        Any alpha >= 1 (1 is softmax attention, 2 sparsemax).
+    alpha : float or array of shape () or (Hq,)
+        Any alpha >= 1 (1 is softmax attention, 2 sparsemax); an (Hq,) array gives each
+        query head its own alpha (heads sharing a kv head may differ).
     scale : float or None
         Multiplies q . k; default 1 / sqrt(D).
     causal : bool
     key_lengths : (B,) integers in [0, Nk] or None
+    key_padding_mask : (B, Nk) bool array or None
+        True where key j of batch b may be attended; combines with ``causal`` and
+        ``key_lengths`` (a key is visible when all allow it).  ASEntmax's n counts the
+        visible keys.
     alibi_slopes : (Hq,) floats or None
     beta, gamma, delta : array_like or None
         ASEntmax parameters, broadcast (NumPy rules) against (B, Hq, Nq): per head use
@@ -329,7 +390,8 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     Raises
     ------
     ValueError: shape mismatches (naming the shapes), NaN/inf in q, k, v, alibi_slopes,
-    beta, gamma, delta, alpha < 1, key_lengths out of [0, Nk], beta/gamma not
+    beta, gamma, delta, alpha < 1 or an alpha array not of shape () or (Hq,), key_lengths
+    out of [0, Nk], a key_padding_mask not bool of shape (B, Nk), beta/gamma not
     broadcastable to (B, Hq, Nq), beta without gamma, log(n + offset) <= 0 on a row with
     n > 0 visible keys, a scale that overflows (naming beta, gamma, delta and the row),
     scores that overflow.  Degenerate shapes (head dim 0, value dim 0, no query rows)
@@ -349,15 +411,23 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     [[[[0.1693, 0.8307]]]]
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend)
+                    chunk, backend, key_padding_mask)
     fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
     out_dtype = V.result_dtype(*prob.out_dtypes)
     out = fwd.out.astype(out_dtype, copy=False)
     if not return_info:
         return out
-    tau = theta_to_tau(fwd.theta, prob.spec.alpha)
+    tau = theta_to_tau(fwd.theta, prob.alpha_b)
     return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew, fwd.theta, fwd.row_max, fwd.edge,
-                              fwd.edge_p, prob.spec.alpha)
+                              fwd.edge_p, _info_alpha(prob))
+
+
+def _info_alpha(prob: _Problem):
+    """AttentionInfo.alpha: the call's alpha as a float, or per query head as a tuple of
+    Hq floats when the heads' alphas differ (host values, like alpha itself)."""
+    if prob.spec.head_alpha is None:
+        return prob.spec.alpha
+    return tuple(float(a) for a in prob.spec.head_alpha)
 
 
 def _residual_from_info(info, prob: _Problem, shape: tuple):
@@ -367,8 +437,15 @@ def _residual_from_info(info, prob: _Problem, shape: tuple):
         raise TypeError(f"info must be the AttentionInfo of er.attention(..., return_info=True), got {type(info).__name__}")
     if info.theta is None or info.alpha is None:
         raise ValueError("info has no residual (theta, edge); pass the AttentionInfo returned by er.attention")
-    if float(info.alpha) != prob.spec.alpha:
-        raise ValueError(f"info comes from a forward with alpha={info.alpha!r}, but alpha={prob.spec.alpha!r} was given")
+    Hq = shape[1]
+    given = _info_alpha(prob)
+    try:
+        same = bool(np.array_equal(np.broadcast_to(np.asarray(info.alpha, np.float64), (Hq,)),
+                                   np.broadcast_to(np.asarray(given, np.float64), (Hq,))))
+    except ValueError:  # not broadcastable to the heads of this call
+        same = False
+    if not same:
+        raise ValueError(f"info comes from a forward with alpha={info.alpha!r}, but alpha={given!r} was given")
     fields = {"theta": info.theta, "row_max": info.row_max, "edge": info.edge, "edge_p": info.edge_p}
     for name, a in fields.items():
         if a is None or tuple(a.shape) != shape:
@@ -383,6 +460,13 @@ def _residual_from_info(info, prob: _Problem, shape: tuple):
     return AttentionResidual(info.theta, info.row_max, info.edge, info.edge_p), skew
 
 
+def _any_big(prob: _Problem) -> bool:
+    """Whether some head has alpha > 2 (its rows need the edge, which tau does not carry)."""
+    if prob.spec.head_alpha is None:
+        return prob.spec.alpha > 2.0
+    return bool(np.any(np.asarray(prob.spec.head_alpha) > 2.0))
+
+
 def _check_tau(tau, prob: _Problem, shape: tuple):
     """theta from a forward's tau (validated: shape, NaN, -inf only on empty rows)."""
     t = V.as_array(tau, "tau")
@@ -394,13 +478,13 @@ def _check_tau(tau, prob: _Problem, shape: tuple):
     empty = prob.n == 0
     if bool(xp.any(xp.isneginf(t) & ~empty)):
         raise ValueError("tau is -inf on a row that has keys to attend; pass the forward's info.tau")
-    return xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.spec.alpha)))
+    return xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.alpha_b)))
 
 
 @public
 def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5, scale=None, causal=False,
                   key_lengths=None, alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0,
-                  chunk=None, backend=None):
+                  chunk=None, backend=None, key_padding_mask=None):
     """Gradients of a loss through :func:`attention`, given ``grad_out = dL/dout``.
 
     Takes the same keyword arguments as :func:`attention`.  The residual of the forward
@@ -424,7 +508,11 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     * ``dV_j = sum_i p_ij dO_i``, ``dQ_i = scale * s_i * sum_j dZ_ij k_j``,
       ``dK_j = scale * sum_i s_i dZ_ij q_i`` (summed over the query heads of a kv head);
     * ``dL/ds_i = sum_j dZ_ij * scale * (q_i . k_j)``, chained to beta, gamma and delta by
-      :func:`entmax_ref.asentmax_scale_vjp`.
+      :func:`entmax_ref.asentmax_scale_vjp`;
+    * when ``alpha`` is an array: ``dL/dalpha`` per row is the row transform's alpha VJP
+      (:func:`entmax_ref.entmax_alpha_vjp`) of ``p_i`` and ``dL/dp_ij = dO_i . v_j`` on the
+      support, exact through alpha -> 1, summed over each head's rows (over all rows for
+      a shape () alpha).
 
     For alpha > 2, where u is unbounded at the support's edge, ``dZ`` is formed as
     :func:`entmax_ref.entmax_vjp` forms it (u / max u in log space; the entry of largest u
@@ -436,8 +524,9 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
 
     Returns
     -------
-    AttentionGradients(dq, dk, dv, dbeta, dgamma, ddelta); the last three are None
-    without ASEntmax.
+    AttentionGradients(dq, dk, dv, dbeta, dgamma, ddelta, dalpha); dbeta, dgamma, ddelta
+    are None without ASEntmax; dalpha is float64 shaped like alpha when alpha is an array
+    (shape () or (Hq,)), None when it is a Python or NumPy scalar (no extra work then).
 
     Raises
     ------
@@ -459,7 +548,7 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     ([[[[0.0]]]], [[[[0.0, 0.0], [1.0, 1.0]]]])
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend)
+                    chunk, backend, key_padding_mask)
     B, Hq, Nq, _ = prob.q.shape
     Dv = prob.v.shape[3]
     do, cdo, _ = _tensor(grad_out, "grad_out", 4)
@@ -472,7 +561,7 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
         raise ValueError("pass the forward's residual once: info (recommended) or tau, not both")
     if info is not None:
         res, skew = _residual_from_info(info, prob, (B, Hq, Nq))
-    elif tau is None or prob.spec.alpha > 2.0:
+    elif tau is None or _any_big(prob):
         if tau is not None:  # alpha > 2: checked, but the edge is not in tau: solve again
             _check_tau(tau, prob, (B, Hq, Nq))
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
@@ -484,15 +573,22 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
             o, _, _ = _tensor(out, "out", 4)
             if tuple(o.shape) != (B, Hq, Nq, Dv):
                 raise ValueError(f"out must have shape {(B, Hq, Nq, Dv)}, got {tuple(o.shape)}")
-            if prob.spec.alpha == 1.0:
+            if prob.spec.alpha == 1.0 and prob.spec.head_alpha is None:
                 skew = V.namespace(o).ascontiguousarray(o.astype(np.float64))
-    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, res, skew, prob.spec)
+    spec = prob.spec if prob.alpha_shape is None else replace(prob.spec, alpha_grad=True)
+    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, res, skew, spec)
     dq, dk, dv = (V.cast(g, dt) for g, dt in zip(grads[:3], prob.out_dtypes))
+    dalpha = None
+    if prob.alpha_shape is not None:  # per row -> per head (summed over batch and queries), on the host
+        n_host = V.to_host(prob.n)
+        da = np.where(n_host > 0, V.to_host(grads.dalpha).astype(np.float64), 0.0)
+        dalpha = da.sum(axis=(0, 2)) if prob.alpha_shape else np.asarray(da.sum())
+        dalpha = V.namespace(alpha).asarray(dalpha)  # in alpha's namespace
     if prob.params is None:
-        return AttentionGradients(dq, dk, dv)
+        return AttentionGradients(dq, dk, dv, dalpha=dalpha)
     live = prob.n > 0
     xp = V.namespace(prob.n)
     ds = xp.where(live, grads.drow_scale.astype(np.float64, copy=False), 0.0)
     p = prob.params
     sg = _scale_vjp(ds, prob.n, p["beta"], p["gamma"], p["delta"], p["offset"], live, "query row (b, h, i) =")
-    return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta)
+    return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta, dalpha)

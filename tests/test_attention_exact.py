@@ -196,3 +196,95 @@ def test_info_is_checked():
         er.attention_vjp(do[:, :, :4], q[:, :, :4], k, v, info=info, alpha=3.0, backend="numpy")
     with pytest.raises(TypeError, match="AttentionInfo"):
         er.attention_vjp(do, q, k, v, info=info.tau, alpha=3.0, backend="numpy")
+
+
+def _no_head_alpha_on_cupy(backend):
+    if str(backend) == "cupy":
+        pytest.skip("cupy rejects alpha per head with a ValueError (tests/test_cupy_backend.py)")
+
+
+HEAD_ALPHAS = {
+    "sparse": (1.0 + 1e-9, 1.5, 10.0, 100.0),  # no softmax head: numba's fused kernels
+    "with_softmax": (1.0, 2.0, 3.0, 1000.0),  # a softmax head: every backend's NumPy driver
+}
+
+
+@pytest.mark.parametrize("heads", list(HEAD_ALPHAS), ids=list(HEAD_ALPHAS))
+def test_alpha_per_head_is_exact(backend, heads):
+    """Alpha per query head, heads with alpha > 2 next to heads with alpha <= 2: each row
+    is rebuilt by its own head's rule (edge-relative above 2, from theta below), so every
+    head's gradients match the dense reference of its alpha to 1e-12, on the recompute,
+    info= and tau= paths."""
+    _no_head_alpha_on_cupy(backend)
+    alphas = HEAD_ALPHAS[heads]
+    x = backend.asarray
+    qs, ks, vs, dos, want = [], [], [], [], []
+    for h, alpha in enumerate(alphas):
+        q, k, v, do, _, _ = problem(40 + h, alpha, False)
+        qs.append(q), ks.append(k), vs.append(v), dos.append(do)
+        want.append(dense_reference(q, k, v, do, alpha, 1.0, backend=backend))
+    q4, k4, v4, do4 = (x(np.stack(t)[None]) for t in (qs, ks, vs, dos))
+    kw = dict(alpha=np.array(alphas), scale=1.0, backend=backend)
+    out, info = er.attention(q4, k4, v4, return_info=True, **kw)
+    assert info.alpha == alphas  # a tuple, one float per head
+    for path, extra in {"recompute": {}, "info": {"info": info}, "tau": {"tau": info.tau}}.items():
+        g = er.attention_vjp(do4, q4, k4, v4, **extra, **kw)
+        assert g.dalpha is not None and np.isfinite(backend.numpy(g.dalpha)).all()
+        for h, alpha in enumerate(alphas):
+            for name, got, ref in zip(("dq", "dk", "dv"), g[:3], want[h]):
+                _close(backend.numpy(got)[0, h], ref, f"{backend} {path} head {h} alpha={alpha!r} {name}")
+
+
+def test_info_alpha_per_head_is_checked():
+    rng = np.random.default_rng(2)
+    q, k, v, do = (rng.standard_normal((1, 2, 5, 3)) for _ in range(4))
+    out, info = er.attention(q, k, v, alpha=np.array([1.5, 3.0]), return_info=True, backend="numpy")
+    with pytest.raises(ValueError, match="alpha="):
+        er.attention_vjp(do, q, k, v, info=info, alpha=np.array([1.5, 2.0]), backend="numpy")
+    with pytest.raises(ValueError, match="alpha="):
+        er.attention_vjp(do, q, k, v, info=info, alpha=3.0, backend="numpy")
+    # equal alphas per head run as the scalar: the info of either is accepted by the other
+    out, info = er.attention(q, k, v, alpha=np.array([2.5, 2.5]), return_info=True, backend="numpy")
+    g = er.attention_vjp(do, q, k, v, info=info, alpha=2.5, backend="numpy")
+    h = er.attention_vjp(do, q, k, v, alpha=2.5, backend="numpy")
+    for a, b in zip(g[:3], h[:3]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_alpha_per_head_key_runs_are_exact(backend):
+    """A key_padding_mask whose keys form one run per batch (numba: the fused kernels on
+    each batch's run of keys, its residual slice passed along) with alpha per head across
+    2: the gradients of each batch are the dense reference of its run, 0 on masked keys,
+    on the recompute and info= paths."""
+    _no_head_alpha_on_cupy(backend)
+    alphas = HEAD_ALPHAS["sparse"]
+    rng = np.random.default_rng(7)
+    lo = (0, 3)  # batch 0: right padding; batch 1: left and right padding
+    Nk = N_KEYS + 5
+    qs, ks, vs, dos, want = [], [], [], [], []
+    for h, alpha in enumerate(alphas):
+        q, k, v, do, _, _ = problem(60 + h, alpha, False)
+        qs.append(q), dos.append(do), want.append(dense_reference(q, k, v, do, alpha, 1.0, backend=backend))
+        kb = 5.0 * rng.standard_normal((2, Nk, N_ROWS))  # masked keys: large scores that would matter
+        vb = 5.0 * rng.standard_normal((2, Nk, v.shape[1]))
+        for b, l0 in enumerate(lo):
+            kb[b, l0:l0 + N_KEYS], vb[b, l0:l0 + N_KEYS] = k, v
+        ks.append(kb), vs.append(vb)
+    x = backend.asarray
+    q4 = x(np.broadcast_to(np.stack(qs)[None], (2,) + np.stack(qs).shape).copy())
+    do4 = x(np.broadcast_to(np.stack(dos)[None], (2,) + np.stack(dos).shape).copy())
+    k4, v4 = (x(np.stack(t, axis=1)) for t in (ks, vs))
+    mask = np.zeros((2, Nk), bool)
+    for b, l0 in enumerate(lo):
+        mask[b, l0:l0 + N_KEYS] = True
+    kw = dict(alpha=np.array(alphas), scale=1.0, backend=backend, key_padding_mask=mask)
+    out, info = er.attention(q4, k4, v4, return_info=True, **kw)
+    for path, extra in {"recompute": {}, "info": {"info": info}}.items():
+        g = er.attention_vjp(do4, q4, k4, v4, **extra, **kw)
+        dq, dk, dv = (backend.numpy(t) for t in g[:3])
+        for b, l0 in enumerate(lo):
+            assert not dk[b][:, ~mask[b]].any() and not dv[b][:, ~mask[b]].any(), path
+            for h, alpha in enumerate(alphas):
+                for name, got, ref in zip(("dq", "dk", "dv"), (dq[b, h], dk[b, h, l0:l0 + N_KEYS],
+                                                               dv[b, h, l0:l0 + N_KEYS]), want[h]):
+                    _close(got, ref, f"{backend} {path} batch {b} head {h} alpha={alpha!r} {name}")

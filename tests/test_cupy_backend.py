@@ -203,6 +203,42 @@ def test_attention_empty_rows(gpu, ref):
     assert np.isneginf(got.theta.get()[1]).all() and (got.out.get()[1] == 0).all()
 
 
+def test_attention_key_padding_runs(gpu, ref):
+    """A key mask with one run of keys per batch (left padding, left and right, none
+    left) runs per batch on the key-sliced problem: the reference's answers, gradients
+    included; masks with holes, alpha per head and dalpha are a ValueError."""
+    rng = np.random.default_rng(5)
+    B, Hq, Hkv, Nq, Nk, D = 3, 4, 2, 21, 30, 16
+    q, k, v, do = _problem(rng, B, Hq, Hkv, Nq, Nk, D, np.float64)
+    mask = np.ones((B, Nk), bool)
+    mask[0, :7] = False
+    mask[1, :3] = False
+    mask[1, 25:] = False
+    mask[2, :] = False
+    spec = AttentionSpec(alpha=1.5, scale=D ** -0.5, causal=True, key_lengths=np.array([Nk, 28, Nk]),
+                         alibi_slopes=np.array([0.0, 0.25, 0.5, 1.0]), key_mask=mask, chunk=8)
+    want = ref.attention_forward(q, k, v, spec)
+    dev = [cupy.asarray(a) for a in (q, k, v, do)]
+    got = gpu.attention_forward(*dev[:3], spec)
+    tol = _attn_tol(q, k, v, spec, EPS64)
+    np.testing.assert_array_equal(got.support.get(), want.support)
+    assert np.abs(got.out.get() - want.out).max() <= tol
+    gw = ref.attention_backward(do, q, k, v, want, want.skew, spec)
+    gg = gpu.attention_backward(dev[3], *dev[:3], got, got.skew, spec)
+    for name in ("dq", "dk", "dv"):
+        assert np.abs(getattr(gg, name).get() - getattr(gw, name)).max() <= tol * max(1.0, float(np.abs(do).max()) * Nq)
+    holes = mask.copy()
+    holes[0, 12] = False
+    from dataclasses import replace
+
+    for bad, what in ((replace(spec, key_mask=holes), "holes"),
+                      (replace(spec, head_alpha=np.array([1.5, 2.0, 1.5, 2.0])), "alpha per head"),
+                      (replace(spec, alpha_grad=True), "gradient of alpha")):
+        with pytest.raises(ValueError, match=what):
+            gpu.attention_forward(*dev[:3], bad) if what != "gradient of alpha" else gpu.attention_backward(
+                dev[3], *dev[:3], got, got.skew, bad)
+
+
 def test_no_silent_transfers(gpu):
     """NumPy arrays are not accepted as data: the registry refuses them for cupy."""
     from entmax_ref.backends import resolve_backend

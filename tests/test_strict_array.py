@@ -49,6 +49,9 @@ def _data():
         v=rng.standard_normal((B, Hkv, Nk, 3)), do=rng.standard_normal((B, Hq, Nq, 3)),
         key_lengths=np.array([5, 2]), slopes=np.array([0.5, 0.25, 0.125, 0.0]),
         head_beta=np.full((1, Hq, 1), 0.3), head_gamma=np.full((1, Hq, 1), 0.5),
+        pq=rng.standard_normal((5, Hq, D)), pk=rng.standard_normal((7, Hkv, D)), pv=rng.standard_normal((7, Hkv, 3)),
+        pdo=rng.standard_normal((5, Hq, 3)), cu_q=np.array([0, 2, 5]), cu_k=np.array([0, 3, 7]),
+        head_alpha=np.array([1.5, 2.0, 1.25, 1.5]),
     )
 
 
@@ -84,6 +87,11 @@ CALLS = {
                                             alibi_slopes=d["slopes"], beta=d["head_beta"], gamma=d["head_gamma"],
                                             return_info=True, backend=be),
     "attention_vjp": _attention_vjp,
+    "attention_varlen": lambda d, be: er.attention_varlen(d["pq"], d["pk"], d["pv"], d["cu_q"], d["cu_k"], causal=True,
+                                                          alpha=d["head_alpha"], return_info=True, backend=be),
+    "attention_varlen_vjp": lambda d, be: er.attention_varlen_vjp(d["pdo"], d["pq"], d["pk"], d["pv"], d["cu_q"],
+                                                                  d["cu_k"], causal=True, alpha=d["head_alpha"],
+                                                                  backend=be),
     "keys_visible": lambda d, be: er.keys_visible(3, 5, causal=True, key_lengths=d["key_lengths"], batch=2),
     "support_size": lambda d, be: er.support_size(d["p"]),
     "max_probability": lambda d, be: er.max_probability(d["p"], axis=2),

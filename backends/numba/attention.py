@@ -39,7 +39,15 @@ backward (``bwd_rows`` then ``bwd_scatter``)
     dZ_ij q_i`` over the compacted entries.  When a chunk's support is dense (more than
     :data:`DENSE_FRACTION` of its block) the entries are expanded into dense blocks and dK,
     dV use BLAS.  alpha = 1 (softmax: the support is every visible key) uses the NumPy
-    driver's backward.
+    driver's backward.  With ``spec.alpha_grad`` each row's dL/dalpha is the compiled row alpha
+    VJP (:mod:`entmax_ref.backends.numba.grads`) of the compacted support's ``p`` and
+    ``dO . v_j``.
+
+Alpha per head: every row takes its head's alpha (window, solver, weights); the float32
+filter is used only in chunks without a softmax head.  Key masks: when the keys a batch
+may attend form one run ``lo <= j < hi``, the batch runs as the key-sliced problem
+``k[b, :, lo:]`` with ``hi - lo`` valid keys (:func:`entmax_ref.backends.numpy_attention.
+forward_by_key_runs`); masks with holes use the NumPy driver with the compiled row solver.
 
 Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest first)
 from a queue; each runs a BLAS product and a ``nogil`` kernel (no ``prange``) on its chunk,
@@ -66,6 +74,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
+from .grads import _alpha_vjp_row, _alpha_vjp_row_big
 from .rows import METHOD_DEFAULT, _solve_row
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
@@ -302,11 +311,12 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
 
 
 @njit(nogil=True, cache=CACHE)
-def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alpha, vv,
+def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
              out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
     """Fused forward of one chunk: ``g`` (rows, key_end) is q.k (float64, or float32 as a
     filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score error
-    bound; ``row_scale`` (rows,) or empty; ``slopes`` (group,) float64.  Writes ``out``,
+    bound; ``row_scale`` (rows,) or empty; ``slopes`` and ``alphas`` (group,) float64
+    (per query head of the group; ``filt`` needs every alpha > 1).  Writes ``out``,
     ``skew`` (rows, Dv), ``theta``, ``support``, the residual ``rmax``, ``edge``,
     ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p), ``ncand``
     (candidates) per row, and ``bad[r] = 1`` for a row whose scores overflowed.  For
@@ -314,10 +324,6 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     support's edge; the factor cancels in the ratio)."""
     rows, key_end = g.shape
     dv = vv.shape[1]
-    a1 = alpha - 1.0
-    a2 = 2.0 - alpha
-    big = alpha > 2.0
-    window = 1.0 / a1 if a1 > 0.0 else np.inf
     has_s = row_scale.shape[0] > 0
     za = np.empty(key_end, np.float64)
     zc = np.empty(key_end, np.float64)
@@ -331,6 +337,10 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     sk = np.empty(dv, np.float64)
     for r in range(rows):
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
+        a1 = alphas[h] - 1.0
+        a2 = 2.0 - alphas[h]
+        big = alphas[h] > 2.0
+        window = 1.0 / a1 if a1 > 0.0 else np.inf
         s = row_scale[r] if has_s else 1.0
         m, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
                             0.0, za, idx, zc, gx, c, aux, aux2)
@@ -387,22 +397,22 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
 
 
 @njit(nogil=True, cache=CACHE)
-def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alpha, th, rmax, edge,
-             edge_p, doc, skew_in, vv, idx, pb, ub, cnt, dq, ds, bad):
+def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, th, rmax, edge,
+             edge_p, doc, skew_in, vv, idx, pb, ub, cnt, dq, ds, bad, dal):
     """Per-row backward of one chunk over the support only (see the module docstring).
-    ``g``, ``filt``, ``err`` as in :func:`fwd_rows`; ``th`` (rows,) theta (-inf: empty
-    row), and for alpha > 2 the forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from
-    which p is rebuilt as the row solver wrote it (:func:`_edge_prob`); ``skew_in`` (rows,
-    Dv) or an empty (0, Dv) array (then recomputed from p); writes the compacted support
-    ``idx``, ``pb`` (p), ``ub`` (s dZ), ``cnt`` per row, and ``dq`` (rows, D), ``ds``
-    (rows,); ``bad[r] = 1`` where a score overflowed.  alpha > 2: :func:`_dz_big`."""
+    ``g``, ``filt``, ``err``, ``alphas`` (every one > 1 here) as in :func:`fwd_rows`;
+    ``th`` (rows,) theta (-inf: empty row), and for the rows whose alpha > 2 the
+    forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which p is rebuilt as the row
+    solver wrote it (:func:`_edge_prob`); ``skew_in`` (rows, Dv) or an empty (0, Dv)
+    array (then recomputed from p); writes the compacted support ``idx``, ``pb`` (p),
+    ``ub`` (s dZ), ``cnt`` per row, and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1``
+    where a score overflowed.  alpha > 2: :func:`_dz_big`.  ``dal`` (rows,) or empty:
+    dL/dalpha of each row, the row transform's alpha VJP
+    (:mod:`entmax_ref.backends.numba.grads`) on the support's p and dL/dp = dO . v."""
     rows, key_end = g.shape
     dv = vv.shape[1]
     D = kk.shape[1]
-    a1 = alpha - 1.0
-    a2 = 2.0 - alpha
-    big = alpha > 2.0
-    window = 1.0 / a1
+    want_dal = dal.shape[0] > 0
     has_s = row_scale.shape[0] > 0
     have_skew = skew_in.shape[0] > 0
     za = np.empty(key_end, np.float64)
@@ -415,6 +425,10 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     acc = np.empty(D, np.float64)
     for r in range(rows):
         h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
+        a1 = alphas[h] - 1.0
+        a2 = 2.0 - alphas[h]
+        big = alphas[h] > 2.0
+        window = 1.0 / a1
         s = row_scale[r] if has_s else 1.0
         t = th[r]
         for d in range(D):
@@ -486,6 +500,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 gdc = 0.0
                 for d in range(dv):
                     gdc += doc[r, d] * vv[j, d]
+                gd[c] = gdc
                 ub[r, c] = ub[r, c] * (gdc - delta)
         dsr = 0.0
         a_ref = scale * gs[mref] if m > 0 else 0.0
@@ -503,6 +518,11 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         ds[r] = dsr
         for d in range(D):
             dq[r, d] = scale * acc[d]
+        if want_dal:  # gd[:m] = dO . v_j on the support (both branches above)
+            if a1 > 1.0:
+                dal[r] = _alpha_vjp_row_big(pb[r, :m], gd[:m], a1)
+            else:
+                dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
 
 
 @njit(inline="always", cache=CACHE)
@@ -703,6 +723,12 @@ def _head_items(spec, b, Nq, Nk, group):
     return sorted(chunk_bounds(spec, b, Nq, Nk, group), key=lambda t: -(t[1] - t[0]) * t[2])
 
 
+def _group_alphas(spec, h0, group):
+    if spec.head_alpha is None:
+        return np.full(group, float(spec.alpha))
+    return np.ascontiguousarray(np.asarray(spec.head_alpha[h0:h0 + group], np.float64))
+
+
 def _group_slopes(spec, h0, group):
     if spec.alibi_slopes is None:
         return np.zeros(group)
@@ -758,6 +784,12 @@ def attention_forward(backend, q, k, v, spec):
     conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
 
+    if spec.key_mask is not None:  # fused on each batch's run of keys, or the NumPy driver
+        from ..numpy_attention import attention_forward as numpy_forward
+        from ..numpy_attention import forward_by_key_runs
+
+        return forward_by_key_runs(lambda *a: attention_forward(backend, *a), q, k, v, spec,
+                                   lambda: numpy_forward(backend, q, k, v, spec))
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
@@ -770,9 +802,9 @@ def attention_forward(backend, q, k, v, spec):
     row_max = np.full((B, Hq, Nq), -np.inf)
     edge = np.full((B, Hq, Nq), -np.inf)
     edge_p = np.zeros((B, Hq, Nq))
-    causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
+    causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
-    state = {"filter": alpha > 1.0 and FILTER_FRACTION > 0}  # the float32 filter, while it pays
+    state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
     heads = {}
 
     def head(b, hk):
@@ -791,7 +823,8 @@ def attention_forward(backend, q, k, v, spec):
         qsl = q[b, h0:h0 + group, i0:i1]
         qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
         rs = _row_scale(spec, b, h0, group, i0, i1)
-        filt = state["filter"]
+        alphas = _group_alphas(spec, h0, group)
+        filt = state["filter"] and bool(np.all(alphas > 1.0))
         with np.errstate(over="ignore", invalid="ignore"):
             if filt:
                 err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
@@ -812,13 +845,16 @@ def attention_forward(backend, q, k, v, spec):
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
         fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs,
-                 _group_slopes(spec, h0, group), alpha, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad)
+                 _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad)
         if bad.any():
             raise ValueError(_OVERFLOW)
         if filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
             state["filter"] = False
-        if alpha == 1.0:
+        softmax_rows = np.repeat(alphas == 1.0, nc)
+        if softmax_rows.all():
             sk = o
+        elif softmax_rows.any():  # the skewed output of a softmax row is its output
+            sk[softmax_rows] = o[softmax_rows]
         shape = (group, nc)
         out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
@@ -848,15 +884,21 @@ def attention_forward(backend, q, k, v, spec):
 
 def attention_backward(backend, do, q, k, v, res, skew, spec):
     """Chunked support-only backward from the forward's residual ``res`` (theta; for
-    alpha > 2 also row_max, edge, edge_p) (see the module docstring); the NumPy driver's
-    outputs and conventions."""
+    alpha > 2 also row_max, edge, edge_p; with alpha per head, for the rows of heads with
+    alpha > 2) (see the module docstring); the NumPy driver's outputs and conventions."""
     from .._base import AttentionGrads
     from ..numpy_attention import attention_backward as numpy_backward
 
-    if spec.alpha == 1.0:
+    heads_alpha = np.asarray([spec.alpha] if spec.head_alpha is None else spec.head_alpha, np.float64)
+    if bool(np.any(heads_alpha == 1.0)):  # a softmax head: the NumPy driver
         return numpy_backward(backend, do, q, k, v, res, skew, spec)
+    if spec.key_mask is not None:
+        from ..numpy_attention import backward_by_key_runs
+
+        return backward_by_key_runs(lambda *a: attention_backward(backend, *a), do, q, k, v, res, skew, spec,
+                                    lambda: numpy_backward(backend, do, q, k, v, res, skew, spec))
     theta = res.theta
-    if spec.alpha > 2.0:
+    if bool(np.any(heads_alpha > 2.0)):
         if res.row_max is None or res.edge is None or res.edge_p is None:
             raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
         resid = (res.row_max, res.edge, res.edge_p)
@@ -871,8 +913,10 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     dk = np.zeros((B, Hkv, Nk, D), f64)
     dv = np.zeros((B, Hkv, Nk, Dv), f64)
     ds = np.zeros((B, Hq, Nq), f64) if spec.row_scale is not None else None
+    dalpha = np.zeros((B, Hq, Nq), f64) if spec.alpha_grad else None
+    no_dal = np.empty(0, f64)
     no_skew = np.empty((0, Dv), f64)
-    causal, scale, alpha = bool(spec.causal), float(spec.scale), float(spec.alpha)
+    causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     # per-worker accumulators of one kv-head (worker 0 uses dk, dv themselves), or one
     # shared pair behind a lock when that would take too much memory
@@ -930,8 +974,10 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     dqc = np.empty((rows, D), f64)
                     dsc = np.empty(rows, f64)
                     bad = np.empty(rows, np.int8)
-                    bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes, alpha, th, rm, ce, qe,
-                             doc, sk, vv, idx, pb, ub, cnt, dqc, dsc, bad)
+                    dal = no_dal if dalpha is None else np.empty(rows, f64)
+                    bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes,
+                             _group_alphas(spec, h0, group), th, rm, ce, qe, doc, sk, vv, idx, pb, ub, cnt, dqc, dsc,
+                             bad, dal)
                     if bad.any():
                         raise ValueError(_OVERFLOW)
                     if filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
@@ -939,6 +985,8 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     dq[sl] = dqc.reshape(group, nc, D)
                     if ds is not None:
                         ds[sl] = dsc.reshape(group, nc)
+                    if dalpha is not None:
+                        dalpha[sl] = dal.reshape(group, nc)
                     dk_acc, dv_acc = accs[0 if shared else slot]
                     dk_acc, dv_acc = dk_acc[:key_end], dv_acc[:key_end]
                     if cnt.sum() > DENSE_FRACTION * rows * key_end:
@@ -960,5 +1008,5 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     dv[b, hk] += dv_w
     return AttentionGrads(
         dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
-        dv.astype(v.dtype, copy=False), ds,
+        dv.astype(v.dtype, copy=False), ds, dalpha,
     )

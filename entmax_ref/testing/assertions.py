@@ -277,6 +277,8 @@ def attention_reference(q, k, v, dtype=None, **kw) -> AttentionReference:
         mask |= (j > i_abs)[None, None]
     if kw.get("key_lengths") is not None:
         mask |= (j[None] >= np.asarray(kw["key_lengths"])[:, None, None])[:, None]
+    if kw.get("key_padding_mask") is not None:
+        mask |= ~np.asarray(kw["key_padding_mask"], bool)[:, None, None, :]
     z = np.where(mask, -np.inf, z)
     p = er.entmax(z, alpha, backend="numpy")
     uu = T.unit_roundoff(dtype)

@@ -79,7 +79,7 @@ class AttentionCase:
     kwargs: dict = field(default_factory=dict)  #: causal, key_lengths, alibi_slopes, beta, gamma, scale
 
 
-FEATURES = ("causal", "gqa", "key_lengths", "alibi", "asentmax", "cross")
+FEATURES = ("causal", "gqa", "key_lengths", "alibi", "asentmax", "cross", "key_padding_mask")
 
 
 def attention_corpus(size: str = "default", seed: int = 0, features=("causal", "gqa", "cross")) -> list[AttentionCase]:
@@ -87,7 +87,8 @@ def attention_corpus(size: str = "default", seed: int = 0, features=("causal", "
 
     ``features`` selects what the implementation under test supports: "causal", "gqa"
     (Hq = 2 Hkv), "key_lengths" (right padding, one batch with no keys), "alibi",
-    "asentmax" (per-head beta and gamma), "cross" (Nq != Nk).  Plain full attention with
+    "asentmax" (per-head beta and gamma), "cross" (Nq != Nk), "key_padding_mask" (a (B, Nk)
+    bool ``key_padding_mask``: left padding, and left with right padding).  Plain full attention with
     Nq = Nk is always included.
     """
     if size not in SIZES:
@@ -121,4 +122,11 @@ def attention_corpus(size: str = "default", seed: int = 0, features=("causal", "
         cases.append(AttentionCase("asentmax", *qkv(1, 2, 2, N, N),
                                    {"beta": np.array([[0.5], [1.0]]), "gamma": np.array([[1.0], [0.5]]),
                                     "causal": "causal" in features}))
+    if "key_padding_mask" in features:
+        mask = np.ones((3, N), bool)
+        mask[0, : N // 3] = False  # left padding
+        mask[1, : N // 4] = False  # left and right padding
+        mask[1, N - N // 5:] = False
+        cases.append(AttentionCase("key_padding_mask", *qkv(3, 2, 2, N, N),
+                                   {"key_padding_mask": mask, "causal": "causal" in features}))
     return cases
