@@ -771,6 +771,7 @@ _ATTN_WHY = {
     "alibi": "ALiBi slopes, one head with slope 0",
     "asentmax": "ASEntmax scale per head (beta, gamma)",
     "causal Nq>Nk": "causal with Nq > Nk: the first queries see no key (zero rows)",
+    "key_padding_mask": "a (B, Nk) key mask: left padding, and left with right padding",
 }
 
 
@@ -802,6 +803,8 @@ def _attn_fields(case, a, dt):
               "q": nums(q, dt), "k": nums(k, dt), "v": nums(v, dt), "scale": num(1.0 / np.sqrt(q.shape[3])),
               "causal": bool(kw.get("causal", False)),
               "key_lengths": None if kw.get("key_lengths") is None else [int(i) for i in kw["key_lengths"]],
+              "key_padding_mask": None if kw.get("key_padding_mask") is None
+              else np.asarray(kw["key_padding_mask"], bool).tolist(),
               "alibi_slopes": None if kw.get("alibi_slopes") is None else nums(np.asarray(kw["alibi_slopes"], float)),
               "beta": None if beta is None else nums(np.asarray(beta, float)),
               "gamma": None if gamma is None else nums(np.asarray(gamma, float)),
@@ -1020,6 +1023,8 @@ def _attn_args(c):
         kw["causal"] = True
     if c["key_lengths"] is not None:
         kw["key_lengths"] = np.array(c["key_lengths"])
+    if c.get("key_padding_mask") is not None:
+        kw["key_padding_mask"] = np.array(c["key_padding_mask"], bool)
     if c["alibi_slopes"] is not None:
         kw["alibi_slopes"] = parse(c["alibi_slopes"])
     if c["beta"] is not None:
@@ -1294,7 +1299,7 @@ def replay_corpus(corpus, fn: Callable, op: str = "entmax", *, name: str | None 
     :data:`OPERATIONS`): alpha is passed by keyword when fn has an ``alpha`` parameter,
     else positionally when it takes one more argument, else not at all.  Row inputs are
     (1, n) arrays of the case's dtype; attention inputs (B, H, N, D) arrays with the
-    keywords the case uses (causal, key_lengths, alibi_slopes, beta, gamma) and the
+    keywords the case uses (causal, key_lengths, key_padding_mask, alibi_slopes, beta, gamma) and the
     default scale 1/sqrt(D).
     """
     if not isinstance(corpus, Corpus):
