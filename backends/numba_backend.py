@@ -1,7 +1,8 @@
 """The numba backend: the fast CPU engine, with the NumPy reference's answers.
 
 Row operations run as compiled Numba kernels (:mod:`entmax_ref.backends.numba`), in
-parallel over rows (``prange``), in float64 whatever the storage dtype.  The algorithms are
+float64 whatever the storage dtype, in parallel over blocks of rows on Python worker
+threads (``nogil`` kernels; no ``prange``, so no Numba threading layer is involved).  The algorithms are
 exact: the support is identified exactly and the threshold is solved to full float64
 precision, so the results agree with the NumPy reference to a few ulps (identical
 supports).  See :mod:`entmax_ref.backends.numba.rows` for the solvers:
@@ -39,10 +40,13 @@ Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CA
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);
 ``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  ``backend="auto"``
 sends inputs of at most 4096 elements to the NumPy reference, so a small first call
-compiles nothing.  First call in a new process, measured on the project's shared 2-core VM:
-with an empty cache the row solver compiles once per input dtype (about 17 s for float64,
-10 s more for float32, 1-2 s per VJP); with a warm cache the first call takes about 1 s
-(importing numba and loading the cached code) and later calls only their run time.
+compiles nothing.  A call compiles only the solver path it takes (each of softmax,
+sparsemax, 1.5-entmax, 1 < alpha < 2, alpha > 2 and the VJPs has its own driver, chosen
+in Python from alpha and the method), once per input dtype.  First call in a new process,
+measured on the project's shared 2-core VM under load (``scripts/first_call.py``): with an
+empty cache about FIRSTCALL (it was 20-130 s with the ``prange`` drivers, which compiled
+every path); with a warm cache the first call takes about 1-2 s (importing numba and
+loading the cached code) and later calls only their run time.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def _as_alpha(alpha: np.ndarray, rows: int) -> np.ndarray:
 
 
 class NumbaBackend:
-    """Compiled CPU kernels (Numba), parallel over rows; same answers as ``numpy``."""
+    """Compiled CPU kernels (Numba), parallel over blocks of rows; same answers as ``numpy``."""
 
     name = "numba"
 
