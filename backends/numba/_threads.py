@@ -4,9 +4,9 @@ The row kernels are sequential ``@njit(nogil=True)`` functions over a range of r
 call splits its rows into blocks and ``numba.get_num_threads()`` Python threads take the
 blocks from a shared counter, each running the kernel with the GIL released.  Compared
 with an ``@njit(parallel=True)`` ``prange`` driver this compiles several times faster (no
-parallel-accelerator passes, no gufunc outlining), uses no Numba threading layer (so none
-of its process-wide state: the ``workqueue`` layer's refusal of concurrent parallel
-launches cannot arise), and keeps the results deterministic: every row is solved by the
+parallel-accelerator passes, no gufunc outlining), launches no parallel region on Numba's
+threading layer (so the ``workqueue`` layer's abort on concurrent parallel launches cannot
+arise, and no lock is needed), and keeps the results deterministic: every row is solved by the
 same code whatever block or thread it lands on.  The threads live for one call only.
 """
 
