@@ -45,9 +45,10 @@ compiles nothing.  A call compiles only the solver path it takes (each of softma
 sparsemax, 1.5-entmax, 1 < alpha < 2, alpha > 2 and the VJPs has its own driver, chosen
 in Python from alpha and the method), once per input dtype.  First call in a new process,
 measured on the project's shared 2-core VM under load (``scripts/first_call.py``): with an
-empty cache about FIRSTCALL (it was 20-130 s with the ``prange`` drivers, which compiled
-every path); with a warm cache the first call takes about 1-2 s (importing numba and
-loading the cached code) and later calls only their run time.
+empty cache 2-10 s per function and dtype, up to 20-30 s under heavy load (it was
+20-130 s with the ``prange`` drivers, which compiled every path); with a warm cache the
+first call takes about 1-3 s (numba's start-up and loading the cached code) and later
+calls only their run time.
 """
 
 from __future__ import annotations
