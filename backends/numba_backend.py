@@ -1,10 +1,11 @@
 """The numba backend: the fast CPU engine, with the NumPy reference's answers.
 
 Row operations run as compiled Numba kernels (:mod:`entmax_ref.backends.numba`), in
-parallel over rows (``prange``), in float64 whatever the storage dtype.  The algorithms are
-exact: the support is identified exactly and the threshold is solved to full float64
-precision, so the results agree with the NumPy reference to a few ulps (identical
-supports).  See :mod:`entmax_ref.backends.numba.rows` for the solvers:
+float64 whatever the storage dtype, in parallel over blocks of rows on Python worker
+threads (``nogil`` kernels, no ``prange``).  The algorithms are exact: the support is
+identified exactly and the threshold is solved to full float64 precision, so the results
+agree with the NumPy reference to a few ulps (identical supports).  See
+:mod:`entmax_ref.backends.numba.rows` for the solvers:
 
 ``method=None``
     alpha = 1: log-sum-exp.  alpha = 2: Condat's algorithm (expected O(n)).  alpha = 1.5:
@@ -32,26 +33,31 @@ by its own alpha's rule); a key mask that is one run of keys per batch runs them
 key-sliced problem, a mask with holes (and the backward with a softmax head) the NumPy
 driver with the compiled row solver.
 
-Threads: the row kernels run under ``prange`` on numba's threading layer.  Concurrent calls
-from several Python threads are safe: with a thread-safe layer (tbb, omp) they run
-concurrently, with ``workqueue`` (not thread-safe; numba's fallback when neither TBB nor
-OpenMP is installed) the parallel launches are serialised behind a lock (:func:`_launch`).
-The attention's worker threads run only ``nogil`` serial kernels and BLAS (held at one
-thread while attention calls run, through threadpoolctl, and restored after the last).
+Threads: no kernel of this backend is a ``parallel=True`` (``prange``) kernel, so no
+parallel region is ever launched on numba's threading layer and concurrent calls from
+several Python threads are safe whatever the layer (``workqueue``, numba's fallback where
+neither TBB nor OpenMP is installed, aborts the process on concurrent parallel launches;
+no lock is needed).  Each row call runs its ``nogil`` kernels on its own short-lived worker
+threads (:func:`entmax_ref.backends.numba._threads.run_blocks`); the attention's worker
+threads run only ``nogil`` serial kernels and BLAS (held at one thread while attention
+calls run, through threadpoolctl, and restored after the last).
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);
 ``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  ``backend="auto"``
 sends inputs of at most 4096 elements to the NumPy reference, so a small first call
-compiles nothing.  First call in a new process, measured on the project's shared 2-core VM:
-with an empty cache the row solver compiles once per input dtype (about 17 s for float64,
-10 s more for float32, 1-2 s per VJP); with a warm cache the first call takes about 1 s
-(importing numba and loading the cached code) and later calls only their run time.
+compiles nothing.  A call compiles only the solver path it takes (each of softmax,
+sparsemax, 1.5-entmax, 1 < alpha < 2, alpha > 2 and the VJPs has its own driver, chosen
+in Python from alpha and the method), once per input dtype.  First call in a new process,
+measured on the project's shared 2-core VM under load (``scripts/first_call.py``): with an
+empty cache 2-7 s per function and dtype (6.9 s for 1.5-entmax, 3.1 s for softmax, against
+17-18 s before), up to 20-30 s under heavy load (it was
+20-130 s with the ``prange`` drivers, which compiled every path); with a warm cache the
+first call takes about 1-3 s (numba's start-up and loading the cached code) and later
+calls only their run time.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numba
 import numpy as np
@@ -62,36 +68,6 @@ from .numba import grads as _grads
 from .numba import rows as _rows
 
 _METHODS = {None: _rows.METHOD_DEFAULT, "bisect": _rows.METHOD_BISECT, "newton": _rows.METHOD_NEWTON}
-
-
-#: Numba threading layers that may launch parallel kernels from several Python threads at
-#: once.  ``workqueue`` (numba's fallback where neither TBB nor OpenMP is installed) is not
-#: one of them: concurrent launches abort the process ("Concurrent access has been
-#: detected").
-THREADSAFE_LAYERS = frozenset({"tbb", "omp"})
-
-_LAUNCH_LOCK = threading.Lock()
-_layer_safe: bool | None = None  # unknown until the first parallel kernel has run
-
-
-def _launch(kernel, *args) -> None:
-    """Run a ``parallel=True`` kernel, serialised behind a lock unless numba's threading
-    layer is thread-safe.  The layer is only known once a parallel kernel has run (numba
-    picks it then, from ``NUMBA_THREADING_LAYER`` and what is installed), so the first
-    launch is always serialised; after it, ``numba.threading_layer()`` decides: tbb and
-    omp run concurrently, anything else (workqueue) stays behind the lock, so concurrent
-    calls from several Python threads never abort the process."""
-    global _layer_safe
-    if _layer_safe:
-        kernel(*args)
-        return
-    with _LAUNCH_LOCK:
-        kernel(*args)
-        if _layer_safe is None:
-            try:
-                _layer_safe = numba.threading_layer() in THREADSAFE_LAYERS
-            except ValueError:  # no parallel region has run (cannot happen after a launch)
-                pass
 
 
 def _as_rows(a: np.ndarray) -> np.ndarray:
@@ -108,7 +84,7 @@ def _as_alpha(alpha: np.ndarray, rows: int) -> np.ndarray:
 
 
 class NumbaBackend:
-    """Compiled CPU kernels (Numba), parallel over rows; same answers as ``numpy``."""
+    """Compiled CPU kernels (Numba), parallel over blocks of rows; same answers as ``numpy``."""
 
     name = "numba"
 
@@ -126,7 +102,7 @@ class NumbaBackend:
         n_iter = np.empty(rows, np.int64)
         converged = np.empty(rows, np.bool_)
         if rows:
-            _launch(_rows.entmax_rows, x, alpha, _METHODS[method], out, theta, support, n_iter, converged,
+            _rows.entmax_rows(x, alpha, _METHODS[method], out, theta, support, n_iter, converged,
                     8 * numba.get_num_threads())
         return RowSolve(out, theta, support, n_iter, converged)
 
@@ -137,7 +113,7 @@ class NumbaBackend:
         alpha = _as_alpha(alpha, p.shape[0])
         dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
-            _launch(_grads.entmax_vjp_rows, p, g, alpha, dx)
+            _grads.entmax_vjp_rows(p, g, alpha, dx)
         return dx
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -147,7 +123,7 @@ class NumbaBackend:
         alpha = _as_alpha(alpha, p.shape[0])
         out = np.empty(p.shape[0], np.float64)
         if p.shape[0]:
-            _launch(_grads.entmax_alpha_vjp_rows, p, g, alpha, out)
+            _grads.entmax_alpha_vjp_rows(p, g, alpha, out)
         return out
 
     def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
@@ -164,7 +140,7 @@ class NumbaBackend:
         n_iter = np.empty(rows, np.int64)
         converged = np.empty(rows, np.bool_)
         if rows:
-            _launch(_nm.normmax_rows, x, alpha, out, tau, support, n_iter, converged, 8 * numba.get_num_threads())
+            _nm.normmax_rows(x, alpha, out, tau, support, n_iter, converged, 8 * numba.get_num_threads())
         return RowSolve(out, tau, support, n_iter, converged)
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -176,7 +152,7 @@ class NumbaBackend:
         alpha = _as_alpha(alpha, p.shape[0])
         dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
-            _launch(_nm.normmax_vjp_rows, p, g, alpha, dx)
+            _nm.normmax_vjp_rows(p, g, alpha, dx)
         return dx
 
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
@@ -193,7 +169,7 @@ class NumbaBackend:
         tau = np.empty(rows, np.float64)
         support = np.empty(rows, np.int64)
         if rows:
-            _launch(_bs.budget_rows, x, budget, out, tau, support, 8 * numba.get_num_threads())
+            _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())
         return RowSolve(out, tau, support, np.zeros(rows, np.int64), np.ones(rows, np.bool_))
 
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -204,7 +180,7 @@ class NumbaBackend:
             raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
         dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
-            _launch(_bs.budget_vjp_rows, p, g, dx)
+            _bs.budget_vjp_rows(p, g, dx)
         return dx
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:

@@ -9,6 +9,7 @@ Usage::
 
     python scripts/first_call.py                       # every function, both sizes
     python scripts/first_call.py --only entmax15,attention --sizes large
+    python scripts/first_call.py --only softmax,entmax15 --sizes large --dtypes float64,float32
 
 Prints one line per (function, size) with import + call seconds, cold and warm; ``--json``
 writes them.  The machine should be otherwise idle: compile times scale with the load.
@@ -27,8 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ROWS = "x = rng.standard_normal((N, 64))"
-PG = "p = er.entmax15(rng.standard_normal((N, 64)), backend='numpy'); g = rng.standard_normal(p.shape)"
+ROWS = "x = rng.standard_normal((N, 64)).astype(DT)"
+PG = ("p = er.entmax15(rng.standard_normal((N, 64)).astype(DT), backend='numpy');"
+      " g = rng.standard_normal(p.shape).astype(DT)")
 QKV = "q = rng.standard_normal((1, 2, N, 16))"
 FWD = QKV + "; o, i = er.attention(q, q, q, alpha=1.5, return_info=True, backend='numpy')"
 #: name -> (setup, call); ``N`` is the input size, ``be`` the backend argument
@@ -37,6 +39,7 @@ CASES: dict[str, tuple[str, str]] = {
     "sparsemax": (ROWS, "er.sparsemax(x, backend=be)"),
     "entmax15": (ROWS, "er.entmax15(x, backend=be)"),
     "entmax": (ROWS, "er.entmax(x, 1.3, backend=be)"),
+    "entmax_a3": (ROWS, "er.entmax(x, 3.0, backend=be)"),
     "entmax_threshold": (ROWS, "er.entmax_threshold(x, 1.5, backend=be)"),
     "entmax_vjp": (PG, "er.entmax_vjp(p, g, 1.5, backend=be)"),
     "entmax_alpha_vjp": (PG, "er.entmax_alpha_vjp(p, g, 1.5, backend=be)"),
@@ -61,6 +64,7 @@ t1 = time.perf_counter()
 rng = np.random.default_rng(0)
 be = {be}
 N = {n}
+DT = np.{dtype}
 {setup}
 t2 = time.perf_counter()
 {call}
@@ -69,11 +73,11 @@ print(t1 - t0, t3 - t2, 'numba' in sys.modules)
 """
 
 
-def _one(name: str, size: str, cache: str) -> tuple[float, float, bool]:
+def _one(name: str, size: str, cache: str, dtype: str = "float64") -> tuple[float, float, bool]:
     setup, call = CASES[name]
     be, n_rows, n_attn = SIZES[size]
     n = n_attn if name.startswith("attention") else n_rows
-    code = CHILD.format(be=be, n=n, setup=setup, call=call)
+    code = CHILD.format(be=be, n=n, dtype=dtype, setup=setup, call=call)
     env = {**os.environ, "ENTMAX_REF_CACHE_DIR": cache}
     env.pop("NUMBA_CACHE_DIR", None)
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -85,18 +89,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=None, help="comma-separated function names")
     ap.add_argument("--sizes", default="small,large")
+    ap.add_argument("--dtypes", default="float64", help="comma-separated: float64,float32")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else list(CASES)
     rows = []
-    print(f"{'function':<18}{'size':<7}{'import s':>9}{'cold s':>9}{'warm s':>9}  numba imported")
+    print(f"{'function':<18}{'size':<7}{'dtype':<9}{'import s':>9}{'cold s':>9}{'warm s':>9}  numba imported")
     for size in args.sizes.split(","):
-        for name in names:
-            with tempfile.TemporaryDirectory() as cache:
-                imp, cold, numba = _one(name, size, cache)
-                _, warm, _ = _one(name, size, cache)
-            rows.append(dict(function=name, size=size, import_s=imp, cold_s=cold, warm_s=warm, numba=numba))
-            print(f"{name:<18}{size:<7}{imp:9.2f}{cold:9.2f}{warm:9.2f}  {numba}", flush=True)
+        for dtype in args.dtypes.split(","):
+            for name in names:
+                with tempfile.TemporaryDirectory() as cache:
+                    imp, cold, numba = _one(name, size, cache, dtype)
+                    _, warm, _ = _one(name, size, cache, dtype)
+                rows.append(dict(function=name, size=size, dtype=dtype, import_s=imp, cold_s=cold, warm_s=warm,
+                                 numba=numba))
+                print(f"{name:<18}{size:<7}{dtype:<9}{imp:9.2f}{cold:9.2f}{warm:9.2f}  {numba}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg(),
                                                "rows": rows}, indent=2))

@@ -1,14 +1,19 @@
 """Numba CPU kernels of the ``numba`` backend, one module per kernel family.
 
 ``rows``   forward row solvers (max shift, candidate prefilter, Condat / pivot / Newton,
-           output pass) and their ``prange`` drivers over rows;
+           output pass), one per solver path, and their drivers over blocks of rows;
 ``grads``  the fused Jacobian-vector products with respect to the scores and to alpha;
 ``normmax``  alpha-normmax forward (sorted support search, monotone Newton) and VJP;
 ``budget``   budget-sparsemax forward (sorted breakpoint walk) and VJP.
 
-Every kernel is a per-row ``@njit`` core function plus an ``@njit(parallel=True)`` driver
-that runs the core over blocks of rows with ``prange`` (no shared writes, no exceptions
-inside the parallel loop).
+Every kernel is a per-row ``@njit`` core function plus an ``@njit(nogil=True)`` driver
+that runs the core over a range of rows; ``_threads.run_blocks`` splits the rows into blocks
+and runs the driver on ``numba.get_num_threads()`` Python threads with the GIL released (no
+shared writes; a row's answer never depends on its block or thread).  No row kernel uses
+``parallel=True``/``prange``: the parallel compile was most of the cold first call, and
+without it the row operations need no Numba threading layer at all.  The Python side
+picks the driver of the one path a call takes (for example the 1.5-entmax path at
+alpha = 1.5), so a first call compiles that path only.
 
 Compiled machine code is cached on disk (``cache=CACHE`` on every kernel), so a new
 process loads it instead of compiling again.  The cache lives in the per-user cache

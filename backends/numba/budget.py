@@ -14,7 +14,8 @@ free entries lie within 1 of each other, so the differences are exact; the sum r
 from the sorted range with compensation, and ``tau`` clamped to the piece).  No breakpoint over
 the budget: every unmasked entry is 1, ``tau = -inf``.  O(n log n) per row.
 
-Small inputs run on a sequential driver; larger ones under ``prange``.
+Rows run in blocks on Python worker threads, each a ``nogil`` kernel
+(:func:`~._threads.run_blocks`; small inputs on the calling thread alone).
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import CACHE
-
-#: at most this many entries (rows * n) run on the sequential driver
-SEQUENTIAL_MAX = 1 << 15
+from ._threads import SEQUENTIAL_MAX, run_blocks  # noqa: F401 - SEQUENTIAL_MAX re-exported
 
 
 @njit(inline="always", cache=CACHE)
@@ -109,34 +108,17 @@ def _budget_row(x, out, B, c):
     return tau, cnt
 
 
-@njit(cache=CACHE)
-def _forward_seq(x, budget, out, tau, support):
+@njit(nogil=True, cache=CACHE)
+def _forward_blk(x, budget, out, tau, support, r0, r1):
     c = np.empty(x.shape[1], np.float64)
-    for r in range(x.shape[0]):
+    for r in range(r0, r1):
         tau[r], support[r] = _budget_row(x[r], out[r], budget[r], c)
-
-
-@njit(parallel=True, cache=CACHE)
-def _forward_par(x, budget, out, tau, support, nblk):
-    rows = x.shape[0]
-    nblk = max(1, min(rows, nblk))
-    for b in prange(nblk):
-        r0 = (b * rows) // nblk
-        r1 = ((b + 1) * rows) // nblk
-        c = np.empty(x.shape[1], np.float64)
-        for r in range(r0, r1):
-            t, sp = _budget_row(x[r], out[r], budget[r], c)
-            tau[r] = t
-            support[r] = sp
 
 
 def budget_rows(x, budget, out, tau, support, nblk):
     """budget-sparsemax of every row of ``x`` (rows, n) into ``out``; per-row ``tau``
     (float64) and ``support``."""
-    if x.size <= SEQUENTIAL_MAX or x.shape[0] == 1:
-        _forward_seq(x, budget, out, tau, support)
-    else:
-        _forward_par(x, budget, out, tau, support, nblk)
+    run_blocks(_forward_blk, (x, budget, out, tau, support), x.shape, nblk)
 
 
 @njit(cache=CACHE)
@@ -159,21 +141,12 @@ def _vjp_row(p, g, dx):
             dx[i] = 0.0
 
 
-@njit(cache=CACHE)
-def _vjp_seq(p, g, dx):
-    for r in range(p.shape[0]):
+@njit(nogil=True, cache=CACHE)
+def _vjp_blk(p, g, dx, r0, r1):
+    for r in range(r0, r1):
         _vjp_row(p[r], g[r], dx[r])
 
 
-@njit(parallel=True, cache=CACHE)
-def _vjp_par(p, g, dx):
-    for r in prange(p.shape[0]):
-        _vjp_row(p[r], g[r], dx[r])
-
-
-def budget_vjp_rows(p, g, dx):
+def budget_vjp_rows(p, g, dx, nblk=64):
     """The budget-sparsemax VJP of every row into ``dx``."""
-    if p.size <= SEQUENTIAL_MAX or p.shape[0] == 1:
-        _vjp_seq(p, g, dx)
-    else:
-        _vjp_par(p, g, dx)
+    run_blocks(_vjp_blk, (p, g, dx), p.shape, nblk)

@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..constants import SERIES_TERMS
 from . import CACHE
+from ._threads import run_blocks
 
 
 @njit(inline="always", cache=CACHE)
@@ -172,15 +173,34 @@ def _vjp_row_big(p, g, a2, dx):
     dx[m] = _signed_exp(l2, (T + cT) / S)
 
 
-@njit(parallel=True, cache=CACHE)
-def entmax_vjp_rows(p, g, alpha, dx):
-    """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``);
-    rows with alpha > 2 by :func:`_vjp_row_big`."""
-    for r in prange(p.shape[0]):
+@njit(nogil=True, cache=CACHE)
+def _vjp_small(p, g, alpha, dx, r0, r1):
+    for r in range(r0, r1):
+        _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
+
+
+@njit(nogil=True, cache=CACHE)
+def _vjp_big(p, g, alpha, dx, r0, r1):
+    for r in range(r0, r1):
+        _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
+
+
+@njit(nogil=True, cache=CACHE)
+def _vjp_any(p, g, alpha, dx, r0, r1):
+    for r in range(r0, r1):
         if alpha[r] > 2.0:
             _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
         else:
             _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
+
+
+def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
+    """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``);
+    rows with alpha > 2 by :func:`_vjp_row_big`.  Only the kernel the rows need is
+    compiled; rows run on worker threads (:func:`~._threads.run_blocks`)."""
+    big = alpha > 2.0
+    kernel = _vjp_big if big.all() else _vjp_small if not big.any() else _vjp_any
+    run_blocks(kernel, (p, g, alpha, dx), p.shape, nblk)
 
 
 @njit(cache=CACHE)
@@ -241,11 +261,30 @@ def _alpha_vjp_row_big(p, g, a1):
     return (t + ct) / (a1 * a1)
 
 
-@njit(parallel=True, cache=CACHE)
-def entmax_alpha_vjp_rows(p, g, alpha, out):
-    """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64)."""
-    for r in prange(p.shape[0]):
+@njit(nogil=True, cache=CACHE)
+def _alpha_vjp_small(p, g, alpha, out, r0, r1):
+    for r in range(r0, r1):
+        out[r] = _alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
+
+
+@njit(nogil=True, cache=CACHE)
+def _alpha_vjp_big(p, g, alpha, out, r0, r1):
+    for r in range(r0, r1):
+        out[r] = _alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
+
+
+@njit(nogil=True, cache=CACHE)
+def _alpha_vjp_any(p, g, alpha, out, r0, r1):
+    for r in range(r0, r1):
         if alpha[r] > 2.0:
             out[r] = _alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
         else:
             out[r] = _alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
+
+
+def entmax_alpha_vjp_rows(p, g, alpha, out, nblk=64):
+    """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64); as
+    :func:`entmax_vjp_rows`, only the kernel the rows need is compiled."""
+    big = alpha > 2.0
+    kernel = _alpha_vjp_big if big.all() else _alpha_vjp_small if not big.any() else _alpha_vjp_any
+    run_blocks(kernel, (p, g, alpha, out), p.shape, nblk)

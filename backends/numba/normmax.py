@@ -13,8 +13,8 @@ Same algorithm as the NumPy reference (:mod:`entmax_ref.backends.numpy_family`),
 5. ``p_i = (t_i / t_0)^(1/(alpha-1)) / sum``, ``t_i = [y_i - T]_+`` (Neumaier-compensated
    sum), ``tau = m + T``.
 
-Small inputs run on a sequential driver (no thread pool to start, a cheaper compile);
-larger ones on a ``prange`` driver over blocks of rows.
+Rows run in blocks on Python worker threads, each a ``nogil`` kernel
+(:func:`~._threads.run_blocks`; small inputs on the calling thread alone).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import CACHE
+from ._threads import SEQUENTIAL_MAX, run_blocks  # noqa: F401 - SEQUENTIAL_MAX re-exported
 
 #: cap on Newton steps (convergence is monotone; < 10 on every test row)
 MAX_NEWTON = 200
-#: at most this many entries (rows * n) run on the sequential driver
-SEQUENTIAL_MAX = 1 << 15
 
 
 @njit(inline="always", cache=CACHE)
@@ -134,36 +133,17 @@ def _normmax_row(x, out, a, c):
     return m + T, cnt, it, ok
 
 
-@njit(cache=CACHE)
-def _forward_seq(x, alpha, out, tau, support, n_iter, converged):
+@njit(nogil=True, cache=CACHE)
+def _forward_blk(x, alpha, out, tau, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
-    for r in range(x.shape[0]):
+    for r in range(r0, r1):
         tau[r], support[r], n_iter[r], converged[r] = _normmax_row(x[r], out[r], alpha[r], c)
-
-
-@njit(parallel=True, cache=CACHE)
-def _forward_par(x, alpha, out, tau, support, n_iter, converged, nblk):
-    rows = x.shape[0]
-    nblk = max(1, min(rows, nblk))
-    for b in prange(nblk):
-        r0 = (b * rows) // nblk
-        r1 = ((b + 1) * rows) // nblk
-        c = np.empty(x.shape[1], np.float64)
-        for r in range(r0, r1):
-            t, sp, it, ok = _normmax_row(x[r], out[r], alpha[r], c)
-            tau[r] = t
-            support[r] = sp
-            n_iter[r] = it
-            converged[r] = ok
 
 
 def normmax_rows(x, alpha, out, tau, support, n_iter, converged, nblk):
     """alpha-normmax of every row of ``x`` (rows, n) into ``out``; per-row ``tau``
     (x-space, float64), ``support``, ``n_iter`` (Newton steps), ``converged``."""
-    if x.size <= SEQUENTIAL_MAX or x.shape[0] == 1:
-        _forward_seq(x, alpha, out, tau, support, n_iter, converged)
-    else:
-        _forward_par(x, alpha, out, tau, support, n_iter, converged, nblk)
+    run_blocks(_forward_blk, (x, alpha, out, tau, support, n_iter, converged), x.shape, nblk)
 
 
 @njit(cache=CACHE)
@@ -206,21 +186,12 @@ def _vjp_row(p, g, a, dx):
             dx[i] = 0.0
 
 
-@njit(cache=CACHE)
-def _vjp_seq(p, g, alpha, dx):
-    for r in range(p.shape[0]):
+@njit(nogil=True, cache=CACHE)
+def _vjp_blk(p, g, alpha, dx, r0, r1):
+    for r in range(r0, r1):
         _vjp_row(p[r], g[r], alpha[r], dx[r])
 
 
-@njit(parallel=True, cache=CACHE)
-def _vjp_par(p, g, alpha, dx):
-    for r in prange(p.shape[0]):
-        _vjp_row(p[r], g[r], alpha[r], dx[r])
-
-
-def normmax_vjp_rows(p, g, alpha, dx):
+def normmax_vjp_rows(p, g, alpha, dx, nblk=64):
     """The normmax VJP of every row into ``dx``."""
-    if p.size <= SEQUENTIAL_MAX or p.shape[0] == 1:
-        _vjp_seq(p, g, alpha, dx)
-    else:
-        _vjp_par(p, g, alpha, dx)
+    run_blocks(_vjp_blk, (p, g, alpha, dx), p.shape, nblk)

@@ -65,10 +65,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..constants import EDGE_ULPS, LB_MARGIN, MAX_ITER, TIE_ULPS
 from . import CACHE
+from ._threads import run_blocks
 
 #: method codes of :func:`entmax_rows`
 METHOD_DEFAULT = 0
@@ -773,83 +774,11 @@ def _output(x, out, m, A, a1, kind):
 
 
 @njit(cache=CACHE)
-def _solve_row(x, out, a1, method, c, aux, aux2, seed):
-    """One row: returns (theta, support, n_iter, converged); writes ``out``."""
-    if method == METHOD_DEFAULT and a1 == 0.0:
-        m = _row_max(x)
-        if not (m > -np.inf):
-            for i in range(out.shape[0]):
-                out[i] = 0.0
-            return -np.inf, 0, 0, True
-        A, cnt = _softmax_row(x, out, m, c)
-        return m + A, cnt, 0, True
-    W = 1.0 / a1 if a1 > 0.0 else np.inf  # support window below the maximum at A = 0
-    m, k = _max_gather(x, W, c)
-    if not (m > -np.inf):
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
-    if a1 > 1.0:
-        k = _refilter(c, k, m, a1, _K_BIG, 0.0)
-        if method == METHOD_BISECT:
-            cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
-        else:
-            cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
-            q, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
-            it += it2
-        cnt = _output_big(x, out, m, cv, q, a1)
-        delta = math.exp(a1 * math.log(q)) / a1 if q > 0.0 else 0.0  # may underflow to 0
-        return m + ((cv - delta) + 1.0 / a1), cnt, it, ok
-    if a1 == 0.0:
-        kind = _K_EXP
-    elif method == METHOD_BISECT:
-        kind = _K_GEN
-    elif a1 == 1.0:
-        kind = _K_SPARSE
-    elif a1 == 0.5:
-        kind = _K_15
-    else:
-        kind = _K_GEN
-    k = _refilter(c, k, m, a1, kind, 0.0)
-    if method == METHOD_BISECT:
-        nf = _count_finite(x)
-        if a1 == 0.0:
-            hi = math.log(nf)
-        else:
-            hi = -math.expm1(-a1 * math.log(nf)) / a1
-        A, it, ok = _bisect(c, k, a1, kind, 0.0, hi)
-        cnt = _output(x, out, m, A, a1, kind)
-        return m + A, cnt, it, ok
-    lo = 0.0
-    A0 = 0.0
-    closed = False
-    sup = c
-    ns = k
-    if method == METHOD_DEFAULT and kind == _K_GEN:
-        # e_alpha(d) is nonincreasing in alpha, so the exact 1.5-entmax (alpha < 1.5) or
-        # sparsemax (1.5 < alpha < 2) threshold is a lower bound of this row's threshold;
-        # it is cheap (no powers) and prunes the candidates to a thin shell.
-        if a1 < 0.5:
-            kb = _compact(c, k, 0.5, _K_15, 0.0, aux)
-            Ab = _pivot15(aux, kb, seed)[0]
-        else:
-            kb = _compact(c, k, 1.0, _K_SPARSE, 0.0, aux)
-            Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
-        if Ab > 0.0:
-            lo = Ab - _LB_MARGIN * (1.0 + Ab)  # certainly below, despite rounding
-            if lo < 0.0:
-                lo = 0.0
-            k = _compact(c, k, a1, kind, lo, c)
-        A0 = lo
-    elif method == METHOD_DEFAULT and kind == _K_SPARSE:
-        A0, ns = _condat(c, k, aux, aux2)
-        closed = True
-    elif method == METHOD_DEFAULT and kind == _K_15:
-        A0, s0 = _pivot15(c, k, seed)
-        closed = A0 >= 0.0
-        if closed:
-            sup = c[s0:k]
-            ns = k - s0
+def _finish(x, out, m, k, a1, kind, A0, lo, sup, ns, closed):
+    """Newton from ``A0`` in ``[lo, hi]`` (on the identified support ``sup[:ns]`` when
+    ``closed``: a closed form is only polished), then the output pass.  ``k`` is the
+    number of candidates (for the bound), ``closed`` a run-time bool (a literal would
+    compile a second copy)."""
     if a1 == 0.0:
         hi = math.log(k)
     else:
@@ -860,38 +789,266 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     if A0 > hi:
         A0 = hi
     if hi > lo:
+        # a closed form is polished by Newton on its identified support (an entry that
+        # rounding puts on the other side of the edge carries a probability at the
+        # rounding level either way); the candidates c[:k] are sup[:ns] otherwise
+        A, it, ok = _newton(sup, ns, a1, kind, A0, lo, hi)
         if closed:
-            # the closed form on the identified support, polished by Newton on that
-            # support (an entry that rounding puts on the other side of the edge carries
-            # a probability at the rounding level either way)
-            A, it, ok = _newton(sup if kind == _K_15 else aux, ns, a1, kind, A0, lo, hi)
             it = 0
-        else:
-            A, it, ok = _newton(c, k, a1, kind, A0, lo, hi)
     else:  # a single candidate: the row maximum carries all the mass
         A, it, ok = lo, 0, True
     cnt = _output(x, out, m, A, a1, kind)
     return m + A, cnt, it, ok
 
 
-@njit(parallel=True, cache=CACHE)
+# One solver per path, so that a call compiles only the path it takes (the drivers below
+# are chosen in Python from alpha and the method); ``_solve_row`` dispatches among them
+# at run time for the mixed case and for the attention kernels.
+
+
+@njit(cache=CACHE)
+def _solve_softmax(x, out, c):
+    """alpha = 1, ``method=None``: log-sum-exp."""
+    m = _row_max(x)
+    if not (m > -np.inf):
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    A, cnt = _softmax_row(x, out, m, c)
+    return m + A, cnt, 0, True
+
+
+@njit(cache=CACHE)
+def _solve_big(x, out, a1, method, c, seed):
+    """alpha > 2: pivot on the entries, Newton on the edge probability (or bisection)."""
+    m, k = _max_gather(x, 1.0 / a1, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    k = _refilter(c, k, m, a1, _K_BIG, 0.0)
+    if method == METHOD_BISECT:
+        cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
+    else:
+        cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
+        q, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
+        it += it2
+    cnt = _output_big(x, out, m, cv, q, a1)
+    delta = math.exp(a1 * math.log(q)) / a1 if q > 0.0 else 0.0  # may underflow to 0
+    return m + ((cv - delta) + 1.0 / a1), cnt, it, ok
+
+
+@njit(cache=CACHE)
+def _solve_bisect(x, out, a1, c):
+    """``method="bisect"``, alpha <= 2."""
+    kind = _K_EXP if a1 == 0.0 else _K_GEN
+    m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    k = _refilter(c, k, m, a1, kind, 0.0)
+    nf = _count_finite(x)
+    if a1 == 0.0:
+        hi = math.log(nf)
+    else:
+        hi = -math.expm1(-a1 * math.log(nf)) / a1
+    A, it, ok = _bisect(c, k, a1, kind, 0.0, hi)
+    cnt = _output(x, out, m, A, a1, kind)
+    return m + A, cnt, it, ok
+
+
+@njit(cache=CACHE)
+def _kind(a1):
+    if a1 == 0.0:
+        return _K_EXP
+    elif a1 == 1.0:
+        return _K_SPARSE
+    elif a1 == 0.5:
+        return _K_15
+    return _K_GEN
+
+
+@njit(cache=CACHE)
+def _solve_newton(x, out, a1, c):
+    """``method="newton"``, alpha <= 2: safeguarded Newton from A = 0."""
+    kind = _kind(a1)
+    m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    k = _refilter(c, k, m, a1, kind, 0.0)
+    closed = False
+    return _finish(x, out, m, k, a1, kind, 0.0, 0.0, c[:k], k, closed)
+
+
+@njit(cache=CACHE)
+def _solve_sparse(x, out, c, aux, aux2):
+    """alpha = 2, ``method=None``: Condat's algorithm, polished by Newton."""
+    m, k = _max_gather(x, 1.0, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    k = _refilter(c, k, m, 1.0, _K_SPARSE, 0.0)
+    A0, ns = _condat(c, k, aux, aux2)
+    closed = True
+    return _finish(x, out, m, k, 1.0, _K_SPARSE, A0, 0.0, aux[:ns], ns, closed)
+
+
+@njit(cache=CACHE)
+def _solve_15(x, out, c, seed):
+    """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton."""
+    m, k = _max_gather(x, 2.0, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    k = _refilter(c, k, m, 0.5, _K_15, 0.0)
+    A0, s0 = _pivot15(c, k, seed)
+    closed = A0 >= 0.0
+    if not closed:
+        s0 = 0
+    return _finish(x, out, m, k, 0.5, _K_15, A0, 0.0, c[s0:k], k - s0, closed)
+
+
+@njit(cache=CACHE)
+def _lower_bound(c, k, a1, aux, aux2, seed):
+    """The exact 1.5-entmax (alpha < 1.5) or sparsemax (1.5 < alpha < 2) threshold of the
+    candidates: e_alpha(d) is nonincreasing in alpha, so it is a lower bound of this row's
+    threshold, cheap (no powers), and prunes the candidates to a thin shell."""
+    if a1 < 0.5:
+        kb = _compact(c, k, 0.5, _K_15, 0.0, aux)
+        return _pivot15(aux, kb, seed)[0]
+    kb = _compact(c, k, 1.0, _K_SPARSE, 0.0, aux)
+    return _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
+
+
+@njit(cache=CACHE)
+def _solve_gen(x, out, a1, c, aux, aux2, seed):
+    """1 < alpha < 2 (not 1.5), ``method=None``: lower bound, then Newton."""
+    m, k = _max_gather(x, 1.0 / a1, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    k = _refilter(c, k, m, a1, _K_GEN, 0.0)
+    lo = 0.0
+    Ab = _lower_bound(c, k, a1, aux, aux2, seed)
+    if Ab > 0.0:
+        lo = Ab - _LB_MARGIN * (1.0 + Ab)  # certainly below, despite rounding
+        if lo < 0.0:
+            lo = 0.0
+        k = _compact(c, k, a1, _K_GEN, lo, c)
+    closed = False
+    return _finish(x, out, m, k, a1, _K_GEN, lo, lo, c[:k], k, closed)
+
+
+@njit(cache=CACHE)
+def _solve_row(x, out, a1, method, c, aux, aux2, seed):
+    """One row: returns (theta, support, n_iter, converged); writes ``out``."""
+    if a1 > 1.0:
+        return _solve_big(x, out, a1, method, c, seed)
+    if method == METHOD_BISECT:
+        return _solve_bisect(x, out, a1, c)
+    if method == METHOD_NEWTON:
+        return _solve_newton(x, out, a1, c)
+    if a1 == 0.0:
+        return _solve_softmax(x, out, c)
+    if a1 == 1.0:
+        return _solve_sparse(x, out, c, aux, aux2)
+    if a1 == 0.5:
+        return _solve_15(x, out, c, seed)
+    return _solve_gen(x, out, a1, c, aux, aux2, seed)
+
+
+# --------------------------------------------------------------------------- drivers
+# Every driver solves rows r0 .. r1 - 1 of ``x`` with the GIL released (``nogil``); the
+# threads of :func:`entmax_rows` each run one on its own blocks of rows.  A row's answer
+# depends only on the row (its random pivots are seeded with the row index), never on
+# the block or the thread.
+
+
+@njit(nogil=True, cache=CACHE)
+def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+    c = np.empty(x.shape[1], np.float64)
+    for r in range(r0, r1):
+        theta[r], support[r], n_iter[r], converged[r] = _solve_softmax(x[r], out[r], c)
+
+
+@njit(nogil=True, cache=CACHE)
+def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+    n = x.shape[1]
+    c = np.empty(n, np.float64)
+    aux = np.empty(n, np.float64)
+    aux2 = np.empty(n, np.float64)
+    for r in range(r0, r1):
+        theta[r], support[r], n_iter[r], converged[r] = _solve_sparse(x[r], out[r], c, aux, aux2)
+
+
+@njit(nogil=True, cache=CACHE)
+def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+    c = np.empty(x.shape[1], np.float64)
+    for r in range(r0, r1):
+        theta[r], support[r], n_iter[r], converged[r] = _solve_15(x[r], out[r], c, r)
+
+
+@njit(nogil=True, cache=CACHE)
+def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+    n = x.shape[1]
+    c = np.empty(n, np.float64)
+    aux = np.empty(n, np.float64)
+    aux2 = np.empty(n, np.float64)
+    for r in range(r0, r1):
+        th, sup, it, ok = _solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
+        theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
+
+
+@njit(nogil=True, cache=CACHE)
+def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+    c = np.empty(x.shape[1], np.float64)
+    for r in range(r0, r1):
+        th, sup, it, ok = _solve_big(x[r], out[r], alpha[r] - 1.0, method, c, r)
+        theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
+
+
+@njit(nogil=True, cache=CACHE)
+def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+    n = x.shape[1]
+    c = np.empty(n, np.float64)
+    aux = np.empty(n, np.float64)
+    aux2 = np.empty(n, np.float64)
+    for r in range(r0, r1):
+        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method, c, aux, aux2, r)
+        theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
+
+
+def _driver(alpha, method):
+    """The driver that compiles least for these rows: one path when every row takes it."""
+    a = alpha[0]
+    if not (alpha == a).all():
+        if method != METHOD_BISECT and (alpha > 2.0).all():
+            return _rows_big
+        return _rows_any
+    if a > 2.0:
+        return _rows_big
+    if method != METHOD_DEFAULT:
+        return _rows_any
+    if a == 1.0:
+        return _rows_softmax
+    if a == 2.0:
+        return _rows_sparse
+    if a == 1.5:
+        return _rows_15
+    if 1.0 < a < 2.0:
+        return _rows_gen
+    return _rows_any
+
+
 def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
     """alpha-entmax of every row of ``x`` (rows, n) into ``out`` (same shape and dtype);
     per-row ``theta`` (float64), ``support``, ``n_iter`` (int64), ``converged`` (bool).
-    Rows are processed in ``nblk`` blocks (one scratch allocation per block) under
-    ``prange``."""
-    rows = x.shape[0]
-    n = x.shape[1]
-    nblk = max(1, min(rows, nblk))
-    for b in prange(nblk):
-        r0 = (b * rows) // nblk
-        r1 = ((b + 1) * rows) // nblk
-        c = np.empty(n, np.float64)
-        aux = np.empty(n, np.float64)
-        aux2 = np.empty(n, np.float64)
-        for r in range(r0, r1):
-            th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method, c, aux, aux2, r)
-            theta[r] = th
-            support[r] = sup
-            n_iter[r] = it
-            converged[r] = ok
+    Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
+    ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
+    run_blocks(_driver(alpha, method), (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)

@@ -1,0 +1,102 @@
+"""The numba row engine's drivers: one compiled path per call, Python worker threads.
+
+Issue 11 (compile cost): the row operations used ``prange`` drivers whose bodies held
+every solver path, so any first call compiled all of them through Numba's parallel
+pipeline.  Now a call compiles the driver of the one path it takes, and the drivers are
+sequential ``nogil`` kernels run on worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba")
+
+import entmax_ref as er  # noqa: E402
+from entmax_ref.backends.numba import _threads, budget, grads, normmax, rows  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _dispatchers(mod):
+    return {n: f for n, f in vars(mod).items() if isinstance(f, numba.core.registry.CPUDispatcher)}
+
+
+@pytest.mark.parametrize("mod", [rows, grads, normmax, budget], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_no_row_kernel_is_a_parallel_kernel(mod):
+    kernels = _dispatchers(mod)
+    assert kernels
+    assert [n for n, f in kernels.items() if f.targetoptions.get("parallel")] == []
+
+
+_ONE_CALL = """
+    import json, numpy as np, entmax_ref as er
+    from entmax_ref.backends.numba import rows, grads
+    x = np.random.default_rng(0).standard_normal((300, 200))
+    p = er.entmax15(x, backend="numba")
+    er.entmax_vjp(p, x, 1.5, backend="numba")
+    print(json.dumps({n: len(f.signatures) for n, f in {**vars(rows), **vars(grads)}.items()
+                      if hasattr(f, "signatures")}))
+"""
+
+
+def test_a_call_compiles_only_the_path_it_takes():
+    env = {**os.environ}
+    env.pop("NUMBA_CACHE_DIR", None)
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(_ONE_CALL)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr
+    sig = json.loads(res.stdout.strip().splitlines()[-1])
+    # the drivers only: from a warm cache their callees load inside them, uncompiled
+    assert sig["_rows_15"] == 1 and sig["_vjp_small"] == 1
+    other = ["_rows_softmax", "_rows_sparse", "_rows_gen", "_rows_big", "_rows_any", "_solve_row",
+             "_solve_gen", "_solve_big", "_solve_bisect", "_condat", "_pivot_big", "_bisect",
+             "_vjp_big", "_vjp_any", "_vjp_row_big"]
+    assert {n: sig[n] for n in other} == dict.fromkeys(other, 0)
+
+
+def _solve(x, alpha, nblk):
+    n = x.shape[0]
+    res = [np.empty_like(x)] + [np.empty(n, t) for t in (np.float64, np.int64, np.int64, np.bool_)]
+    rows.entmax_rows(x, alpha, rows.METHOD_DEFAULT, res[0], *res[1:], nblk)
+    return res
+
+
+def test_rows_do_not_depend_on_threads_or_blocks():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((257, 300)) * 3  # above SEQUENTIAL_MAX entries: threaded
+    assert x.size > _threads.SEQUENTIAL_MAX
+    alpha = np.full(x.shape[0], 1.5)
+    want = _solve(x, alpha, 16)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        got = [_solve(x, alpha, 16)]
+    finally:
+        numba.set_num_threads(before)
+    got += [_solve(x, alpha, nblk) for nblk in (1, 7, 1000)]
+    for res in got:
+        for a, b in zip(want, res):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_worker_exceptions_reach_the_caller():
+    def kernel(marks, r0, r1):
+        marks[r0:r1] += 1
+        if r0 <= 100 < r1:
+            raise RuntimeError("row 100")
+
+    marks = np.zeros(1000)
+    with pytest.raises(RuntimeError, match="row 100"):
+        _threads.run_blocks(kernel, (marks,), (1000, 1000), 16)
+    marks = np.zeros(1000)
+    _threads.run_blocks(lambda m, r0, r1: m.__setitem__(slice(r0, r1), m[r0:r1] + 1), (marks,), (1000, 1000), 16)
+    assert (marks == 1).all()
