@@ -74,6 +74,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
+from .compensated import acc as _acc
 from .grads import _alpha_vjp_row, _alpha_vjp_row_big
 from .rows import METHOD_DEFAULT, _solve_row
 
@@ -523,17 +524,6 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 dal[r] = _alpha_vjp_row_big(pb[r, :m], gd[:m], a1)
             else:
                 dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
-
-
-@njit(inline="always", cache=CACHE)
-def _acc(s, comp, v):
-    """One step of Neumaier's compensated summation."""
-    t = s + v
-    if abs(s) >= abs(v):
-        comp += (s - t) + v
-    else:
-        comp += (v - t) + s
-    return t, comp
 
 
 @njit(cache=CACHE)

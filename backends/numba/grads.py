@@ -29,6 +29,7 @@ from numba import njit
 
 from ..constants import SERIES_TERMS
 from . import CACHE
+from .compensated import acc as _acc
 from ._threads import run_blocks
 
 
@@ -55,17 +56,6 @@ def _h(w):
             term = term * w / (k + 3)
         return series
     return (math.expm1(w) - w) / (w * w)
-
-
-@njit(inline="always", cache=CACHE)
-def _acc(s, comp, v):
-    """One step of Neumaier's compensated summation."""
-    t = s + v
-    if abs(s) >= abs(v):
-        comp += (s - t) + v
-    else:
-        comp += (v - t) + s
-    return t, comp
 
 
 @njit(cache=CACHE)

@@ -25,21 +25,11 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
+from .compensated import acc as _acc
 from ._threads import SEQUENTIAL_MAX, run_blocks  # noqa: F401 - SEQUENTIAL_MAX re-exported
 
 #: cap on Newton steps (convergence is monotone; < 10 on every test row)
 MAX_NEWTON = 200
-
-
-@njit(inline="always", cache=CACHE)
-def _acc(s, comp, v):
-    """One step of Neumaier's compensated summation."""
-    t = s + v
-    if abs(s) >= abs(v):
-        comp += (s - t) + v
-    else:
-        comp += (v - t) + s
-    return t, comp
 
 
 @njit(cache=CACHE)
