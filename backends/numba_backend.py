@@ -83,6 +83,21 @@ def _as_alpha(alpha: np.ndarray, rows: int) -> np.ndarray:
     return alpha
 
 
+def _pair(p: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p, g) as rows of one shape, and the empty gradient of their common dtype."""
+    p, g = _as_rows(p), _as_rows(g)
+    if p.shape != g.shape:
+        raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
+    return p, g, np.empty(p.shape, np.result_type(p.dtype, g.dtype))
+
+
+def _solve_buffers(x: np.ndarray):
+    """The outputs a row solver fills: p (x's dtype), threshold, support, iterations, converged."""
+    rows, n = x.shape
+    return (np.empty((rows, n), x.dtype), np.empty(rows, np.float64), np.empty(rows, np.int64),
+            np.empty(rows, np.int64), np.empty(rows, np.bool_))
+
+
 class NumbaBackend:
     """Compiled CPU kernels (Numba), parallel over blocks of rows; same answers as ``numpy``."""
 
@@ -94,32 +109,21 @@ class NumbaBackend:
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
         require(self.name, "entmax_forward", method)
         x = _as_rows(x)
-        rows, n = x.shape
-        alpha = _as_alpha(alpha, rows)
-        out = np.empty((rows, n), x.dtype)
-        theta = np.empty(rows, np.float64)
-        support = np.empty(rows, np.int64)
-        n_iter = np.empty(rows, np.int64)
-        converged = np.empty(rows, np.bool_)
-        if rows:
-            _rows.entmax_rows(x, alpha, _METHODS[method], out, theta, support, n_iter, converged,
-                    8 * numba.get_num_threads())
-        return RowSolve(out, theta, support, n_iter, converged)
+        alpha = _as_alpha(alpha, x.shape[0])
+        bufs = _solve_buffers(x)
+        if x.shape[0]:
+            _rows.entmax_rows(x, alpha, _METHODS[method], *bufs, 8 * numba.get_num_threads())
+        return RowSolve(*bufs)
 
     def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-        p, g = _as_rows(p), _as_rows(g)
-        if p.shape != g.shape:
-            raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
+        p, g, dx = _pair(p, g)
         alpha = _as_alpha(alpha, p.shape[0])
-        dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
             _grads.entmax_vjp_rows(p, g, alpha, dx)
         return dx
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-        p, g = _as_rows(p), _as_rows(g)
-        if p.shape != g.shape:
-            raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
+        p, g, _ = _pair(p, g)
         alpha = _as_alpha(alpha, p.shape[0])
         out = np.empty(p.shape[0], np.float64)
         if p.shape[0]:
@@ -132,25 +136,17 @@ class NumbaBackend:
         from .numba import normmax as _nm
 
         x = _as_rows(x)
-        rows, n = x.shape
-        alpha = _as_alpha(alpha, rows)
-        out = np.empty((rows, n), x.dtype)
-        tau = np.empty(rows, np.float64)
-        support = np.empty(rows, np.int64)
-        n_iter = np.empty(rows, np.int64)
-        converged = np.empty(rows, np.bool_)
-        if rows:
-            _nm.normmax_rows(x, alpha, out, tau, support, n_iter, converged, 8 * numba.get_num_threads())
-        return RowSolve(out, tau, support, n_iter, converged)
+        alpha = _as_alpha(alpha, x.shape[0])
+        bufs = _solve_buffers(x)
+        if x.shape[0]:
+            _nm.normmax_rows(x, alpha, *bufs, 8 * numba.get_num_threads())
+        return RowSolve(*bufs)
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         from .numba import normmax as _nm
 
-        p, g = _as_rows(p), _as_rows(g)
-        if p.shape != g.shape:
-            raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
+        p, g, dx = _pair(p, g)
         alpha = _as_alpha(alpha, p.shape[0])
-        dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
         if p.shape[0]:
             _nm.normmax_vjp_rows(p, g, alpha, dx)
         return dx
@@ -175,10 +171,7 @@ class NumbaBackend:
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
         from .numba import budget as _bs
 
-        p, g = _as_rows(p), _as_rows(g)
-        if p.shape != g.shape:
-            raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
-        dx = np.empty(p.shape, np.result_type(p.dtype, g.dtype))
+        p, g, dx = _pair(p, g)
         if p.shape[0]:
             _bs.budget_vjp_rows(p, g, dx)
         return dx
