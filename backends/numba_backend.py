@@ -5,7 +5,7 @@ float64 whatever the storage dtype, in parallel over blocks of rows on Python wo
 threads (``nogil`` kernels, no ``prange``).  The algorithms are exact: the support is
 identified exactly and the threshold is solved to full float64 precision, so the results
 agree with the NumPy reference to a few ulps (identical supports).  See
-:mod:`entmax_ref.backends.numba.rows` for the solvers:
+:mod:`entmax_ref.backends.numba.rows` (and the modules it names) for the solvers:
 
 ``method=None``
     alpha = 1: log-sum-exp.  alpha = 2: Condat's algorithm (expected O(n)).  alpha = 1.5:

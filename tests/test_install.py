@@ -60,7 +60,7 @@ def venv(tmp_path):
 
 
 _USE = ("import entmax_ref as er, numpy as np; print(er.entmax15([1.0]).tolist()); "
-        "from entmax_ref.backends.numba import rows; rows._row_max(np.zeros(2)); print(er.__file__)")
+        "from entmax_ref.backends.numba import candidates; candidates._row_max(np.zeros(2)); print(er.__file__)")
 
 
 def _pip(py: Path, src: Path, env, *args: str) -> None:

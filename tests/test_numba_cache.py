@@ -75,12 +75,12 @@ def _run(code: str, env: dict[str, str], cwd: Path = ROOT) -> dict:
 
 _COMPILE_ONE = """
     import json, numpy as np
-    from entmax_ref.backends.numba import rows, _cache
-    rows._row_max(np.zeros(3))
-    st = rows._row_max.stats
+    from entmax_ref.backends.numba import candidates, _cache
+    candidates._row_max(np.zeros(3))
+    st = candidates._row_max.stats
     print(json.dumps({"dir": str(_cache.CACHE_DIR), "cache": _cache.CACHE,
                       "hits": sum(st.cache_hits.values()), "misses": sum(st.cache_misses.values()),
-                      "path": rows._row_max._cache.cache_path}))
+                      "path": candidates._row_max._cache.cache_path}))
 """
 
 
@@ -91,7 +91,7 @@ def test_compiled_code_goes_to_the_user_cache_dir_and_is_reused(tmp_path):
     assert first["cache"] and first["misses"] == 1 and first["hits"] == 0
     assert Path(first["dir"]).parent.parent == (tmp_path / "c").resolve()
     assert Path(first["path"]) == Path(first["dir"])
-    assert list(Path(first["dir"]).glob("rows._row_max-*.nbi"))
+    assert list(Path(first["dir"]).glob("candidates._row_max-*.nbi"))
     second = _run(_COMPILE_ONE, env)
     assert second["hits"] == 1 and second["misses"] == 0
     after = {p for p in _cache.KERNEL_DIR.rglob("*") if p.suffix in (".nbi", ".nbc")}
@@ -103,7 +103,7 @@ def test_unwritable_cache_dir_turns_caching_off_instead_of_writing_the_package(t
     blocker.write_text("not a folder")
     out = _run(_COMPILE_ONE, {"ENTMAX_REF_CACHE_DIR": str(blocker), "ENTMAX_REF_NUMBA_CACHE": "1"})
     assert out["cache"] is False and out["hits"] == 0
-    assert not list(_cache.KERNEL_DIR.rglob("rows._row_max-*.nbi"))
+    assert not list(_cache.KERNEL_DIR.rglob("candidates._row_max-*.nbi"))
 
 
 def test_other_numba_functions_keep_numbas_own_cache(tmp_path):

@@ -39,11 +39,12 @@ def test_no_row_kernel_is_a_parallel_kernel(mod):
 
 _ONE_CALL = """
     import json, numpy as np, entmax_ref as er
-    from entmax_ref.backends.numba import rows, grads
+    from entmax_ref.backends.numba import big_alpha, candidates, grads, rows, softmax, threshold
     x = np.random.default_rng(0).standard_normal((300, 200))
     p = er.entmax15(x, backend="numba")
     er.entmax_vjp(p, x, 1.5, backend="numba")
-    print(json.dumps({n: len(f.signatures) for n, f in {**vars(rows), **vars(grads)}.items()
+    mods = (rows, softmax, candidates, threshold, big_alpha, grads)
+    print(json.dumps({n: len(f.signatures) for m in mods for n, f in vars(m).items()
                       if hasattr(f, "signatures")}))
 """
 

@@ -1,0 +1,286 @@
+"""alpha > 2 in the numba row solvers: the answer written relative to the support's edge
+(units as in :mod:`.rows`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..constants import EDGE_ULPS, MAX_ITER
+from . import CACHE
+from .candidates import _count_finite, _max_gather, _refilter
+from .elementwise import _EPS, _K_BIG, _TIE, METHOD_BISECT, _power
+from .threshold import _random_entry, _seed
+
+
+# For alpha > 2, dp/dT = p^(2 - alpha) is unbounded at the edge of the support, so a
+# threshold that is exact to the last bit can still leave an edge entry's probability
+# wrong by O(1).  As in the reference, the answer is written relative to the smallest
+# support entry cv and the edge probability q: T = cv - q^a1 / a1 and
+# p_i = (a1 d_i + q^a1)^(1/a1), d_i = y_i - cv >= 0 (0 below cv), evaluated in log space
+# (:func:`_edge_p`), so an edge entry's probability is q itself, to full precision, even
+# where its gap q^a1 / a1 is below the float64 range.
+@njit(cache=CACHE)
+def _mass_T(c, i0, k, T, a1):
+    """``sum_{i0 <= i < k} (a1 (c_i - T))_+^(1/a1) - 1``, compensated."""
+    s = 0.0
+    comp = 0.0
+    for i in range(i0, k):
+        p = _power(a1 * (c[i] - T), a1)
+        t = s + p
+        if s >= p:
+            comp += (s - t) + p
+        else:
+            comp += (p - t) + s
+        s = t
+    return (s - 1.0) + comp
+
+
+@njit(inline="always", cache=CACHE)
+def _logaddexp(x, y):
+    """``log(exp(x) + exp(y))``, numpy's ``npy_logaddexp`` step for step."""
+    if x == y:
+        return x + 0.6931471805599453
+    tmp = x - y
+    if tmp > 0.0:
+        return x + math.log1p(math.exp(-tmp))
+    elif tmp <= 0.0:
+        return y + math.log1p(math.exp(tmp))
+    return tmp
+
+
+@njit(inline="always", cache=CACHE)
+def _lqa(q, a1):
+    """``a1 log q`` = ``log(q^a1)`` (``-inf`` at q = 0)."""
+    if q > 0.0:
+        return a1 * math.log(q)
+    return -np.inf
+
+
+@njit(inline="always", cache=CACHE)
+def _edge_p(d, a1, q, lqa):
+    """``(a1 d + q^a1)^(1/a1)`` for ``d >= 0`` (0 for ``d < 0``), as the reference's
+    ``_edge_p``: ``exp(logaddexp(log(a1 d), a1 log q) / a1)``, never forming ``q^a1``
+    (below the float64 range once q < ~1e-308^(1/a1)); exactly ``q`` at the edge d = 0."""
+    if d > 0.0:
+        return math.exp(_logaddexp(math.log(a1 * d), lqa) / a1)
+    elif d == 0.0:
+        return q
+    return 0.0
+
+
+@njit(cache=CACHE)
+def _mass_q(c, k, a1, cv, q):
+    """``sum_i p_i - 1`` over ``c[:k]`` at edge probability q (:func:`_edge_p`), compensated."""
+    lqa = _lqa(q, a1)
+    s = 0.0
+    comp = 0.0
+    for i in range(k):
+        p = _edge_p(c[i] - cv, a1, q, lqa)
+        t = s + p
+        if s >= p:
+            comp += (s - t) + p
+        else:
+            comp += (p - t) + s
+        s = t
+    return (s - 1.0) + comp
+
+
+@njit(cache=CACHE)
+def _pivot_big(c, k, a1, tmin, seed):
+    """The support edge for alpha > 2 by randomised pivoting on the entries themselves
+    (expected O(k + s log k) power evaluations, s = support size).  f(v) is evaluated
+    exactly at entry values v, where v itself has p = 0, and v counts as outside when the
+    mass above it is within rounding (8 eps) of 1.  Returns (cv, bv, s0, steps):
+    cv = smallest entry with f(cv) < 0 (the smallest support entry), bv = largest entry
+    with f(bv) >= 0 (or ``tmin``), the support is ``c[s0:k]`` (``c`` is permuted)."""
+    lo = 0
+    hi = k
+    cv = 0.0
+    bv = tmin
+    steps = 0
+    state = _seed(seed)
+    while hi > lo:
+        state, v = _random_entry(state, c, lo, hi)
+        lt = lo
+        i = lo
+        gt = hi
+        while i < gt:
+            y = c[i]
+            if y < v:
+                c[i] = c[lt]
+                c[lt] = y
+                lt += 1
+                i += 1
+            elif y > v:
+                gt -= 1
+                c[i] = c[gt]
+                c[gt] = y
+            else:
+                i += 1
+        steps += 1
+        # the threshold is below v (v and above are in) only when the mass above v is
+        # short of 1 by more than its rounding error: an entry that sits on the edge to
+        # working precision (e.g. k equal entries each at exactly 1/k) gets p = 0
+        if _mass_T(c, gt, k, v, a1) < -_TIE:
+            cv = v
+            hi = lt
+        else:  # the threshold is at or above v: v and below are out
+            bv = v
+            lo = gt
+    return cv, bv, hi, steps
+
+
+@njit(cache=CACHE)
+def _edge_q(c, s0, k, a1, cv, bv):
+    """The edge probability q for the support ``c[s0:k]`` (smallest entry cv, largest excluded entry bv).
+
+    Newton on q = (a1 delta)^(1/a1): G(q) = sum_i (a1 d_i + q^a1)^(1/a1) - 1 (:func:`_edge_p`)
+    is increasing and convex in q (each term is the a1-norm of (q, (a1 d_i)^(1/a1))), so
+    Newton from the right end q(bv) decreases monotonically to the root; it stops when a
+    step no longer decreases q or G(q) <= 0 (then the better of the last two points).
+    Returns (q, steps, converged)."""
+    q = _power(a1 * (cv - bv), a1)
+    q_prev = q
+    g_prev = np.inf
+    for it in range(1, MAX_ITER + 1):
+        lqa = _lqa(q, a1)
+        s = 0.0
+        comp = 0.0
+        gp = 0.0
+        for i in range(s0, k):
+            d = c[i] - cv
+            if d == 0.0:
+                p = q
+                dp = 1.0
+            else:
+                p = _edge_p(d, a1, q, lqa)
+                dp = math.exp((a1 - 1.0) * math.log(q / p)) if q > 0.0 else 0.0
+            t = s + p
+            if s >= p:
+                comp += (s - t) + p
+            else:
+                comp += (p - t) + s
+            s = t
+            gp += dp
+        g = (s - 1.0) + comp
+        if g <= 0.0:
+            if abs(g_prev) < abs(g):
+                q = q_prev
+            return q, it, True
+        qn = q - g / gp
+        if not (qn < q):
+            return q, it, True
+        if qn <= 0.0:
+            qn = 0.5 * q
+        q_prev = q
+        g_prev = g
+        q = qn
+    return q, MAX_ITER, False
+
+
+@njit(cache=CACHE)
+def _edge_newton(c, s0, k, a1, cv, bv):
+    """The edge probability q for the support ``c[s0:k]``: :func:`_edge_q`, then, like the
+    reference's last-bit bisection, the float near it whose probabilities (over all
+    candidates ``c[:k]``) sum closest to 1, the smaller on ties: a walk of at most 8 ulps
+    down, else up.  Returns (q, steps, converged)."""
+    q, it, ok = _edge_q(c, s0, k, a1, cv, bv)
+    best = q
+    fbest = abs(_mass_q(c, k, a1, cv, q))
+    for _ in range(8):
+        d = np.nextafter(best, -np.inf)
+        if d < 0.0:
+            break
+        f = abs(_mass_q(c, k, a1, cv, d))
+        if f > fbest:
+            break
+        best = d
+        fbest = f
+    if best == q:
+        for _ in range(8):
+            d = np.nextafter(best, np.inf)
+            f = abs(_mass_q(c, k, a1, cv, d))
+            if not (f < fbest):
+                break
+            best = d
+            fbest = f
+    return best, it, ok
+
+
+@njit(cache=CACHE)
+def _last_bit_T(c, k, a1, lo, hi):
+    """The reference's first stage for alpha > 2: bisection of T to adjacent floats."""
+    it = 0
+    for _ in range(MAX_ITER):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            return lo, hi, it, True
+        if _mass_T(c, 0, k, mid, a1) >= 0.0:
+            lo = mid
+        else:
+            hi = mid
+        it += 1
+    return lo, hi, it, False
+
+
+@njit(cache=CACHE)
+def _bisect_big(c, k, a1, nf):
+    """The reference's two-stage bisection for alpha > 2: T to adjacent floats, then the
+    edge probability q on ``[0, q(lo)]``.  Returns (cv, q, it, ok)."""
+    lo, hi, it1, ok1 = _last_bit_T(c, k, a1, -1.0 / a1, -math.exp(-a1 * math.log(nf)) / a1)
+    cv = np.inf
+    for i in range(k):
+        if c[i] > lo and c[i] < cv:
+            cv = c[i]
+    qlo = 0.0
+    qhi = _power(a1 * (cv - lo) * (1.0 + EDGE_ULPS * _EPS), a1)
+    it2 = 0
+    ok2 = False
+    for _ in range(MAX_ITER):
+        mid = 0.5 * (qlo + qhi)
+        if mid <= qlo or mid >= qhi:
+            ok2 = True
+            break
+        if _mass_q(c, k, a1, cv, mid) <= 0.0:
+            qlo = mid
+        else:
+            qhi = mid
+        it2 += 1
+    flo = abs(_mass_q(c, k, a1, cv, qlo))
+    fhi = abs(_mass_q(c, k, a1, cv, qhi))
+    q = qhi if fhi < flo else qlo
+    return cv, q, it1 + it2, ok1 and ok2
+
+
+@njit(cache=CACHE)
+def _output_big(x, out, m, cv, q, a1):
+    lqa = _lqa(q, a1)
+    cnt = 0
+    for i in range(x.shape[0]):
+        p = _edge_p((np.float64(x[i]) - m) - cv, a1, q, lqa)
+        out[i] = p
+        cnt += p > 0.0
+    return cnt
+
+
+@njit(cache=CACHE)
+def _solve_big(x, out, a1, method, c, seed):
+    """alpha > 2: pivot on the entries, Newton on the edge probability (or bisection)."""
+    m, k = _max_gather(x, 1.0 / a1, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return -np.inf, 0, 0, True
+    k = _refilter(c, k, m, a1, _K_BIG, 0.0)
+    if method == METHOD_BISECT:
+        cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
+    else:
+        cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
+        q, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
+        it += it2
+    cnt = _output_big(x, out, m, cv, q, a1)
+    delta = math.exp(a1 * math.log(q)) / a1 if q > 0.0 else 0.0  # may underflow to 0
+    return m + ((cv - delta) + 1.0 / a1), cnt, it, ok

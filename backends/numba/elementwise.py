@@ -1,0 +1,109 @@
+"""The elementwise map of the numba row solvers, and the codes they share.
+
+``e_alpha(d) = [1 + a1 d]_+ ** (1 / a1)`` (``exp(d)`` at ``a1 = 0``) in the units of
+:mod:`.rows` (``d = y - A``, ``y = x - max(x)``), its kinds (closed forms for alpha = 1,
+1.5 and 2), the method codes of :func:`.rows.entmax_rows`, and the output pass that
+writes ``p`` and counts the support.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..constants import LB_MARGIN, TIE_ULPS
+from . import CACHE
+
+#: method codes of :func:`.rows.entmax_rows`
+METHOD_DEFAULT = 0
+METHOD_BISECT = 1
+METHOD_NEWTON = 2
+
+# kinds of the elementwise map e_alpha
+_K_EXP = 0  # alpha = 1: exp(d)
+_K_SPARSE = 1  # alpha = 2: [1 + d]_+
+_K_15 = 2  # alpha = 1.5: [1 + d/2]_+^2
+_K_GEN = 3  # any alpha > 1: exp(log1p(a1 d) / a1)
+_K_BIG = 4  # alpha > 2: support-threshold units T = A - 1/a1, p = (a1 (y - T))_+^(1/a1)
+
+_EPS = np.finfo(np.float64).eps
+#: rounding error of a computed mass (sum of powers, each within ~2 ulps, compensated)
+_TIE = TIE_ULPS * _EPS
+#: relative margin that turns a computed lower bound into a certain one
+_LB_MARGIN = LB_MARGIN
+
+
+@njit(inline="always", cache=CACHE)
+def _p_u(d, a1, kind):
+    """``p = e_alpha(d)`` and ``u = p^(2 - alpha)`` (0 off the support)."""
+    if kind == _K_SPARSE:
+        v = 1.0 + d
+        if v > 0.0:
+            return v, 1.0
+        return 0.0, 0.0
+    elif kind == _K_15:
+        v = 1.0 + 0.5 * d
+        if v > 0.0:
+            return v * v, v
+        return 0.0, 0.0
+    elif kind == _K_EXP:
+        p = math.exp(d)
+        return p, p
+    else:
+        w = a1 * d
+        if w > -1.0:
+            p = math.exp(math.log1p(w) / a1)
+            return p, p / (1.0 + w)
+        return 0.0, 0.0
+
+
+@njit(inline="always", cache=CACHE)
+def _alive(d, a1, kind):
+    """Whether ``e_alpha(d)`` can be nonzero (the exact test the output pass uses)."""
+    if kind == _K_SPARSE:
+        return 1.0 + d > 0.0
+    elif kind == _K_15:
+        return 1.0 + 0.5 * d > 0.0
+    elif kind == _K_EXP:
+        return d > -np.inf
+    elif kind == _K_BIG:
+        # T >= -1/a1, but the edge-relative stage may put T up to a few ulps lower
+        return d > -(1.0 + 16.0 * _EPS) / a1
+    else:
+        return a1 * d > -1.0
+
+
+@njit(inline="always", cache=CACHE)
+def _power(t, a1):
+    """``t_+ ** (1 / a1)``, computed as the reference does, ``exp(log(t) / a1)``."""
+    if t > 0.0:
+        return math.exp(math.log(t) / a1)
+    return 0.0
+
+
+@njit(cache=CACHE)
+def _output(x, out, m, A, a1, kind):
+    """Write ``p = e_alpha(x - m - A)`` and return the support size (p > 0 in float64)."""
+    cnt = 0
+    n = x.shape[0]
+    if kind == _K_SPARSE:
+        for i in range(n):
+            v = 1.0 + ((np.float64(x[i]) - m) - A)
+            v = v if v > 0.0 else 0.0
+            out[i] = v
+            cnt += v > 0.0
+    elif kind == _K_15:
+        for i in range(n):
+            v = 1.0 + 0.5 * ((np.float64(x[i]) - m) - A)
+            v = v if v > 0.0 else 0.0
+            p = v * v
+            out[i] = p
+            cnt += p > 0.0
+    else:
+        for i in range(n):
+            p = _p_u((np.float64(x[i]) - m) - A, a1, kind)[0]
+            out[i] = p
+            cnt += p > 0.0
+    return cnt

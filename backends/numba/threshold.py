@@ -1,0 +1,264 @@
+"""Threshold searches of the numba row solvers for 1 <= alpha <= 2: the mass function and
+its safeguarded Newton and bisection, Condat's sparsemax support, and the randomised
+1.5-entmax pivot (units as in :mod:`.rows`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..constants import MAX_ITER
+from . import CACHE
+from .elementwise import _K_EXP, _K_GEN, _alive, _p_u
+
+
+@njit(cache=CACHE)
+def _f_eval(c, k, a1, kind, A, lo, compact):
+    """``f(A) = sum p - 1`` (compensated), ``sum u`` over the candidates ``c[:k]``; when
+    ``compact``, candidates that are zero at the lower bound ``lo`` are dropped in place.
+    Returns (f, sum_u, new k)."""
+    s = 0.0
+    comp = 0.0
+    su = 0.0
+    j = 0
+    for i in range(k):
+        y = c[i]
+        p, u = _p_u(y - A, a1, kind)
+        t = s + p
+        if s >= p:
+            comp += (s - t) + p
+        else:
+            comp += (p - t) + s
+        s = t
+        su += u
+        if compact:
+            if _alive(y - lo, a1, kind):
+                c[j] = y
+                j += 1
+    if not compact:
+        j = k
+    return (s - 1.0) + comp, su, j
+
+
+@njit(cache=CACHE)
+def _newton(c, k, a1, kind, A, lo, hi):
+    """Safeguarded Newton on ``f`` (see the module docstring).  Returns (A, evaluations,
+    converged)."""
+    flo = np.inf  # |f| at lo / hi once evaluated there
+    fhi = np.inf
+    last_lo = lo  # lower bound at which c was last filtered
+    f_prev = np.nan
+    it = 0
+    while it < MAX_ITER:
+        f, fp, k = _f_eval(c, k, a1, kind, A, last_lo, lo > last_lo)
+        if lo > last_lo:
+            last_lo = lo
+        it += 1
+        if f == 0.0:
+            return A, it, True
+        if f > 0.0:
+            lo = A
+            flo = f
+        else:
+            hi = A
+            fhi = -f
+        if fp > 0.0 and f > -1.0:
+            if kind == _K_GEN or kind == _K_EXP:
+                # Newton on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0): the
+                # (1/a1)-norm of the [1 + a1 (y - A)]_+, convex and nearly linear (exactly
+                # linear for a constant row, and for softmax), so the steps from the left
+                # are monotone and far fewer than on f.
+                ls = math.log1p(f)
+                phi = math.expm1(a1 * ls) / a1 if a1 > 0.0 else ls
+                An = A + phi / (math.exp((a1 - 1.0) * ls) * fp)
+            else:
+                An = A + f / fp
+        else:
+            An = 0.5 * (lo + hi)
+        if An == A:
+            return A, it, True
+        # a computed f that did not change is flat at this resolution (e.g. a term
+        # 1 - O(1e-20) that rounds to 1): Newton would creep, so bisect instead
+        flat = f == f_prev
+        f_prev = f
+        if flat or not (An > lo and An < hi):
+            mid = 0.5 * (lo + hi)
+            if not (mid > lo and mid < hi):
+                return (lo if flo <= fhi else hi), it, True
+            An = mid
+        A = An
+    return A, it, False
+
+
+@njit(cache=CACHE)
+def _bisect(c, k, a1, kind, lo, hi):
+    """The reference's bisection (midpoint until it equals an endpoint, then the endpoint
+    with the smaller |f|).  Returns (A, halvings, converged)."""
+    it = 0
+    flo = np.nan
+    fhi = np.nan
+    last_lo = lo
+    done = False
+    for _ in range(MAX_ITER):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            done = True
+            break
+        f, fp, k = _f_eval(c, k, a1, kind, mid, last_lo, lo > last_lo)
+        if lo > last_lo:
+            last_lo = lo
+        if f >= 0.0:
+            lo = mid
+            flo = f
+        else:
+            hi = mid
+            fhi = f
+        it += 1
+    if not done:
+        mid = 0.5 * (lo + hi)
+        done = mid <= lo or mid >= hi
+    if flo != flo:
+        flo = _f_eval(c, k, a1, kind, lo, lo, False)[0]
+    if fhi != fhi:
+        fhi = _f_eval(c, k, a1, kind, hi, lo, False)[0]
+    A = hi if abs(fhi) < abs(flo) else lo
+    return A, it, done
+
+
+@njit(cache=CACHE)
+def _condat(c, k, v, vt):
+    """Condat's (2016) simplex-projection threshold on ``c[:k]`` (sum 1); returns
+    ``(A, |S|)`` with ``A = tau + 1`` from the identified support S, summed with
+    compensation; S is left in ``v[:|S|]``.  Uses ``v`` and ``vt`` as scratch and leaves
+    ``c`` unchanged unless ``vt`` is ``c`` (allowed: ``vt`` is written behind the read
+    position)."""
+    nv = 1
+    v[0] = c[0]
+    rho = c[0] - 1.0
+    nt = 0
+    for j in range(1, k):
+        y = c[j]
+        if y > rho:
+            rho += (y - rho) / (nv + 1)
+            if rho > y - 1.0:
+                v[nv] = y
+                nv += 1
+            else:
+                for q in range(nv):
+                    vt[nt + q] = v[q]
+                nt += nv
+                v[0] = y
+                nv = 1
+                rho = y - 1.0
+    for q in range(nt):
+        y = vt[q]
+        if y > rho:
+            v[nv] = y
+            nv += 1
+            rho += (y - rho) / nv
+    while True:
+        cur = nv
+        w = 0
+        for q in range(nv):
+            y = v[q]
+            if y > rho or cur == 1:
+                v[w] = y
+                w += 1
+            else:
+                cur -= 1
+                rho += (rho - y) / cur
+        if w == nv:
+            break
+        nv = w
+    s = 0.0
+    comp = 0.0
+    for q in range(nv):
+        y = v[q]
+        t = s + y
+        if abs(s) >= abs(y):
+            comp += (s - t) + y
+        else:
+            comp += (y - t) + s
+        s = t
+    return ((s + comp) - 1.0) / nv + 1.0, nv
+
+
+@njit(inline="always", cache=CACHE)
+def _seed(seed):
+    """The pivot generator's state for a row (a deterministic function of the seed)."""
+    return np.int64(seed) * np.int64(2654435761) + np.int64(1013904223)
+
+
+@njit(inline="always", cache=CACHE)
+def _random_entry(state, c, lo, hi):
+    """Advance the 64-bit LCG and return (state, a pseudo-random entry of c[lo:hi])."""
+    state = state * np.int64(6364136223846793005) + np.int64(1442695040888963407)
+    r = (state >> 33) & 0x3FFFFFFF
+    return state, c[lo + r % (hi - lo)]
+
+
+@njit(cache=CACHE)
+def _pivot15(c, k, seed):
+    """Expected-O(k) 1.5-entmax threshold on ``c[:k]`` by randomised pivoting (permutes
+    ``c`` in place, keeps every element).  Returns ``(A, s0)``: ``A = t + 2`` where ``t``
+    is the closed-form root of ``sum_{y > t} (y - t)^2 = 4`` on the identified support
+    ``c[s0:k]``, or -1.0 when rounding left no usable support."""
+    lo = 0
+    hi = k
+    kk = 0
+    mean = 0.0
+    m2 = 0.0
+    state = _seed(seed)
+    while hi > lo:
+        state, v = _random_entry(state, c, lo, hi)
+        lt = lo
+        i = lo
+        gt = hi
+        s1 = 0.0
+        s2 = 0.0
+        while i < gt:
+            y = c[i]
+            if y < v:
+                c[i] = c[lt]
+                c[lt] = y
+                lt += 1
+                i += 1
+            elif y > v:
+                gt -= 1
+                c[i] = c[gt]
+                c[gt] = y
+                e = y - v
+                s1 += e
+                s2 += e * e
+            else:
+                i += 1
+        dk = mean - v
+        f = 0.25 * (s2 + m2 + kk * dk * dk) - 1.0
+        if f < 0.0:
+            # the root is below v: every element >= v is in the support
+            cb = hi - lt
+            mb = v + s1 / cb
+            m2b = s2 - s1 * s1 / cb
+            if m2b < 0.0:
+                m2b = 0.0
+            if kk == 0:
+                mean = mb
+                m2 = m2b
+            else:
+                delta = mb - mean
+                tot = kk + cb
+                mean += delta * cb / tot
+                m2 += m2b + delta * delta * (kk * cb / tot)
+            kk += cb
+            hi = lt
+        else:
+            # the root is at or above v: every element <= v is out
+            lo = gt
+    if kk == 0:
+        return -1.0, hi
+    disc = (4.0 - m2) / kk
+    if disc < 0.0:
+        return -1.0, hi
+    return (mean - math.sqrt(disc)) + 2.0, hi
