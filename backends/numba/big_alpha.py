@@ -11,8 +11,9 @@ from numba import njit
 from ..constants import EDGE_ULPS, MAX_ITER
 from . import CACHE
 from .candidates import _count_finite, _max_gather, _refilter
-from .elementwise import _EPS, _K_BIG, _TIE, METHOD_BISECT, _power
-from .threshold import _random_entry, _seed
+from .compensated import acc as _acc
+from .elementwise import _EPS, _K_BIG, _TIE, METHOD_BISECT, _empty_row, _power
+from .threshold import _midpoint, _partition3, _random_entry, _seed
 
 
 # For alpha > 2, dp/dT = p^(2 - alpha) is unbounded at the edge of the support, so a
@@ -29,12 +30,7 @@ def _mass_T(c, i0, k, T, a1):
     comp = 0.0
     for i in range(i0, k):
         p = _power(a1 * (c[i] - T), a1)
-        t = s + p
-        if s >= p:
-            comp += (s - t) + p
-        else:
-            comp += (p - t) + s
-        s = t
+        s, comp = _acc(s, comp, p)
     return (s - 1.0) + comp
 
 
@@ -79,12 +75,7 @@ def _mass_q(c, k, a1, cv, q):
     comp = 0.0
     for i in range(k):
         p = _edge_p(c[i] - cv, a1, q, lqa)
-        t = s + p
-        if s >= p:
-            comp += (s - t) + p
-        else:
-            comp += (p - t) + s
-        s = t
+        s, comp = _acc(s, comp, p)
     return (s - 1.0) + comp
 
 
@@ -104,22 +95,7 @@ def _pivot_big(c, k, a1, tmin, seed):
     state = _seed(seed)
     while hi > lo:
         state, v = _random_entry(state, c, lo, hi)
-        lt = lo
-        i = lo
-        gt = hi
-        while i < gt:
-            y = c[i]
-            if y < v:
-                c[i] = c[lt]
-                c[lt] = y
-                lt += 1
-                i += 1
-            elif y > v:
-                gt -= 1
-                c[i] = c[gt]
-                c[gt] = y
-            else:
-                i += 1
+        lt, gt, _, _ = _partition3(c, lo, hi, v)
         steps += 1
         # the threshold is below v (v and above are in) only when the mass above v is
         # short of 1 by more than its rounding error: an entry that sits on the edge to
@@ -158,12 +134,7 @@ def _edge_q(c, s0, k, a1, cv, bv):
             else:
                 p = _edge_p(d, a1, q, lqa)
                 dp = math.exp((a1 - 1.0) * math.log(q / p)) if q > 0.0 else 0.0
-            t = s + p
-            if s >= p:
-                comp += (s - t) + p
-            else:
-                comp += (p - t) + s
-            s = t
+            s, comp = _acc(s, comp, p)
             gp += dp
         g = (s - 1.0) + comp
         if g <= 0.0:
@@ -215,8 +186,8 @@ def _last_bit_T(c, k, a1, lo, hi):
     """The reference's first stage for alpha > 2: bisection of T to adjacent floats."""
     it = 0
     for _ in range(MAX_ITER):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
+        mid, done = _midpoint(lo, hi)
+        if done:
             return lo, hi, it, True
         if _mass_T(c, 0, k, mid, a1) >= 0.0:
             lo = mid
@@ -240,9 +211,8 @@ def _bisect_big(c, k, a1, nf):
     it2 = 0
     ok2 = False
     for _ in range(MAX_ITER):
-        mid = 0.5 * (qlo + qhi)
-        if mid <= qlo or mid >= qhi:
-            ok2 = True
+        mid, ok2 = _midpoint(qlo, qhi)
+        if ok2:
             break
         if _mass_q(c, k, a1, cv, mid) <= 0.0:
             qlo = mid
@@ -271,9 +241,7 @@ def _solve_big(x, out, a1, method, c, seed):
     """alpha > 2: pivot on the entries, Newton on the edge probability (or bisection)."""
     m, k = _max_gather(x, 1.0 / a1, c)  # max, candidates in the window
     if not (m > -np.inf):  # an all -inf row (or n = 0)
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
+        return _empty_row(out)
     k = _refilter(c, k, m, a1, _K_BIG, 0.0)
     if method == METHOD_BISECT:
         cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))

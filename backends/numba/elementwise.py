@@ -2,8 +2,8 @@
 
 ``e_alpha(d) = [1 + a1 d]_+ ** (1 / a1)`` (``exp(d)`` at ``a1 = 0``) in the units of
 :mod:`.rows` (``d = y - A``, ``y = x - max(x)``), its kinds (closed forms for alpha = 1,
-1.5 and 2), the method codes of :func:`.rows.entmax_rows`, and the output pass that
-writes ``p`` and counts the support.
+1.5 and 2), the method codes of :func:`.rows.entmax_rows`, the output pass that
+writes ``p`` and counts the support, and the answer of a row with nothing to solve.
 """
 
 from __future__ import annotations
@@ -107,3 +107,12 @@ def _output(x, out, m, A, a1, kind):
             out[i] = p
             cnt += p > 0.0
     return cnt
+
+
+@njit(cache=CACHE)
+def _empty_row(out):
+    """An all ``-inf`` row (or n = 0): p = 0; returns the solvers' (theta, support,
+    n_iter, converged) = (-inf, 0, 0, True)."""
+    for i in range(out.shape[0]):
+        out[i] = 0.0
+    return -np.inf, 0, 0, True

@@ -77,7 +77,7 @@ from ._threads import run_blocks
 from .big_alpha import _solve_big
 from .candidates import _compact, _count_finite, _max_gather, _refilter
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,  # noqa: F401
-                          METHOD_DEFAULT, METHOD_NEWTON, _output)
+                          METHOD_DEFAULT, METHOD_NEWTON, _empty_row, _output)
 from .softmax import _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
 
@@ -121,9 +121,7 @@ def _solve_bisect(x, out, a1, c):
     kind = _K_EXP if a1 == 0.0 else _K_GEN
     m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)  # max, candidates in the window
     if not (m > -np.inf):  # an all -inf row (or n = 0)
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
+        return _empty_row(out)
     k = _refilter(c, k, m, a1, kind, 0.0)
     nf = _count_finite(x)
     if a1 == 0.0:
@@ -152,9 +150,7 @@ def _solve_newton(x, out, a1, c):
     kind = _kind(a1)
     m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)  # max, candidates in the window
     if not (m > -np.inf):  # an all -inf row (or n = 0)
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
+        return _empty_row(out)
     k = _refilter(c, k, m, a1, kind, 0.0)
     closed = False
     return _finish(x, out, m, k, a1, kind, 0.0, 0.0, c[:k], k, closed)
@@ -165,9 +161,7 @@ def _solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm, polished by Newton."""
     m, k = _max_gather(x, 1.0, c)  # max, candidates in the window
     if not (m > -np.inf):  # an all -inf row (or n = 0)
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
+        return _empty_row(out)
     k = _refilter(c, k, m, 1.0, _K_SPARSE, 0.0)
     A0, ns = _condat(c, k, aux, aux2)
     closed = True
@@ -179,9 +173,7 @@ def _solve_15(x, out, c, seed):
     """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton."""
     m, k = _max_gather(x, 2.0, c)  # max, candidates in the window
     if not (m > -np.inf):  # an all -inf row (or n = 0)
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
+        return _empty_row(out)
     k = _refilter(c, k, m, 0.5, _K_15, 0.0)
     A0, s0 = _pivot15(c, k, seed)
     closed = A0 >= 0.0
@@ -207,9 +199,7 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     """1 < alpha < 2 (not 1.5), ``method=None``: lower bound, then Newton."""
     m, k = _max_gather(x, 1.0 / a1, c)  # max, candidates in the window
     if not (m > -np.inf):  # an all -inf row (or n = 0)
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
+        return _empty_row(out)
     k = _refilter(c, k, m, a1, _K_GEN, 0.0)
     lo = 0.0
     Ab = _lower_bound(c, k, a1, aux, aux2, seed)
@@ -240,6 +230,13 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     return _solve_gen(x, out, a1, c, aux, aux2, seed)
 
 
+@njit(inline="always", cache=CACHE)
+def _solver_scratch(n):
+    """The scratch of :func:`_solve_row` for rows of up to ``n`` entries: the candidates
+    ``c`` and the closed forms' and lower bounds' ``aux``, ``aux2``."""
+    return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.float64)
+
+
 # Every driver solves rows r0 .. r1 - 1 of ``x`` with the GIL released (``nogil``); the
 # threads of :func:`entmax_rows` each run one on its own blocks of rows.  A row's answer
 # depends only on the row (its random pivots are seeded with the row index), never on
@@ -255,10 +252,7 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
 
 @njit(nogil=True, cache=CACHE)
 def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    n = x.shape[1]
-    c = np.empty(n, np.float64)
-    aux = np.empty(n, np.float64)
-    aux2 = np.empty(n, np.float64)
+    c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = _solve_sparse(x[r], out[r], c, aux, aux2)
 
@@ -272,10 +266,7 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 
 @njit(nogil=True, cache=CACHE)
 def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    n = x.shape[1]
-    c = np.empty(n, np.float64)
-    aux = np.empty(n, np.float64)
-    aux2 = np.empty(n, np.float64)
+    c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
         th, sup, it, ok = _solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
@@ -291,10 +282,7 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 
 @njit(nogil=True, cache=CACHE)
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    n = x.shape[1]
-    c = np.empty(n, np.float64)
-    aux = np.empty(n, np.float64)
-    aux2 = np.empty(n, np.float64)
+    c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
         th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
@@ -309,17 +297,10 @@ def _driver(alpha, method):
         return _rows_any
     if a > 2.0:
         return _rows_big
-    if method != METHOD_DEFAULT:
+    if method != METHOD_DEFAULT or not 1.0 <= a <= 2.0:
         return _rows_any
-    if a == 1.0:
-        return _rows_softmax
-    if a == 2.0:
-        return _rows_sparse
-    if a == 1.5:
-        return _rows_15
-    if 1.0 < a < 2.0:
-        return _rows_gen
-    return _rows_any
+    # the path _solve_row takes for this alpha (_kind's Python function: no compile)
+    return {_K_EXP: _rows_softmax, _K_SPARSE: _rows_sparse, _K_15: _rows_15, _K_GEN: _rows_gen}[_kind.py_func(a - 1.0)]
 
 
 def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):

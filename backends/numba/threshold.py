@@ -11,6 +11,7 @@ from numba import njit
 
 from ..constants import MAX_ITER
 from . import CACHE
+from .compensated import acc as _acc
 from .elementwise import _K_EXP, _K_GEN, _alive, _p_u
 
 
@@ -26,12 +27,7 @@ def _f_eval(c, k, a1, kind, A, lo, compact):
     for i in range(k):
         y = c[i]
         p, u = _p_u(y - A, a1, kind)
-        t = s + p
-        if s >= p:
-            comp += (s - t) + p
-        else:
-            comp += (p - t) + s
-        s = t
+        s, comp = _acc(s, comp, p)
         su += u
         if compact:
             if _alive(y - lo, a1, kind):
@@ -92,6 +88,14 @@ def _newton(c, k, a1, kind, A, lo, hi):
     return A, it, False
 
 
+@njit(inline="always", cache=CACHE)
+def _midpoint(lo, hi):
+    """The reference's bisection step: the midpoint of ``[lo, hi]``, and whether it equals
+    an endpoint (then the bracket cannot be split and the bisection stops)."""
+    mid = 0.5 * (lo + hi)
+    return mid, mid <= lo or mid >= hi
+
+
 @njit(cache=CACHE)
 def _bisect(c, k, a1, kind, lo, hi):
     """The reference's bisection (midpoint until it equals an endpoint, then the endpoint
@@ -102,9 +106,8 @@ def _bisect(c, k, a1, kind, lo, hi):
     last_lo = lo
     done = False
     for _ in range(MAX_ITER):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            done = True
+        mid, done = _midpoint(lo, hi)
+        if done:
             break
         f, fp, k = _f_eval(c, k, a1, kind, mid, last_lo, lo > last_lo)
         if lo > last_lo:
@@ -117,8 +120,7 @@ def _bisect(c, k, a1, kind, lo, hi):
             fhi = f
         it += 1
     if not done:
-        mid = 0.5 * (lo + hi)
-        done = mid <= lo or mid >= hi
+        done = _midpoint(lo, hi)[1]
     if flo != flo:
         flo = _f_eval(c, k, a1, kind, lo, lo, False)[0]
     if fhi != fhi:
@@ -175,13 +177,7 @@ def _condat(c, k, v, vt):
     s = 0.0
     comp = 0.0
     for q in range(nv):
-        y = v[q]
-        t = s + y
-        if abs(s) >= abs(y):
-            comp += (s - t) + y
-        else:
-            comp += (y - t) + s
-        s = t
+        s, comp = _acc(s, comp, v[q])
     return ((s + comp) - 1.0) / nv + 1.0, nv
 
 
@@ -199,6 +195,36 @@ def _random_entry(state, c, lo, hi):
     return state, c[lo + r % (hi - lo)]
 
 
+@njit(inline="always", cache=CACHE)
+def _partition3(c, lo, hi, v):
+    """Three-way partition of ``c[lo:hi]`` around ``v`` in place: returns ``(lt, gt, s1,
+    s2)`` with ``c[lo:lt] < v``, ``c[lt:gt] == v``, ``c[gt:hi] > v``, and the sums of
+    ``y - v`` and ``(y - v)^2`` over the entries above v (a caller that does not use
+    them pays nothing: the function is inlined and the dead sums removed)."""
+    lt = lo
+    i = lo
+    gt = hi
+    s1 = 0.0
+    s2 = 0.0
+    while i < gt:
+        y = c[i]
+        if y < v:
+            c[i] = c[lt]
+            c[lt] = y
+            lt += 1
+            i += 1
+        elif y > v:
+            gt -= 1
+            c[i] = c[gt]
+            c[gt] = y
+            e = y - v
+            s1 += e
+            s2 += e * e
+        else:
+            i += 1
+    return lt, gt, s1, s2
+
+
 @njit(cache=CACHE)
 def _pivot15(c, k, seed):
     """Expected-O(k) 1.5-entmax threshold on ``c[:k]`` by randomised pivoting (permutes
@@ -213,27 +239,7 @@ def _pivot15(c, k, seed):
     state = _seed(seed)
     while hi > lo:
         state, v = _random_entry(state, c, lo, hi)
-        lt = lo
-        i = lo
-        gt = hi
-        s1 = 0.0
-        s2 = 0.0
-        while i < gt:
-            y = c[i]
-            if y < v:
-                c[i] = c[lt]
-                c[lt] = y
-                lt += 1
-                i += 1
-            elif y > v:
-                gt -= 1
-                c[i] = c[gt]
-                c[gt] = y
-                e = y - v
-                s1 += e
-                s2 += e * e
-            else:
-                i += 1
+        lt, gt, s1, s2 = _partition3(c, lo, hi, v)
         dk = mean - v
         f = 0.25 * (s2 + m2 + kk * dk * dk) - 1.0
         if f < 0.0:
