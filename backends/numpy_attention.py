@@ -309,6 +309,16 @@ class _Block:
         return z
 
 
+def empty_forward(B: int, Hq: int, Nq: int, Dv: int) -> AttentionForward:
+    """The arrays a chunked forward fills, as a row that sees no key leaves them: out and
+    skew 0 ((B, Hq, Nq, Dv) float64), theta, row_max and edge -inf, support and edge_p 0
+    ((B, Hq, Nq)); the fields of :class:`~entmax_ref.backends._base.AttentionForward`."""
+    rows = (B, Hq, Nq)
+    return AttentionForward(np.zeros(rows + (Dv,), _F64), np.full(rows, -np.inf), np.zeros(rows, np.int64),
+                            np.zeros(rows + (Dv,), _F64), np.full(rows, -np.inf), np.full(rows, -np.inf),
+                            np.zeros(rows, _F64))
+
+
 def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                       spec: AttentionSpec) -> AttentionForward:
     """Chunked forward; see the module docstring.  Returns out in q's dtype, and float64
@@ -317,13 +327,7 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = geometry.key_offset(Nq, Nk)
-    out = np.zeros((B, Hq, Nq, Dv), _F64)
-    skew = np.zeros((B, Hq, Nq, Dv), _F64)
-    theta = np.full((B, Hq, Nq), -np.inf)
-    support = np.zeros((B, Hq, Nq), np.int64)
-    row_max = np.full((B, Hq, Nq), -np.inf)
-    edge = np.full((B, Hq, Nq), -np.inf)
-    edge_p = np.zeros((B, Hq, Nq))
+    out, theta, support, skew, row_max, edge, edge_p = empty_forward(B, Hq, Nq, Dv)
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)

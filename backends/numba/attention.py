@@ -30,7 +30,7 @@ forward (``fwd_rows``, per row)
 backward (``bwd_rows`` then ``bwd_scatter``)
     candidates against the forward's theta; ``p_j = e_alpha(z_j - theta_i)`` with the
     reference's formula (``exp(log1p(a1 y) / a1)``) on them (alpha > 2: edge-relative
-    from the forward's row max, edge and edge probability, :func:`_edge_prob`, and dZ in
+    from the forward's row max, edge and edge probability, :func:`~.big_alpha._edge_p`, and dZ in
     the row VJP's overflow-free form, :func:`_dz_big`); the support is compacted
     (key, ``p``, ``u``), the skewed output recomputed from it when the caller has none,
     ``delta_i = dO_i . skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)`` (a dot product per
@@ -74,58 +74,15 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
+from ..geometry import key_offset
+from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
-from .grads import _alpha_vjp_row, _alpha_vjp_row_big
-from .rows import METHOD_DEFAULT, _solve_row
+from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
+from .rows import METHOD_DEFAULT, _solve_row, _solver_scratch
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
 #: dK and dV with BLAS on dense blocks instead of the support-only scatter.
 DENSE_FRACTION = 0.125
-
-
-@njit(inline="always", cache=CACHE)
-def _skew(p, a2):
-    if a2 == 0.0:
-        return 1.0
-    elif a2 == 0.5:
-        return math.sqrt(p)
-    elif a2 == 1.0:
-        return p
-    return math.exp(a2 * math.log(p))
-
-
-@njit(inline="always", cache=CACHE)
-def _logaddexp(x, y):
-    """``log(exp(x) + exp(y))``, numpy's ``npy_logaddexp`` step for step (as the row
-    solvers' copy in :mod:`entmax_ref.backends.numba.rows`)."""
-    if x == y:
-        return x + 0.6931471805599453
-    tmp = x - y
-    if tmp > 0.0:
-        return x + math.log1p(math.exp(-tmp))
-    elif tmp <= 0.0:
-        return y + math.log1p(math.exp(tmp))
-    return tmp
-
-
-@njit(inline="always", cache=CACHE)
-def _edge_prob(d, a1, q, lqa):
-    """alpha > 2: the row solvers' ``p = (a1 d + q^a1)^(1/a1)`` for ``d > 0`` (``lqa = a1 log
-    q``), ``q`` at ``d = 0``, 0 below, operation by operation as the solvers write it."""
-    if d > 0.0:
-        return math.exp(_logaddexp(math.log(a1 * d), lqa) / a1)
-    elif d == 0.0:
-        return q
-    return 0.0
-
-
-@njit(inline="always", cache=CACHE)
-def _signed_exp(l, v):
-    """``sign(v) exp(l + log|v|)`` (0 at v = 0): ``exp(l) * v`` without overflowing early."""
-    if v == 0.0:
-        return 0.0
-    e = math.exp(l + math.log(abs(v)))
-    return e if v > 0.0 else -e
 
 
 @njit(inline="always", cache=CACHE)
@@ -139,6 +96,27 @@ def _visible(r, nc, i0, offset, key_end, causal):
         if n < 0:
             n = 0
     return h, i_abs, n
+
+
+@njit(inline="always", cache=CACHE)
+def _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale, has_s):
+    """Row ``r`` of a chunk: :func:`_visible`'s (h, i_abs, n), then its head's ``a1 =
+    alpha - 1``, ``a2 = 2 - alpha``, whether alpha > 2, the support window ``1/a1``
+    (inf at alpha = 1) and the row's ASEntmax scale ``s`` (1 without one)."""
+    h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
+    a1 = alphas[h] - 1.0
+    a2 = 2.0 - alphas[h]
+    window = 1.0 / a1 if a1 > 0.0 else np.inf
+    s = row_scale[r] if has_s else 1.0
+    return h, i_abs, n, a1, a2, alphas[h] > 2.0, window, s
+
+
+@njit(inline="always", cache=CACHE)
+def _candidate_buffers(key_end):
+    """Scratch of :func:`_candidates` for rows of up to ``key_end`` keys: the approximate
+    scores ``za`` and the candidates' key ``idx``, exact score ``zc`` and exact q.k ``gx``."""
+    return (np.empty(key_end, np.float64), np.empty(key_end, np.int64), np.empty(key_end, np.float64),
+            np.empty(key_end, np.float64))
 
 
 @njit(inline="always", cache=CACHE)
@@ -326,23 +304,14 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     rows, key_end = g.shape
     dv = vv.shape[1]
     has_s = row_scale.shape[0] > 0
-    za = np.empty(key_end, np.float64)
-    zc = np.empty(key_end, np.float64)
-    gx = np.empty(key_end, np.float64)
+    za, idx, zc, gx = _candidate_buffers(key_end)
     pc = np.empty(key_end, np.float64)
-    idx = np.empty(key_end, np.int64)
-    c = np.empty(key_end, np.float64)
-    aux = np.empty(key_end, np.float64)
-    aux2 = np.empty(key_end, np.float64)
+    c, aux, aux2 = _solver_scratch(key_end)
     o = np.empty(dv, np.float64)
     sk = np.empty(dv, np.float64)
     for r in range(rows):
-        h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
-        a1 = alphas[h] - 1.0
-        a2 = 2.0 - alphas[h]
-        big = alphas[h] > 2.0
-        window = 1.0 / a1 if a1 > 0.0 else np.inf
-        s = row_scale[r] if has_s else 1.0
+        h, i_abs, n, a1, a2, big, window, s = _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale,
+                                                          has_s)
         m, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
                             0.0, za, idx, zc, gx, c, aux, aux2)
         bad[r] = 0 if ok else 1
@@ -404,7 +373,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     ``g``, ``filt``, ``err``, ``alphas`` (every one > 1 here) as in :func:`fwd_rows`;
     ``th`` (rows,) theta (-inf: empty row), and for the rows whose alpha > 2 the
     forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which p is rebuilt as the row
-    solver wrote it (:func:`_edge_prob`); ``skew_in`` (rows, Dv) or an empty (0, Dv)
+    solver wrote it (:func:`~.big_alpha._edge_p`); ``skew_in`` (rows, Dv) or an empty (0, Dv)
     array (then recomputed from p); writes the compacted support ``idx``, ``pb`` (p),
     ``ub`` (s dZ), ``cnt`` per row, and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1``
     where a score overflowed.  alpha > 2: :func:`_dz_big`.  ``dal`` (rows,) or empty:
@@ -416,21 +385,14 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     want_dal = dal.shape[0] > 0
     has_s = row_scale.shape[0] > 0
     have_skew = skew_in.shape[0] > 0
-    za = np.empty(key_end, np.float64)
-    zc = np.empty(key_end, np.float64)
-    gx = np.empty(key_end, np.float64)
+    za, ci, zc, gx = _candidate_buffers(key_end)
     gs = np.empty(key_end, np.float64)
     gd = np.empty(key_end, np.float64)
-    ci = np.empty(key_end, np.int64)
     sk = np.empty(dv, np.float64)
     acc = np.empty(D, np.float64)
     for r in range(rows):
-        h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
-        a1 = alphas[h] - 1.0
-        a2 = 2.0 - alphas[h]
-        big = alphas[h] > 2.0
-        window = 1.0 / a1
-        s = row_scale[r] if has_s else 1.0
+        h, i_abs, n, a1, a2, big, window, s = _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale,
+                                                          has_s)
         t = th[r]
         for d in range(D):
             acc[d] = 0.0
@@ -443,7 +405,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             L = rmax[r]
             ce = edge[r]
             qe = edge_p[r]
-            lqa = a1 * math.log(qe) if qe > 0.0 else -np.inf
+            lqa = _lqa(qe, a1)
             for c in range(mc):
                 # the scores may differ from the forward's by an ulp (BLAS or _dot, as the
                 # float32 filter's state decides per chunk): an entry within rounding of
@@ -451,7 +413,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 d = (zc[c] - L) - ce
                 if d - d == 0.0 and abs(d) <= 8.0 * 2.220446049250313e-16 * (abs(zc[c]) + abs(L)):
                     d = 0.0
-                p = _edge_prob(d, a1, qe, lqa)
+                p = _edge_p(d, a1, qe, lqa)
                 if p > 0.0:
                     idx[r, m] = ci[c]
                     pb[r, m] = p
@@ -477,32 +439,10 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             for c in range(1, m):
                 if ub[r, c] > ub[r, mref]:
                     mref = c
-            if have_skew:
-                for d in range(dv):
-                    sk[d] = skew_in[r, d]
-            else:
-                for d in range(dv):
-                    sk[d] = 0.0
-                su = 0.0
-                for c in range(m):
-                    u = ub[r, c]
-                    su += u
-                    j = idx[r, c]
-                    for d in range(dv):
-                        sk[d] += u * vv[j, d]
-                if su > 0.0:
-                    for d in range(dv):
-                        sk[d] /= su
-            delta = 0.0
-            for d in range(dv):
-                delta += doc[r, d] * sk[d]
+            _row_skew(r, m, idx, ub, False, 0.0, 0.0, vv, skew_in, have_skew, sk)
+            delta = _output_grads(r, m, idx, doc, vv, sk, gd)
             for c in range(m):
-                j = idx[r, c]
-                gdc = 0.0
-                for d in range(dv):
-                    gdc += doc[r, d] * vv[j, d]
-                gd[c] = gdc
-                ub[r, c] = ub[r, c] * (gdc - delta)
+                ub[r, c] = ub[r, c] * (gd[c] - delta)
         dsr = 0.0
         a_ref = scale * gs[mref] if m > 0 else 0.0
         for c in range(m):
@@ -526,6 +466,49 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
 
 
+@njit(inline="always", cache=CACHE)
+def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
+    """Row r's skewed output into ``sk``: the forward's (``skew_in[r]``) when the caller
+    kept it, else ``sum_c w_c v_j / sum_c w_c`` over the compacted support (key ``idx[r,
+    c]``): ``w = u = ub[r, c]``, or for alpha > 2 (``big``; ``ub`` holds log u) ``w = u /
+    max u = exp(ub[r, c] - lmax)`` with its compensated sum ``S``."""
+    dv = sk.shape[0]
+    if have_skew:
+        for d in range(dv):
+            sk[d] = skew_in[r, d]
+        return
+    for d in range(dv):
+        sk[d] = 0.0
+    su = 0.0
+    for c in range(m):
+        w = math.exp(ub[r, c] - lmax) if big else ub[r, c]
+        su += w
+        j = idx[r, c]
+        for d in range(dv):
+            sk[d] += w * vv[j, d]
+    norm = S if big else su
+    if norm > 0.0:
+        for d in range(dv):
+            sk[d] /= norm
+
+
+@njit(inline="always", cache=CACHE)
+def _output_grads(r, m, idx, doc, vv, sk, gd):
+    """``gd[c] = dO_r . v_j`` over the compacted support of row r (key ``j = idx[r, c]``);
+    returns ``delta = dO_r . skew_r``."""
+    dv = sk.shape[0]
+    delta = 0.0
+    for d in range(dv):
+        delta += doc[r, d] * sk[d]
+    for c in range(m):
+        j = idx[r, c]
+        gdc = 0.0
+        for d in range(dv):
+            gdc += doc[r, d] * vv[j, d]
+        gd[c] = gdc
+    return delta
+
+
 @njit(cache=CACHE)
 def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     """alpha > 2: ``dZ_rc = u_c (g_c - delta_r)`` over the compacted support of row r, in
@@ -537,7 +520,6 @@ def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     entry, whose ``g_m - delta`` is a tiny difference times a huge u, gets ``sum_{c != m}
     u_c (g_m - g_c) / S`` (scaled by the second largest u where that is not finite).
     Returns m."""
-    dv = vv.shape[1]
     if m == 0:
         return 0
     mi = 0
@@ -551,29 +533,10 @@ def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     for c in range(m):
         S, cS = _acc(S, cS, math.exp(ub[r, c] - lmax))
     S = S + cS
-    if have_skew:
-        for d in range(dv):
-            sk[d] = skew_in[r, d]
-    else:
-        for d in range(dv):
-            sk[d] = 0.0
-        for c in range(m):
-            w = math.exp(ub[r, c] - lmax)
-            j = idx[r, c]
-            for d in range(dv):
-                sk[d] += w * vv[j, d]
-        for d in range(dv):
-            sk[d] /= S
-    delta = 0.0
-    for d in range(dv):
-        delta += doc[r, d] * sk[d]
+    _row_skew(r, m, idx, ub, True, lmax, S, vv, skew_in, have_skew, sk)
+    delta = _output_grads(r, m, idx, doc, vv, sk, gd)
     l2 = -np.inf
     for c in range(m):
-        j = idx[r, c]
-        gdc = 0.0
-        for d in range(dv):
-            gdc += doc[r, d] * vv[j, d]
-        gd[c] = gdc
         if c != mi and ub[r, c] > l2:
             l2 = ub[r, c]
     gm = gd[mi]
@@ -773,6 +736,7 @@ def attention_forward(backend, q, k, v, spec):
     """Chunked fused forward (see the module docstring); the NumPy driver's outputs and
     conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
+    from ..numpy_attention import empty_forward
 
     if spec.key_mask is not None:  # fused on each batch's run of keys, or the NumPy driver
         from ..numpy_attention import attention_forward as numpy_forward
@@ -784,14 +748,8 @@ def attention_forward(backend, q, k, v, spec):
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
-    offset = Nk - Nq
-    out = np.zeros((B, Hq, Nq, Dv), f64)
-    skew = np.zeros((B, Hq, Nq, Dv), f64)
-    theta = np.full((B, Hq, Nq), -np.inf)
-    support = np.zeros((B, Hq, Nq), np.int64)
-    row_max = np.full((B, Hq, Nq), -np.inf)
-    edge = np.full((B, Hq, Nq), -np.inf)
-    edge_p = np.zeros((B, Hq, Nq))
+    offset = key_offset(Nq, Nk)
+    out, theta, support, skew, row_max, edge, edge_p = empty_forward(B, Hq, Nq, Dv)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -898,7 +856,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
-    offset = Nk - Nq
+    offset = key_offset(Nq, Nk)
     dq = np.zeros((B, Hq, Nq, D), f64)
     dk = np.zeros((B, Hkv, Nk, D), f64)
     dv = np.zeros((B, Hkv, Nk, Dv), f64)
