@@ -28,18 +28,28 @@ __device__ inline RowIndex row_index(long long r, int chunk, int heads, long lon
     return ix;
 }
 
+// The parameters of every row kernel (and row function) after its two (R, Kend) arrays and
+// its row count (or row): the chunk's geometry and the terms of its scores.
+#define ER_CHUNK_PARAMS                                                                                      \
+    int n_keys, int chunk, int heads, long long i0, long long nq, long long offset, double scale, double alpha, \
+        const double *row_scale, const double *slopes, const long long *key_lengths, int causal
+#define ER_CHUNK_ARGS n_keys, chunk, heads, i0, nq, offset, scale, alpha, row_scale, slopes, key_lengths, causal
+
+// In a function of ER_CHUNK_PARAMS and `dots`: score row r's index `ix`, its offset `off`
+// in the chunk's (R, Kend) arrays and its scores `z` (built as the NumPy driver builds them).
+#define ER_CHUNK_ROW(r)                                                                                           \
+    RowIndex ix = row_index((r), chunk, heads, i0, nq);                                                           \
+    const long long off = (r) * (long long)n_keys;                                                                \
+    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes, \
+                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+
 // Forward: solve the row, write p over the raw dots (same index), u into u_out, and theta,
 // support, sum u; flag a non-finite visible score (the reference raises ValueError).
 template <class Team, class T>
-__device__ void attn_forward_row(const Team& team, T* dots, T* u_out, long long r, int n_keys, int chunk, int heads,
-                                 long long i0, long long nq, long long offset, double scale, double alpha,
-                                 const double* row_scale, const double* slopes, const long long* key_lengths,
-                                 int causal, int max_iter, double* theta, long long* support, double* sum_u,
-                                 double* row_max, double* edge, double* edge_p, int* bad) {
-    RowIndex ix = row_index(r, chunk, heads, i0, nq);
-    const long long off = r * (long long)n_keys;
-    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
-                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+__device__ void attn_forward_row(const Team& team, T* dots, T* u_out, long long r, ER_CHUNK_PARAMS, int max_iter,
+                                 double* theta, long long* support, double* sum_u, double* row_max, double* edge,
+                                 double* edge_p, int* bad) {
+    ER_CHUNK_ROW(r)
     double nonfinite[1];
     team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
         double v = z(j);
@@ -68,15 +78,10 @@ __device__ void attn_forward_row(const Team& team, T* dots, T* u_out, long long 
 // over dp = dO . v_j, the scaled score gradient s_i * dZ_ij (er::attn_grad_row);
 // ds_i = sum_j dZ_ij a_ij.
 template <class Team, class T>
-__device__ void attn_backward_row(const Team& team, T* dots, T* dp, long long r, int n_keys, int chunk, int heads,
-                                  long long i0, long long nq, long long offset, double scale, double alpha,
-                                  const double* row_scale, const double* slopes, const long long* key_lengths,
-                                  int causal, const double* theta, const double* row_max, const double* edge,
+__device__ void attn_backward_row(const Team& team, T* dots, T* dp, long long r, ER_CHUNK_PARAMS,
+                                  const double* theta, const double* row_max, const double* edge,
                                   const double* edge_p, const double* delta, double* ds) {
-    RowIndex ix = row_index(r, chunk, heads, i0, nq);
-    const long long off = r * (long long)n_keys;
-    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
-                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+    ER_CHUNK_ROW(r)
     er::EdgeResidual e = {row_max[ix.out], edge[ix.out], edge_p[ix.out]};
     double d = er::attn_grad_row(team, z, [&](int j) { return z.a(j); }, n_keys, alpha, theta[ix.out], e, delta[r],
                                  z.s, z.has_s, dots + off, dp + off);
@@ -85,73 +90,27 @@ __device__ void attn_backward_row(const Team& team, T* dots, T* dp, long long r,
 
 }  // namespace
 
-#define ER_ATTN_FWD_PARAMS                                                                                   \
-    T *dots, T *u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq,        \
-        long long offset, double scale, double alpha, const double *row_scale, const double *slopes,        \
-        const long long *key_lengths, int causal, int max_iter, double *theta, long long *support,          \
-        double *sum_u, double *row_max, double *edge, double *edge_p, int *bad
-#define ER_ATTN_FWD_ARGS                                                                                      \
-    dots, u_out, r, n_keys, chunk, heads, i0, nq, offset, scale, alpha, row_scale, slopes, key_lengths, causal, \
-        max_iter, theta, support, sum_u, row_max, edge, edge_p, bad
+// The forward and the backward, each as a warp-per-row and a block-per-row kernel
+// (entmax_teams.cuh).
+ER_ROW_KERNELS(attn_forward,
+               (T* dots, T* u_out, long long rows, ER_CHUNK_PARAMS, int max_iter, double* theta, long long* support,
+                double* sum_u, double* row_max, double* edge, double* edge_p, int* bad),
+               attn_forward_row(team, dots, u_out, row, ER_CHUNK_ARGS, max_iter, theta, support, sum_u, row_max, edge,
+                                edge_p, bad);)
 
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_forward_warp(ER_ATTN_FWD_PARAMS) {
-    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    er::WarpTeam team{(int)(threadIdx.x & 31)};
-    attn_forward_row(team, ER_ATTN_FWD_ARGS);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_forward_block(ER_ATTN_FWD_PARAMS) {
-    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
-    er::BlockTeam team{scratch};
-    const long long r = blockIdx.x;
-    if (r >= rows) return;
-    attn_forward_row(team, ER_ATTN_FWD_ARGS);
-}
-
-#define ER_ATTN_BWD_PARAMS                                                                                   \
-    T *dots, T *dp, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq,           \
-        long long offset, double scale, double alpha, const double *row_scale, const double *slopes,        \
-        const long long *key_lengths, int causal, const double *theta, const double *row_max,               \
-        const double *edge, const double *edge_p, const double *delta, double *ds
-#define ER_ATTN_BWD_ARGS                                                                                      \
-    dots, dp, r, n_keys, chunk, heads, i0, nq, offset, scale, alpha, row_scale, slopes, key_lengths, causal, \
-        theta, row_max, edge, edge_p, delta, ds
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_backward_warp(ER_ATTN_BWD_PARAMS) {
-    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    er::WarpTeam team{(int)(threadIdx.x & 31)};
-    attn_backward_row(team, ER_ATTN_BWD_ARGS);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_backward_block(ER_ATTN_BWD_PARAMS) {
-    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
-    er::BlockTeam team{scratch};
-    const long long r = blockIdx.x;
-    if (r >= rows) return;
-    attn_backward_row(team, ER_ATTN_BWD_ARGS);
-}
+ER_ROW_KERNELS(attn_backward,
+               (T* dots, T* dp, long long rows, ER_CHUNK_PARAMS, const double* theta, const double* row_max,
+                const double* edge, const double* edge_p, const double* delta, double* ds),
+               attn_backward_row(team, dots, dp, row, ER_CHUNK_ARGS, theta, row_max, edge, edge_p, delta, ds);)
 
 // Probabilities and skew weights from theta (the backward when no skewed output was kept),
 // alpha <= 2.
 template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(
-    T* dots, T* u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq, long long offset,
-    double scale, double alpha, const double* row_scale, const double* slopes, const long long* key_lengths,
-    int causal, const double* theta, double* sum_u) {
-    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
-    er::BlockTeam team{scratch};
-    const long long r = blockIdx.x;
-    if (r >= rows) return;
-    RowIndex ix = row_index(r, chunk, heads, i0, nq);
-    const long long off = r * (long long)n_keys;
-    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
-                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(T* dots, T* u_out, long long rows,
+                                                                             ER_CHUNK_PARAMS, const double* theta,
+                                                                             double* sum_u) {
+    ER_BLOCK_ROW
+    ER_CHUNK_ROW(row)
     er::Alpha al = er::make_alpha(alpha);
     const double th = theta[ix.out];
     double out[1];
@@ -161,26 +120,19 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(
         dots[off + j] = T(t.p);
         u_out[off + j] = T(t.u);
     }, out);
-    if (team.leader()) sum_u[r] = out[0];
+    if (team.leader()) sum_u[row] = out[0];
 }
 
 // The same for alpha > 2, from the edge residual (row max m, edge c, edge probability q):
 // p = edge_p((z - m) - c), weights u / max u = exp((2 - alpha)(log p - log q)), as the
 // forward writes them (the largest u is at the edge entry, whose p is q).
 template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_edge_block(
-    T* dots, T* u_out, long long rows, int n_keys, int chunk, int heads, long long i0, long long nq, long long offset,
-    double scale, double alpha, const double* row_scale, const double* slopes, const long long* key_lengths,
-    int causal, const double* theta, const double* row_max, const double* edge, const double* edge_p,
-    double* sum_u) {
-    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS];
-    er::BlockTeam team{scratch};
-    const long long r = blockIdx.x;
-    if (r >= rows) return;
-    RowIndex ix = row_index(r, chunk, heads, i0, nq);
-    const long long off = r * (long long)n_keys;
-    er::ScoreRow<T> z = er::score_row<T>(dots + off, n_keys, scale, row_scale ? row_scale + ix.out : nullptr, slopes,
-                                         key_lengths, causal != 0, ix.b, ix.h, ix.i, offset);
+__global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_edge_block(T* dots, T* u_out, long long rows,
+                                                                            ER_CHUNK_PARAMS, const double* theta,
+                                                                            const double* row_max, const double* edge,
+                                                                            const double* edge_p, double* sum_u) {
+    ER_BLOCK_ROW
+    ER_CHUNK_ROW(row)
     const double a1 = alpha - 1.0, a2 = 2.0 - alpha;
     const bool live = theta[ix.out] > -er::inf();
     const double m = row_max[ix.out], c = edge[ix.out], q = edge_p[ix.out];
@@ -195,5 +147,5 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_edge_block(
         dots[off + j] = T(pj);
         u_out[off + j] = T(u);
     }, out);
-    if (team.leader()) sum_u[r] = out[0];
+    if (team.leader()) sum_u[row] = out[0];
 }

@@ -572,6 +572,21 @@ ER_HD inline double signed_exp(double l, double v) {
 // log u = (2 - alpha) log p on the support, -inf elsewhere.
 ER_HD inline double log_skew(double p, double a2) { return p > 0.0 ? a2 * log(p) : -inf(); }
 
+// alpha > 2: out = {S, G}, S = sum w and G = sum w g with w = u / max u = exp(lu - lmax)
+// (lmax the largest lu), over the support; the ratio G / S is r = (u . g) / sum u.
+template <class Team, class P, class G>
+ER_HD void scaled_weight_sums(const Team& team, const P* p, const G* g, int n, double a2, double lmax,
+                              double out[2]) {
+    team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
+        double lu = log_skew(double(p[i]), a2);
+        if (lu > -inf()) {
+            double wi = exp(lu - lmax);
+            acc.add(0, wi);
+            acc.add(1, wi * double(g[i]));
+        }
+    }, out);
+}
+
 // alpha > 2 (numpy_backend._vjp_big): u is unbounded at the support's edge and overflows
 // (u = 1e323 for p = 5e-4 at alpha = 100).  With lu = (2-alpha) log p, m the first entry of
 // largest u, w = exp(lu - lu_m) = u / max u, S = sum w, G = sum w g:
@@ -593,14 +608,7 @@ ER_HD void vjp_row_big(const Team& team, const P* p, const G* g, int n, double a
     const double gm = double(g[mi]);
     const double l2 = team.reduce_max(n, [&](int i) { return i == mi ? -inf() : log_skew(double(p[i]), a2); });
     double out[2];
-    team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
-        double lu = log_skew(double(p[i]), a2);
-        if (lu > -inf()) {
-            double wi = exp(lu - lmax);
-            acc.add(0, wi);
-            acc.add(1, wi * double(g[i]));
-        }
-    }, out);
+    scaled_weight_sums(team, p, g, n, a2, lmax, out);
     const double S = out[0], Gs = out[1];
     double dm = 0.0;
     if (l2 > -inf()) {  // m is not alone on the support
@@ -682,14 +690,7 @@ ER_HD double alpha_vjp_row(const Team& team, const P* p, const G* g, int n, doub
         const double lmax = team.reduce_max(n, [&](int i) { return log_skew(double(p[i]), a2); });
         if (!(lmax > -inf())) return 0.0;
         double sw[2];
-        team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
-            double lu = log_skew(double(p[i]), a2);
-            if (lu > -inf()) {
-                double wi = exp(lu - lmax);
-                acc.add(0, wi);
-                acc.add(1, wi * double(g[i]));
-            }
-        }, sw);
+        scaled_weight_sums(team, p, g, n, a2, lmax, sw);
         const double r = sw[1] / sw[0];
         double t[1];
         team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {

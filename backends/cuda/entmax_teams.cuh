@@ -102,4 +102,69 @@ struct BlockTeam {
     }
 };
 
+// Where a forward row kernel writes each row's threshold, support size, iteration count
+// and convergence flag (every thread of the team holds the same values; the leader writes).
+struct RowResults {
+    double* threshold;
+    long long* support;
+    long long* n_iter;
+    bool* converged;
+    template <class Team>
+    __device__ void store(const Team& team, long long row, double th, long long k, long long it, bool ok) const {
+        if (team.leader()) {
+            threshold[row] = th;
+            support[row] = k;
+            n_iter[row] = it;
+            converged[row] = ok;
+        }
+    }
+};
+
 }  // namespace er
+
+// Row kernels come in pairs: NAME_warp gives each row one warp (blockDim.x = 32 * rows per
+// block; short rows), NAME_block one block (blockDim.x a multiple of 32, at most
+// ER_MAX_BLOCK; long rows).  ER_WARP_ROW and ER_BLOCK_ROW open such a kernel: they declare
+// the row this thread works on, `row`, and its `team`, and leave past the last of the
+// kernel's `rows` rows (the whole warp, or the whole block, together).
+#define ER_WARP_ROW                                                                       \
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); \
+    if (row >= rows) return;                                                              \
+    er::WarpTeam team{(int)(threadIdx.x & 31)};
+
+#define ER_BLOCK_ROW                                          \
+    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS]; \
+    er::BlockTeam team{scratch};                              \
+    const long long row = blockIdx.x;                         \
+    if (row >= rows) return;
+
+// ER_ROW_KERNELS(NAME, (PARAMS), BODY): the pair of template <typename T> kernels NAME_warp
+// and NAME_block taking the parenthesised PARAMS (among them `long long rows`), each
+// running BODY (statements on `row` and `team`) for its row.
+#define ER_ROW_KERNELS(NAME, PARAMS, ...)                                                                     \
+    template <typename T>                                                                                    \
+    __global__ void __launch_bounds__(ER_MAX_BLOCK) NAME##_warp PARAMS {                                     \
+        ER_WARP_ROW                                                                                          \
+        __VA_ARGS__                                                                                          \
+    }                                                                                                        \
+    template <typename T>                                                                                    \
+    __global__ void __launch_bounds__(ER_MAX_BLOCK) NAME##_block PARAMS {                                    \
+        ER_BLOCK_ROW                                                                                         \
+        __VA_ARGS__                                                                                          \
+    }
+
+// The outputs of a forward row kernel, after its inputs: p (rows, n) and, per row, what
+// er::RowResults stores (ER_FORWARD_RESULTS).
+#define ER_FORWARD_OUTPUTS                                                                          \
+    T *__restrict__ p, double *__restrict__ threshold, long long *__restrict__ support,             \
+        long long *__restrict__ n_iter, bool *__restrict__ converged
+#define ER_FORWARD_RESULTS er::RowResults{threshold, support, n_iter, converged}
+
+// The kernel pair of a row VJP with parameters (p, g, rows, n, alpha, dx): ROW_FN(team, p,
+// g, n, alpha, dx) on each row.
+#define ER_VJP_KERNELS(NAME, ROW_FN)                                                                    \
+    ER_ROW_KERNELS(NAME,                                                                               \
+                   (const T* __restrict__ p, const T* __restrict__ g, long long rows, int n,           \
+                    const double* __restrict__ alpha, T* __restrict__ dx),                             \
+                   const long long off = row * (long long)n;                                           \
+                   ROW_FN(team, p + off, g + off, n, alpha[row], dx + off);)

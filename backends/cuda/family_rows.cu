@@ -22,120 +22,40 @@ namespace {
 
 template <class Team, class T>
 __device__ void normmax_fwd(const Team& team, const T* __restrict__ x, long long row, int n, double alpha,
-                            int max_iter, T* __restrict__ p, double* __restrict__ tau,
-                            long long* __restrict__ support, long long* __restrict__ n_iter,
-                            bool* __restrict__ converged) {
+                            int max_iter, T* __restrict__ p, const er::RowResults& out) {
     const long long off = row * (long long)n;
     er::RowReader<T> xr{x + off};
     double m;
     er::FamilySolve s = er::normmax_solve(team, xr, n, alpha, max_iter, &m);
-    long long k = er::normmax_write(team, xr, n, alpha, m, s, p + off);
-    if (team.leader()) {
-        tau[row] = s.tau;
-        support[row] = k;
-        n_iter[row] = s.n_iter;
-        converged[row] = s.converged;
-    }
+    out.store(team, row, s.tau, er::normmax_write(team, xr, n, alpha, m, s, p + off), s.n_iter, s.converged);
 }
 
 template <class Team, class T>
 __device__ void budget_fwd(const Team& team, const T* __restrict__ x, long long row, int n, double budget,
-                           int max_iter, T* __restrict__ p, double* __restrict__ tau,
-                           long long* __restrict__ support, long long* __restrict__ n_iter,
-                           bool* __restrict__ converged) {
+                           int max_iter, T* __restrict__ p, const er::RowResults& out) {
     const long long off = row * (long long)n;
     er::RowReader<T> xr{x + off};
     er::FamilySolve s = er::budget_solve(team, xr, n, budget, max_iter);
-    long long k = er::budget_write(team, xr, n, s.tau, p + off);
-    if (team.leader()) {
-        tau[row] = s.tau;
-        support[row] = k;
-        n_iter[row] = s.n_iter;
-        converged[row] = s.converged;
-    }
+    out.store(team, row, s.tau, er::budget_write(team, xr, n, s.tau, p + off), s.n_iter, s.converged);
 }
 
 }  // namespace
 
-#define ER_WARP_ROW                                                                  \
-    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); \
-    if (row >= rows) return;                                                         \
-    er::WarpTeam team{(int)(threadIdx.x & 31)};
+// The forward and VJP kernels, each as a warp-per-row and a block-per-row kernel
+// (entmax_teams.cuh).
+ER_ROW_KERNELS(normmax_forward,
+               (const T* __restrict__ x, long long rows, int n, const double* __restrict__ alpha, int max_iter,
+                ER_FORWARD_OUTPUTS),
+               normmax_fwd(team, x, row, n, alpha[row], max_iter, p, ER_FORWARD_RESULTS);)
 
-#define ER_BLOCK_ROW                                        \
-    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS]; \
-    er::BlockTeam team{scratch};                            \
-    const long long row = blockIdx.x;                       \
-    if (row >= rows) return;
+ER_VJP_KERNELS(normmax_vjp, er::normmax_vjp_row)
 
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) normmax_forward_warp(
-    const T* __restrict__ x, long long rows, int n, const double* __restrict__ alpha, int max_iter,
-    T* __restrict__ p, double* __restrict__ tau, long long* __restrict__ support, long long* __restrict__ n_iter,
-    bool* __restrict__ converged) {
-    ER_WARP_ROW
-    normmax_fwd(team, x, row, n, alpha[row], max_iter, p, tau, support, n_iter, converged);
-}
+ER_ROW_KERNELS(budget_forward,
+               (const T* __restrict__ x, long long rows, int n, const double* __restrict__ budget, int max_iter,
+                ER_FORWARD_OUTPUTS),
+               budget_fwd(team, x, row, n, budget[row], max_iter, p, ER_FORWARD_RESULTS);)
 
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) normmax_forward_block(
-    const T* __restrict__ x, long long rows, int n, const double* __restrict__ alpha, int max_iter,
-    T* __restrict__ p, double* __restrict__ tau, long long* __restrict__ support, long long* __restrict__ n_iter,
-    bool* __restrict__ converged) {
-    ER_BLOCK_ROW
-    normmax_fwd(team, x, row, n, alpha[row], max_iter, p, tau, support, n_iter, converged);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) normmax_vjp_warp(const T* __restrict__ p, const T* __restrict__ g,
-                                                                  long long rows, int n,
-                                                                  const double* __restrict__ alpha,
-                                                                  T* __restrict__ dx) {
-    ER_WARP_ROW
-    const long long off = row * (long long)n;
-    er::normmax_vjp_row(team, p + off, g + off, n, alpha[row], dx + off);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) normmax_vjp_block(const T* __restrict__ p, const T* __restrict__ g,
-                                                                   long long rows, int n,
-                                                                   const double* __restrict__ alpha,
-                                                                   T* __restrict__ dx) {
-    ER_BLOCK_ROW
-    const long long off = row * (long long)n;
-    er::normmax_vjp_row(team, p + off, g + off, n, alpha[row], dx + off);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) budget_forward_warp(
-    const T* __restrict__ x, long long rows, int n, const double* __restrict__ budget, int max_iter,
-    T* __restrict__ p, double* __restrict__ tau, long long* __restrict__ support, long long* __restrict__ n_iter,
-    bool* __restrict__ converged) {
-    ER_WARP_ROW
-    budget_fwd(team, x, row, n, budget[row], max_iter, p, tau, support, n_iter, converged);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) budget_forward_block(
-    const T* __restrict__ x, long long rows, int n, const double* __restrict__ budget, int max_iter,
-    T* __restrict__ p, double* __restrict__ tau, long long* __restrict__ support, long long* __restrict__ n_iter,
-    bool* __restrict__ converged) {
-    ER_BLOCK_ROW
-    budget_fwd(team, x, row, n, budget[row], max_iter, p, tau, support, n_iter, converged);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) budget_vjp_warp(const T* __restrict__ p, const T* __restrict__ g,
-                                                                 long long rows, int n, T* __restrict__ dx) {
-    ER_WARP_ROW
-    const long long off = row * (long long)n;
-    er::budget_vjp_row(team, p + off, g + off, n, dx + off);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(ER_MAX_BLOCK) budget_vjp_block(const T* __restrict__ p, const T* __restrict__ g,
-                                                                  long long rows, int n, T* __restrict__ dx) {
-    ER_BLOCK_ROW
-    const long long off = row * (long long)n;
-    er::budget_vjp_row(team, p + off, g + off, n, dx + off);
-}
+ER_ROW_KERNELS(budget_vjp,
+               (const T* __restrict__ p, const T* __restrict__ g, long long rows, int n, T* __restrict__ dx),
+               const long long off = row * (long long)n;
+               er::budget_vjp_row(team, p + off, g + off, n, dx + off);)
