@@ -115,15 +115,45 @@ class CupyBackend:
                 L.get_module(source).get_function(expr)
 
     # ------------------------------------------------------------------ launching
-    def _launch_rows(self, name: str, n: int, rows: int, scalar: str, args: tuple) -> None:
+    def _launch_rows(self, source: str, name: str, n: int, rows: int, scalar: str, args: tuple) -> None:
+        """``name``'s warp-per-row kernel for rows of at most ``warp_max_n`` entries, else
+        its block-per-row kernel (``cuda/entmax_teams.cuh``)."""
         t = self.tuning
         if n <= t.warp_max_n:
-            kernel = L.get_kernel(_ROWS, f"{name}_warp", scalar)
             per = t.warps_per_block
-            kernel(((rows + per - 1) // per,), (32 * per,), args)
+            L.get_kernel(source, f"{name}_warp", scalar)(((rows + per - 1) // per,), (32 * per,), args)
         else:
-            kernel = L.get_kernel(_ROWS, f"{name}_block", scalar)
-            kernel((rows,), (t.block,), args)
+            L.get_kernel(source, f"{name}_block", scalar)((rows,), (t.block,), args)
+
+    def _row_forward(self, source: str, name: str, x, prm, *options) -> RowSolve:
+        """A forward row kernel: ``(x, rows, n, prm, *options, max_iter, p, threshold,
+        support, n_iter, converged)`` with ``prm`` one float64 per row (alpha, budget)."""
+        rows, n = x.shape
+        if n >= 2**31:
+            raise ValueError(f"rows longer than 2**31 - 1 entries are not supported (n = {n})")
+        cdt = _compute_dtype(x.dtype)
+        xc = cupy.ascontiguousarray(x, dtype=cdt)
+        prm = _device(prm, np.float64)
+        outs = (cupy.empty((rows, n), cdt), cupy.empty(rows, np.float64), cupy.empty(rows, np.int64),
+                cupy.empty(rows, np.int64), cupy.empty(rows, np.bool_))
+        if rows:
+            args = (xc, np.int64(rows), np.int32(n), prm, *options, np.int32(self.tuning.max_iter), *outs)
+            self._launch_rows(source, name, n, rows, _scalar_name(cdt), args)
+        return RowSolve(outs[0].astype(x.dtype, copy=False), *outs[1:])
+
+    def _row_vjp(self, source: str, name: str, p, g, prm=None, per_row: bool = False):
+        """A VJP row kernel: ``(p, g, rows, n[, prm], out)``, ``prm`` one float64 per row
+        (alpha) or None; ``out`` the (rows, n) gradient, or one float64 per row."""
+        out_dtype = np.result_type(p.dtype, g.dtype)
+        cdt = _compute_dtype(out_dtype)
+        pc, gc = cupy.ascontiguousarray(p, dtype=cdt), cupy.ascontiguousarray(g, dtype=cdt)
+        rows, n = pc.shape
+        prms = () if prm is None else (_device(prm, np.float64),)
+        out = cupy.empty(rows, np.float64) if per_row else cupy.empty((rows, n), cdt)
+        if rows:
+            args = (pc, gc, np.int64(rows), np.int32(n), *prms, out)
+            self._launch_rows(source, name, n, rows, _scalar_name(cdt), args)
+        return out if per_row else out.astype(out_dtype, copy=False)
 
     def _attn_kernel(self, name: str, n_keys: int, rows: int, scalar: str):
         t = self.tuning
@@ -135,100 +165,30 @@ class CupyBackend:
     # ------------------------------------------------------------------ rows
     def entmax_forward(self, x, alpha, method: str | None) -> RowSolve:
         require(self.name, "entmax_forward", method)
-        rows, n = x.shape
-        if n >= 2**31:
-            raise ValueError(f"rows longer than 2**31 - 1 entries are not supported (n = {n})")
-        cdt = _compute_dtype(x.dtype)
-        xc = cupy.ascontiguousarray(x, dtype=cdt)
-        a = _device(alpha, np.float64)
-        p = cupy.empty((rows, n), cdt)
-        theta = cupy.empty(rows, np.float64)
-        support = cupy.empty(rows, np.int64)
-        n_iter = cupy.empty(rows, np.int64)
-        converged = cupy.empty(rows, np.bool_)
-        if rows:
-            args = (xc, np.int64(rows), np.int32(n), a, np.int32(_METHODS[method]), np.int32(self.tuning.max_iter),
-                    p, theta, support, n_iter, converged)
-            self._launch_rows("entmax_forward", n, rows, _scalar_name(cdt), args)
-        return RowSolve(p.astype(x.dtype, copy=False), theta, support, n_iter, converged)
-
-    def _vjp_inputs(self, p, g, alpha):
-        out_dtype = np.result_type(p.dtype, g.dtype)
-        cdt = _compute_dtype(out_dtype)
-        return (cupy.ascontiguousarray(p, dtype=cdt), cupy.ascontiguousarray(g, dtype=cdt),
-                _device(alpha, np.float64), cdt, out_dtype)
+        return self._row_forward(_ROWS, "entmax_forward", x, alpha, np.int32(_METHODS[method]))
 
     def entmax_vjp(self, p, g, alpha):
-        pc, gc, a, cdt, out_dtype = self._vjp_inputs(p, g, alpha)
-        rows, n = pc.shape
-        dx = cupy.empty((rows, n), cdt)
-        if rows:
-            self._launch_rows("entmax_vjp", n, rows, _scalar_name(cdt), (pc, gc, np.int64(rows), np.int32(n), a, dx))
-        return dx.astype(out_dtype, copy=False)
+        return self._row_vjp(_ROWS, "entmax_vjp", p, g, alpha)
 
     def entmax_alpha_vjp(self, p, g, alpha):
-        pc, gc, a, cdt, _ = self._vjp_inputs(p, g, alpha)
-        rows, n = pc.shape
-        out = cupy.empty(rows, np.float64)
-        if rows:
-            self._launch_rows("entmax_alpha_vjp", n, rows, _scalar_name(cdt),
-                              (pc, gc, np.int64(rows), np.int32(n), a, out))
-        return out
+        return self._row_vjp(_ROWS, "entmax_alpha_vjp", p, g, alpha, per_row=True)
 
     # ------------------------------------------------------------------ normmax, budget
-    def _launch_family(self, name: str, n: int, rows: int, scalar: str, args: tuple) -> None:
-        t = self.tuning
-        if n <= t.warp_max_n:
-            per = t.warps_per_block
-            L.get_kernel(_FAMILY, f"{name}_warp", scalar)(((rows + per - 1) // per,), (32 * per,), args)
-        else:
-            L.get_kernel(_FAMILY, f"{name}_block", scalar)((rows,), (t.block,), args)
-
-    def _family_forward(self, name: str, x, prm) -> RowSolve:
-        rows, n = x.shape
-        if n >= 2**31:
-            raise ValueError(f"rows longer than 2**31 - 1 entries are not supported (n = {n})")
-        cdt = _compute_dtype(x.dtype)
-        xc = cupy.ascontiguousarray(x, dtype=cdt)
-        prm = _device(prm, np.float64)
-        p = cupy.empty((rows, n), cdt)
-        tau = cupy.empty(rows, np.float64)
-        support = cupy.empty(rows, np.int64)
-        n_iter = cupy.empty(rows, np.int64)
-        converged = cupy.empty(rows, np.bool_)
-        if rows:
-            args = (xc, np.int64(rows), np.int32(n), prm, np.int32(self.tuning.max_iter), p, tau, support, n_iter,
-                    converged)
-            self._launch_family(name, n, rows, _scalar_name(cdt), args)
-        return RowSolve(p.astype(x.dtype, copy=False), tau, support, n_iter, converged)
-
     def normmax_forward(self, x, alpha) -> RowSolve:
         """Monotone Newton on the beta-norm over the whole row from tau = max - 1 (no sort on
         the GPU; ``n_iter`` counts passes), ``cuda/family_core.cuh``."""
-        return self._family_forward("normmax_forward", x, alpha)
+        return self._row_forward(_FAMILY, "normmax_forward", x, alpha)
 
     def normmax_vjp(self, p, g, alpha):
-        pc, gc, a, cdt, out_dtype = self._vjp_inputs(p, g, alpha)
-        rows, n = pc.shape
-        dx = cupy.empty((rows, n), cdt)
-        if rows:
-            self._launch_family("normmax_vjp", n, rows, _scalar_name(cdt), (pc, gc, np.int64(rows), np.int32(n), a, dx))
-        return dx.astype(out_dtype, copy=False)
+        return self._row_vjp(_FAMILY, "normmax_vjp", p, g, alpha)
 
     def budget_forward(self, x, budget) -> RowSolve:
         """The breakpoint bracket shrunk by halving / snapping to the largest inner
         breakpoint, then the closed form on the piece (``cuda/family_core.cuh``)."""
-        return self._family_forward("budget_forward", x, budget)
+        return self._row_forward(_FAMILY, "budget_forward", x, budget)
 
     def budget_vjp(self, p, g):
-        out_dtype = np.result_type(p.dtype, g.dtype)
-        cdt = _compute_dtype(out_dtype)
-        pc, gc = cupy.ascontiguousarray(p, dtype=cdt), cupy.ascontiguousarray(g, dtype=cdt)
-        rows, n = pc.shape
-        dx = cupy.empty((rows, n), cdt)
-        if rows:
-            self._launch_family("budget_vjp", n, rows, _scalar_name(cdt), (pc, gc, np.int64(rows), np.int32(n), dx))
-        return dx.astype(out_dtype, copy=False)
+        return self._row_vjp(_FAMILY, "budget_vjp", p, g)
 
     # ------------------------------------------------------------------ attention
     def _attn_setup(self, q, k, v, spec: AttentionSpec):
