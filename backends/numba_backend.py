@@ -98,6 +98,26 @@ def _solve_buffers(x: np.ndarray):
             np.empty(rows, np.int64), np.empty(rows, np.bool_))
 
 
+def _row_forward(kernel, x: np.ndarray, alpha: np.ndarray, *options) -> RowSolve:
+    """A row solver's kernel ``kernel(x, alpha, *options, *outputs, blocks)`` on checked
+    rows (``alpha`` one float64 per row) into :func:`_solve_buffers`."""
+    x = _as_rows(x)
+    alpha = _as_alpha(alpha, x.shape[0])
+    bufs = _solve_buffers(x)
+    if x.shape[0]:
+        kernel(x, alpha, *options, *bufs, 8 * numba.get_num_threads())
+    return RowSolve(*bufs)
+
+
+def _row_vjp(kernel, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """A row VJP kernel ``kernel(p, g, alpha, dx)`` on a checked (p, g) pair (:func:`_pair`)."""
+    p, g, dx = _pair(p, g)
+    alpha = _as_alpha(alpha, p.shape[0])
+    if p.shape[0]:
+        kernel(p, g, alpha, dx)
+    return dx
+
+
 class NumbaBackend:
     """Compiled CPU kernels (Numba), parallel over blocks of rows; same answers as ``numpy``."""
 
@@ -108,19 +128,10 @@ class NumbaBackend:
 
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
         require(self.name, "entmax_forward", method)
-        x = _as_rows(x)
-        alpha = _as_alpha(alpha, x.shape[0])
-        bufs = _solve_buffers(x)
-        if x.shape[0]:
-            _rows.entmax_rows(x, alpha, _METHODS[method], *bufs, 8 * numba.get_num_threads())
-        return RowSolve(*bufs)
+        return _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
 
     def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-        p, g, dx = _pair(p, g)
-        alpha = _as_alpha(alpha, p.shape[0])
-        if p.shape[0]:
-            _grads.entmax_vjp_rows(p, g, alpha, dx)
-        return dx
+        return _row_vjp(_grads.entmax_vjp_rows, p, g, alpha)
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         p, g, _ = _pair(p, g)
@@ -135,21 +146,12 @@ class NumbaBackend:
         Newton on its beta-norm (:mod:`entmax_ref.backends.numba.normmax`)."""
         from .numba import normmax as _nm
 
-        x = _as_rows(x)
-        alpha = _as_alpha(alpha, x.shape[0])
-        bufs = _solve_buffers(x)
-        if x.shape[0]:
-            _nm.normmax_rows(x, alpha, *bufs, 8 * numba.get_num_threads())
-        return RowSolve(*bufs)
+        return _row_forward(_nm.normmax_rows, x, alpha)
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         from .numba import normmax as _nm
 
-        p, g, dx = _pair(p, g)
-        alpha = _as_alpha(alpha, p.shape[0])
-        if p.shape[0]:
-            _nm.normmax_vjp_rows(p, g, alpha, dx)
-        return dx
+        return _row_vjp(_nm.normmax_vjp_rows, p, g, alpha)
 
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
         """Sorted row, one merged walk over the breakpoints, closed form on the crossing
