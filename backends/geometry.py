@@ -7,9 +7,11 @@ batch ``b`` (a prefix).  A query sees keys ``[0, visible_count)``, a prefix, unl
 ``key_padding_mask`` (any subset of the keys per batch) is given.
 
 The public layer (:func:`entmax_ref.keys_visible`, the ASEntmax ``n``), the NumPy driver
-(masks and chunk bounds), the Numba driver (chunk bounds) and the CuPy adaptor (chunk
-bounds) use these functions; the compiled per-row code (Numba ``_visible``, the CUDA
-kernels) computes the same ``min(length, i + offset + 1)`` and is tested against them.
+(masks and chunk bounds), the Numba driver (chunk bounds, the query offset), the CuPy
+adaptor (chunk bounds) and the key-mask runs all three drivers take
+(:func:`~entmax_ref.backends.numpy_attention.key_runs`) use these functions; the compiled
+per-row code (Numba ``_visible``, the CUDA kernels) computes the same
+``min(length, i + offset + 1)`` and is tested against them.
 Every function works on Python integers and NumPy arrays of positions.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["chunk_bounds", "key_offset", "keys_visible", "sees", "visible_keys_end"]
+__all__ = ["attendable_keys", "chunk_bounds", "key_offset", "keys_visible", "sees", "visible_keys_end"]
 
 
 def key_offset(nq: int, nk: int) -> int:
@@ -37,6 +39,15 @@ def sees(i_abs, j, causal: bool):
     return j <= i_abs if causal else np.ones(np.broadcast(i_abs, j).shape, bool)
 
 
+def attendable_keys(nk: int, key_mask, key_lengths=None) -> np.ndarray:
+    """Which keys each batch may attend, whatever the query: ``(batch, nk)`` bool, the
+    ``key_mask`` (True where a key may be seen) within the first ``key_lengths[b]`` keys."""
+    keep = np.asarray(key_mask, bool)
+    if key_lengths is not None:
+        keep = keep & (np.arange(nk)[None, :] < np.asarray(key_lengths, np.int64)[:, None])
+    return keep
+
+
 def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, batch: int = 1,
                  key_mask=None) -> np.ndarray:
     """Number of keys each query may see, shape ``(batch, 1, nq)`` int64 (``key_lengths``:
@@ -45,9 +56,7 @@ def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, ba
     visible keys are no longer a prefix: the count is that of the mask's True entries
     among the keys the causal mask and the length leave."""
     if key_mask is not None:
-        keep = np.asarray(key_mask, bool)
-        if key_lengths is not None:
-            keep = keep & (np.arange(nk)[None, :] < np.asarray(key_lengths, np.int64)[:, None])
+        keep = attendable_keys(nk, key_mask, key_lengths)
         # before[b, e] = number of attendable keys among 0 .. e-1
         before = np.concatenate([np.zeros((keep.shape[0], 1), np.int64), np.cumsum(keep, axis=1, dtype=np.int64)],
                                 axis=1)

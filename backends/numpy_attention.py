@@ -98,9 +98,7 @@ def key_runs(spec: AttentionSpec, Nk: int):
     """``[(lo, hi)]`` per batch when the keys each batch may attend (``key_mask`` and
     ``key_lengths`` together) form one contiguous run ``lo <= j < hi`` (left or right
     padding, or both), else None (a mask with holes, or no batch)."""
-    keep = np.asarray(spec.key_mask, bool)
-    if spec.key_lengths is not None:
-        keep = keep & (np.arange(Nk)[None, :] < np.asarray(spec.key_lengths)[:, None])
+    keep = geometry.attendable_keys(Nk, spec.key_mask, spec.key_lengths)
     runs = []
     for row in keep:
         idx = np.flatnonzero(row)

@@ -42,6 +42,30 @@ def test_counts_chunks_and_masks_agree_with_the_definition(nq, nk, causal):
         assert {i for i in range(nq) if counts[b, 0, i] > 0} <= covered, (b, chunk)
 
 
+def test_key_masks_with_lengths_agree_with_the_definition():
+    """attendable_keys (the key mask within the length) and its users: the counts of
+    keys_visible with a key mask, and the runs of keys the mask-free drivers take."""
+    from entmax_ref.backends._base import AttentionSpec
+    from entmax_ref.backends.numpy_attention import key_runs
+
+    rng = np.random.default_rng(7)
+    nq, nk = 4, 9
+    mask = rng.random((5, nk)) < 0.6
+    mask[3] = False
+    mask[4] = np.arange(nk) >= 2  # left padding: one run
+    lengths = np.array([nk, 5, 0, nk, 7], np.int64)
+    keep = geometry.attendable_keys(nk, mask, lengths)
+    for b, j in itertools.product(range(5), range(nk)):
+        assert keep[b, j] == (mask[b, j] and j < lengths[b]), (b, j)
+    np.testing.assert_array_equal(geometry.attendable_keys(nk, mask), mask)
+    for causal in (False, True):
+        counts = geometry.keys_visible(nq, nk, causal=causal, key_lengths=lengths, key_mask=mask)
+        dense = _dense_visible(nq, nk, causal, np.full(5, nk))
+        np.testing.assert_array_equal(counts[:, 0], (dense & keep[:, None, :]).sum(axis=2))
+    spec = AttentionSpec(alpha=1.5, scale=1.0, causal=False, key_lengths=lengths[3:], key_mask=mask[3:])
+    assert key_runs(spec, nk) == [(0, 0), (2, 7)]
+
+
 def test_cuda_defines_carry_every_constant_the_sources_use():
     defines = dict(d[2:].split("=") for d in constants.cuda_defines())
     assert defines == {"ER_MAX_BLOCK": "512", "ER_SERIES_TERMS": str(constants.SERIES_TERMS),
