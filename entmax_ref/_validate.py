@@ -192,18 +192,29 @@ def common_dtype(*dts: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if any(np.dtype(d) == np.float64 for d in dts) else np.dtype(np.float32)
 
 
-def alpha_rows(alpha: Any, batch_shape: tuple, xp: Any = np) -> Any:
-    """alpha as a float64 (rows,) array; scalar or broadcastable to ``batch_shape``."""
-    a = real_array(alpha, "alpha")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"alpha must be finite, got {a.ravel()[~np.isfinite(a.ravel())][0]!r}")
-    if np.any(a < 1.0):
-        raise ValueError(f"alpha must be >= 1, got {a.ravel()[a.ravel() < 1.0][0]!r}")
+def finite_real(a: Any, name: str) -> np.ndarray:
+    """A real parameter as float64 NumPy, with a ValueError naming the first non-finite value."""
+    arr = real_array(a, name)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {arr.ravel()[~np.isfinite(arr.ravel())][0]!r}")
+    return arr
+
+
+def per_row(a: np.ndarray, name: str, batch_shape: tuple, xp: Any = np) -> Any:
+    """A validated float64 parameter broadcast to ``batch_shape``, as a (rows,) array of ``xp``."""
     try:
         a = np.broadcast_to(a, batch_shape)
     except ValueError:
         raise ValueError(
-            f"alpha of shape {a.shape} does not broadcast to the row shape {batch_shape} "
+            f"{name} of shape {a.shape} does not broadcast to the row shape {batch_shape} "
             "(the input's shape with the axis removed)"
         ) from None
     return xp.asarray(np.ascontiguousarray(a).reshape(-1))
+
+
+def alpha_rows(alpha: Any, batch_shape: tuple, xp: Any = np) -> Any:
+    """alpha as a float64 (rows,) array; scalar or broadcastable to ``batch_shape``."""
+    a = finite_real(alpha, "alpha")
+    if np.any(a < 1.0):
+        raise ValueError(f"alpha must be >= 1, got {a.ravel()[a.ravel() < 1.0][0]!r}")
+    return per_row(a, "alpha", batch_shape, xp)

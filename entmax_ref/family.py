@@ -89,24 +89,24 @@ def _normmax_alpha(alpha, batch_shape, xp):
 
 def _budget_rows(budget, batch_shape, n, xp):
     """budget as a float64 (rows,) array in [0, n]; scalar or broadcastable to batch_shape."""
-    b = np.asarray(budget.get() if hasattr(budget, "get") else budget)
-    if b.dtype.kind not in "fiu":
-        raise TypeError(f"budget must be real, got dtype {b.dtype}")
-    b = b.astype(np.float64)
-    if not np.all(np.isfinite(b)):
-        raise ValueError(f"budget must be finite, got {b.ravel()[~np.isfinite(b.ravel())][0]!r}")
+    b = V.finite_real(budget, "budget")
     bad = (b < 0) | (b > n)
     if np.any(bad):
         raise ValueError(f"budget must be in [0, n] = [0, {n}] for rows of length n = {n}, "
                          f"got budget = {b.ravel()[bad.ravel()][0]!r}")
-    try:
-        b = np.broadcast_to(b, batch_shape)
-    except ValueError:
-        raise ValueError(
-            f"budget of shape {b.shape} does not broadcast to the row shape {batch_shape} "
-            "(the input's shape with the axis removed)"
-        ) from None
-    return xp.asarray(np.ascontiguousarray(b).reshape(-1))
+    return V.per_row(b, "budget", batch_shape, xp)
+
+
+def _solve(x, axis, backend, check_finite, return_info, op, param, info_cls):
+    """The body of a family forward: (rows, n) layout, backend, the (rows,) parameter
+    ``param(rows)``, the backend's ``op``, and ``p`` (with the per-row ``info_cls``)."""
+    rows = V.to_rows(x, axis, "x", finite=check_finite)
+    be = resolve_backend(backend, rows.data)
+    res = _op(be, op)(rows.data, param(rows))
+    p = rows.restore(res.p)
+    if not return_info:
+        return p
+    return p, info_cls(*(rows.per_row(f) for f in (res.theta, res.support, res.n_iter, res.converged)))
 
 
 # ----------------------------------------------------------------------------- normmax
@@ -166,15 +166,8 @@ def normmax(x, alpha=2.0, axis=-1, *, backend=None, return_info=False, check_fin
     >>> p.round(6).tolist()
     [0.688982, 0.311018, 0.0]
     """
-    rows = V.to_rows(x, axis, "x", finite=check_finite)
-    be = resolve_backend(backend, rows.data)
-    a = _normmax_alpha(alpha, rows.batch_shape, xp_of(rows.data))
-    res = _op(be, "normmax_forward")(rows.data, a)
-    p = rows.restore(res.p)
-    if not return_info:
-        return p
-    info = NormmaxInfo(*(rows.per_row(f) for f in (res.theta, res.support, res.n_iter, res.converged)))
-    return p, info
+    return _solve(x, axis, backend, check_finite, return_info, "normmax_forward",
+                  lambda rows: _normmax_alpha(alpha, rows.batch_shape, xp_of(rows.data)), NormmaxInfo)
 
 
 def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
@@ -303,15 +296,9 @@ def budget_sparsemax(x, budget=2.0, axis=-1, *, backend=None, return_info=False,
     >>> er.budget_sparsemax([1.5, 0.8, 0.2, -1.0], budget=2).tolist()
     [1.0, 0.8, 0.2, 0.0]
     """
-    rows = V.to_rows(x, axis, "x", finite=check_finite)
-    be = resolve_backend(backend, rows.data)
-    b = _budget_rows(budget, rows.batch_shape, rows.data.shape[1], xp_of(rows.data))
-    res = _op(be, "budget_forward")(rows.data, b)
-    p = rows.restore(res.p)
-    if not return_info:
-        return p
-    info = BudgetInfo(*(rows.per_row(f) for f in (res.theta, res.support, res.n_iter, res.converged)))
-    return p, info
+    return _solve(x, axis, backend, check_finite, return_info, "budget_forward",
+                  lambda rows: _budget_rows(budget, rows.batch_shape, rows.data.shape[1], xp_of(rows.data)),
+                  BudgetInfo)
 
 
 def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
