@@ -1,9 +1,18 @@
-"""Rows and error bounds shared by the CPU harness test (test_cuda_core.py) and the GPU
-test (test_cupy_backend.py) of the CUDA kernels."""
+"""Rows and error bounds shared by the CPU harness tests (test_cuda_core.py,
+test_cuda_family_core.py) and the GPU test (test_cupy_backend.py) of the CUDA kernels, and
+the one g++ build of a harness."""
 
 from __future__ import annotations
 
+import ctypes
+import shutil
+import subprocess
+
 import numpy as np
+import pytest
+
+from entmax_ref.backends import _cuda_loader
+from entmax_ref.backends.constants import cuda_defines
 
 from entmax_ref.backends.numpy_backend import skew_weights
 
@@ -12,6 +21,33 @@ ALPHAS = (1.0, 1.0 + 1e-6, 1.25, 1.5, 2.0, 3.0, 10.0)
 #: Large alphas, where an edge entry's p^(alpha-1) is below the float64 range (p < 8e-4 at
 #: alpha = 100, p < 0.5 at alpha = 1000) and u = p^(2-alpha) overflows (edge_rows).
 BIG_ALPHAS = (20.0, 100.0, 1000.0)
+
+
+def build_harness(tmp_path_factory, source: str) -> ctypes.CDLL:
+    """backends/cuda/<source> compiled by g++ into a shared library and loaded: C++17, the
+    -D defines of backends/constants.py (the ones NVRTC gets), no FMA contraction (as
+    _cuda_loader asks of NVRTC), every warning an error.  Skips without a C++ compiler."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) to build the CPU harness of the CUDA core")
+    src = _cuda_loader.cuda_dir()
+    out = tmp_path_factory.mktemp(source.replace(".", "_")) / (source.rsplit(".", 1)[0] + ".so")
+    cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
+           *cuda_defines(), f"-I{src}", str(src / source), "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    return ctypes.CDLL(str(out))
+
+
+def ptr(a: np.ndarray) -> ctypes.c_void_p:
+    """The address of a contiguous array, for a harness entry point."""
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def forward_outputs(rows: int) -> tuple:
+    """(threshold, support, n_iter, converged) buffers of a harness forward, in the layout of
+    harness_rows.cuh's RowOutputs."""
+    return np.empty(rows), np.empty(rows, np.int64), np.empty(rows, np.int64), np.empty(rows, np.uint8)
 
 
 def rows(n_random: int, seed: int) -> np.ndarray:

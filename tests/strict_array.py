@@ -186,6 +186,20 @@ def _host(a):
     return a._a if isinstance(a, StrictArray) else a
 
 
+def _delegate(op: str, n_arrays: int, fields=None):
+    """A backend method: checks that its first ``n_arrays`` arguments are StrictArrays,
+    runs the reference's ``op`` on the host data and wraps the result (field by field into
+    the tuple type ``fields`` when given)."""
+
+    def method(self, *args):
+        self._check(*args[:n_arrays])
+        res = getattr(self._ref, op)(*(_host(a) for a in args))
+        return _wrap(res) if fields is None else fields(*(_wrap(f) for f in res))
+
+    method.__name__ = op
+    return method
+
+
 class StrictBackend:
     """Computes on StrictArrays: unwraps them inside each method, runs the NumPy reference,
     wraps the results.  Small parameter arrays of the contract may be NumPy (as on cupy)."""
@@ -205,33 +219,15 @@ class StrictBackend:
 
     def entmax_forward(self, x, alpha, method):
         capabilities.require(self.name, "entmax_forward", method)
-        self._check(x)
-        res = self._ref.entmax_forward(_host(x), _host(alpha), method)
-        return RowSolve(*(_wrap(f) for f in res))
+        return self._entmax_forward(x, alpha, method)
 
-    def entmax_vjp(self, p, g, alpha):
-        self._check(p, g)
-        return _wrap(self._ref.entmax_vjp(_host(p), _host(g), _host(alpha)))
-
-    def entmax_alpha_vjp(self, p, g, alpha):
-        self._check(p, g)
-        return _wrap(self._ref.entmax_alpha_vjp(_host(p), _host(g), _host(alpha)))
-
-    def normmax_forward(self, x, alpha):
-        self._check(x)
-        return RowSolve(*(_wrap(f) for f in self._ref.normmax_forward(_host(x), _host(alpha))))
-
-    def normmax_vjp(self, p, g, alpha):
-        self._check(p, g)
-        return _wrap(self._ref.normmax_vjp(_host(p), _host(g), _host(alpha)))
-
-    def budget_forward(self, x, budget):
-        self._check(x)
-        return RowSolve(*(_wrap(f) for f in self._ref.budget_forward(_host(x), _host(budget))))
-
-    def budget_vjp(self, p, g):
-        self._check(p, g)
-        return _wrap(self._ref.budget_vjp(_host(p), _host(g)))
+    _entmax_forward = _delegate("entmax_forward", 1, RowSolve)
+    entmax_vjp = _delegate("entmax_vjp", 2)
+    entmax_alpha_vjp = _delegate("entmax_alpha_vjp", 2)
+    normmax_forward = _delegate("normmax_forward", 1, RowSolve)
+    normmax_vjp = _delegate("normmax_vjp", 2)
+    budget_forward = _delegate("budget_forward", 1, RowSolve)
+    budget_vjp = _delegate("budget_vjp", 2)
 
     def _spec(self, spec):
         from dataclasses import replace

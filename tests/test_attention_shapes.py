@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_attention import EPS, Dense, grad_tols, out_tol, tau_tol, weights
+from test_attention import EPS, Dense, assert_grads_match, grad_tols, out_tol, tau_tol, weights
 
 import entmax_ref as er
 
@@ -77,6 +77,17 @@ def dense_dalpha(d: Dense, v, g_out, alpha):
     return np.where(d.n > 0, per_row, 0.0).sum(axis=(0, 2))
 
 
+def _dalpha_parts(d: Dense, v, g_out, alpha):
+    """(alpha as (1, Hq, 1, 1), |g|_j = |dO| . |v_j| per score, u = p^(2-alpha), sum u
+    per row) for the dalpha bounds."""
+    Hq = d.p.shape[1]
+    a = np.asarray(alpha, np.float64)[None, :, None, None]
+    vv = np.abs(np.repeat(v, Hq // v.shape[1], axis=1))
+    g_abs = np.abs(g_out) @ np.swapaxes(vv, -1, -2)
+    u = weights(d.p, a)
+    return a, g_abs, u, u.sum(-1, keepdims=True)
+
+
 def dalpha_tol(d: Dense, v, g_out, alpha, grad_rel):
     """Bound on |dalpha - dalpha'| for two float64 evaluations of the same problem.
 
@@ -86,12 +97,7 @@ def dalpha_tol(d: Dense, v, g_out, alpha, grad_rel):
     forward's relative error ``grad_rel`` (the score error carried through p^(1-alpha))
     moves c_j by at most (2 + |l_j|) grad_rel |c_j| relative, so the bound is that sum times
     4 ((Nk + Dv + B Nq) eps + (2 + max|l|) grad_rel)."""
-    Hq = d.p.shape[1]
-    a = np.asarray(alpha, np.float64)[None, :, None, None]
-    vv = np.abs(np.repeat(v, Hq // v.shape[1], axis=1))
-    g_abs = np.abs(g_out) @ np.swapaxes(vv, -1, -2)
-    u = weights(d.p, a)
-    su = u.sum(-1, keepdims=True)
+    a, g_abs, u, su = _dalpha_parts(d, v, g_out, alpha)
     r_abs = np.where(su > 0, (u * g_abs).sum(-1, keepdims=True) / np.where(su > 0, su, 1.0), 0.0)
     on = d.p > 0
     with np.errstate(divide="ignore"):
@@ -340,12 +346,7 @@ def bisect_dalpha_tol(d: Dense, v, g_out, alpha):
     """Extra error of entmax_bisect's own alpha gradient: it evaluates
     (g.(p - p_sk))/(alpha-1)^2 - g.(S - p_sk H)/(alpha-1) (S = p log p, H = sum S), whose
     terms cancel as alpha -> 1: rounding of about Nk eps times the terms' magnitudes."""
-    Hq = d.p.shape[1]
-    a = np.asarray(alpha, np.float64)[None, :, None, None]
-    vv = np.abs(np.repeat(v, Hq // v.shape[1], axis=1))
-    g_abs = np.abs(g_out) @ np.swapaxes(vv, -1, -2)
-    u = weights(d.p, a)
-    su = u.sum(-1, keepdims=True)
+    a, g_abs, u, su = _dalpha_parts(d, v, g_out, alpha)
     psk = np.where(su > 0, u / np.where(su > 0, su, 1.0), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         S = np.where(d.p > 0, np.abs(d.p * np.log(d.p)), 0.0)
@@ -389,11 +390,7 @@ def test_matches_pytorch_autograd(backend, causal, alphas, masked):
     assert (d.n == 0).any() == (causal and masked)  # left-padded causal rows that see nothing
     a4 = alpha[None, :, None, None]
     np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=0, atol=out_tol(d, v, a4, np.float64))
-    tols = grad_tols(d, q, k, v, g_out, a4, beta=beta, gamma=gamma)
-    for name, ours, leaf, tol in zip(("dq", "dk", "dv", "dbeta", "dgamma", "ddelta"), grads, leaves, tols):
-        theirs = leaf.grad.numpy()
-        assert np.shape(ours) == theirs.shape, name
-        np.testing.assert_allclose(ours, theirs, rtol=0, atol=tol, err_msg=name)
+    assert_grads_match(grads, leaves, grad_tols(d, q, k, v, g_out, a4, beta=beta, gamma=gamma))
     sparse = alpha > 1.0  # entmax_bisect's alpha gradient divides by (alpha - 1)^2
     theirs = leaves[6].grad.numpy()
     tol = dalpha_tol(d, v, g_out, alpha, fwd_rel(d, alpha)) + np.where(

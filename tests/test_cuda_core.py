@@ -12,15 +12,13 @@ kernels themselves when one is present).
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
-from cuda_cases import ALPHAS, BIG_ALPHAS, EPS64, edge_rows, p_edge_tol, p_tol, rows, theta_tol
-from entmax_ref.backends import _cuda_loader, get_backend
-from entmax_ref.backends.constants import cuda_defines
+from cuda_cases import (ALPHAS, BIG_ALPHAS, EPS64, build_harness, edge_rows, forward_outputs, p_edge_tol, p_tol, ptr,
+                        rows, theta_tol)
+from entmax_ref.backends import get_backend
 from entmax_ref.backends.numpy_backend import skew_weights
 LANES = (1, 32, 256)
 DEFAULT, BISECT = 0, 1
@@ -33,59 +31,41 @@ class Harness:
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
 
-    @staticmethod
-    def _p(a: np.ndarray):
-        return a.ctypes.data_as(ctypes.c_void_p)
+    def _fn(self, name: str, dtype):
+        return getattr(self.lib, f"{name}_f64" if dtype == np.float64 else f"{name}_f32")
 
     def forward(self, x, alpha, method=DEFAULT, lanes=1):
         x = np.ascontiguousarray(x)
         rows, n = x.shape
         alpha = np.ascontiguousarray(alpha, np.float64)
         p = np.empty_like(x)
-        theta = np.empty(rows)
-        support = np.empty(rows, np.int64)
-        n_iter = np.empty(rows, np.int64)
-        conv = np.empty(rows, np.uint8)
-        fn = self.lib.er_forward_f64 if x.dtype == np.float64 else self.lib.er_forward_f32
-        rc = fn(self._p(x), ctypes.c_long(rows), ctypes.c_int(n), self._p(alpha), ctypes.c_int(method),
-                ctypes.c_int(MAX_ITER), ctypes.c_int(lanes), self._p(p), self._p(theta), self._p(support),
-                self._p(n_iter), self._p(conv))
+        theta, support, n_iter, conv = forward_outputs(rows)
+        rc = self._fn("er_forward", x.dtype)(ptr(x), ctypes.c_long(rows), ctypes.c_int(n), ptr(alpha),
+                                             ctypes.c_int(method), ctypes.c_int(MAX_ITER), ctypes.c_int(lanes), ptr(p),
+                                             ptr(theta), ptr(support), ptr(n_iter), ptr(conv))
         assert rc == 0
         return p, theta, support, n_iter, conv.astype(bool)
 
-    def vjp(self, p, g, alpha, lanes=1):
-        p, g = np.ascontiguousarray(p), np.ascontiguousarray(g)
+    def _pg(self, name, p, g, alpha, lanes, out):
+        """An entry point of (p, g) rows: ``name``(p, g, rows, n, alpha, lanes, out)."""
         rows, n = p.shape
         alpha = np.ascontiguousarray(alpha, np.float64)
-        dx = np.empty_like(p)
-        fn = self.lib.er_vjp_f64 if p.dtype == np.float64 else self.lib.er_vjp_f32
-        assert fn(self._p(p), self._p(g), ctypes.c_long(rows), ctypes.c_int(n), self._p(alpha),
-                  ctypes.c_int(lanes), self._p(dx)) == 0
-        return dx
+        assert self._fn(name, p.dtype)(ptr(p), ptr(g), ctypes.c_long(rows), ctypes.c_int(n), ptr(alpha),
+                                       ctypes.c_int(lanes), ptr(out)) == 0
+        return out
+
+    def vjp(self, p, g, alpha, lanes=1):
+        p, g = np.ascontiguousarray(p), np.ascontiguousarray(g)
+        return self._pg("er_vjp", p, g, alpha, lanes, np.empty_like(p))
 
     def alpha_vjp(self, p, g, alpha, lanes=1):
         p, g = np.ascontiguousarray(p), np.ascontiguousarray(g)
-        rows, n = p.shape
-        alpha = np.ascontiguousarray(alpha, np.float64)
-        out = np.empty(rows)
-        fn = self.lib.er_alpha_vjp_f64 if p.dtype == np.float64 else self.lib.er_alpha_vjp_f32
-        assert fn(self._p(p), self._p(g), ctypes.c_long(rows), ctypes.c_int(n), self._p(alpha),
-                  ctypes.c_int(lanes), self._p(out)) == 0
-        return out
+        return self._pg("er_alpha_vjp", p, g, alpha, lanes, np.empty(p.shape[0]))
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Harness:
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) to build the CPU harness of the CUDA core")
-    src = _cuda_loader.cuda_dir()
-    out = tmp_path_factory.mktemp("cuda_core") / "harness.so"
-    cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
-           *cuda_defines(), f"-I{src}", str(src / "harness.cpp"), "-o", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
-    return Harness(ctypes.CDLL(str(out)))
+    return Harness(build_harness(tmp_path_factory, "harness.cpp"))
 
 
 @pytest.fixture(scope="module")

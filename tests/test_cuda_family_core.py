@@ -10,14 +10,12 @@ no GPU: this is how the cupy backend's math is tested there.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
-from entmax_ref.backends import _cuda_loader
-from entmax_ref.backends.constants import CUDA_MAX_PASSES, cuda_defines
+from cuda_cases import build_harness, forward_outputs, ptr
+from entmax_ref.backends.constants import CUDA_MAX_PASSES
 from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows, normmax_rows, normmax_vjp_rows
 
 EPS = np.finfo(np.float64).eps
@@ -27,20 +25,7 @@ MAX_ITER = CUDA_MAX_PASSES  # what the cupy backend passes its kernels
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) to build the CPU harness of the CUDA core")
-    src = _cuda_loader.cuda_dir()
-    out = tmp_path_factory.mktemp("family_core") / "family.so"
-    cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
-           *cuda_defines(), f"-I{src}", str(src / "family_harness.cpp"), "-o", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
-    return ctypes.CDLL(str(out))
-
-
-def _ptr(a):
-    return a.ctypes.data_as(ctypes.c_void_p)
+    return build_harness(tmp_path_factory, "family_harness.cpp")
 
 
 def _forward(lib, name, x, prm, lanes):
@@ -48,12 +33,9 @@ def _forward(lib, name, x, prm, lanes):
     rows, n = x.shape
     prm = np.ascontiguousarray(prm, np.float64)
     p = np.empty_like(x)
-    tau = np.empty(rows)
-    sup = np.empty(rows, np.int64)
-    it = np.empty(rows, np.int64)
-    conv = np.empty(rows, np.uint8)
-    rc = getattr(lib, name)(_ptr(x), ctypes.c_long(rows), ctypes.c_int(n), _ptr(prm), ctypes.c_int(MAX_ITER),
-                            ctypes.c_int(lanes), _ptr(p), _ptr(tau), _ptr(sup), _ptr(it), _ptr(conv))
+    tau, sup, it, conv = forward_outputs(rows)
+    rc = getattr(lib, name)(ptr(x), ctypes.c_long(rows), ctypes.c_int(n), ptr(prm), ctypes.c_int(MAX_ITER),
+                            ctypes.c_int(lanes), ptr(p), ptr(tau), ptr(sup), ptr(it), ptr(conv))
     assert rc == 0
     return p, tau, sup, it, conv.astype(bool)
 
@@ -84,8 +66,8 @@ def test_normmax_core_matches_reference(lib, lanes):
     np.testing.assert_allclose(p, want.p, rtol=1e-12, atol=1e-14)
     g = np.random.default_rng(3).standard_normal(x.shape)
     dx = np.empty_like(x)
-    assert lib.er_normmax_vjp_f64(_ptr(want.p), _ptr(g), ctypes.c_long(len(x)), ctypes.c_int(x.shape[1]),
-                                  _ptr(alpha), ctypes.c_int(lanes), _ptr(dx)) == 0
+    assert lib.er_normmax_vjp_f64(ptr(want.p), ptr(g), ctypes.c_long(len(x)), ctypes.c_int(x.shape[1]),
+                                  ptr(alpha), ctypes.c_int(lanes), ptr(dx)) == 0
     d0 = normmax_vjp_rows(want.p, g, alpha)
     np.testing.assert_allclose(dx, d0, rtol=1e-12, atol=1e-12 * np.abs(d0).max())
 
@@ -104,6 +86,6 @@ def test_budget_core_matches_reference(lib, lanes):
     np.testing.assert_array_equal(sup, want.support)
     g = np.random.default_rng(6).standard_normal(x.shape)
     dx = np.empty_like(x)
-    assert lib.er_budget_vjp_f64(_ptr(want.p), _ptr(g), ctypes.c_long(len(x)), ctypes.c_int(x.shape[1]),
-                                 ctypes.c_int(lanes), _ptr(dx)) == 0
+    assert lib.er_budget_vjp_f64(ptr(want.p), ptr(g), ctypes.c_long(len(x)), ctypes.c_int(x.shape[1]),
+                                 ctypes.c_int(lanes), ptr(dx)) == 0
     np.testing.assert_allclose(dx, budget_vjp_rows(want.p, g), rtol=0, atol=1e-13)

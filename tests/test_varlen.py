@@ -12,19 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_attention import EPS, grad_tols, out_tol
-from test_attention_shapes import dense, visibility
+from test_attention_shapes import _cpu_engines_only, dense, visibility  # noqa: F401 - the autouse fixture applies here too
 
 import entmax_ref as er
-
-
-@pytest.fixture(autouse=True)
-def _cpu_engines_only(request):
-    """These tests hand NumPy data to the CPU engines.  The cupy backend takes one-run
-    key masks only (tests/test_cupy_backend.py::test_attention_key_padding_runs) and the
-    strict stand-in array type is covered by tests/test_strict_array.py."""
-    name = getattr(request.node, "callspec", None) and request.node.callspec.params.get("backend")
-    if name not in (None, "numpy", "numba"):
-        pytest.skip(f"{name}: covered by test_cupy_backend.py / test_strict_array.py")
 
 #: (Nq_s, Nk_s) per sequence: Nq < Nk (a continued prefill), Nq > Nk, equal, empty ones.
 SEQS = [(3, 5), (4, 4), (0, 3), (5, 2), (2, 0), (1, 6), (0, 0)]

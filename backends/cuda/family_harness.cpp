@@ -1,10 +1,11 @@
 // family_harness.cpp -- runs the normmax / budget-sparsemax core (family_core.cuh) on the CPU.
 //
-// Built by tests/test_cuda_family_core.py with
-//     g++ -std=c++17 -O2 -shared -fPIC -I backends/cuda backends/cuda/family_harness.cpp -o family.so
+// Built by tests/cuda_cases.build_harness (for tests/test_cuda_family_core.py) with
+//     g++ -std=c++17 -O2 -shared -fPIC $(cuda_defines()) -I backends/cuda backends/cuda/family_harness.cpp -o family_harness.so
 // and driven through ctypes, as harness.cpp is for entmax: one HostTeam per row whose lane
 // count (1, 32 or 256) reproduces a serial loop, a warp's or a 256-thread block's reductions.
 #include "family_core.cuh"
+#include "harness_rows.cuh"
 
 namespace er {
 template <>
@@ -15,32 +16,28 @@ struct SplitFinalSums<HostTeam<256>> {  // as BlockTeam on the GPU (family_rows.
 
 namespace {
 
+using er_harness::RowOutputs;
+
 template <int LANES>
-void normmax_rows(const double* x, long rows, int n, const double* alpha, int max_iter, double* p, double* tau,
-                  long long* support, long long* n_iter, unsigned char* converged) {
+void normmax_rows(const double* x, long rows, int n, const double* alpha, int max_iter, double* p,
+                  const RowOutputs& out) {
     er::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) {
         er::RowReader<double> row{x + r * n};
         double m;
         er::FamilySolve s = er::normmax_solve(team, row, n, alpha[r], max_iter, &m);
-        support[r] = er::normmax_write(team, row, n, alpha[r], m, s, p + r * n);
-        tau[r] = s.tau;
-        n_iter[r] = s.n_iter;
-        converged[r] = s.converged ? 1 : 0;
+        out.set(r, er::normmax_write(team, row, n, alpha[r], m, s, p + r * n), s.tau, s);
     }
 }
 
 template <int LANES>
-void budget_rows(const double* x, long rows, int n, const double* budget, int max_iter, double* p, double* tau,
-                 long long* support, long long* n_iter, unsigned char* converged) {
+void budget_rows(const double* x, long rows, int n, const double* budget, int max_iter, double* p,
+                 const RowOutputs& out) {
     er::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) {
         er::RowReader<double> row{x + r * n};
         er::FamilySolve s = er::budget_solve(team, row, n, budget[r], max_iter);
-        support[r] = er::budget_write(team, row, n, s.tau, p + r * n);
-        tau[r] = s.tau;
-        n_iter[r] = s.n_iter;
-        converged[r] = s.converged ? 1 : 0;
+        out.set(r, er::budget_write(team, row, n, s.tau, p + r * n), s.tau, s);
     }
 }
 
@@ -56,27 +53,21 @@ void budget_vjp_rows(const double* p, const double* g, long rows, int n, double*
     for (long r = 0; r < rows; ++r) er::budget_vjp_row(team, p + r * n, g + r * n, n, dx + r * n);
 }
 
-#define ER_BY_LANES(lanes, call)       \
-    switch (lanes) {                   \
-        case 1: call(1); return 0;     \
-        case 32: call(32); return 0;   \
-        case 256: call(256); return 0; \
-        default: return -1;            \
-    }
-
 }  // namespace
 
 extern "C" {
 
-#define ER_NM(L) normmax_rows<L>(x, rows, n, prm, max_iter, p, tau, support, n_iter, converged)
+#define ER_NM(L) normmax_rows<L>(x, rows, n, prm, max_iter, p, out)
 int er_normmax_f64(const double* x, long rows, int n, const double* prm, int max_iter, int lanes, double* p,
                    double* tau, long long* support, long long* n_iter, unsigned char* converged) {
+    const RowOutputs out{tau, support, n_iter, converged};
     ER_BY_LANES(lanes, ER_NM)
 }
 
-#define ER_BS(L) budget_rows<L>(x, rows, n, prm, max_iter, p, tau, support, n_iter, converged)
+#define ER_BS(L) budget_rows<L>(x, rows, n, prm, max_iter, p, out)
 int er_budget_f64(const double* x, long rows, int n, const double* prm, int max_iter, int lanes, double* p,
                   double* tau, long long* support, long long* n_iter, unsigned char* converged) {
+    const RowOutputs out{tau, support, n_iter, converged};
     ER_BY_LANES(lanes, ER_BS)
 }
 

@@ -1,26 +1,24 @@
 // harness.cpp -- runs the CUDA kernels' numerical core (entmax_core.cuh) on the CPU.
 //
-// Built by tests/test_cuda_core.py with
+// Built by tests/cuda_cases.build_harness (for tests/test_cuda_core.py) with
 //     g++ -std=c++17 -O2 -shared -fPIC $(cuda_defines()) -I backends/cuda backends/cuda/harness.cpp -o harness.so
 // (the -D options of backends/constants.py, the same ones NVRTC gets)
 // and driven through ctypes.  Each entry point loops over rows exactly as the kernels do
 // (one team per row) with a HostTeam whose lane count is chosen at run time: 1 (serial),
 // 32 (the reduction order of a warp-per-row kernel) or 256 (a 256-thread block per row).
 #include "entmax_core.cuh"
+#include "harness_rows.cuh"
 
 namespace {
 
 template <int LANES, class T>
 void forward_rows(const T* x, long rows, int n, const double* alpha, int method, int max_iter, T* p,
-                  double* theta, long long* support, long long* n_iter, unsigned char* converged) {
+                  const er_harness::RowOutputs& out) {
     er::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) {
         er::RowReader<T> row{x + r * n};
         er::Solve s = er::solve_row(team, row, n, alpha[r], method, max_iter);
-        support[r] = er::write_probs(team, row, n, alpha[r], s, p + r * n);
-        theta[r] = s.theta;
-        n_iter[r] = s.n_iter;
-        converged[r] = s.converged ? 1 : 0;
+        out.set(r, er::write_probs(team, row, n, alpha[r], s, p + r * n), s.theta, s);
     }
 }
 
@@ -55,25 +53,19 @@ void attn_rows(const double* z, long rows, int n, double alpha, int max_iter, co
     }
 }
 
-#define ER_BY_LANES(lanes, call)          \
-    switch (lanes) {                      \
-        case 1: call(1); return 0;        \
-        case 32: call(32); return 0;      \
-        case 256: call(256); return 0;    \
-        default: return -1;               \
-    }
-
 }  // namespace
 
 extern "C" {
 
-#define ER_FWD(L) forward_rows<L>(x, rows, n, alpha, method, max_iter, p, theta, support, n_iter, converged)
+#define ER_FWD(L) forward_rows<L>(x, rows, n, alpha, method, max_iter, p, out)
 int er_forward_f64(const double* x, long rows, int n, const double* alpha, int method, int max_iter, int lanes,
                    double* p, double* theta, long long* support, long long* n_iter, unsigned char* converged) {
+    const er_harness::RowOutputs out{theta, support, n_iter, converged};
     ER_BY_LANES(lanes, ER_FWD)
 }
 int er_forward_f32(const float* x, long rows, int n, const double* alpha, int method, int max_iter, int lanes,
                    float* p, double* theta, long long* support, long long* n_iter, unsigned char* converged) {
+    const er_harness::RowOutputs out{theta, support, n_iter, converged};
     ER_BY_LANES(lanes, ER_FWD)
 }
 

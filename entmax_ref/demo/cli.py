@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Callable, NamedTuple
 
 from .compute import (
     alibi_window,
@@ -27,76 +28,75 @@ def _fmt(values, spec="{:.4g}") -> str:
     return " ".join(spec.format(v) for v in values)
 
 
-def _run_dispersion(args, out):
-    two = dispersion_two_level(backend=args.backend)
-    gauss = dispersion_gaussian(backend=args.backend)
-    print("dispersion, two-level row (1 token, gap 1); n =", _fmt(two["n"], "{:d}"))
-    for name in two["mass"]:
-        print(f"  {name:22s} mass    {_fmt(two['mass'][name])}")
-        print(f"  {'':22s} H/log n {_fmt(two['entropy'][name])}")
-    print("dispersion, IID N(0,1) rows; n =", _fmt(gauss["n"], "{:d}"))
-    for name in gauss["mass"]:
-        print(f"  {name:22s} p_max   {_fmt(gauss['mass'][name])}")
-        print(f"  {'':22s} H/log n {_fmt(gauss['entropy'][name])}")
-    return None if args.no_plots else plot_dispersion(two, gauss, out)
+class Demo(NamedTuple):
+    """One demo: ``compute(backend)`` returns its arrays (:mod:`.compute`), ``report(res)``
+    prints its table, ``plot(res, out)`` draws its figure and returns the file's path."""
+
+    compute: Callable
+    report: Callable
+    plot: Callable
 
 
-def _run_lemma1(args, out):
-    res = lemma1(backend=args.backend)
+def _report_dispersion(res):
+    two, gauss = res
+    for title, data, label in (("two-level row (1 token, gap 1)", two, "mass   "),
+                               ("IID N(0,1) rows", gauss, "p_max  ")):
+        print(f"dispersion, {title}; n =", _fmt(data["n"], "{:d}"))
+        for name in data["mass"]:
+            print(f"  {name:22s} {label} {_fmt(data['mass'][name])}")
+            print(f"  {'':22s} H/log n {_fmt(data['entropy'][name])}")
+
+
+def _table(title, header, lines):
+    print(title)
+    print("  " + header)
+    for line in lines:
+        print("  " + line)
+
+
+def _report_lemma1(res):
     print("Lemma 1 (100-token row, m appended tokens below tau/(alpha-1)):")
-    print(f"  (before appending: softmax p_max {res['softmax_pmax0']:.4g})")
-    print("  m       entmax max |dp|  entmax appended mass  softmax max |dp|  softmax original mass  softmax p_max")
-    for i, m in enumerate(res["m"]):
-        print(f"  {m:<7d} {res['entmax_max_change'][i]:<16.3g} {res['entmax_appended_mass'][i]:<21.3g} "
-              f"{res['softmax_max_change'][i]:<17.4g} {res['softmax_original_mass'][i]:<22.4g} {res['softmax_pmax'][i]:.4g}")
-    return None if args.no_plots else plot_lemma1(res, out)
+    _table(f"  (before appending: softmax p_max {res['softmax_pmax0']:.4g})",
+           "m       entmax max |dp|  entmax appended mass  softmax max |dp|  softmax original mass  softmax p_max",
+           (f"{m:<7d} {res['entmax_max_change'][i]:<16.3g} {res['entmax_appended_mass'][i]:<21.3g} "
+            f"{res['softmax_max_change'][i]:<17.4g} {res['softmax_original_mass'][i]:<22.4g} {res['softmax_pmax'][i]:.4g}"
+            for i, m in enumerate(res["m"])))
 
 
-def _run_lemma2(args, out):
-    table = lemma2_table(backend=args.backend)
-    print("Lemma 2 (support just below / just above the gap k^(1-alpha)/(alpha-1); n = 2^8, 2^12, 2^16):")
-    print("  alpha  k   gap      support below          support above")
-    for e in table:
-        print(f"  {e['alpha']:<5g}  {e['k']:<3d} {e['gap']:<8.4f} {str(e['below']):<22s} {e['above']}")
-    sweep = lemma2_sweep(backend=args.backend)
-    return None if args.no_plots else plot_lemma2(sweep, out)
+def _report_lemma2(res):
+    _table("Lemma 2 (support just below / just above the gap k^(1-alpha)/(alpha-1); n = 2^8, 2^12, 2^16):",
+           "alpha  k   gap      support below          support above",
+           (f"{e['alpha']:<5g}  {e['k']:<3d} {e['gap']:<8.4f} {str(e['below']):<22s} {e['above']}" for e in res[0]))
 
 
-def _run_gamma(args, out):
-    res = gamma_sweep(backend=args.backend)
-    print("ASEntmax exponent on IID N(0,1) rows (s = log(n+1)^gamma); n =", _fmt(res["n"], "{:d}"))
-    for i, g in enumerate(res["gamma"]):
-        print(f"  gamma {g:+.1f}  support {_fmt(res['support'][i], '{:.1f}')}")
-        print(f"  {'':11s} p_max   {_fmt(res['pmax'][i], '{:.3f}')}")
-    return None if args.no_plots else plot_gamma(res, out)
+def _report_sweep(title, key, res, labels):
+    """A sweep over ``res[key]``: ``labels`` are (label, result key, format) per line."""
+    print(f"{title}; n =", _fmt(res["n"], "{:d}"))
+    for i, value in enumerate(res[key]):
+        for label, field, spec in labels:
+            print(f"  {label.format(value)} {_fmt(res[field][i], spec)}")
 
 
-def _run_collapse(args, out):
-    res = collapse(backend=args.backend)
-    print("Representational collapse, ||o - o'|| / ||v_a - v_b||; n =", _fmt(res["n"], "{:d}"))
-    for i, gap in enumerate(res["gaps"]):
-        print(f"  softmax gap {gap:g}: {_fmt(res['softmax'][i], '{:.3g}')}")
-        print(f"  entmax  gap {gap:g}: {_fmt(res['entmax'][i], '{:.3g}')}")
-    return None if args.no_plots else plot_collapse(res, out)
-
-
-def _run_alibi(args, out):
-    res = alibi_window(backend=args.backend)
-    print(f"ALiBi window (n = {res['n']}, content scores in [-2, 2]):")
-    print("  slope  bound   entmax farthest  entmax mass beyond  softmax mass beyond")
-    for i, m in enumerate(res["slopes"]):
-        print(f"  {m:<6g} {res['bound'][i]:<7.2f} {res['farthest'][i]:<16d} {res['entmax_beyond'][i]:<19.3g} "
-              f"{res['softmax_beyond'][i]:.3g}")
-    return None if args.no_plots else plot_alibi(res, out)
+def _report_alibi(res):
+    _table(f"ALiBi window (n = {res['n']}, content scores in [-2, 2]):",
+           "slope  bound   entmax farthest  entmax mass beyond  softmax mass beyond",
+           (f"{m:<6g} {res['bound'][i]:<7.2f} {res['farthest'][i]:<16d} {res['entmax_beyond'][i]:<19.3g} "
+            f"{res['softmax_beyond'][i]:.3g}" for i, m in enumerate(res["slopes"])))
 
 
 DEMOS = {
-    "dispersion": _run_dispersion,
-    "lemma1": _run_lemma1,
-    "lemma2": _run_lemma2,
-    "gamma": _run_gamma,
-    "collapse": _run_collapse,
-    "alibi": _run_alibi,
+    "dispersion": Demo(lambda b: (dispersion_two_level(backend=b), dispersion_gaussian(backend=b)),
+                       _report_dispersion, lambda res, out: plot_dispersion(*res, out)),
+    "lemma1": Demo(lambda b: lemma1(backend=b), _report_lemma1, plot_lemma1),
+    "lemma2": Demo(lambda b: (lemma2_table(backend=b), lemma2_sweep(backend=b)), _report_lemma2,
+                   lambda res, out: plot_lemma2(res[1], out)),
+    "gamma": Demo(lambda b: gamma_sweep(backend=b), lambda res: _report_sweep(
+        "ASEntmax exponent on IID N(0,1) rows (s = log(n+1)^gamma)", "gamma", res,
+        (("gamma {:+.1f}  support", "support", "{:.1f}"), (" " * 11 + " p_max  ", "pmax", "{:.3f}"))), plot_gamma),
+    "collapse": Demo(lambda b: collapse(backend=b), lambda res: _report_sweep(
+        "Representational collapse, ||o - o'|| / ||v_a - v_b||", "gaps", res,
+        (("softmax gap {:g}:", "softmax", "{:.3g}"), ("entmax  gap {:g}:", "entmax", "{:.3g}"))), plot_collapse),
+    "alibi": Demo(lambda b: alibi_window(backend=b), _report_alibi, plot_alibi),
 }
 
 
@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.out, exist_ok=True)
     for name in args.only or list(DEMOS):
         start = time.perf_counter()
-        path = DEMOS[name](args, args.out)
+        demo = DEMOS[name]
+        res = demo.compute(args.backend)
+        demo.report(res)
+        path = None if args.no_plots else demo.plot(res, args.out)
         took = time.perf_counter() - start
         if path:
             print(f"  -> {path} ({took:.1f} s)\n     {CAPTIONS[name]}\n")

@@ -90,6 +90,14 @@ class CheckRow:
         if np.isfinite(cmp.used) and (cmp.used > self.used or not self.tol_ulps):
             self.used, self.tol_ulps = max(cmp.used, self.used), cmp.tol_ulps
 
+    def judge(self, cmp, what: str, where: str, why: str = "") -> bool:
+        """Record a comparison: its figures, and ``[where] <what's worst entry> (why)`` as a
+        failing note when it is out of tolerance.  Returns whether it is within."""
+        self.measure(cmp)
+        if not cmp.ok:
+            self.fail(f"[{where}] {cmp.describe(what)}" + (f" ({why})" if why else ""))
+        return cmp.ok
+
     def prop(self, name: str, ok: bool, why: str = "") -> None:
         self.props_total += 1
         if ok:
@@ -238,6 +246,19 @@ def _run(row: CheckRow, call, *args, **kw):
         return None
 
 
+def _attention_grads(row: CheckRow, vjp, *args, **kw) -> list | None:
+    """vjp(*args, **kw) of an attention: its first three results (dq, dk, dv) as NumPy, or
+    None when it raised or returned something else (with a failing note on ``row``)."""
+    res = _run(row, vjp, *args, **kw)
+    if res is None:
+        return None
+    try:
+        return [to_numpy(g) for g in list(res)[:3]]
+    except TypeError as exc:
+        row.fail(f"vjp must return (dq, dk, dv): {exc}")
+        return None
+
+
 def _dtypes(dtypes) -> list[np.dtype]:
     return [np.dtype(d) for d in dtypes]
 
@@ -326,9 +347,7 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
                          f"got {getattr(res, 'dtype', '?')}")
             tol = T.entmax_tolerance(p, a, dt, masked=np.isneginf(x64))
             cmp = compare(got, p, tol, dt, support=True)
-            row.measure(cmp)
-            if not cmp.ok:
-                row.fail(f"[{case.name}] {cmp.describe('p')}")
+            if not row.judge(cmp, "p", case.name):
                 continue
             if case.name == "masks":
                 row.prop("masked entries are exactly 0", bool(np.all(got[np.isneginf(x64)] == 0)))
@@ -391,9 +410,7 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | 
                 continue
             got = got.reshape(-1) if got.size == len(x) else got
             cmp = compare(got, info.tau, T.threshold_tolerance(info.tau, a, dt, x.shape[1]), dt)
-            row.measure(cmp)
-            if not cmp.ok:
-                row.fail(f"[{case.name}] {cmp.describe('tau')}")
+            if not row.judge(cmp, "tau", case.name):
                 continue
             if case.name == "random":
                 from entmax_ref.backends._base import tau_to_theta
@@ -466,9 +483,7 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
                 skipped += int(bad.sum())
                 tol = np.where(bad[:, None], np.inf, tol)
             cmp = compare(got, dx, tol, dt)
-            row.measure(cmp)
-            if not cmp.ok:
-                row.fail(f"[{case.name}] {cmp.describe('dx')}")
+            if not row.judge(cmp, "dx", case.name):
                 continue
             if case.name == "random":
                 s = got.astype(np.float64).sum(axis=1)
@@ -508,6 +523,20 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
 
 
 # ----------------------------------------------------------------------------- attention
+
+
+def _attention_signature(fn, data: int, op: str) -> tuple[set, bool]:
+    """(parameter names, has ``**kwargs``) of an attention function, once it is checked
+    that it can be called as ``fn(q, k, v, **kw)`` (``data`` 3) or ``vjp(grad_out, q, k,
+    v, **kw)`` (``data`` 4): _CallError when not; ({"alpha"}, True) without a signature."""
+    try:
+        _caller(fn, data, op, "vjp(grad_out, q, k, v, **kw)" if data == 4 else "fn(q, k, v, **kw)")
+        _, _, var_kw, names = _positional_capacity(fn)
+    except _CallError:
+        raise
+    except (TypeError, ValueError):
+        return {"alpha"}, True
+    return names, var_kw
 
 
 def _attn_kwargs(case, alpha, names, var_kw, alpha_arg):
@@ -552,14 +581,10 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str |
                 if isinstance(alpha_arg, int):
                     raise _CallError(f"check_attention passes alpha by keyword; alpha_arg must be a name or None, "
                                      f"got {alpha_arg!r}")
-                _caller(f, data, f"check_attention ({op})",
-                        "vjp(grad_out, q, k, v, **kw)" if data == 4 else "fn(q, k, v, **kw)")
-                _, _, var_kw, names = _positional_capacity(f)
+                names, var_kw = _attention_signature(f, data, f"check_attention ({op})")
             except _CallError as exc:
                 row.fail(str(exc))
                 continue
-            except (TypeError, ValueError):
-                names, var_kw = {"alpha"}, True
             first = True
             for case in cases:
                 q, k, v = (t.astype(dt) for t in (case.q, case.k, case.v))
@@ -577,9 +602,7 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str |
                         _dtype_ok(row, res, dt)
                         row.prop("dtype", row.verdict == before, f"got {getattr(res, 'dtype', '?')}")
                     cmp = compare(got, ref.out, attention_out_tolerance(ref, v, dt), dt)
-                    row.measure(cmp)
-                    if not cmp.ok:
-                        row.fail(f"[{case.name}] {cmp.describe('out')}")
+                    if not row.judge(cmp, "out", case.name):
                         continue
                     if case.name == "key_lengths":
                         kl = np.asarray(case.kwargs["key_lengths"])
@@ -596,13 +619,8 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str |
                     import entmax_ref as er
 
                     do = grads_out[id(case)].astype(dt)
-                    res = _run(row, f, from_numpy(do, framework, device), *args, **kw)
-                    if res is None:
-                        continue
-                    try:
-                        got = [to_numpy(g) for g in list(res)[:3]]
-                    except TypeError as exc:
-                        row.fail(f"vjp must return (dq, dk, dv): {exc}")
+                    got = _attention_grads(row, f, from_numpy(do, framework, device), *args, **kw)
+                    if got is None:
                         continue
                     q64, k64, v64, do64 = (t.astype(np.float64) for t in (q, k, v, do))
                     exp = er.attention_vjp(do64, q64, k64, v64, backend="numpy", alpha=a,
@@ -610,9 +628,7 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str |
                     tols = attention_grad_tolerances(ref, q64, k64, v64, do64, dt, exp)
                     for gname, g_act, g_exp, tol in zip(("dq", "dk", "dv"), got, exp, tols):
                         cmp = compare(g_act, g_exp, tol, dt, name=gname)
-                        row.measure(cmp)
-                        if not cmp.ok:
-                            row.fail(f"[{case.name}] {cmp.describe(gname)}")
+                        row.judge(cmp, gname, case.name)
                     if case.name == "key_lengths" and len(got) == 3 and got[0].shape == q.shape:
                         kl = np.asarray(case.kwargs["key_lengths"])
                         row.prop("no keys gives zero gradients", bool(np.all(got[0][kl == 0] == 0)))

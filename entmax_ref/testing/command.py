@@ -90,6 +90,21 @@ def _guard(op: str, impl: str, probe: Callable[[], object], run: Callable[[], Ch
     return run()
 
 
+def _timed_cases(rep: CheckReport, op: str, b: str, size: str, seed: int, skip: tuple):
+    """For float64 then float32, a timed row ``op`` of backend ``b`` added to ``rep``;
+    yields ``(row, case, dtype, x, x64)`` for the row corpus's cases not named in ``skip``
+    (``x`` in the dtype, ``x64`` its float64 values)."""
+    for dt in (np.dtype(np.float64), np.dtype(np.float32)):
+        row = CheckRow(op, b, dt.name)
+        rep.rows.append(row)
+        t0 = time.perf_counter()
+        for case in row_corpus(size, seed):
+            if case.name not in skip:
+                x = case.x.astype(dt)
+                yield row, case, dt, x, x.astype(np.float64)
+        row.seconds = time.perf_counter() - t0
+
+
 def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
     """entmax_loss and its gradient on backend b vs the float64 NumPy reference.
 
@@ -99,43 +114,30 @@ def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
 
     rep = CheckReport()
     rng = np.random.default_rng(seed + 21)
-    for dt in (np.dtype(np.float64), np.dtype(np.float32)):
-        row = CheckRow(f"loss a={alpha:g}", b, dt.name)
-        rep.rows.append(row)
-        t0 = time.perf_counter()
-        for case in row_corpus(size, seed):
-            if case.name in ("all-masked", "long"):
-                continue
-            x = case.x.astype(dt)
-            x64 = x.astype(np.float64)
-            # class 0 (finite in every corpus row) or the row's argmax, at random
-            target = np.where(rng.random(len(x)) < 0.5, 0, np.argmax(x64, axis=1))
-            try:
-                got = er.entmax_loss(x, target, alpha, backend=b)
-                grad = er.entmax_loss_grad(x, target, alpha, backend=b)
-            except Exception as exc:  # noqa: BLE001
-                row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
-                continue
-            L = er.entmax_loss(x64, target, alpha, backend="numpy")
-            p = er.entmax(x64, alpha, backend="numpy")
-            onehot = np.eye(x.shape[1])[target]
-            tol = T.loss_tolerance(x64, p, onehot, L, dt)
-            cmp = compare(got, L, tol, dt, name="loss")
-            row.measure(cmp)
-            if not cmp.ok:
-                row.fail(f"[{case.name}] {cmp.describe('loss')}")
-            # p's budget plus the rounding of p - q to the gradient's dtype (x's dtype)
-            gtol = T.entmax_tolerance(p, alpha, dt) + T.unit_roundoff(np.asarray(grad).dtype) * np.abs(p - onehot)
-            cg = compare(grad, p - onehot, gtol, dt, name="grad")
-            row.measure(cg)
-            if not cg.ok:
-                row.fail(f"[{case.name}] {cg.describe('loss gradient')}")
-            if case.name == "random":
-                row.prop("loss >= 0", bool(np.all(np.asarray(got) >= 0)))
-                zero = er.entmax_loss(x, p.astype(dt).astype(np.float64) / p.astype(dt).astype(np.float64).sum(1, keepdims=True),
-                                      alpha, backend=b)
-                row.prop("loss(x; entmax(x)) = 0", bool(np.all(np.abs(zero) <= tol)), f"max {np.abs(zero).max():.3g}")
-        row.seconds = time.perf_counter() - t0
+    for row, case, dt, x, x64 in _timed_cases(rep, f"loss a={alpha:g}", b, size, seed, ("all-masked", "long")):
+        # class 0 (finite in every corpus row) or the row's argmax, at random
+        target = np.where(rng.random(len(x)) < 0.5, 0, np.argmax(x64, axis=1))
+        try:
+            got = er.entmax_loss(x, target, alpha, backend=b)
+            grad = er.entmax_loss_grad(x, target, alpha, backend=b)
+        except Exception as exc:  # noqa: BLE001
+            row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
+            continue
+        L = er.entmax_loss(x64, target, alpha, backend="numpy")
+        p = er.entmax(x64, alpha, backend="numpy")
+        onehot = np.eye(x.shape[1])[target]
+        tol = T.loss_tolerance(x64, p, onehot, L, dt)
+        cmp = compare(got, L, tol, dt, name="loss")
+        row.judge(cmp, "loss", case.name)
+        # p's budget plus the rounding of p - q to the gradient's dtype (x's dtype)
+        gtol = T.entmax_tolerance(p, alpha, dt) + T.unit_roundoff(np.asarray(grad).dtype) * np.abs(p - onehot)
+        cg = compare(grad, p - onehot, gtol, dt, name="grad")
+        row.judge(cg, "loss gradient", case.name)
+        if case.name == "random":
+            row.prop("loss >= 0", bool(np.all(np.asarray(got) >= 0)))
+            zero = er.entmax_loss(x, p.astype(dt).astype(np.float64) / p.astype(dt).astype(np.float64).sum(1, keepdims=True),
+                                  alpha, backend=b)
+            row.prop("loss(x; entmax(x)) = 0", bool(np.all(np.abs(zero) <= tol)), f"max {np.abs(zero).max():.3g}")
     return rep
 
 
@@ -146,40 +148,27 @@ def _check_asentmax(b: str, alpha: float, size: str, seed: int) -> CheckReport:
 
     rep = CheckReport()
     rng = np.random.default_rng(seed + 31)
-    for dt in (np.dtype(np.float64), np.dtype(np.float32)):
-        row = CheckRow(f"asentmax a={alpha:g}", b, dt.name)
-        rep.rows.append(row)
-        t0 = time.perf_counter()
-        for case in row_corpus(size, seed):
-            if case.name in ("extreme", "long"):
-                continue
-            x = case.x.astype(dt)
-            x64 = x.astype(np.float64)
-            beta = rng.uniform(0.2, 1.5, len(x))
-            gamma = rng.uniform(0.5, 1.5, len(x))
-            g = rng.standard_normal(x.shape)
-            try:
-                p = er.asentmax(x, alpha, beta=beta, gamma=gamma, backend=b)
-                dx = er.asentmax_vjp(g.astype(dt), x, alpha, beta=beta, gamma=gamma, backend=b).dx
-            except Exception as exc:  # noqa: BLE001
-                row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
-                continue
-            pr, info = er.asentmax(x64, alpha, beta=beta, gamma=gamma, backend="numpy", return_info=True)
-            cmp = compare(p, pr, T.entmax_tolerance(pr, alpha, dt, masked=np.isneginf(x64)), dt)
-            row.measure(cmp)
-            if not cmp.ok:
-                row.fail(f"[{case.name}] {cmp.describe('p')}")
-            s = np.where(np.isfinite(info.s), info.s, 1.0)
-            dz = er.entmax_vjp(pr, g, alpha, backend="numpy")
-            dxr = er.asentmax_vjp(g, x64, alpha, beta=beta, gamma=gamma, backend="numpy").dx
-            tol = np.abs(s)[:, None] * T.vjp_tolerance(pr, g, dz, alpha, dt)
-            c2 = compare(dx, dxr, tol, dt, name="dx")
-            row.measure(c2)
-            if not c2.ok:
-                row.fail(f"[{case.name}] {c2.describe('dx')}")
-            if case.name == "masks":
-                row.prop("masked entries are exactly 0", bool(np.all(np.asarray(p)[np.isneginf(x64)] == 0)))
-        row.seconds = time.perf_counter() - t0
+    for row, case, dt, x, x64 in _timed_cases(rep, f"asentmax a={alpha:g}", b, size, seed, ("extreme", "long")):
+        beta = rng.uniform(0.2, 1.5, len(x))
+        gamma = rng.uniform(0.5, 1.5, len(x))
+        g = rng.standard_normal(x.shape)
+        try:
+            p = er.asentmax(x, alpha, beta=beta, gamma=gamma, backend=b)
+            dx = er.asentmax_vjp(g.astype(dt), x, alpha, beta=beta, gamma=gamma, backend=b).dx
+        except Exception as exc:  # noqa: BLE001
+            row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
+            continue
+        pr, info = er.asentmax(x64, alpha, beta=beta, gamma=gamma, backend="numpy", return_info=True)
+        cmp = compare(p, pr, T.entmax_tolerance(pr, alpha, dt, masked=np.isneginf(x64)), dt)
+        row.judge(cmp, "p", case.name)
+        s = np.where(np.isfinite(info.s), info.s, 1.0)
+        dz = er.entmax_vjp(pr, g, alpha, backend="numpy")
+        dxr = er.asentmax_vjp(g, x64, alpha, beta=beta, gamma=gamma, backend="numpy").dx
+        tol = np.abs(s)[:, None] * T.vjp_tolerance(pr, g, dz, alpha, dt)
+        c2 = compare(dx, dxr, tol, dt, name="dx")
+        row.judge(c2, "dx", case.name)
+        if case.name == "masks":
+            row.prop("masked entries are exactly 0", bool(np.all(np.asarray(p)[np.isneginf(x64)] == 0)))
     return rep
 
 

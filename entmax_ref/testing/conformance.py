@@ -25,6 +25,7 @@ written value is from it (``oracle_err``).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -38,8 +39,9 @@ import numpy as np
 
 from . import tolerance as T
 from .assertions import attention_grad_tolerances, attention_out_tolerance, attention_reference, compare
-from .checks import CheckReport, CheckRow, _caller, _CallError, _positional_capacity, _run, _safe_np
-from ._adapters import from_numpy, to_numpy
+from .checks import (CheckReport, CheckRow, _attention_grads, _attention_signature, _caller, _CallError,
+                     _positional_capacity, _run, _safe_np)
+from ._adapters import from_numpy
 from .corpus import FEATURES, attention_corpus, row_corpus
 
 __all__ = [
@@ -866,12 +868,9 @@ def _param_caller(fn, data_args, op, form, param):
     return _caller(fn, data_args, op, form, param if (param in names or var_kw) else data_args)
 
 
-def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, device, dtypes, param=None):
-    """Shared loop of the row replays: one CheckRow per dtype; ``compute(call, case, dt)``
-    returns (got, expected, tol) arrays or None (skipped).  ``param`` (normmax's "alpha",
-    "budget") names a required parameter taken from the case; by default alpha is passed
-    as :func:`checks._caller` does."""
-    report = CheckReport()
+def _dtype_groups(report, cases, dtypes, op, label):
+    """The cases by dtype (only ``dtypes``, when given): yields ``(dtype, cases, row)`` with
+    a row ``corpus <op>`` added to ``report``, timed until the caller's loop body ends."""
     by_dt: dict = {}
     for c in cases:
         if dtypes is None or c["dtype"] in dtypes:
@@ -880,6 +879,17 @@ def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, devi
         row = CheckRow(f"corpus {op}", label, dt)
         report.rows.append(row)
         t0 = time.perf_counter()
+        yield dt, group, row
+        row.seconds = time.perf_counter() - t0
+
+
+def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, device, dtypes, param=None):
+    """Shared loop of the row replays: one CheckRow per dtype; ``compute(call, case, dt)``
+    returns (got, expected, tol) arrays or None (skipped).  ``param`` (normmax's "alpha",
+    "budget") names a required parameter taken from the case; by default alpha is passed
+    as :func:`checks._caller` does."""
+    report = CheckReport()
+    for dt, group, row in _dtype_groups(report, cases, dtypes, op, label):
         try:
             call = (_caller(fn, data_args, f"corpus {op}", form) if param is None
                     else _param_caller(fn, data_args, f"corpus {op}", form, param))
@@ -901,12 +911,9 @@ def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, devi
                 continue
             for what, got, exp, tol in out:
                 cmp = compare(got, exp, tol, np.dtype(dt), name=what)
-                row.measure(cmp)
-                if not cmp.ok:
-                    row.fail(f"[{_row_label(c)}] {cmp.describe(what)} ({c['why']})")
+                row.judge(cmp, what, _row_label(c), c["why"])
         if skipped:
             row.note(f"{skipped} ill-posed case(s) not compared")
-        row.seconds = time.perf_counter() - t0
     return report
 
 
@@ -1008,9 +1015,7 @@ def _replay_scale(corpus, fn, *, label, framework="numpy", device=None, dtypes=N
         if got is None:
             continue
         cmp = compare(got.reshape(-1), parse([c["s"]]), parse([c["tol_s"]]), np.float64, name="s")
-        row.measure(cmp)
-        if not cmp.ok:
-            row.fail(f"[n={c['n']} beta={c['beta']} gamma={c['gamma']}] {cmp.describe('s')}")
+        row.judge(cmp, "s", f"n={c['n']} beta={c['beta']} gamma={c['gamma']}")
     row.seconds = time.perf_counter() - t0
     return report
 
@@ -1035,29 +1040,19 @@ def _attn_args(c):
 def _replay_attention(corpus, fn, *, op="attention", label, framework="numpy", device=None, dtypes=None):
     file = "attention.jsonl" if op == "attention" else "attention_vjp.jsonl"
     report = CheckReport()
-    by_dt: dict = {}
-    for c in corpus.cases[file]:
-        if dtypes is None or c["dtype"] in dtypes:
-            by_dt.setdefault(c["dtype"], []).append(c)
-    for dt, group in by_dt.items():
-        row = CheckRow(f"corpus {op}", label, dt)
-        report.rows.append(row)
-        t0 = time.perf_counter()
+    for dt, group, row in _dtype_groups(report, corpus.cases[file], dtypes, op, label):
         data = 3 if op == "attention" else 4
         try:
-            _caller(fn, data, f"corpus {op}", "fn(q, k, v, **kw)" if data == 3 else "vjp(grad_out, q, k, v, **kw)")
-            _, _, var_kw, names = _positional_capacity(fn)
+            names, var_kw = _attention_signature(fn, data, f"corpus {op}")
         except _CallError as exc:
             row.fail(str(exc))
             continue
-        except (TypeError, ValueError):
-            names, var_kw = {"alpha"}, True
         for c in group:
             q, k, v, kw = _attn_args(c)
             if "alpha" in names or var_kw:
                 kw["alpha"] = float(c["alpha"])
             args = [from_numpy(t, framework, device) for t in (q, k, v)]
-            where = f"[{c['kind']} alpha={c['alpha']}]"
+            where = f"{c['kind']} alpha={c['alpha']}"
             if op == "attention":
                 res = _run(row, fn, *args, **kw)
                 got = None if res is None else _safe_np(row, res)
@@ -1065,21 +1060,13 @@ def _replay_attention(corpus, fn, *, op="attention", label, framework="numpy", d
                     continue
                 checks = [("out", got, parse(c["out"]), parse(c["tol_out"]))]
             else:
-                res = _run(row, fn, from_numpy(parse(c["grad_out"], dt), framework, device), *args, **kw)
-                if res is None:
-                    continue
-                try:
-                    got = [to_numpy(g) for g in list(res)[:3]]
-                except TypeError as exc:
-                    row.fail(f"vjp must return (dq, dk, dv): {exc}")
+                got = _attention_grads(row, fn, from_numpy(parse(c["grad_out"], dt), framework, device), *args, **kw)
+                if got is None:
                     continue
                 checks = [(n, g, parse(c[n]), parse(c["tol_" + n])) for n, g in zip(("dq", "dk", "dv"), got)]
             for what, got_, exp, tol in checks:
                 cmp = compare(got_, exp, tol, np.dtype(dt), name=what)
-                row.measure(cmp)
-                if not cmp.ok:
-                    row.fail(f"{where} {cmp.describe(what)} ({c['why']})")
-        row.seconds = time.perf_counter() - t0
+                row.judge(cmp, what, where, c["why"])
     return report
 
 
@@ -1109,40 +1096,54 @@ def _er():
     return er
 
 
+def _library(name: str, params: str, post: Callable | None = None, **fixed) -> Callable:
+    """An Operation's ``backend_fn``: the library's function ``name`` on backend b (and the
+    keywords ``fixed``), with the signature ``fn(<params>)`` the replay inspects to call it
+    (``**kw`` allowed last), its result passed through ``post``."""
+    P = inspect.Parameter
+    sig = inspect.Signature([P(p[2:], P.VAR_KEYWORD) if p.startswith("**") else P(p, P.POSITIONAL_OR_KEYWORD)
+                             for p in params.split()])
+
+    def on(b):
+        def fn(*args, **kw):
+            res = getattr(_er(), name)(*args, backend=b, **fixed, **kw)
+            return res if post is None else post(res)
+
+        fn.__name__, fn.__signature__ = name, sig
+        return fn
+
+    return on
+
+
+#: the form of a row VJP (its parameter after the name)
+_ROW_VJP = "fn(x, grad, {0}) -> dx (or fn(p, grad, {0}) with vjp_inputs='p')"
+
 OPERATIONS: tuple[Operation, ...] = (
-    Operation("entmax", "entmax.jsonl", gen_entmax, _replay_entmax,
-              lambda b: lambda x, alpha: _er().entmax(x, alpha, backend=b), "fn(x, alpha) -> p"),
-    Operation("threshold", "entmax.jsonl", None, _replay_threshold,
-              lambda b: lambda x, alpha: _er().entmax_threshold(x, alpha, backend=b), "fn(x, alpha) -> tau"),
-    Operation("entmax_vjp", "entmax_vjp.jsonl", gen_entmax_vjp, _replay_entmax_vjp,
-              lambda b: lambda p, grad, alpha: _er().entmax_vjp(p, grad, alpha, backend=b),
-              "fn(x, grad, alpha) -> dx (or fn(p, grad, alpha) with vjp_inputs='p')"),
-    Operation("entmax_alpha_vjp", "entmax_alpha_vjp.jsonl", gen_entmax_alpha_vjp, _replay_alpha_vjp,
-              lambda b: lambda p, grad, alpha: _er().entmax_alpha_vjp(p, grad, alpha, backend=b),
-              "fn(p, grad, alpha) -> dL/dalpha per row"),
-    Operation("entmax_loss", "entmax_loss.jsonl", gen_entmax_loss, _replay_loss,
-              lambda b: lambda x, target, alpha: _er().entmax_loss(x, target, alpha, backend=b),
-              "fn(x, target, alpha) -> loss per row"),
-    Operation("normmax", "normmax.jsonl", gen_normmax, _replay_family,
-              lambda b: lambda x, alpha: _er().normmax(x, alpha, backend=b), "fn(x, alpha) -> p"),
-    Operation("normmax_threshold", "normmax.jsonl", None, _replay_family,
-              lambda b: lambda x, alpha: _er().normmax(x, alpha, backend=b, return_info=True)[1].tau,
+    Operation("entmax", "entmax.jsonl", gen_entmax, _replay_entmax, _library("entmax", "x alpha"), "fn(x, alpha) -> p"),
+    Operation("threshold", "entmax.jsonl", None, _replay_threshold, _library("entmax_threshold", "x alpha"),
               "fn(x, alpha) -> tau"),
+    Operation("entmax_vjp", "entmax_vjp.jsonl", gen_entmax_vjp, _replay_entmax_vjp,
+              _library("entmax_vjp", "p grad alpha"), _ROW_VJP.format("alpha")),
+    Operation("entmax_alpha_vjp", "entmax_alpha_vjp.jsonl", gen_entmax_alpha_vjp, _replay_alpha_vjp,
+              _library("entmax_alpha_vjp", "p grad alpha"), "fn(p, grad, alpha) -> dL/dalpha per row"),
+    Operation("entmax_loss", "entmax_loss.jsonl", gen_entmax_loss, _replay_loss,
+              _library("entmax_loss", "x target alpha"), "fn(x, target, alpha) -> loss per row"),
+    Operation("normmax", "normmax.jsonl", gen_normmax, _replay_family, _library("normmax", "x alpha"),
+              "fn(x, alpha) -> p"),
+    Operation("normmax_threshold", "normmax.jsonl", None, _replay_family,
+              _library("normmax", "x alpha", lambda res: res[1].tau, return_info=True), "fn(x, alpha) -> tau"),
     Operation("normmax_vjp", "normmax_vjp.jsonl", gen_normmax_vjp, _replay_family,
-              lambda b: lambda p, grad, alpha: _er().normmax_vjp(p, grad, alpha, backend=b),
-              "fn(x, grad, alpha) -> dx (or fn(p, grad, alpha) with vjp_inputs='p')"),
+              _library("normmax_vjp", "p grad alpha"), _ROW_VJP.format("alpha")),
     Operation("budget_sparsemax", "budget_sparsemax.jsonl", gen_budget_sparsemax, _replay_family,
-              lambda b: lambda x, budget: _er().budget_sparsemax(x, budget, backend=b), "fn(x, budget) -> p"),
+              _library("budget_sparsemax", "x budget"), "fn(x, budget) -> p"),
     Operation("budget_sparsemax_vjp", "budget_sparsemax_vjp.jsonl", gen_budget_sparsemax_vjp, _replay_family,
-              lambda b: lambda p, grad, budget: _er().budget_sparsemax_vjp(p, grad, budget, backend=b),
-              "fn(x, grad, budget) -> dx (or fn(p, grad, budget) with vjp_inputs='p')"),
+              _library("budget_sparsemax_vjp", "p grad budget"), _ROW_VJP.format("budget")),
     Operation("asentmax_scale", "asentmax_scale.jsonl", gen_asentmax_scale, _replay_scale, None,
               "fn(n, beta, gamma, delta, offset) -> s"),
     Operation("attention", "attention.jsonl", gen_attention, _replay_attention,
-              lambda b: lambda q, k, v, **kw: _er().attention(q, k, v, backend=b, **kw), "fn(q, k, v, **kw) -> out"),
+              _library("attention", "q k v **kw"), "fn(q, k, v, **kw) -> out"),
     Operation("attention_vjp", "attention_vjp.jsonl", gen_attention_vjp, _replay_attention,
-              lambda b: lambda do, q, k, v, **kw: _er().attention_vjp(do, q, k, v, backend=b, **kw)[:3],
-              "fn(grad_out, q, k, v, **kw) -> (dq, dk, dv)"),
+              _library("attention_vjp", "do q k v **kw", lambda res: res[:3]), "fn(grad_out, q, k, v, **kw) -> (dq, dk, dv)"),
 )
 
 OPS = tuple(o.name for o in OPERATIONS)

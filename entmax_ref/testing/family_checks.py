@@ -178,6 +178,52 @@ def _call2(row, fn, x, prm, framework, device, keyword):
         return None
 
 
+def _dtype_rows(report, fn, vjp, kind, param, label, dtypes, peer, ill_note):
+    """For each dtype: the forward row ``"{kind} {param}"`` (None without ``fn``) and the
+    VJP row ``"{kind} vjp {param}"`` (None without ``vjp``), added to ``report``; yields
+    ``(dtype, frow, vrow, skipped)`` and, after the caller's loop body, times the rows and
+    notes the ill-posed rows the body counted in ``skipped[0]``."""
+    for dt in _dtypes(dtypes):
+        frow = CheckRow(f"{kind} {param}", label, dt.name, peer=peer) if fn is not None else None
+        vrow = CheckRow(f"{kind} vjp {param}", label, dt.name, peer=peer) if vjp is not None else None
+        report.rows.extend(r for r in (frow, vrow) if r is not None)
+        t0 = time.perf_counter()
+        skipped = [0]
+        yield dt, frow, vrow, skipped
+        for r in (frow, vrow):
+            if r is not None:
+                r.seconds = time.perf_counter() - t0
+        if skipped[0] and vrow is not None:
+            vrow.note(f"{skipped[0]} ill-posed row(s) not compared ({ill_note})")
+
+
+def _forward_case(frow, fn, case, x, prm, p, tol, dt, framework, device, keyword):
+    """fn(x, prm) against the reference ``p`` under ``tol``, with the dtype and masked-entry
+    properties; the result as NumPy when it is within tolerance, else None."""
+    res = _call2(frow, fn, x, prm, framework, device, keyword)
+    got = None if res is None else _safe_np(frow, res)
+    if got is None:
+        return None
+    if case.name == "random":
+        frow.prop("dtype", dt.name in str(getattr(res, "dtype", "")), f"got {getattr(res, 'dtype', '?')}")
+    if not frow.judge(compare(got, p, tol, dt, support=True), "p", case.name):
+        return None
+    if case.name == "masks":
+        frow.prop("masked entries are exactly 0", bool(np.all(got[np.isneginf(x.astype(np.float64))] == 0)))
+    return got
+
+
+def _vjp_case(vrow, vjp, case, x, g, prm, dx, tol, dt, framework, device):
+    """vjp(x, g, prm) against the reference ``dx`` under ``tol``: (result as NumPy or None
+    when the call failed, within tolerance)."""
+    gx = from_numpy(g, framework, device)
+    res = _run(vrow, lambda: vjp(from_numpy(x, framework, device), gx, prm))
+    got = None if res is None else _safe_np(vrow, res)
+    if got is None:
+        return None, False
+    return got, vrow.judge(compare(got, dx, tol, dt), "dx", case.name)
+
+
 def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | None = None, name: str | None = None,
                   dtypes=("float64", "float32"), framework: str = "numpy", device: Any = None,
                   size: str = "default", seed: int = 0, masked_rows: bool = True, peer: bool = False) -> CheckReport:
@@ -195,66 +241,41 @@ def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | No
     a = float(alpha)
     label = name or getattr(fn or vjp, "__name__", "fn")
     rng = np.random.default_rng(seed + 41)
-    for dt in _dtypes(dtypes):
-        frow = CheckRow(f"normmax a={a:g}", label, dt.name, peer=peer) if fn is not None else None
-        vrow = CheckRow(f"normmax vjp a={a:g}", label, dt.name, peer=peer) if vjp is not None else None
-        report.rows.extend(r for r in (frow, vrow) if r is not None)
-        t0 = time.perf_counter()
-        skipped = 0
+    for dt, frow, vrow, skipped in _dtype_rows(report, fn, vjp, "normmax", f"a={a:g}", label, dtypes, peer,
+                                               "alpha >= 2 with an entry at the threshold"):
         for case in _rows_of(size, seed, masked_rows):
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = er.normmax(x64, a, backend="numpy", return_info=True)
             if frow is not None:
-                res = _call2(frow, fn, x, a, framework, device, "alpha")
-                got = None if res is None else _safe_np(frow, res)
-                if got is not None:
-                    if case.name == "random":
-                        frow.prop("dtype", dt.name in str(getattr(res, "dtype", "")), f"got {getattr(res, 'dtype', '?')}")
-                    tol = normmax_tolerance(p, info.tau, x64, a, dt)
-                    cmp = compare(got, p, tol, dt, support=True)
-                    frow.measure(cmp)
-                    if not cmp.ok:
-                        frow.fail(f"[{case.name}] {cmp.describe('p')}")
-                    elif case.name == "masks":
-                        frow.prop("masked entries are exactly 0", bool(np.all(got[np.isneginf(x64)] == 0)))
-                    elif case.name == "all-masked":
-                        frow.prop("all-masked rows give zeros", bool(np.all(got == 0)))
-                    elif case.name == "random":
-                        s = got.astype(np.float64).sum(axis=1)
-                        frow.prop("on the simplex", bool(np.all(got >= 0) and np.all(np.abs(s - 1) <= tol.sum(axis=1))),
-                                  f"worst |sum - 1| {np.abs(s - 1).max():.3g}")
-                        xs = x + np.asarray(3.0, dt)  # the reference of the rounded shifted input
-                        res2 = _call2(frow, fn, xs, a, framework, device, "alpha")
-                        got2 = None if res2 is None else _safe_np(frow, res2)
-                        if got2 is not None:
-                            xs64 = xs.astype(np.float64)
-                            p2, i2 = er.normmax(xs64, a, backend="numpy", return_info=True)
-                            c2 = compare(got2, p2, normmax_tolerance(p2, i2.tau, xs64, a, dt), dt)
-                            frow.prop("shift invariance", c2.ok, c2.describe("p(x + 3)"))
+                tol = normmax_tolerance(p, info.tau, x64, a, dt)
+                got = _forward_case(frow, fn, case, x, a, p, tol, dt, framework, device, "alpha")
+                if got is not None and case.name == "all-masked":
+                    frow.prop("all-masked rows give zeros", bool(np.all(got == 0)))
+                elif got is not None and case.name == "random":
+                    s = got.astype(np.float64).sum(axis=1)
+                    frow.prop("on the simplex", bool(np.all(got >= 0) and np.all(np.abs(s - 1) <= tol.sum(axis=1))),
+                              f"worst |sum - 1| {np.abs(s - 1).max():.3g}")
+                    xs = x + np.asarray(3.0, dt)  # the reference of the rounded shifted input
+                    res2 = _call2(frow, fn, xs, a, framework, device, "alpha")
+                    got2 = None if res2 is None else _safe_np(frow, res2)
+                    if got2 is not None:
+                        xs64 = xs.astype(np.float64)
+                        p2, i2 = er.normmax(xs64, a, backend="numpy", return_info=True)
+                        c2 = compare(got2, p2, normmax_tolerance(p2, i2.tau, xs64, a, dt), dt)
+                        frow.prop("shift invariance", c2.ok, c2.describe("p(x + 3)"))
             if vrow is not None and case.name != "long":
                 g = rng.standard_normal(x.shape).astype(dt)
                 dx = er.normmax_vjp(p, g.astype(np.float64), a, backend="numpy")
-                gx = from_numpy(g, framework, device)
-                res = _run(vrow, lambda: vjp(from_numpy(x, framework, device), gx, a))
-                got = None if res is None else _safe_np(vrow, res)
+                tol, ill = normmax_vjp_tolerance(p, x64, info.tau, g, dx, a, dt)
+                got, ok = _vjp_case(vrow, vjp, case, x, g, a, dx, tol, dt, framework, device)
                 if got is None:
                     continue
-                tol, ill = normmax_vjp_tolerance(p, x64, info.tau, g, dx, a, dt)
-                skipped += int(ill.sum())
-                cmp = compare(got, dx, tol, dt)
-                vrow.measure(cmp)
-                if not cmp.ok:
-                    vrow.fail(f"[{case.name}] {cmp.describe('dx')}")
-                elif case.name == "random":
+                skipped[0] += int(ill.sum())
+                if ok and case.name == "random":
                     s = got.astype(np.float64).sum(axis=1)
                     ok = np.abs(s) <= np.where(ill, np.inf, tol[:, 0] * x.shape[1])
                     vrow.prop("rows sum to 0 (J 1 = 0)", bool(ok.all()), f"worst |sum| {np.abs(s).max():.3g}")
-        for r in (frow, vrow):
-            if r is not None:
-                r.seconds = time.perf_counter() - t0
-        if skipped and vrow is not None:
-            vrow.note(f"{skipped} ill-posed row(s) not compared (alpha >= 2 with an entry at the threshold)")
     return report
 
 
@@ -275,12 +296,8 @@ def check_budget_sparsemax(fn: Callable | None, budget: float = 2.0, *, vjp: Cal
     report = CheckReport()
     label = name or getattr(fn or vjp, "__name__", "fn")
     rng = np.random.default_rng(seed + 43)
-    for dt in _dtypes(dtypes):
-        frow = CheckRow(f"budget B={budget:g}", label, dt.name, peer=peer) if fn is not None else None
-        vrow = CheckRow(f"budget vjp B={budget:g}", label, dt.name, peer=peer) if vjp is not None else None
-        report.rows.extend(r for r in (frow, vrow) if r is not None)
-        t0 = time.perf_counter()
-        skipped = 0
+    for dt, frow, vrow, skipped in _dtype_rows(report, fn, vjp, "budget", f"B={budget:g}", label, dtypes, peer,
+                                               "an entry at a breakpoint"):
         for case in _rows_of(size, seed, masked_rows and masks):
             if not masks and case.name == "masks":
                 continue
@@ -289,40 +306,18 @@ def check_budget_sparsemax(fn: Callable | None, budget: float = 2.0, *, vjp: Cal
             b = float(min(budget, x.shape[1]))
             p, info = er.budget_sparsemax(x64, b, backend="numpy", return_info=True)
             if frow is not None:
-                res = _call2(frow, fn, x, b, framework, device, "budget")
-                got = None if res is None else _safe_np(frow, res)
-                if got is not None:
-                    if case.name == "random":
-                        frow.prop("dtype", dt.name in str(getattr(res, "dtype", "")), f"got {getattr(res, 'dtype', '?')}")
-                    tol = budget_tolerance(x64, b, dt)
-                    cmp = compare(got, p, tol, dt, support=True)
-                    frow.measure(cmp)
-                    if not cmp.ok:
-                        frow.fail(f"[{case.name}] {cmp.describe('p')}")
-                    elif case.name == "masks":
-                        frow.prop("masked entries are exactly 0", bool(np.all(got[np.isneginf(x64)] == 0)))
-                    elif case.name == "random":
-                        s = got.astype(np.float64).sum(axis=1)
-                        frow.prop("in the box, summing to the budget",
-                                  bool(np.all(got >= 0) and np.all(got <= 1) and np.all(np.abs(s - b) <= tol.sum(axis=1))),
-                                  f"worst |sum - budget| {np.abs(s - b).max():.3g}")
+                tol = budget_tolerance(x64, b, dt)
+                got = _forward_case(frow, fn, case, x, b, p, tol, dt, framework, device, "budget")
+                if got is not None and case.name == "random":
+                    s = got.astype(np.float64).sum(axis=1)
+                    frow.prop("in the box, summing to the budget",
+                              bool(np.all(got >= 0) and np.all(got <= 1) and np.all(np.abs(s - b) <= tol.sum(axis=1))),
+                              f"worst |sum - budget| {np.abs(s - b).max():.3g}")
             if vrow is not None and case.name != "long":
                 g = rng.standard_normal(x.shape).astype(dt)
                 dx = er.budget_sparsemax_vjp(p, g.astype(np.float64), b, backend="numpy")
-                gx = from_numpy(g, framework, device)
-                res = _run(vrow, lambda: vjp(from_numpy(x, framework, device), gx, b))
-                got = None if res is None else _safe_np(vrow, res)
-                if got is None:
-                    continue
                 tol, ill = budget_vjp_tolerance(x64, p, g, dx, b, dt)
-                skipped += int(ill.sum())
-                cmp = compare(got, dx, tol, dt)
-                vrow.measure(cmp)
-                if not cmp.ok:
-                    vrow.fail(f"[{case.name}] {cmp.describe('dx')}")
-        for r in (frow, vrow):
-            if r is not None:
-                r.seconds = time.perf_counter() - t0
-        if skipped and vrow is not None:
-            vrow.note(f"{skipped} ill-posed row(s) not compared (an entry at a breakpoint)")
+                got, _ = _vjp_case(vrow, vjp, case, x, g, b, dx, tol, dt, framework, device)
+                if got is not None:
+                    skipped[0] += int(ill.sum())
     return report

@@ -12,14 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
-try:
-    import mpmath as mp
-except ModuleNotFoundError as _exc:  # pragma: no cover - exercised only without mpmath
-    raise ModuleNotFoundError(
-        'the 50-digit normmax oracle needs mpmath: pip install "entmax-ref[corpus]" (or: pip install mpmath)',
-        name="mpmath") from _exc
-
-DPS = 50
+from .oracle import DPS, mp  # one mpmath import guard (it names the extra to install)
 
 
 def normmax_mp(x, alpha):
@@ -63,15 +56,21 @@ def normmax_mp(x, alpha):
         return [wi / S for wi in w], tau + top
 
 
-def normmax_np(x, alpha):
-    """Rows of a 2-D array through :func:`normmax_mp`: (p float64, tau float64)."""
+def _rows_np(solve, x, prm):
+    """Rows of a 2-D array through ``solve(row, prm) -> (p, tau or None)``: (p float64,
+    tau float64, -inf where ``solve`` gives None)."""
     x = np.atleast_2d(np.asarray(x, np.float64))
     ps, taus = [], []
-    for row, a in zip(x, np.broadcast_to(alpha, len(x))):
-        p, t = normmax_mp(row, a)
+    for row, a in zip(x, np.broadcast_to(prm, len(x))):
+        p, t = solve(row, a)
         ps.append([float(v) for v in p])
         taus.append(-np.inf if t is None else float(t))
     return np.array(ps), np.array(taus)
+
+
+def normmax_np(x, alpha):
+    """Rows of a 2-D array through :func:`normmax_mp`: (p float64, tau float64)."""
+    return _rows_np(normmax_mp, x, alpha)
 
 
 def budget_exact(x, budget):
@@ -104,10 +103,4 @@ def budget_exact(x, budget):
 
 def budget_np(x, budget):
     """Rows of a 2-D array through :func:`budget_exact`: (p float64, tau float64)."""
-    x = np.atleast_2d(np.asarray(x, np.float64))
-    ps, taus = [], []
-    for row, b in zip(x, np.broadcast_to(budget, len(x))):
-        p, t = budget_exact(row, b)
-        ps.append([float(v) for v in p])
-        taus.append(-np.inf if t is None else float(t))
-    return np.array(ps), np.array(taus)
+    return _rows_np(budget_exact, x, budget)
