@@ -14,7 +14,6 @@ import pytest
 from entmax_ref.backends import _cuda_loader
 from entmax_ref.backends.constants import cuda_defines
 
-from entmax_ref.backends.numpy_backend import skew_weights
 
 EPS64 = np.finfo(np.float64).eps
 ALPHAS = (1.0, 1.0 + 1e-6, 1.25, 1.5, 2.0, 3.0, 10.0)
@@ -126,40 +125,3 @@ def edge_rows(alpha: float, n_random: int, seed: int) -> np.ndarray:
         if s > 1e-290:
             rows += list(s * rng.standard_normal((n_random, n)))
     return _pad(rows)
-
-
-def theta_tol(x: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """|theta| error bound: theta = m + A is one rounding of the sum (|m| + |A| scale), and
-    A is the root of f with |f'| = sum p^(2-alpha) >= sum p = 1, so its error is that of
-    f, a compensated sum of terms each exact to a few ulps (log n of them at most matter)."""
-    m = np.max(x, axis=1, initial=-np.inf)
-    live = np.isfinite(theta)
-    A = np.where(live, theta - np.where(live, m, 0.0), 0.0)
-    n = np.isfinite(x).sum(axis=1)
-    return 8 * EPS64 * (np.abs(np.where(live, m, 0.0)) + np.abs(A) + np.log2(n + 1) + 1)
-
-
-def p_tol(x, theta_ref, p_ref, alpha, dtype):
-    """|p| error bound: a threshold error dtheta moves p_i by u_i dtheta (u = p^(2-alpha),
-    -dp/dtheta), and evaluating p_i = exp(log1p((alpha-1) d)/(alpha-1)) rounds it by a few
-    ulps times (1 + |log p_i|); float32 output adds half an ulp of float32 on each side."""
-    u = skew_weights(p_ref, alpha[:, None])
-    with np.errstate(divide="ignore"):
-        logp = np.where(p_ref > 0, np.abs(np.log(np.where(p_ref > 0, p_ref, 1.0))), 0.0)
-    tol = u * theta_tol(x, theta_ref)[:, None] + 8 * EPS64 * p_ref * (1 + logp)
-    if dtype == np.float32:
-        tol = tol + np.spacing(np.abs(p_ref).astype(np.float32)).astype(np.float64)
-    return tol
-
-
-def p_edge_tol(x, p_ref):
-    """alpha > 2: |p| error bound from the edge probability q.  The mass is increasing in q
-    with slope >= 1, so q's error is that of the compensated mass (a few ulps of 1, log n
-    of them at most matter), and dp_i/dq = (q/p_i)^(alpha-2) <= 1 carries it to every p_i;
-    evaluating p_i = exp(logaddexp(log((alpha-1) d_i), (alpha-1) log q)/(alpha-1)) rounds it
-    by a few ulps times (1 + |log p_i|).  Much tighter than p_tol at the edge, where u =
-    p^(2-alpha) is huge (inf where it overflows)."""
-    n = np.isfinite(x).sum(axis=1)
-    with np.errstate(divide="ignore"):
-        logp = np.where(p_ref > 0, np.abs(np.log(np.where(p_ref > 0, p_ref, 1.0))), 0.0)
-    return 8 * EPS64 * (np.log2(n + 1) + 1)[:, None] + 8 * EPS64 * p_ref * (1 + logp)

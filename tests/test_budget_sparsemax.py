@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import entmax_ref as er
+from family_cases import check_against_torch_peer, check_axis_dtype_and_inputs, check_per_row_param
 from family_oracle import budget_np
 
 EPS = np.finfo(np.float64).eps
@@ -107,23 +108,9 @@ def test_masks_all_masked_and_saturated_rows(backend):
 
 
 def test_dtypes_axis_inputs_untouched_and_per_row_budget(backend):
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((4, 6, 3))
-    keep = x.copy()
-    p0 = backend.numpy(er.budget_sparsemax(backend.asarray(x), 2.5, axis=1, backend=backend))
-    np.testing.assert_array_equal(x, keep)
-    p1 = backend.numpy(er.budget_sparsemax(backend.asarray(np.moveaxis(x, 1, -1)), 2.5, backend=backend))
-    np.testing.assert_array_equal(p0, np.moveaxis(p1, -1, 1))
-    x32 = x.astype(np.float32)
-    p32 = er.budget_sparsemax(backend.asarray(x32), 2.5, axis=1, backend=backend)
-    assert p32.dtype == np.float32
-    ref = er.budget_sparsemax(x32.astype(np.float64), 2.5, axis=1, backend="numpy").astype(np.float32)
-    np.testing.assert_allclose(backend.numpy(p32), ref, rtol=0, atol=np.finfo(np.float32).eps)
-    b = np.array([0.5, 1.0, 2.0, 5.5])
-    pr = backend.numpy(er.budget_sparsemax(backend.asarray(x[:, :, 0]), b, backend=backend))
-    for i in range(4):
-        np.testing.assert_array_equal(
-            pr[i], backend.numpy(er.budget_sparsemax(backend.asarray(x[i, :, 0]), b[i], backend=backend)))
+    x = np.random.default_rng(4).standard_normal((4, 6, 3))
+    check_axis_dtype_and_inputs(backend, er.budget_sparsemax, 2.5, x, f32_atol=np.finfo(np.float32).eps)
+    check_per_row_param(backend, er.budget_sparsemax, x[:, :, 0], np.array([0.5, 1.0, 2.0, 5.5]))
 
 
 @pytest.mark.parametrize("budget", [-0.5, 4.5, np.inf, np.nan])
@@ -201,18 +188,13 @@ def test_backends_agree_on_a_large_batch(backend):
 @pytest.mark.peer
 @pytest.mark.parametrize("budget", (1.0, 2.0, 3.5, 7.0))
 def test_peer_budget_bisect_forward_and_autograd(backend, budget):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     entmax_pkg = pytest.importorskip("entmax")
     rng = np.random.default_rng(19)
     x = rng.standard_normal((12, 15))
-    g = rng.standard_normal(x.shape)
-    xt = torch.tensor(x, requires_grad=True)
-    pt = entmax_pkg.budget_bisect(xt, budget=budget, n_iter=100)
-    (pt * torch.tensor(g)).sum().backward()
-    p = er.budget_sparsemax(backend.asarray(x), budget, backend=backend)
-    np.testing.assert_allclose(backend.numpy(p), pt.detach().numpy(), rtol=0, atol=1e-14)
-    dx = er.budget_sparsemax_vjp(p, backend.asarray(g), budget, backend=backend)
-    np.testing.assert_allclose(backend.numpy(dx), xt.grad.numpy(), rtol=0, atol=1e-13)
+    check_against_torch_peer(backend, er.budget_sparsemax, er.budget_sparsemax_vjp, budget,
+                             lambda xt: entmax_pkg.budget_bisect(xt, budget=budget, n_iter=100),
+                             x, rng.standard_normal(x.shape), 1e-14, 1e-13)
 
 
 def test_check_battery_passes_the_backends_and_fails_a_perturbed_implementation(backend):

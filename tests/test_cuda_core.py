@@ -16,10 +16,12 @@ import ctypes
 import numpy as np
 import pytest
 
-from cuda_cases import (ALPHAS, BIG_ALPHAS, EPS64, build_harness, edge_rows, forward_outputs, p_edge_tol, p_tol, ptr,
-                        rows, theta_tol)
+from cuda_cases import ALPHAS, BIG_ALPHAS, EPS64, build_harness, edge_rows, forward_outputs, ptr, rows
 from entmax_ref.backends import get_backend
-from entmax_ref.backends.numpy_backend import skew_weights
+from entmax_ref.testing.tolerance import core_alpha_vjp_tolerance, core_vjp_tolerance
+from entmax_ref.testing.tolerance import core_p_edge_tolerance as p_edge_tol
+from entmax_ref.testing.tolerance import core_p_tolerance as p_tol
+from entmax_ref.testing.tolerance import core_theta_tolerance as theta_tol
 LANES = (1, 32, 256)
 DEFAULT, BISECT = 0, 1
 MAX_ITER = 4400  # CupyTuning.max_iter
@@ -187,20 +189,19 @@ def _grad(rng, p):
     return np.where(np.isfinite(g), g, 0.0)
 
 
+def _pg(ref, alpha, dtype, seed):
+    """(alpha per row, the reference p of X64 and a seeded gradient, both in dtype)."""
+    a = np.full(len(X64), alpha)
+    p = ref.entmax_forward(X64, a, None).p.astype(dtype)
+    return a, p, _grad(np.random.default_rng(seed), p).astype(dtype)
+
+
 @pytest.mark.parametrize("dtype", (np.float64, np.float32))
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_vjp_matches_reference(harness, ref, alpha, dtype):
-    a = np.full(len(X64), alpha)
-    p = ref.entmax_forward(X64, a, None).p.astype(dtype)
-    g = _grad(np.random.default_rng(1), p).astype(dtype)
+    a, p, g = _pg(ref, alpha, dtype, seed=1)
     want = ref.entmax_vjp(p, g, a).astype(np.float64)
-    u = skew_weights(p.astype(np.float64), a[:, None])
-    g64 = g.astype(np.float64)
-    su = u.sum(axis=1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = np.where(su > 0, np.abs(u * g64).sum(axis=1, keepdims=True) / su, 0.0)
-    # Each term is a few roundings of u_i (g_i - r): bound by ulps of |u_i| (|g_i| + |r|).
-    tol = 16 * EPS64 * u * (np.abs(g64) + r)
+    tol = core_vjp_tolerance(p.astype(np.float64), g.astype(np.float64), a)
     if dtype == np.float32:
         tol = tol + np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
     for lanes in LANES:
@@ -213,21 +214,9 @@ def test_vjp_matches_reference(harness, ref, alpha, dtype):
 @pytest.mark.parametrize("dtype", (np.float64, np.float32))
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_alpha_vjp_matches_reference(harness, ref, alpha, dtype):
-    a = np.full(len(X64), alpha)
-    p = ref.entmax_forward(X64, a, None).p.astype(dtype)
-    g = _grad(np.random.default_rng(2), p).astype(dtype)
+    a, p, g = _pg(ref, alpha, dtype, seed=2)
     want = ref.entmax_alpha_vjp(p, g, a)
-    p64, g64 = p.astype(np.float64), g.astype(np.float64)
-    on = p64 > 0
-    with np.errstate(divide="ignore"):
-        L = np.where(on, np.log(np.where(on, p64, 1.0)), 0.0)
-    # |p_i c_i| <= p_i L_i^2 e^{|(alpha-1) L_i|}: the size of every term, for the bound.
-    pc = np.where(on, p64 * L * L * np.exp(np.minimum(np.abs((alpha - 1) * L), 700)), 0.0)
-    u = skew_weights(p64, a[:, None])
-    su = u.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        corr = np.where(su > 0, np.abs(u * g64).sum(axis=1) * pc.sum(axis=1) / su, 0.0)
-    tol = 64 * EPS64 * ((np.abs(g64) * pc).sum(axis=1) + corr)
+    tol = core_alpha_vjp_tolerance(p.astype(np.float64), g.astype(np.float64), a)
     for lanes in LANES:
         got = harness.alpha_vjp(p, g, a, lanes)
         err = np.abs(got - want)

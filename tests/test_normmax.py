@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import entmax_ref as er
+from family_cases import check_against_torch_peer, check_axis_dtype_and_inputs, check_per_row_param
 from family_oracle import normmax_mp, normmax_np
 
 EPS = np.finfo(np.float64).eps
@@ -94,25 +95,11 @@ def test_masks_and_all_masked_rows(backend):
 
 
 def test_dtypes_axis_and_inputs_untouched(backend):
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((3, 5, 4))
-    keep = x.copy()
-    p0 = backend.numpy(er.normmax(backend.asarray(x), 1.5, axis=1, backend=backend))
-    np.testing.assert_array_equal(x, keep)
-    p1 = backend.numpy(er.normmax(backend.asarray(np.moveaxis(x, 1, -1)), 1.5, backend=backend))
-    np.testing.assert_array_equal(p0, np.moveaxis(p1, -1, 1))
-    x32 = x.astype(np.float32)
-    p32 = er.normmax(backend.asarray(x32), 1.5, axis=1, backend=backend)
-    assert p32.dtype == np.float32
+    x = np.random.default_rng(3).standard_normal((3, 5, 4))
     # float32 is computed in float64 from the float32 values and rounded once
-    ref = er.normmax(x32.astype(np.float64), 1.5, axis=1, backend="numpy").astype(np.float32)
-    np.testing.assert_array_equal(backend.numpy(p32), ref)
+    check_axis_dtype_and_inputs(backend, er.normmax, 1.5, x)
     assert er.normmax(np.array([1, 2, 3]), backend="numpy").dtype == np.float64
-    # per-row alpha
-    a = np.array([1.2, 2.0, 4.0])
-    pr = backend.numpy(er.normmax(backend.asarray(x[:, :, 0]), a, backend=backend))
-    for i in range(3):
-        np.testing.assert_array_equal(pr[i], backend.numpy(er.normmax(backend.asarray(x[i, :, 0]), a[i], backend=backend)))
+    check_per_row_param(backend, er.normmax, x[:, :, 0], np.array([1.2, 2.0, 4.0]))  # per-row alpha
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.5, np.nan, np.inf])
@@ -272,19 +259,14 @@ def test_loss_values_and_gradient(backend):
 @pytest.mark.peer
 @pytest.mark.parametrize("alpha", (1.25, 1.5, 2.0, 3.0))
 def test_peer_normmax_bisect_forward_and_autograd(backend, alpha):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     entmax_pkg = pytest.importorskip("entmax")
     rng = np.random.default_rng(13)
     x = rng.standard_normal((12, 17)) * 1.5
-    g = rng.standard_normal(x.shape)
-    xt = torch.tensor(x, requires_grad=True)
     # 100 halvings of the package's bracket: below float64 resolution
-    pt = entmax_pkg.normmax_bisect(xt, alpha=alpha, n_iter=100)
-    (pt * torch.tensor(g)).sum().backward()
-    p = er.normmax(backend.asarray(x), alpha, backend=backend)
-    np.testing.assert_allclose(backend.numpy(p), pt.detach().numpy(), rtol=0, atol=1e-14)
-    dx = er.normmax_vjp(p, backend.asarray(g), alpha, backend=backend)
-    np.testing.assert_allclose(backend.numpy(dx), xt.grad.numpy(), rtol=0, atol=1e-12)
+    check_against_torch_peer(backend, er.normmax, er.normmax_vjp, alpha,
+                             lambda xt: entmax_pkg.normmax_bisect(xt, alpha=alpha, n_iter=100),
+                             x, rng.standard_normal(x.shape), 1e-14, 1e-12)
 
 
 @pytest.mark.peer

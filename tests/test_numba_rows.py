@@ -6,21 +6,10 @@ not from what happened to pass), for float64 and float32 inputs, on seeded rando
 on adversarial ones (ties, constant rows, 1e6 offsets, -inf masks, n = 1, n = 10^6,
 alpha from 1 to 100, per-row alpha).
 
-Tolerance model (float64 working precision, eps = 2^-52, K = 8 roundings' worth):
-
-* The threshold is the root of ``f(A) = sum_i p_i(A) - 1``.  Both backends evaluate f to
-  ``eps * Lg * S1`` with ``S1 = sum_S p (1 + |log p|)`` (each p carries ~``eps (1 + |log p|)``
-  relative error from log1p/exp, and ``Lg = 1 + log2 |S|`` bounds the reference's pairwise
-  summation), and ``|f'| = sum_S u`` with ``u = p^(2 - alpha)``; so the two roots differ by
-  ``dA <= K eps (Lg S1 / sum u + R)``, where ``R`` is the scale of the numbers in the
-  threshold arithmetic: ``1 + |A| + 1/(alpha - 1)`` for alpha <= 2 (``1 + |A|`` at alpha 1).
-* ``dp_i/dA = -u_i``, so ``|dp_i| <= u_i dA + K eps p_i (1 + |log p_i|)``.
-* alpha > 2: both backends solve relative to the smallest support entry c
-  (``p_i = (a1 (y_i - c + delta))^(1/a1)``), so ``|dp_i| <= K eps [(u_i / sum u) Lg S1 +
-  p_i (1 + |log p_i| + 1/(alpha - 1))]`` (u may overflow at the edge; the ratio does not).
-* theta = max + A is rounded once more: ``|dtheta| <= dA + K eps (|theta| + |max|)``.
-* float32 output: both round the same float64 value (computed in float64 from the same
-  inputs), so they differ by at most the float64 bound plus one float32 ulp of p.
+Tolerance model: :func:`entmax_ref.testing.tolerance.rows_agreement_tolerances` and
+:func:`~entmax_ref.testing.tolerance.rows_agreement_vjp_tolerances` (formula 9 of that
+module: float64 working precision, K = 8 roundings' worth, derived from each row's
+support, ``u = p^(2-alpha)`` and ``|log p|``); float32 output adds one float32 ulp of p.
 """
 
 from __future__ import annotations
@@ -32,6 +21,7 @@ import numpy as np
 import pytest
 
 from entmax_ref.backends import get_backend, unavailable_reason
+from entmax_ref.testing.tolerance import rows_agreement_tolerances, rows_agreement_vjp_tolerances
 
 _reason = unavailable_reason("numba")
 pytestmark = [
@@ -40,7 +30,6 @@ pytestmark = [
 ]
 
 EPS = np.finfo(np.float64).eps
-K = 8.0
 ALPHAS = [1.0, 1.0 + 1e-6, 1.1, 1.25, 1.33, 1.5, 1.75, 2.0, 2.5, 3.0, 10.0, 100.0]
 DTYPES = [np.float64, np.float32]
 
@@ -56,41 +45,6 @@ def nb():
 
 
 # ----------------------------------------------------------------------------- helpers
-def _tolerances(x64: np.ndarray, alpha: np.ndarray, p: np.ndarray, theta: np.ndarray):
-    """Per-entry p tolerance and per-row theta tolerance from the float64 reference."""
-    rows, n = x64.shape
-    tol_p = np.zeros_like(p)
-    tol_t = np.zeros(rows)
-    for r in range(rows):
-        if not np.isfinite(theta[r]):
-            continue
-        a = alpha[r]
-        m = x64[r].max()
-        A = theta[r] - m
-        on = p[r] > 0
-        ps = p[r][on]
-        logp = np.log(ps)
-        lg = 1.0 + np.log2(max(on.sum(), 1))
-        s1 = np.sum(ps * (1.0 + np.abs(logp)))
-        if a > 2.0:
-            # u = p^(2-alpha) is unbounded at the support's edge (it may overflow), but
-            # the solve is relative to the edge entry: dp_i = (u_i / sum u) * (error of
-            # the mass) plus the rounding of p_i itself, and d_i + delta carries only a
-            # relative rounding, which moves p_i by eps p_i / (alpha - 1)
-            lu = (2.0 - a) * logp
-            lsu = np.logaddexp.reduce(lu)
-            w = np.exp(lu - lsu)
-            dA = K * EPS * (lg * s1 * np.exp(-lsu) + 2.0 / (a - 1.0))
-            tol_p[r][on] = K * EPS * (w * lg * s1 + ps * (1.0 + np.abs(logp) + 1.0 / (a - 1.0)))
-        else:
-            u = np.exp((2.0 - a) * logp)
-            R = 1.0 + abs(A) + (1.0 / (a - 1.0) if a > 1.0 else 0.0)
-            dA = K * EPS * (lg * s1 / u.sum() + R)
-            tol_p[r][on] = u * dA + K * EPS * ps * (1.0 + np.abs(logp))
-        tol_t[r] = dA + K * EPS * (abs(theta[r]) + abs(m))
-    return tol_p, tol_t
-
-
 def _check(nb, ref, x, alpha, method=None, ref_method="same"):
     """Run both backends and assert the same answer (see the module docstring)."""
     x = np.ascontiguousarray(x)
@@ -111,7 +65,7 @@ def _check(nb, ref, x, alpha, method=None, ref_method="same"):
     if x.dtype == np.float64:  # the same entries are nonzero (float32 may round tiny p to 0)
         np.testing.assert_array_equal(got.p > 0, want.p > 0)
 
-    tol_p, tol_t = _tolerances(x64, alpha, want.p, want.theta)
+    tol_p, tol_t = rows_agreement_tolerances(x64, alpha, want.p, want.theta)
     fin = np.isfinite(want.theta)
     np.testing.assert_array_equal(np.isfinite(got.theta), fin)
     assert np.all(got.theta[~fin] == -np.inf)
@@ -227,60 +181,6 @@ def test_empty_shapes_and_errors(nb):
 
 
 # ----------------------------------------------------------------------------- VJPs
-def _vjp_tolerances(p, g, alpha):
-    """|d dx_i| <= K eps [u_i e_i (|g_i| + |r|) + u_i Lg (sum_j u_j e_j (|g_j| + |r|)) / sum u],
-    e_i = 1 + |(2 - alpha) log p_i| (the relative error of u_i), r = (u.g)/sum u.
-
-    alpha > 2 (the overflow-free forms of both backends): the ratios u_j / sum u are
-    formed as w_j / sum w (w = u / max u), u_i e_i ... as exp(log u_i + log(...)) (inf
-    where it overflows, where the check is that both sides give the same inf); at the
-    entry m of largest u, dx_m = sum_{j != m} u_j (g_m - g_j) / sum w, so
-    |d dx_m| <= K eps Lg sum_{j != m} u_j e_j (|g_m| + |g_j|) / sum w; the alpha VJP is
-    sum_i p_i (1 + t_i) (g_i - r) / (alpha-1)^2, t_i = (alpha - 1)|log p_i|, each term
-    carrying ~ (3 + |log p_i|) relative error plus that of r."""
-    rows = p.shape[0]
-    tol = np.zeros_like(p)
-    tol_a = np.zeros(rows)
-    for r in range(rows):
-        on = p[r] > 0
-        if not on.any():
-            continue
-        a = alpha[r]
-        ps, gs = p[r][on], g[r][on]
-        logp = np.log(ps)
-        lg = 1.0 + np.log2(on.sum())
-        if a > 2.0:
-            lu = (2.0 - a) * logp
-            m = lu.argmax()
-            w = np.exp(lu - lu[m])
-            sw = w.sum()
-            e = 2.0 + np.abs(lu)
-            rr = np.dot(w, gs) / sw
-            spread = lg * np.sum(w * e * (np.abs(gs) + abs(rr))) / sw
-            with np.errstate(over="ignore"):
-                t = np.exp(lu + np.log(e * (np.abs(gs) + abs(rr)) + spread))
-                others = np.arange(len(ps)) != m
-                t[m] = lg * np.sum(np.exp(lu[others]) * e[others] * (abs(gs[m]) + np.abs(gs[others]))) / sw
-            tol[r][on] = K * EPS * t
-            a1 = a - 1.0
-            rel = 3.0 + np.abs(logp)
-            tol_a[r] = K * EPS * lg * np.sum(ps * (1.0 - a1 * logp) * (rel * (np.abs(gs) + abs(rr)) + spread)) / a1**2
-            continue
-        u = np.exp((2.0 - a) * logp)
-        e = 2.0 + np.abs((2.0 - a) * logp)
-        su = u.sum()
-        rr = np.dot(u, gs) / su
-        spread = lg * np.sum(u * e * (np.abs(gs) + abs(rr))) / su
-        tol[r][on] = K * EPS * u * (e * (np.abs(gs) + abs(rr)) + spread)
-        # alpha VJP: terms g_i p_i c_i and (u.g)(sum p c)/sum u, each entry carrying
-        # ~ (3 + |log p| + e) relative error, summed with growth Lg
-        w = -(a - 1.0) * logp
-        pc = np.abs(ps * logp * logp) * np.maximum(0.5, np.abs(np.expm1(w) - w) / np.maximum(w * w, 1e-300))
-        rel = 3.0 + np.abs(logp) + e
-        tol_a[r] = K * EPS * lg * (np.sum(np.abs(gs) * pc * rel) + np.sum(u * np.abs(gs) * rel) * np.sum(pc * rel) / su)
-    return tol, tol_a
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 @pytest.mark.parametrize("alpha", ALPHAS + [1000.0])
 def test_vjps_match_reference(nb, ref, alpha, dtype):
@@ -299,7 +199,7 @@ def test_vjps_match_reference(nb, ref, alpha, dtype):
             want_da = ref.entmax_alpha_vjp(p, g, a)
         np.testing.assert_array_equal(p, p0)
         np.testing.assert_array_equal(g, g0)
-        tol, tol_a = _vjp_tolerances(p.astype(np.float64), g.astype(np.float64), a)
+        tol, tol_a = rows_agreement_vjp_tolerances(p.astype(np.float64), g.astype(np.float64), a)
         assert dx.dtype == want_dx.dtype and da.dtype == np.float64
         # no NaN anywhere; the alpha VJP is always finite; an infinite dx (the Jacobian's
         # entries beyond float64's range, at alpha = 100 and 1000) is the same on both sides

@@ -21,24 +21,20 @@ using er_harness::RowOutputs;
 template <int LANES>
 void normmax_rows(const double* x, long rows, int n, const double* alpha, int max_iter, double* p,
                   const RowOutputs& out) {
-    er::HostTeam<LANES> team;
-    for (long r = 0; r < rows; ++r) {
-        er::RowReader<double> row{x + r * n};
+    er_harness::for_rows<LANES>(x, rows, n, [&](const auto& team, const auto& row, long r) {
         double m;
         er::FamilySolve s = er::normmax_solve(team, row, n, alpha[r], max_iter, &m);
         out.set(r, er::normmax_write(team, row, n, alpha[r], m, s, p + r * n), s.tau, s);
-    }
+    });
 }
 
 template <int LANES>
 void budget_rows(const double* x, long rows, int n, const double* budget, int max_iter, double* p,
                  const RowOutputs& out) {
-    er::HostTeam<LANES> team;
-    for (long r = 0; r < rows; ++r) {
-        er::RowReader<double> row{x + r * n};
+    er_harness::for_rows<LANES>(x, rows, n, [&](const auto& team, const auto& row, long r) {
         er::FamilySolve s = er::budget_solve(team, row, n, budget[r], max_iter);
         out.set(r, er::budget_write(team, row, n, s.tau, p + r * n), s.tau, s);
-    }
+    });
 }
 
 template <int LANES>

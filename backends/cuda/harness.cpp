@@ -14,12 +14,10 @@ namespace {
 template <int LANES, class T>
 void forward_rows(const T* x, long rows, int n, const double* alpha, int method, int max_iter, T* p,
                   const er_harness::RowOutputs& out) {
-    er::HostTeam<LANES> team;
-    for (long r = 0; r < rows; ++r) {
-        er::RowReader<T> row{x + r * n};
+    er_harness::for_rows<LANES>(x, rows, n, [&](const auto& team, const auto& row, long r) {
         er::Solve s = er::solve_row(team, row, n, alpha[r], method, max_iter);
         out.set(r, er::write_probs(team, row, n, alpha[r], s, p + r * n), s.theta, s);
-    }
+    });
 }
 
 template <int LANES, class T>

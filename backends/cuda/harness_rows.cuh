@@ -1,7 +1,8 @@
 // harness_rows.cuh -- what the g++ harnesses of the CUDA cores share (harness.cpp for
 // entmax_core.cuh, family_harness.cpp for family_core.cuh): the per-row results of a
 // forward as the ctypes caller lays them out, and the run-time choice of a HostTeam's
-// lane count.  Host-only: never included by a .cu file.
+// lane count, and the loop of one team over the rows.  Host-only: never included by a
+// .cu file; include it after the core header (it uses er::HostTeam, er::RowReader).
 #pragma once
 
 namespace er_harness {
@@ -22,6 +23,14 @@ struct RowOutputs {
         converged[r] = s.converged ? 1 : 0;
     }
 };
+
+// body(team, row, r) for each row r of the (rows, n) array x, with one HostTeam<LANES>
+// serving the rows in turn (as a kernel's team serves its row).
+template <int LANES, class T, class Body>
+void for_rows(const T* x, long rows, int n, Body body) {
+    er::HostTeam<LANES> team;
+    for (long r = 0; r < rows; ++r) body(team, er::RowReader<T>{x + r * n}, r);
+}
 
 }  // namespace er_harness
 
