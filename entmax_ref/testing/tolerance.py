@@ -91,7 +91,11 @@ returns), ``n`` the row length, and ``e_alpha(t) = [1 + (alpha-1) t]_+ ** (1/(al
      :func:`core_p_tolerance`, :func:`core_p_edge_tolerance` (alpha > 2, relative to the
      edge probability), :func:`core_vjp_tolerance`, :func:`core_alpha_vjp_tolerance`;
    * the numba row engine (pairwise sums, growth ``Lg = 1 + log2 |support|``):
-     :func:`rows_agreement_tolerances`, :func:`rows_agreement_vjp_tolerances`.
+     :func:`rows_agreement_tolerances`, :func:`rows_agreement_vjp_tolerances`;
+   * normmax and budget-sparsemax in float64 against the exact oracles and against each
+     other (16 ulps of the row's magnitude in the threshold, carried to p):
+     :func:`family_threshold_agreement`, :func:`normmax_agreement_tolerance`,
+     :func:`budget_agreement_tolerance`.
 
 ``rtol`` / ``atol`` arguments of the assertions add to (never replace) these budgets;
 ``factor`` multiplies them.  Shared parameters: ``dtype`` is the dtype the implementation
@@ -113,14 +117,17 @@ __all__ = [
     "LAMBDA",
     "alpha_vjp_tolerance",
     "asentmax_scale_tolerances",
+    "budget_agreement_tolerance",
     "core_alpha_vjp_tolerance",
     "core_p_edge_tolerance",
     "core_p_tolerance",
     "core_theta_tolerance",
     "core_vjp_tolerance",
     "e_alpha",
+    "family_threshold_agreement",
     "entmax_tolerance",
     "loss_tolerance",
+    "normmax_agreement_tolerance",
     "rows_agreement_tolerances",
     "rows_agreement_vjp_tolerances",
     "threshold_budget",
@@ -522,3 +529,34 @@ def rows_agreement_vjp_tolerances(p, g, alpha):
         rel = 3.0 + np.abs(logp) + e
         tol_a[r] = K * _EPS64 * lg * (np.sum(np.abs(gs) * pc * rel) + np.sum(u * np.abs(gs) * rel) * np.sum(pc * rel) / su)
     return tol, tol_a
+
+
+def family_threshold_agreement(tau):
+    """|tau| budget of a float64 normmax or budget-sparsemax threshold against the exact
+    one (formula 9): 16 ulps of ``1 + |tau|``."""
+    return 16 * _EPS64 * (1 + np.abs(tau))
+
+
+def normmax_agreement_tolerance(x, p_ref, tau, alpha, scale=16.0):
+    """Per-entry |p| budget of a float64 alpha-normmax against the exact one (formula 9).
+
+    First-order propagation of ``scale`` ulps in tau (relative to the row's magnitude)
+    plus the rounding of p itself: ``|dp_i| <= |dp_i/dtau| dtau + scale eps p_i``, with
+    ``dp_i/dtau = gamma p_i (sum_j p_j / t_j - 1 / t_i)``, ``gamma = 1/(alpha - 1)``,
+    ``t = x - tau``.  ``alpha`` scalar or (rows, 1)."""
+    g = 1.0 / (alpha - 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(p_ref > 0, x - tau[:, None], np.inf)
+        pt = np.where(p_ref > 0, p_ref / t, 0.0)
+    dtau = scale * _EPS64 * (1.0 + np.nanmax(np.where(np.isfinite(x), np.abs(x), 0.0), axis=1, keepdims=True))
+    sens = g * (pt + p_ref * pt.sum(axis=1, keepdims=True))
+    return scale * _EPS64 * p_ref + sens * dtau + 1e-300
+
+
+def budget_agreement_tolerance(x, budget):
+    """(rows, 1) |p| budget of a float64 budget-sparsemax against the exact one (formula
+    9): a few roundings of ``tau = max + (|U| + sum_F (x - max) - B)/|F|`` and of
+    ``x - tau``, ``16 eps (1 + max|x| + max B)``."""
+    mag = np.nanmax(np.where(np.isfinite(x), np.abs(x), 0.0), axis=1, keepdims=True)
+    return 16 * _EPS64 * (1 + mag + np.max(budget))
+
