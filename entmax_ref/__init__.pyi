@@ -6,7 +6,7 @@
 # on the cupy backend).  Results are NumPy arrays for NumPy input and arrays of the
 # caller's framework otherwise, hence ``Array`` (= Any) for results.
 from contextlib import AbstractContextManager
-from typing import Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 from numpy.typing import ArrayLike, NDArray
 import numpy as np
@@ -29,6 +29,15 @@ Method = Literal["sort", "bisect", "newton"] | None
 __version__: str
 __all__: list[str]
 
+class _FixedAlpha(Protocol):
+    """softmax, sparsemax and entmax15: alpha-entmax at a fixed alpha (one signature)."""
+    @overload
+    def __call__(self, x: ArrayLike, axis: int = ..., *, backend: BackendArg = ...,
+                 return_info: Literal[False] = ..., check_finite: bool = ...) -> Array: ...
+    @overload
+    def __call__(self, x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return_info: Literal[True],
+                 check_finite: bool = ...) -> tuple[Array, EntmaxInfo]: ...
+
 # transforms
 @overload
 def entmax(x: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *, method: Method = ..., backend: BackendArg = ...,
@@ -36,24 +45,9 @@ def entmax(x: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *, method: Met
 @overload
 def entmax(x: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *, method: Method = ..., backend: BackendArg = ...,
            return_info: Literal[True], check_finite: bool = ...) -> tuple[Array, EntmaxInfo]: ...
-@overload
-def softmax(x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return_info: Literal[False] = ...,
-            check_finite: bool = ...) -> Array: ...
-@overload
-def softmax(x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return_info: Literal[True],
-            check_finite: bool = ...) -> tuple[Array, EntmaxInfo]: ...
-@overload
-def sparsemax(x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return_info: Literal[False] = ...,
-              check_finite: bool = ...) -> Array: ...
-@overload
-def sparsemax(x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return_info: Literal[True],
-              check_finite: bool = ...) -> tuple[Array, EntmaxInfo]: ...
-@overload
-def entmax15(x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return_info: Literal[False] = ...,
-             check_finite: bool = ...) -> Array: ...
-@overload
-def entmax15(x: ArrayLike, axis: int = ..., *, backend: BackendArg = ..., return_info: Literal[True],
-             check_finite: bool = ...) -> tuple[Array, EntmaxInfo]: ...
+softmax: _FixedAlpha
+sparsemax: _FixedAlpha
+entmax15: _FixedAlpha
 def entmax_threshold(x: ArrayLike, alpha: ArrayLike = ..., axis: int = ..., *, method: Method = ...,
                      backend: BackendArg = ..., check_finite: bool = ...) -> Array: ...
 

@@ -4,6 +4,7 @@ test_budget_sparsemax.py): both are ``fn(x, param, axis=-1, *, backend)`` row ma
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 
 def check_axis_dtype_and_inputs(backend, fn, param, x, f32_atol=0.0):
@@ -35,14 +36,50 @@ def check_per_row_param(backend, fn, x2, params):
 
 
 def check_against_torch_peer(backend, fn, vjp, param, peer, x, g, atol_p, atol_dx):
-    """``fn(x, param)`` within ``atol_p`` of ``peer(x)`` (a torch function of a tensor) and
-    ``vjp(p, g, param)`` within ``atol_dx`` of torch autograd through the peer."""
-    import torch
-
+    """``fn(x, param)`` within ``atol_p`` of ``peer(entmax, xt)`` (a function of the
+    ``entmax`` package and a torch tensor) and ``vjp(p, g, param)`` within ``atol_dx`` of
+    torch autograd through the peer.  Skips without torch or the entmax package."""
+    torch = pytest.importorskip("torch")
+    entmax_pkg = pytest.importorskip("entmax")
     xt = torch.tensor(x, requires_grad=True)
-    pt = peer(xt)
+    pt = peer(entmax_pkg, xt)
     (pt * torch.tensor(g)).sum().backward()
     p = fn(backend.asarray(x), param, backend=backend)
     np.testing.assert_allclose(backend.numpy(p), pt.detach().numpy(), rtol=0, atol=atol_p)
     dx = vjp(p, backend.asarray(g), param, backend=backend)
     np.testing.assert_allclose(backend.numpy(dx), xt.grad.numpy(), rtol=0, atol=atol_dx)
+
+
+def central_differences(fn, x, param, g, h):
+    """d(g . fn(x, param))/dx of a 1-D row x by central differences of step h, on the
+    NumPy reference."""
+    return np.array([(g @ fn(x + h * e, param, backend="numpy") - g @ fn(x - h * e, param, backend="numpy")) / (2 * h)
+                     for e in np.eye(len(x))])
+
+
+def vjp_at(backend, vjp, p, param, seed):
+    """(vjp(p, g, param) on the backend as NumPy, g) for a seeded standard-normal g."""
+    g = np.random.default_rng(seed).standard_normal(np.shape(p))
+    return backend.numpy(vjp(backend.asarray(p), backend.asarray(g), param, backend=backend)), g
+
+
+def solve_on_both(backend, fn, x, param):
+    """(p, info) of fn on the backend (p as NumPy) and (q, info) on the NumPy reference."""
+    p, info = fn(backend.asarray(x), param, backend=backend, return_info=True)
+    q, iq = fn(x, param, backend="numpy", return_info=True)
+    return backend.numpy(p), info, q, iq
+
+
+def large_batch(seed, rows, n, scale):
+    """(rng, x): a batch with more than numba's SEQUENTIAL_MAX entries (so its prange
+    drivers run), scaled normal scores with 5% masked; rng continues the same stream."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n)) * scale
+    x[rng.random(x.shape) < 0.05] = -np.inf
+    return rng, x
+
+
+def vjp_on_both(backend, vjp, p, g, param):
+    """vjp(p, g, param) on the backend (as NumPy) and on the NumPy reference."""
+    return (backend.numpy(vjp(backend.asarray(p), backend.asarray(g), param, backend=backend)),
+            vjp(p, g, param, backend="numpy"))

@@ -10,7 +10,8 @@ from hypothesis.extra import numpy as hnp
 
 import entmax_ref as er
 from entmax_ref.testing.tolerance import budget_agreement_tolerance
-from family_cases import check_against_torch_peer, check_axis_dtype_and_inputs, check_per_row_param
+from family_cases import (central_differences, check_against_torch_peer, check_axis_dtype_and_inputs,
+                          check_per_row_param, large_batch, solve_on_both, vjp_at, vjp_on_both)
 from family_oracle import budget_np
 
 EPS = np.finfo(np.float64).eps
@@ -159,36 +160,27 @@ def test_properties_and_vjp_vs_finite_differences(backend, x, frac, seed):
     # VJP vs central differences, away from the breakpoints
     assume(np.isfinite(tau))
     assume(np.min(np.minimum(np.abs(x - tau), np.abs(x - 1 - tau))[fin]) > 1e-4)
-    g = np.random.default_rng(seed).standard_normal(n)
-    dx = backend.numpy(er.budget_sparsemax_vjp(backend.asarray(p), backend.asarray(g), budget, backend=backend))
-    h = 1e-7
-    fd = np.array([(g @ er.budget_sparsemax(x + h * e, budget, backend="numpy")
-                    - g @ er.budget_sparsemax(x - h * e, budget, backend="numpy")) / (2 * h) for e in np.eye(n)])
+    dx, g = vjp_at(backend, er.budget_sparsemax_vjp, p, budget, seed)
+    fd = central_differences(er.budget_sparsemax, x, budget, g, 1e-7)
     np.testing.assert_allclose(dx, fd, rtol=0, atol=1e-6 * (1 + np.abs(g).sum()))
 
 
 def test_backends_agree_on_a_large_batch(backend):
-    rng = np.random.default_rng(9)
-    x = rng.standard_normal((130, 257)) * 2  # > numba's SEQUENTIAL_MAX entries: the prange drivers
-    x[rng.random(x.shape) < 0.05] = -np.inf
+    rng, x = large_batch(9, 130, 257, 2.0)
     b = rng.uniform(0, 257, 130)
-    p, info = er.budget_sparsemax(backend.asarray(x), b, backend=backend, return_info=True)
-    q, iq = er.budget_sparsemax(x, b, backend="numpy", return_info=True)
-    np.testing.assert_allclose(backend.numpy(p), q, rtol=0, atol=budget_agreement_tolerance(x, b).max())
-    g = rng.standard_normal(x.shape)
-    d1 = backend.numpy(er.budget_sparsemax_vjp(backend.asarray(q), backend.asarray(g), b, backend=backend))
-    np.testing.assert_allclose(d1, er.budget_sparsemax_vjp(q, g, b, backend="numpy"), rtol=0, atol=1e-13)
+    p, _, q, _ = solve_on_both(backend, er.budget_sparsemax, x, b)
+    np.testing.assert_allclose(p, q, rtol=0, atol=budget_agreement_tolerance(x, b).max())
+    d1, d0 = vjp_on_both(backend, er.budget_sparsemax_vjp, q, rng.standard_normal(x.shape), b)
+    np.testing.assert_allclose(d1, d0, rtol=0, atol=1e-13)
 
 
 @pytest.mark.peer
 @pytest.mark.parametrize("budget", (1.0, 2.0, 3.5, 7.0))
 def test_peer_budget_bisect_forward_and_autograd(backend, budget):
-    pytest.importorskip("torch")
-    entmax_pkg = pytest.importorskip("entmax")
     rng = np.random.default_rng(19)
     x = rng.standard_normal((12, 15))
     check_against_torch_peer(backend, er.budget_sparsemax, er.budget_sparsemax_vjp, budget,
-                             lambda xt: entmax_pkg.budget_bisect(xt, budget=budget, n_iter=100),
+                             lambda pkg, xt: pkg.budget_bisect(xt, budget=budget, n_iter=100),
                              x, rng.standard_normal(x.shape), 1e-14, 1e-13)
 
 

@@ -11,7 +11,8 @@ from hypothesis.extra import numpy as hnp
 
 import entmax_ref as er
 from entmax_ref.testing.tolerance import family_threshold_agreement, normmax_agreement_tolerance
-from family_cases import check_against_torch_peer, check_axis_dtype_and_inputs, check_per_row_param
+from family_cases import (central_differences, check_against_torch_peer, check_axis_dtype_and_inputs,
+                          check_per_row_param, large_batch, solve_on_both, vjp_at, vjp_on_both)
 from family_oracle import normmax_mp, normmax_np
 
 EPS = np.finfo(np.float64).eps
@@ -187,27 +188,20 @@ def test_properties_and_vjp_vs_finite_differences(backend, x, alpha, seed):
     # VJP vs central differences, away from the support's edges
     h = 1e-6
     assume(np.min(np.abs(x - tau)) > 1e-3)
-    g = np.random.default_rng(seed).standard_normal(len(x))
-    dx = backend.numpy(er.normmax_vjp(backend.asarray(p), backend.asarray(g), alpha, backend=backend))
-    fd = np.array([(g @ er.normmax(x + h * e, alpha, backend="numpy") - g @ er.normmax(x - h * e, alpha, backend="numpy"))
-                   / (2 * h) for e in np.eye(len(x))])
+    dx, g = vjp_at(backend, er.normmax_vjp, p, alpha, seed)
+    fd = central_differences(er.normmax, x, alpha, g, h)
     scale = 1 + np.abs(g).sum() * (1 + np.abs(x).max()) / np.min(np.abs(x - tau)) ** 2
     np.testing.assert_allclose(dx, fd, rtol=0, atol=1e-6 * scale)
     assert abs(dx.sum()) <= 1e-12 * (1 + np.abs(dx).max())  # J 1 = 0
 
 
 def test_backends_agree_on_a_large_batch(backend):
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((128, 300)) * 3  # > numba's SEQUENTIAL_MAX entries: the prange drivers
-    x[rng.random(x.shape) < 0.05] = -np.inf
+    rng, x = large_batch(5, 128, 300, 3.0)
     a = rng.uniform(1.1, 4.0, 128)
-    p, info = er.normmax(backend.asarray(x), a, backend=backend, return_info=True)
-    q, iq = er.normmax(x, a, backend="numpy", return_info=True)
+    p, info, q, iq = solve_on_both(backend, er.normmax, x, a)
     np.testing.assert_array_equal(backend.numpy(info.support), iq.support)
-    np.testing.assert_allclose(backend.numpy(p), q, rtol=0, atol=normmax_agreement_tolerance(x, q, iq.tau, a[:, None]).max())
-    g = rng.standard_normal(x.shape)
-    d1 = backend.numpy(er.normmax_vjp(backend.asarray(q), backend.asarray(g), a, backend=backend))
-    d0 = er.normmax_vjp(q, g, a, backend="numpy")
+    np.testing.assert_allclose(p, q, rtol=0, atol=normmax_agreement_tolerance(x, q, iq.tau, a[:, None]).max())
+    d1, d0 = vjp_on_both(backend, er.normmax_vjp, q, rng.standard_normal(x.shape), a)
     np.testing.assert_allclose(d1, d0, rtol=1e-12, atol=1e-12 * np.abs(d0).max())
 
 
@@ -247,13 +241,11 @@ def test_loss_values_and_gradient(backend):
 @pytest.mark.peer
 @pytest.mark.parametrize("alpha", (1.25, 1.5, 2.0, 3.0))
 def test_peer_normmax_bisect_forward_and_autograd(backend, alpha):
-    pytest.importorskip("torch")
-    entmax_pkg = pytest.importorskip("entmax")
     rng = np.random.default_rng(13)
     x = rng.standard_normal((12, 17)) * 1.5
     # 100 halvings of the package's bracket: below float64 resolution
     check_against_torch_peer(backend, er.normmax, er.normmax_vjp, alpha,
-                             lambda xt: entmax_pkg.normmax_bisect(xt, alpha=alpha, n_iter=100),
+                             lambda pkg, xt: pkg.normmax_bisect(xt, alpha=alpha, n_iter=100),
                              x, rng.standard_normal(x.shape), 1e-14, 1e-12)
 
 

@@ -5,6 +5,7 @@ those of the implementation.  (mypy checks a usage example against the stub in C
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 from pathlib import Path
 
@@ -14,10 +15,22 @@ STUB = Path(er.__file__).with_suffix(".pyi")
 
 
 def _stub_functions() -> dict[str, list[ast.FunctionDef]]:
+    """Public name -> its signatures: its ``def`` (and overloads), or for ``name: P`` with P
+    a Protocol class of the stub, P's ``__call__`` overloads without ``self``."""
+    body = ast.parse(STUB.read_text()).body
+    protocols = {node.name: node for node in body if isinstance(node, ast.ClassDef)}
     out: dict[str, list[ast.FunctionDef]] = {}
-    for node in ast.parse(STUB.read_text()).body:
+    for node in body:
         if isinstance(node, ast.FunctionDef):
             out.setdefault(node.name, []).append(node)
+        elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+              and isinstance(node.annotation, ast.Name) and node.annotation.id in protocols):
+            for call in protocols[node.annotation.id].body:
+                if isinstance(call, ast.FunctionDef) and call.name == "__call__":
+                    call = copy.deepcopy(call)
+                    assert call.args.args[0].arg == "self", node.target.id
+                    del call.args.args[0]
+                    out.setdefault(node.target.id, []).append(call)
     return out
 
 

@@ -9,6 +9,8 @@ p = er.entmax(x, 1.5)
 p2, info = er.entmax(x, alpha=2.0, return_info=True)
 tau = info.tau
 q = er.sparsemax([0.0, 0.5], backend="numpy")
+q15, info15 = er.entmax15(x, return_info=True)
+support15 = info15.support
 dx = er.entmax_vjp(p, np.ones_like(x), 1.5)
 loss = er.entmax_loss(x, [0], 1.5)
 out, ainfo = er.attention(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)),
