@@ -1,6 +1,6 @@
-"""Rows and error bounds shared by the CPU harness tests (test_cuda_core.py,
-test_cuda_family_core.py) and the GPU test (test_cupy_backend.py) of the CUDA kernels, and
-the one g++ build of a harness."""
+"""Rows shared by the CPU harness tests (test_cuda_core.py, test_cuda_family_core.py) and
+the GPU test (test_cupy_backend.py) of the CUDA kernels, and the one g++ build of a
+harness.  Their error budgets are in entmax_ref.testing.tolerance (formula 9)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from entmax_ref.backends import _cuda_loader
 from entmax_ref.backends.constants import cuda_defines
-
 
 EPS64 = np.finfo(np.float64).eps
 ALPHAS = (1.0, 1.0 + 1e-6, 1.25, 1.5, 2.0, 3.0, 10.0)
