@@ -50,7 +50,9 @@ import numpy as np
 
 from . import geometry
 from ._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, xp_of
-from .numpy_backend import _edge_p, _normalised_skew, e_alpha, skew_weights
+from .numpy_elementwise import e_alpha, skew_weights
+from .numpy_elementwise import edge_p as _edge_p
+from .numpy_elementwise import normalised_skew as _normalised_skew
 
 #: Bytes of one float64 ``(rows, keys)`` score block when the chunk is chosen
 #: automatically.  The row solver and the backward hold about 10-20 such blocks at once,

@@ -28,41 +28,12 @@ from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
 from .constants import EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
+from .numpy_elementwise import e_alpha, skew_weights
+from .numpy_elementwise import edge_p as _edge_p
+from .numpy_elementwise import normalised_skew as _normalised_skew
 
 _F64 = np.float64
 _FLOOR = 1e100  # see entmax_forward: entries further than this below the row maximum get p = 0
-
-
-def e_alpha(y: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """``[1 + (alpha - 1) y]_+ ** (1 / (alpha - 1))``, and ``exp(y)`` where alpha == 1.
-
-    Computed as ``exp(log1p((alpha - 1) y) / (alpha - 1))``, which is accurate for every
-    alpha >= 1, including alpha -> 1 where it tends to ``exp(y)``.  ``y = -inf`` gives 0.
-    """
-    a1 = alpha - 1.0
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        t = np.maximum(a1 * y, -1.0)
-        logp = np.where(a1 == 0.0, y, np.log1p(t) / np.where(a1 == 0.0, 1.0, a1))
-    return np.exp(logp)
-
-
-def skew_weights(p: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """``u = p ** (2 - alpha)`` on the support of p and 0 elsewhere (the Jacobian weights)."""
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        u = np.exp((2.0 - alpha) * np.log(p))
-    return np.where(p > 0, u, 0.0)
-
-
-def _normalised_skew(p: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """``w = u / max u`` per row, computed as ``exp(log u - max log u)`` (u = p^(2 - alpha)
-    on the support, 0 elsewhere), for rows with alpha > 2 where u itself may overflow.
-    alpha: (rows, 1)."""
-    on = p > 0
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        lu = np.where(on, (2.0 - alpha) * np.log(np.where(on, p, 1.0)), -np.inf)
-    lmax = lu.max(axis=1, keepdims=True)
-    lmax = np.where(np.isfinite(lmax), lmax, 0.0)
-    return np.where(on, np.exp(lu - lmax), 0.0)
 
 
 def _vjp_big(p: np.ndarray, g: np.ndarray, alpha: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -206,19 +177,6 @@ def _power(t: np.ndarray, a: np.ndarray) -> np.ndarray:
         return np.exp(np.log(np.maximum(t, 0.0)) / (a - 1.0))
 
 
-def _edge_p(Ld: np.ndarray, d: np.ndarray, q: np.ndarray, a1: np.ndarray) -> np.ndarray:
-    """alpha > 2, edge-relative: ``p_i = (a1 d_i + q^a1)^(1/a1)`` for ``d_i >= 0`` (0 for
-    ``d_i < 0``), with ``Ld = log(a1 d)`` precomputed; ``q`` is the edge probability.
-
-    Evaluated as ``exp(logaddexp(log(a1 d_i), a1 log q) / a1)`` so that ``q^a1`` (below
-    the float64 range once q < ~1e-308^(1/a1), e.g. q < 8e-4 at alpha = 100) never has
-    to be formed; ``p = q`` exactly at the edge (d = 0).  q, a1: (rows,); Ld, d: (rows, n)."""
-    with np.errstate(divide="ignore"):
-        lqa = (a1 * np.log(q))[:, None]
-    p = np.exp(np.logaddexp(Ld, lqa) / a1[:, None])
-    return np.where(d > 0, p, np.where(d == 0, q[:, None], 0.0))
-
-
 def _bisect(y: np.ndarray, alpha: np.ndarray):
     """Bisection to the last bit (see the module docstring); alpha is (rows,).
 
@@ -228,8 +186,8 @@ def _bisect(y: np.ndarray, alpha: np.ndarray):
     found in two stages: last-bit bisection of T, which fixes the support
     ``{y > lo}`` with smallest entry c, then last-bit bisection of the edge probability
     q = (a1 delta)^(1/a1), delta = c - T, on ``[0, q(lo)]``: with d_i = y_i - c >= 0,
-    p_i = (a1 d_i + q^a1)^(1/a1) (:func:`_edge_p`, computed in log space; p = q exactly
-    at the edge).  The mass is increasing in q with slope >= 1, so q, and every p_i, is
+    p_i = (a1 d_i + q^a1)^(1/a1) (:func:`.numpy_elementwise.edge_p`, computed in log
+    space; p = q exactly at the edge).  The mass is increasing in q with slope >= 1, so q, and every p_i, is
     found to full precision even where T cannot resolve it and where delta itself is below
     the float64 range (edge p < ~1e-308^(1/(alpha-1)), i.e. 8e-4 at alpha = 100, 0.5 at
     alpha = 1000).  The lower end q = 0 has the mass at T = c, which is < 1 (c is in the

@@ -370,7 +370,7 @@ def core_p_tolerance(x, theta_ref, p_ref, alpha, dtype):
     """Per-entry |p| budget of the CUDA core (formula 9; ``alpha`` per row): a threshold error dtheta moves p_i by u_i dtheta (u = p^(2-alpha),
     -dp/dtheta), and evaluating p_i = exp(log1p((alpha-1) d)/(alpha-1)) rounds it by a few
     ulps times (1 + |log p_i|); float32 output adds half an ulp of float32 on each side."""
-    from ..backends.numpy_backend import skew_weights
+    from ..backends.numpy_elementwise import skew_weights
 
     u = skew_weights(p_ref, alpha[:, None])
     with np.errstate(divide="ignore"):
@@ -398,7 +398,7 @@ def core_vjp_tolerance(p, g, alpha):
     """Per-entry dx budget of the CUDA core's VJP against the float64 reference (formula
     9): each term is a few roundings of ``u_i (g_i - r)``, so ``16 eps u_i (|g_i| + r)``
     with ``r = sum |u g| / sum u``.  ``p``, ``g`` float64 (rows, n), ``alpha`` (rows,)."""
-    from ..backends.numpy_backend import skew_weights
+    from ..backends.numpy_elementwise import skew_weights
 
     u = skew_weights(p, np.asarray(alpha, np.float64)[:, None])
     su = u.sum(axis=1, keepdims=True)
@@ -412,7 +412,7 @@ def core_alpha_vjp_tolerance(p, g, alpha):
     every term ``p_i c_i`` is at most ``p_i L_i^2 e^{|(alpha-1) L_i|}`` (L = log p), so
     ``64 eps (sum |g_i| |p_i c_i| + sum |u g| sum |p c| / sum u)``.  ``p``, ``g`` float64
     (rows, n), ``alpha`` (rows,)."""
-    from ..backends.numpy_backend import skew_weights
+    from ..backends.numpy_elementwise import skew_weights
 
     a = np.asarray(alpha, np.float64)[:, None]
     on = p > 0
