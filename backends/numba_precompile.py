@@ -290,8 +290,13 @@ def compile_kernels(units: Iterable[str] | None = None, dtypes: Iterable[str] = 
     procs: list[subprocess.Popen] = []
 
     def feed() -> None:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+        except OSError as exc:  # no worker: the kernels compile on first use instead
+            with lock:
+                report["failed"].setdefault("worker", f"{type(exc).__name__}: {exc}")
+            return
         with lock:
             procs.append(proc)
         try:
