@@ -341,6 +341,11 @@ def compile_kernels(units: Iterable[str] | None = None, dtypes: Iterable[str] = 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
     report["seconds"] = time.perf_counter() - t0
     return report
 
