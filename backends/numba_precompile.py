@@ -334,6 +334,10 @@ def compile_kernels(units: Iterable[str] | None = None, dtypes: Iterable[str] = 
             t.start()
         for t in threads:
             t.join()
+    except BaseException:  # interrupted: stop the workers now, not after their compiles
+        for proc in list(procs):
+            proc.kill()
+        raise
     finally:
         for proc in procs:
             try:
