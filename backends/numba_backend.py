@@ -54,7 +54,10 @@ empty cache 2-7 s per function and dtype (6.9 s for 1.5-entmax, 3.1 s for softma
 17-18 s before), up to 20-30 s under heavy load (it was
 20-130 s with the ``prange`` drivers, which compiled every path); with a warm cache the
 first call takes about 1-3 s (numba's start-up and loading the cached code) and later
-calls only their run time.
+calls only their run time.  ``entmax-ref compile`` compiles every path ahead of time, in
+parallel worker processes (:mod:`entmax_ref.backends.numba_precompile`).  Each kernel
+compiles once per input dtype: the methods below hand the kernels C-contiguous, writable
+arrays only (read-only is part of a numba array type; see :func:`writable`).
 """
 
 from __future__ import annotations
