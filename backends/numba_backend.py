@@ -54,7 +54,10 @@ empty cache 2-7 s per function and dtype (6.9 s for 1.5-entmax, 3.1 s for softma
 17-18 s before), up to 20-30 s under heavy load (it was
 20-130 s with the ``prange`` drivers, which compiled every path); with a warm cache the
 first call takes about 1-3 s (numba's start-up and loading the cached code) and later
-calls only their run time.
+calls only their run time.  ``entmax-ref compile`` compiles every path ahead of time, in
+parallel worker processes (:mod:`entmax_ref.backends.numba_precompile`).  Each kernel
+compiles once per input dtype: the methods below hand the kernels C-contiguous, writable
+arrays only (read-only is part of a numba array type; see :func:`writable`).
 """
 
 from __future__ import annotations
@@ -70,25 +73,37 @@ from .numba import rows as _rows
 _METHODS = {None: _rows.METHOD_DEFAULT, "bisect": _rows.METHOD_BISECT, "newton": _rows.METHOD_NEWTON}
 
 
+def writable(a: np.ndarray) -> np.ndarray:
+    """``a`` itself, or a copy when it is read-only.
+
+    Every array a kernel receives is C-contiguous and writable (numba compiles one
+    specialization per array type, and read-only is part of the type), so each kernel
+    compiles once per input dtype whatever flags the caller's arrays carry; a read-only
+    input costs one copy, never a second compile."""
+    return a if a.flags.writeable else a.copy()
+
+
 def _as_rows(a: np.ndarray) -> np.ndarray:
     if a.dtype not in (np.float32, np.float64) or a.ndim != 2:
         raise TypeError(f"the numba backend takes 2-D float32/float64 arrays, got {a.dtype} with shape {a.shape}")
-    return np.ascontiguousarray(a)
+    return writable(np.ascontiguousarray(a))
 
 
 def _as_alpha(alpha: np.ndarray, rows: int) -> np.ndarray:
-    alpha = np.ascontiguousarray(alpha, dtype=np.float64)
+    alpha = np.array(alpha, dtype=np.float64, order="C")  # a fresh (writable) copy: one kernel type
     if alpha.shape != (rows,):
         raise ValueError(f"alpha must have shape ({rows},), got {alpha.shape}")
     return alpha
 
 
 def _pair(p: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(p, g) as rows of one shape, and the empty gradient of their common dtype."""
+    """(p, g) as rows of one shape and one dtype (float32 only when both are; the
+    kernels compute in float64, so the widening is exact), and the empty gradient."""
     p, g = _as_rows(p), _as_rows(g)
     if p.shape != g.shape:
         raise ValueError(f"p and g must have the same shape, got {p.shape} and {g.shape}")
-    return p, g, np.empty(p.shape, np.result_type(p.dtype, g.dtype))
+    dt = np.result_type(p.dtype, g.dtype)
+    return p.astype(dt, copy=False), g.astype(dt, copy=False), np.empty(p.shape, dt)
 
 
 def _solve_buffers(x: np.ndarray):
@@ -160,7 +175,7 @@ class NumbaBackend:
 
         x = _as_rows(x)
         rows, n = x.shape
-        budget = np.ascontiguousarray(budget, dtype=np.float64)
+        budget = np.array(budget, dtype=np.float64, order="C")
         if budget.shape != (rows,):
             raise ValueError(f"budget must have shape ({rows},), got {budget.shape}")
         out = np.empty((rows, n), x.dtype)

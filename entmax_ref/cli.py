@@ -5,6 +5,7 @@
 ``entmax-ref bench ...``  time the engines against their peers, as ratios
 ``entmax-ref demo ...``   plot the paper's claims
 ``entmax-ref corpus ...`` write the language-neutral conformance corpus (JSON Lines)
+``entmax-ref compile ...`` compile the numba kernels into the disk cache, in parallel
 ``entmax-ref --version``  the installed version (and numba's, and where kernels are cached)
 """
 
@@ -21,6 +22,7 @@ _SUBCOMMANDS = {
     "bench": "entmax_ref.bench",
     "demo": "entmax_ref.demo",
     "corpus": "entmax_ref.testing.conformance",
+    "compile": "entmax_ref.backends.numba_precompile",
 }
 
 
@@ -42,6 +44,7 @@ _SUMMARIES = {
     "check": "cross-validate the backends, the installed peers or your implementation",
     "bench": 'time the engines against their peers, as ratios (pip install "entmax-ref[bench]")',
     "demo": 'plot the paper\'s claims (pip install "entmax-ref[plot]")',
+    "compile": "compile the numba kernels into the disk cache ahead of time, in parallel processes",
 }
 
 

@@ -74,6 +74,36 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+#: a session that runs numba tests from at least this many files (the whole tier, not one
+#: file) compiles the numba kernels first, in parallel processes
+PRECOMPILE_FILES = 8
+
+
+def pytest_collection_finish(session):
+    """Compile the numba kernels into the disk cache first, one worker process per CPU
+    (:mod:`entmax_ref.backends.numba_precompile`): numba compiles holding the GIL, one at a
+    time, and a cold default tier spends most of its time there.  Only for sessions that run
+    numba tests from many files, not under pytest-xdist workers, and not with
+    ``ENTMAX_REF_TEST_PRECOMPILE=0``; nothing to do when the kernels are cached already."""
+    if os.environ.get("ENTMAX_REF_TEST_PRECOMPILE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER") or unavailable_reason("numba"):
+        return
+    files = {item.nodeid.split("::")[0] for item in session.items
+             if "numba" in item.nodeid and not any(m.name == "skip" for m in item.iter_markers())}
+    if len(files) < PRECOMPILE_FILES:
+        return
+    from entmax_ref.backends.numba_precompile import compile_kernels, pending
+
+    if not pending():
+        return
+    rep = compile_kernels()
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None and rep["cache"] is not None:
+        tr.write_line(f"numba kernels compiled ahead: {len(rep['compiled'])} units in {rep['seconds']:.1f}s "
+                      f"({rep['jobs']} processes; failed: {sorted(rep['failed']) or 'none'})")
+
+
 @pytest.fixture(scope="session")
 def exhaustive(request) -> bool:
     """Whether this run includes the exhaustive tier (tests may widen their sweeps)."""

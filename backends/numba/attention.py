@@ -676,22 +676,31 @@ def _head_items(spec, b, Nq, Nk, group):
     return sorted(chunk_bounds(spec, b, Nq, Nk, group), key=lambda t: -(t[1] - t[0]) * t[2])
 
 
+# The kernels get C-contiguous, writable float64 arrays only (a fresh copy of the small
+# per-head / per-row parameters, the caller's q, k, v ... copied when read-only): numba
+# compiles one specialization per argument type, and read-only is part of the type.
+
+
+def _writable(a):
+    return a if a is None or a.flags.writeable else a.copy()
+
+
 def _group_alphas(spec, h0, group):
     if spec.head_alpha is None:
         return np.full(group, float(spec.alpha))
-    return np.ascontiguousarray(np.asarray(spec.head_alpha[h0:h0 + group], np.float64))
+    return np.array(spec.head_alpha[h0:h0 + group], np.float64, order="C")
 
 
 def _group_slopes(spec, h0, group):
     if spec.alibi_slopes is None:
         return np.zeros(group)
-    return np.ascontiguousarray(np.asarray(spec.alibi_slopes[h0:h0 + group], np.float64))
+    return np.array(spec.alibi_slopes[h0:h0 + group], np.float64, order="C")
 
 
 def _row_scale(spec, b, h0, group, i0, i1):
     if spec.row_scale is None:
         return np.empty(0)
-    return np.ascontiguousarray(np.asarray(spec.row_scale[b, h0:h0 + group, i0:i1], np.float64).reshape(-1))
+    return np.array(spec.row_scale[b, h0:h0 + group, i0:i1], np.float64, order="C").reshape(-1)
 
 
 _U32 = 2.0**-24
@@ -745,6 +754,7 @@ def attention_forward(backend, q, k, v, spec):
         return forward_by_key_runs(lambda *a: attention_forward(backend, *a), q, k, v, spec,
                                    lambda: numpy_forward(backend, q, k, v, spec))
     f64 = np.float64
+    q, k, v = (_writable(np.asarray(a)) for a in (q, k, v))
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
@@ -845,13 +855,15 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
 
         return backward_by_key_runs(lambda *a: attention_backward(backend, *a), do, q, k, v, res, skew, spec,
                                     lambda: numpy_backward(backend, do, q, k, v, res, skew, spec))
-    theta = res.theta
+    theta = _writable(np.asarray(res.theta))
     if bool(np.any(heads_alpha > 2.0)):
         if res.row_max is None or res.edge is None or res.edge_p is None:
             raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
-        resid = (res.row_max, res.edge, res.edge_p)
+        resid = tuple(_writable(np.asarray(a)) for a in (res.row_max, res.edge, res.edge_p))
     else:
         resid = None
+    do, q, k, v = (_writable(np.asarray(a)) for a in (do, q, k, v))
+    skew = None if skew is None else _writable(np.asarray(skew))
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]

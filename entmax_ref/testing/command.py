@@ -453,7 +453,28 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--strict-peers", action="store_true", help="peer failures count in the exit status")
     ap.add_argument("--no-progress", action="store_true",
                     help="no progress on stderr (a bar on a terminal, else one line per job)")
+    ap.add_argument("--jobs", type=int, default=None, metavar="N",
+                    help="processes that compile the numba kernels first, in parallel (default: one per CPU; "
+                         "0: compile each kernel on first use instead)")
     return ap
+
+
+def _precompile(args) -> None:
+    """Compile the kernels the numba rows of the check need, in ``args.jobs`` worker
+    processes, into the disk cache (nothing when they are cached already or the cache is
+    off); the check itself then loads them."""
+    from ..backends.numba_precompile import CHECK_UNITS, compile_kernels, pending
+
+    if not pending(CHECK_UNITS):
+        return
+    say = (lambda m: None) if args.no_progress else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    if not args.no_progress:
+        print("compiling the numba kernels in parallel processes (entmax-ref compile; once per kernel version)",
+              file=sys.stderr, flush=True)
+    rep = compile_kernels(CHECK_UNITS, jobs=args.jobs, progress=say)
+    if not args.no_progress and rep["cache"] is not None:
+        print(f"compiled {len(rep['compiled'])} units in {rep['seconds']:.1f}s ({rep['jobs']} processes)",
+              file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [(f"{args.op} [{args.impl}]", lambda: impl_report(args.impl, args.op, args.alpha or [1.5], args))]
     else:
         names = er.available_backends() if args.backends is None else [s for s in args.backends.split(",") if s]
+        if args.jobs is not None and args.jobs < 0:
+            print(f"entmax-ref check: --jobs must be >= 0, got {args.jobs}", file=sys.stderr)
+            return 2
+        if "numba" in names and args.jobs != 0 and er.backends.unavailable_reason("numba") is None:
+            _precompile(args)
         jobs = []
         for b in names:
             reason = er.backends.unavailable_reason(b) if b in ("numpy", "numba", "cupy") else None

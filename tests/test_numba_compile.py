@@ -1,0 +1,166 @@
+"""Compile cost of the numba backend (issue 11): one specialization per kernel and input
+dtype whatever the flags of the caller's arrays, and the ahead-of-time ``entmax-ref
+compile`` (worker processes filling the disk cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+from entmax_ref.backends import numba_precompile as pc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), e.get("PYTHONPATH", "")) if p)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+SIGNATURES = """
+import importlib, json, pkgutil
+import numpy as np
+import entmax_ref as er
+import entmax_ref.backends.numba as kernels
+
+def ro(a):
+    a = np.array(a)
+    a.flags.writeable = False
+    return a
+
+rng = np.random.default_rng(0)
+for dt in (np.float64, np.float32):
+    x = rng.standard_normal((6, 9)).astype(dt)
+    er.entmax(x, 1.5, backend="numba")
+    er.entmax(ro(x), 1.5, backend="numba")                      # read-only input
+    er.entmax(np.asfortranarray(x), 1.5, backend="numba")        # another layout
+    er.entmax(x, ro(np.full(6, 1.5)), backend="numba")           # read-only per-row alpha
+    p = er.entmax(x, 1.5, backend="numpy")
+    g = rng.standard_normal(x.shape).astype(dt)
+    er.entmax_vjp(p, g, 1.5, backend="numba")
+    er.entmax_vjp(ro(p), ro(g), ro(np.full(6, 1.5)), backend="numba")
+x = rng.standard_normal((6, 9))
+er.budget_sparsemax(x, ro(np.full(6, 2.0)), backend="numba")
+er.budget_sparsemax(ro(x), 2.0, backend="numba")
+# (p, g) of two dtypes: computed as the wider one
+p32 = er.entmax(x.astype(np.float32), 1.5, backend="numpy")
+er.entmax_vjp(p32, rng.standard_normal(p32.shape), 1.5, backend="numba")
+q = rng.standard_normal((1, 2, 8, 4))
+for qkv in ((q, q, q), (ro(q), ro(q), ro(q))):
+    o, info = er.attention(*qkv, alpha=1.5, backend="numba", return_info=True)
+    er.attention_vjp(np.ones_like(o), *qkv, out=o, tau=info.tau, alpha=1.5, backend="numba")
+    er.attention(*qkv, alpha=ro(np.array([1.5, 1.25])), beta=0.5, gamma=1.0, backend="numba")
+out = {}
+for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
+    mod = importlib.import_module(info.name)
+    for name in dir(mod):
+        d = getattr(mod, name)
+        # the kernels the Python drivers call (nogil drivers), not their inner helpers
+        if hasattr(d, "signatures") and d.targetoptions.get("nogil") and d.py_func.__module__ == mod.__name__:
+            out[mod.__name__.rsplit(".", 1)[1] + "." + name] = [
+                [[str(t.dtype), t.layout, t.mutable] if hasattr(t, "layout") else str(t) for t in sig]
+                for sig in d.signatures]
+print(json.dumps(out))
+"""
+
+
+def test_each_kernel_compiles_once_per_input_dtype_whatever_the_array_flags():
+    """Read-only inputs and alphas, another memory layout, mixed (p, g) dtypes: every kernel
+    that ran has one signature per dtype of its first argument (numba compiles a new
+    specialization for each distinct argument type, and read-only is part of the type;
+    before the arguments were normalised each row kernel compiled twice per dtype)."""
+    r = _run(SIGNATURES)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sigs = json.loads(r.stdout.strip().splitlines()[-1])
+    ran = {k: v for k, v in sigs.items() if v}
+    def find(name):  # "module.function", whichever kernel module defines it
+        hits = [k for k in ran if k.endswith("." + name) or k == name]
+        assert len(hits) == 1, f"{name}: {hits} in {sorted(ran)}"
+        return ran[hits[0]]
+
+    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "fwd_rows", "bwd_rows"):
+        find(kernel)
+    for kernel, lst in ran.items():
+        for sig in lst:
+            arrays = [t for t in sig if isinstance(t, list)]
+            assert arrays and all(t[1:] == ["C", True] for t in arrays), f"{kernel}: {sig}"
+        firsts = [sig[0][0] for sig in lst]
+        assert len(firsts) == len(set(firsts)), f"{kernel} compiled more than once for one input dtype: {lst}"
+    # the row kernels: float64 and float32; attention: float32-filtered or float64 scores
+    assert sorted(s[0][0] for s in find("_rows_15")) == ["float32", "float64"]
+    assert len(find("budget._forward_blk")) == 1
+
+def test_units_cover_the_named_kernels_and_validate_arguments():
+    assert set(pc.CHECK_UNITS) < set(pc.UNITS)
+    with pytest.raises(ValueError, match="unknown unit 'nope'"):
+        pc.compile_kernels(["nope"])
+    with pytest.raises(ValueError, match="dtypes"):
+        pc.compile_kernels(["softmax"], dtypes=["float16"])
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        pc.compile_kernels(["softmax"], jobs=0)
+
+
+def test_compile_command_fills_the_cache_that_a_new_process_then_loads(tmp_path):
+    """``entmax-ref compile`` in worker processes; a second run finds it done; a new
+    process's first large call compiles nothing (numba's compile event never fires)."""
+    env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path)}
+    cmd = "import sys; from entmax_ref.cli import main; sys.exit(main({!r}))"
+    r = _run(cmd.format(["compile", "--ops", "softmax,entmax_vjp", "--dtypes", "float64", "--jobs", "2"]), env)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "compiled softmax (float64)" in r.stdout and "compiled entmax_vjp (float64)" in r.stdout
+    assert "2 compiled, 0 already cached, 0 failed, 2 processes" in r.stdout
+    assert list(tmp_path.glob("numba/*/compiled/softmax-float64"))
+    r = _run(cmd.format(["compile", "--ops", "softmax", "--dtypes", "float64"]), env)
+    assert r.returncode == 0 and "0 compiled, 1 already cached" in r.stdout, r.stdout + r.stderr[-2000:]
+    r = _run("""
+        from numba.core import event
+        compiled = []
+        class L(event.Listener):
+            def on_start(self, ev): compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+            def on_end(self, ev): pass
+        event.register("numba:compile", L())
+        import numpy as np, entmax_ref as er
+        x = np.random.default_rng(0).standard_normal((300, 200))
+        p = er.softmax(x, backend="numba")
+        er.entmax_vjp(p, x, 1.5, backend="numba")
+        print(compiled)
+        """, env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_compile_command_errors(tmp_path):
+    from entmax_ref.cli import main
+
+    assert main(["compile", "--ops", "nope"]) == 2
+    assert main(["compile", "--dtypes", "int8"]) == 2
+    assert main(["compile", "--jobs", "0"]) == 2
+    assert main(["compile", "--help"]) == 0
+
+
+def test_compile_is_a_no_op_when_the_cache_is_off(tmp_path):
+    r = _run("""
+        from entmax_ref.backends.numba_precompile import compile_kernels
+        rep = compile_kernels(["softmax"])
+        print(rep["cache"], rep["compiled"], rep["skipped"])
+        """, {"ENTMAX_REF_NUMBA_CACHE": "0", "ENTMAX_REF_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "None {} ['softmax']"
+
+
+def test_check_rejects_negative_jobs(capsys):
+    from entmax_ref.testing.command import main
+
+    assert main(["--backends", "numpy", "--jobs", "-1", "--no-peers"]) == 2
+    assert "--jobs" in capsys.readouterr().err
