@@ -59,9 +59,36 @@ def test_a_call_compiles_only_the_path_it_takes():
     # the drivers only: from a warm cache their callees load inside them, uncompiled
     assert sig["_rows_15"] == 1 and sig["_vjp_small"] == 1
     other = ["_rows_softmax", "_rows_sparse", "_rows_gen", "_rows_big", "_rows_any", "_solve_row",
-             "_solve_gen", "_solve_big", "_solve_bisect", "_condat", "_pivot_big", "_bisect",
+             "_solve_gen", "_solve_big", "_solve_big_bisect", "_solve_bisect", "_condat", "_pivot_big", "_bisect",
              "_vjp_big", "_vjp_any", "_vjp_row_big"]
     assert {n: sig[n] for n in other} == dict.fromkeys(other, 0)
+
+
+_ATTENTION_CALL = """
+    import json, numpy as np, entmax_ref as er
+    from entmax_ref.backends.numba import big_alpha, rows, threshold
+    q = np.random.default_rng(0).standard_normal((1, 2, 64, 16))
+    o, info = er.attention(q, q, q, alpha=1.5, return_info=True, backend="numba")
+    er.attention_vjp(np.ones_like(o), q, q, q, out=o, info=info, alpha=1.5, backend="numba")
+    mods = (rows, threshold, big_alpha)
+    print(json.dumps({n: len(f.signatures) for m in mods for n, f in vars(m).items()
+                      if hasattr(f, "signatures")}))
+"""
+
+
+@pytest.mark.slow
+def test_attention_compiles_only_the_default_solvers(tmp_path):
+    """The attention kernels solve rows with ``method=None`` only: with a cold cache (a
+    warm one loads the kernels without compiling their callees), the bisection and
+    Newton-from-zero solvers stay uncompiled."""
+    env = {**os.environ, "ENTMAX_REF_CACHE_DIR": str(tmp_path)}
+    env.pop("NUMBA_CACHE_DIR", None)
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(_ATTENTION_CALL)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr
+    sig = json.loads(res.stdout.strip().splitlines()[-1])
+    unused = ["_solve_row", "_solve_bisect", "_solve_newton", "_solve_big_bisect", "_bisect", "_bisect_big"]
+    assert {n: sig[n] for n in unused} == dict.fromkeys(unused, 0)
 
 
 def _solve(x, alpha, nblk):

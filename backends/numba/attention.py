@@ -78,7 +78,7 @@ from ..geometry import key_offset
 from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
 from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
-from .rows import METHOD_DEFAULT, _solve_row, _solver_scratch
+from .rows import _solve_default, _solver_scratch
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
 #: dK and dV with BLAS on dense blocks instead of the support-only scatter.
@@ -326,7 +326,7 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             theta[r] = -np.inf
             support[r] = 0
         else:
-            th, cnt, _, _ = _solve_row(zc[:m], pc[:m], a1, METHOD_DEFAULT, c, aux, aux2, r)
+            th, cnt, _, _ = _solve_default(zc[:m], pc[:m], a1, c, aux, aux2, r)
             theta[r] = th
             support[r] = cnt
             # the residual: the row maximum (the solver's m) and the support's edge

@@ -12,7 +12,7 @@ from ..constants import EDGE_ULPS, MAX_ITER
 from . import CACHE
 from .candidates import _count_finite, _max_gather, _refilter
 from .compensated import acc as _acc
-from .elementwise import _EPS, _K_BIG, _TIE, METHOD_BISECT, _empty_row, _power
+from .elementwise import _EPS, _K_BIG, _TIE, _empty_row, _power
 from .threshold import _midpoint, _partition3, _random_entry, _seed
 
 
@@ -237,18 +237,33 @@ def _output_big(x, out, m, cv, q, a1):
 
 
 @njit(cache=CACHE)
-def _solve_big(x, out, a1, method, c, seed):
-    """alpha > 2: pivot on the entries, Newton on the edge probability (or bisection)."""
+def _finish_big(x, out, m, cv, q, a1, it, ok):
+    """The output pass at edge entry ``cv`` and edge probability ``q``, and the row's
+    (theta, support, n_iter, converged)."""
+    cnt = _output_big(x, out, m, cv, q, a1)
+    delta = math.exp(a1 * math.log(q)) / a1 if q > 0.0 else 0.0  # may underflow to 0
+    return m + ((cv - delta) + 1.0 / a1), cnt, it, ok
+
+
+@njit(cache=CACHE)
+def _solve_big(x, out, a1, c, seed):
+    """alpha > 2, ``method=None`` (and ``"newton"``): pivot on the entries, then Newton
+    on the edge probability."""
     m, k = _max_gather(x, 1.0 / a1, c)  # max, candidates in the window
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     k = _refilter(c, k, m, a1, _K_BIG, 0.0)
-    if method == METHOD_BISECT:
-        cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
-    else:
-        cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
-        q, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
-        it += it2
-    cnt = _output_big(x, out, m, cv, q, a1)
-    delta = math.exp(a1 * math.log(q)) / a1 if q > 0.0 else 0.0  # may underflow to 0
-    return m + ((cv - delta) + 1.0 / a1), cnt, it, ok
+    cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
+    q, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
+    return _finish_big(x, out, m, cv, q, a1, it + it2, ok)
+
+
+@njit(cache=CACHE)
+def _solve_big_bisect(x, out, a1, c):
+    """alpha > 2, ``method="bisect"``: two-stage bisection (T, then q)."""
+    m, k = _max_gather(x, 1.0 / a1, c)  # max, candidates in the window
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        return _empty_row(out)
+    k = _refilter(c, k, m, a1, _K_BIG, 0.0)
+    cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
+    return _finish_big(x, out, m, cv, q, a1, it, ok)

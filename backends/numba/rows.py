@@ -74,7 +74,7 @@ from numba import njit
 
 from . import CACHE
 from ._threads import run_blocks
-from .big_alpha import _solve_big
+from .big_alpha import _solve_big, _solve_big_bisect
 from .candidates import _compact, _count_finite, _max_gather, _refilter
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,  # noqa: F401
                           METHOD_DEFAULT, METHOD_NEWTON, _empty_row, _output)
@@ -213,14 +213,12 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
 
 
 @njit(cache=CACHE)
-def _solve_row(x, out, a1, method, c, aux, aux2, seed):
-    """One row: returns (theta, support, n_iter, converged); writes ``out``."""
+def _solve_default(x, out, a1, c, aux, aux2, seed):
+    """One row with ``method=None``, any alpha: returns (theta, support, n_iter,
+    converged); writes ``out``.  The attention kernels call this one (they never take
+    another method), so they compile only the default paths."""
     if a1 > 1.0:
-        return _solve_big(x, out, a1, method, c, seed)
-    if method == METHOD_BISECT:
-        return _solve_bisect(x, out, a1, c)
-    if method == METHOD_NEWTON:
-        return _solve_newton(x, out, a1, c)
+        return _solve_big(x, out, a1, c, seed)
     if a1 == 0.0:
         return _solve_softmax(x, out, c)
     if a1 == 1.0:
@@ -228,6 +226,18 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     if a1 == 0.5:
         return _solve_15(x, out, c, seed)
     return _solve_gen(x, out, a1, c, aux, aux2, seed)
+
+
+@njit(cache=CACHE)
+def _solve_row(x, out, a1, method, c, aux, aux2, seed):
+    """One row with any method: returns (theta, support, n_iter, converged); writes ``out``."""
+    if method == METHOD_BISECT:
+        if a1 > 1.0:
+            return _solve_big_bisect(x, out, a1, c)
+        return _solve_bisect(x, out, a1, c)
+    if method == METHOD_NEWTON and a1 <= 1.0:
+        return _solve_newton(x, out, a1, c)
+    return _solve_default(x, out, a1, c, aux, aux2, seed)
 
 
 @njit(inline="always", cache=CACHE)
@@ -276,7 +286,7 @@ def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
-        th, sup, it, ok = _solve_big(x[r], out[r], alpha[r] - 1.0, method, c, r)
+        th, sup, it, ok = _solve_big(x[r], out[r], alpha[r] - 1.0, c, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
@@ -295,7 +305,7 @@ def _driver(alpha, method):
         if method != METHOD_BISECT and (alpha > 2.0).all():
             return _rows_big
         return _rows_any
-    if a > 2.0:
+    if a > 2.0 and method != METHOD_BISECT:
         return _rows_big
     if method != METHOD_DEFAULT or not 1.0 <= a <= 2.0:
         return _rows_any
