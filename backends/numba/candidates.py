@@ -12,9 +12,31 @@ from .elementwise import _LB_MARGIN, _alive
 
 
 @njit(cache=CACHE)
-def _row_max(x):
+def _row_max(x, M, M2):
+    """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row), in a
+    loop that LLVM vectorises: ``L = M.shape[0]`` lane maxima over consecutive blocks of
+    ``L`` entries, then the lanes and the tail.  A maximum is exact in any order; the lanes
+    alternate between ``M`` and ``M2`` so that each store is unconditional (a store kept
+    only where the entry is larger becomes a masked store, microcoded and slow on AMD)."""
+    n = x.shape[0]
+    L = M.shape[0]
+    for j in range(L):
+        M[j] = -np.inf
+    nb = n // L
+    for b in range(nb):
+        xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
+        src = M if b % 2 == 0 else M2
+        dst = M2 if b % 2 == 0 else M
+        for j in range(L):
+            v = np.float64(xb[j])
+            w = src[j]
+            dst[j] = v if v > w else w
+    last = M if nb % 2 == 0 else M2
     m = -np.inf
-    for i in range(x.shape[0]):
+    for j in range(L):
+        if last[j] > m:
+            m = last[j]
+    for i in range(nb * L, n):
         v = np.float64(x[i])
         if v > m:
             m = v

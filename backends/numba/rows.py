@@ -78,7 +78,7 @@ from .big_alpha import _solve_big
 from .candidates import _compact, _count_finite, _max_gather, _refilter
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,  # noqa: F401
                           METHOD_DEFAULT, METHOD_NEWTON, _empty_row, _output)
-from .softmax import _solve_softmax
+from .softmax import LANES, _softmax_lanes, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
 
 
@@ -246,8 +246,9 @@ def _solver_scratch(n):
 @njit(nogil=True, cache=CACHE)
 def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
+    lanes = np.empty((4, LANES), np.float64)
     for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = _solve_softmax(x[r], out[r], c)
+        theta[r], support[r], n_iter[r], converged[r] = _softmax_lanes(x[r], out[r], c, lanes)
 
 
 @njit(nogil=True, cache=CACHE)
