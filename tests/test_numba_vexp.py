@@ -125,3 +125,41 @@ def test_lane_maximum_is_exact(dtype, n):
         want = -np.inf if n == 0 else np.nanmax(x.astype(np.float64))
         for L in (8, 64):
             assert _row_max(x, M[:L], M2[:L]) == want
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("a1", [1e-6, 0.1, 0.25, 0.33, 0.4999999999999999, 0.5000000000000001, 0.75, 0.99])
+def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
+    """The 1 < alpha < 2 solver gathers its bound's candidates and the candidates above the
+    bound in one pass each with the maximum known; the sets (and their order) must be the
+    ones the window gather and the two filters give, also for entries right at the edges."""
+    from entmax_ref.backends.numba.candidates import _compact, _gather_gen, _max_gather, _refilter
+    from entmax_ref.backends.numba.elementwise import _K_15, _K_GEN, _K_SPARSE
+
+    rng = np.random.default_rng(int(a1 * 1e6))
+    n = 3000
+    a1b, kb = (0.5, _K_15) if a1 < 0.5 else (1.0, _K_SPARSE)
+    for case in range(6):
+        x = rng.standard_normal(n) * (1.0, 5.0, 0.01, 1.0, 1.0, 30.0)[case]
+        if case == 3:  # maximum 0, entries at the window and bound edges (and one ulp either side)
+            x = -np.abs(x)
+            edges = np.array([-1.0 / a1, -1.0 / a1b, -2.0, -1.0])
+            x[: 3 * edges.size] = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, -10)])
+            x[-1] = 0.0
+        if case == 4:
+            x[rng.random(n) < 0.4] = -np.inf
+        x = x.astype(dtype)
+        c = np.empty(n)
+        m, k = _max_gather(x, 1.0 / a1, c)
+        k = _refilter(c, k, m, a1, _K_GEN, 0.0)
+        want_b = np.empty(n)
+        nb = _compact(c, k, a1b, kb, 0.0, want_b)
+        got_b = np.empty(n)
+        assert _gather_gen(x, m, a1, 0.0, a1b, got_b) == nb
+        np.testing.assert_array_equal(got_b[:nb], want_b[:nb])
+        for lo in (0.0, 0.3, 1.7, 1.0 / a1 - 1e-9):
+            want = np.empty(n)
+            kw = _compact(c, k, a1, _K_GEN, lo, want)
+            got = np.empty(n)
+            assert _gather_gen(x, m, a1, lo, 0.0, got) == kw
+            np.testing.assert_array_equal(got[:kw], want[:kw])

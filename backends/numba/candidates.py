@@ -94,3 +94,39 @@ def _count_finite(x):
     for i in range(x.shape[0]):
         nf += np.float64(x[i]) > -np.inf
     return nf
+
+
+@njit(cache=CACHE)
+def _max_scratch(x, aux, aux2):
+    """The row maximum (:func:`_row_max`) with its lanes in the first entries of two float64
+    scratch rows of the row's length (free before the candidates are gathered)."""
+    L = min(64, aux.shape[0])
+    if L == 0:
+        return -np.inf
+    return _row_max(x, aux[:L], aux2[:L])
+
+
+@njit(cache=CACHE)
+def _gather_gen(x, m, a1, lo, a1b, dst):
+    """Gather into ``dst``, in row order, the ``y = x - m`` that a 1 < alpha < 2 row solver
+    keeps, in one pass with the maximum known: with ``a1b = 0``, those alive at ``lo >= 0``
+    (``a1 (y - lo) > -1``, the test of :func:`_compact`); with ``a1b`` 0.5 or 1 (and
+    ``a1 < a1b``), those alive for the 1.5-entmax or sparsemax bound at 0 (``1 + a1b y > 0``,
+    exactly the ``_K_15`` / ``_K_SPARSE`` test).  Either test implies the window test ``a1 y >
+    -1`` of :func:`_refilter` (rounding is monotone: ``y - lo <= y`` and ``a1 y >= a1b y`` for
+    ``y < 0``), so the set is the one that gathering the window and filtering it gives,
+    without storing the window (a third of a normal row at alpha = 1.33).  Returns the count."""
+    k = 0
+    if a1b == 0.0:
+        for i in range(x.shape[0]):
+            y = np.float64(x[i]) - m
+            if a1 * (y - lo) > -1.0:
+                dst[k] = y
+                k += 1
+    else:
+        for i in range(x.shape[0]):
+            y = np.float64(x[i]) - m
+            if 1.0 + a1b * y > 0.0:
+                dst[k] = y
+                k += 1
+    return k
