@@ -24,7 +24,8 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--only", default="softmax,entmax15,sparsemax,alpha1.33")
-    ap.add_argument("--bisect", action="store_true", help="also time entmax.entmax_bisect at 1.33 (slow)")
+    ap.add_argument("--bisect", type=int, default=0, metavar="R",
+                    help="also time entmax.entmax_bisect at 1.33 against ours, R interleaved repeats (slow)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
@@ -53,9 +54,6 @@ def main() -> None:
             fns["sparsemax"] = lambda: er.sparsemax(x, backend="numba")
         if "alpha1.33" in only:
             fns["alpha=1.33"] = lambda: er.entmax(x, 1.33, backend="numba")
-        if args.bisect:
-            import entmax
-            fns["entmax_bisect 1.33"] = lambda: entmax.entmax_bisect(xt, alpha=1.33, dim=-1)
         for fn in fns.values():  # warm-up (compiles)
             fn()
         times = {k: [] for k in fns}
@@ -74,6 +72,19 @@ def main() -> None:
             rat = [a / b for a, b in zip(ts, times["torch.softmax"])]
             print(f"  {k:20s} {1e3 * med:8.2f} ms  [{1e3 * min(ts):7.2f}-{1e3 * max(ts):7.2f}]  "
                   f"x torch {med / base:5.2f}  (per-repeat {min(rat):.2f}-{max(rat):.2f})")
+        if args.bisect:
+            import entmax
+            pair = {"alpha=1.33": lambda: er.entmax(x, 1.33, backend="numba"),
+                    "entmax_bisect": lambda: entmax.entmax_bisect(xt, alpha=1.33, dim=-1)}
+            tb = {k: [] for k in pair}
+            for _ in range(args.bisect):
+                for k, fn in pair.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    tb[k].append(time.perf_counter() - t0)
+            sp = [b / a for a, b in zip(tb["alpha=1.33"], tb["entmax_bisect"])]
+            print(f"  entmax_bisect(1.33) / ours: median {statistics.median(sp):.0f}x "
+                  f"(per-repeat {min(sp):.0f}-{max(sp):.0f}x, {args.bisect} repeats, load {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":

@@ -131,13 +131,14 @@ def test_lane_maximum_is_exact(dtype, n):
 @pytest.mark.parametrize("a1", [1e-6, 0.1, 0.25, 0.33, 0.4999999999999999, 0.5000000000000001, 0.75, 0.99])
 def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
     """The 1 < alpha < 2 solver gathers its bound's candidates and the candidates above the
-    bound in one pass each with the maximum known; the sets (and their order) must be the
-    ones the window gather and the two filters give, also for entries right at the edges."""
-    from entmax_ref.backends.numba.candidates import _compact, _gather_gen, _max_gather, _refilter
+    bound in one masked pass each with the maximum known; the sets (and their order) must be
+    the ones the window gather and the two filters give, also for entries right at the edges
+    and for row lengths that are not a multiple of the 8-byte words of the mask."""
+    from entmax_ref.backends.numba.candidates import _compact, _gather_alive, _max_gather, _refilter
     from entmax_ref.backends.numba.elementwise import _K_15, _K_GEN, _K_SPARSE
 
     rng = np.random.default_rng(int(a1 * 1e6))
-    n = 3000
+    n = 3001
     a1b, kb = (0.5, _K_15) if a1 < 0.5 else (1.0, _K_SPARSE)
     for case in range(6):
         x = rng.standard_normal(n) * (1.0, 5.0, 0.01, 1.0, 1.0, 30.0)[case]
@@ -155,11 +156,36 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
         want_b = np.empty(n)
         nb = _compact(c, k, a1b, kb, 0.0, want_b)
         got_b = np.empty(n)
-        assert _gather_gen(x, m, a1, 0.0, a1b, got_b) == nb
+        assert _gather_alive(x, m, a1b, kb, 0.0, got_b, np.empty(n)) == nb
         np.testing.assert_array_equal(got_b[:nb], want_b[:nb])
         for lo in (0.0, 0.3, 1.7, 1.0 / a1 - 1e-9):
             want = np.empty(n)
             kw = _compact(c, k, a1, _K_GEN, lo, want)
             got = np.empty(n)
-            assert _gather_gen(x, m, a1, lo, 0.0, got) == kw
+            assert _gather_alive(x, m, a1, _K_GEN, lo, got, np.empty(n)) == kw
             np.testing.assert_array_equal(got[:kw], want[:kw])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 8195])
+def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
+    """alpha = 1.5 and 2 gather their candidates after a vectorised maximum: the same y, in
+    the same order, as the one-pass window gather and its filter."""
+    from entmax_ref.backends.numba.candidates import _gather_alive, _max_gather, _max_scratch, _refilter
+    from entmax_ref.backends.numba.elementwise import _K_15, _K_SPARSE
+
+    rng = np.random.default_rng(n)
+    for case in range(3):
+        x = (rng.standard_normal(n) * (1.0, 0.3, 4.0)[case]).astype(dtype)
+        if case == 2:
+            x[rng.random(n) < 0.5] = -np.inf
+            x[0] = 1.0
+        for a1, kind, W in ((0.5, _K_15, 2.0), (1.0, _K_SPARSE, 1.0)):
+            c = np.empty(n)
+            m, k = _max_gather(x, W, c)
+            k = _refilter(c, k, m, a1, kind, 0.0)
+            got = np.empty(n)
+            m2 = _max_scratch(x, np.empty(n), np.empty(n))
+            assert m2 == m
+            assert _gather_alive(x, m2, a1, kind, 0.0, got, np.empty(n)) == k
+            np.testing.assert_array_equal(got[:k], c[:k])

@@ -75,7 +75,7 @@ from numba import njit
 from . import CACHE
 from ._threads import run_blocks
 from .big_alpha import _solve_big
-from .candidates import _compact, _count_finite, _gather_gen, _max_gather, _max_scratch, _refilter
+from .candidates import _compact, _count_finite, _gather_alive, _max_gather, _max_scratch, _refilter
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,  # noqa: F401
                           METHOD_DEFAULT, METHOD_NEWTON, _empty_row, _output)
 from .softmax import LANES, _softmax_lanes, _solve_softmax
@@ -169,12 +169,14 @@ def _solve_sparse(x, out, c, aux, aux2):
 
 
 @njit(cache=CACHE)
-def _solve_15(x, out, c, seed):
-    """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton."""
-    m, k = _max_gather(x, 2.0, c)  # max, candidates in the window
+def _solve_15(x, out, c, aux, seed):
+    """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton.  The maximum first
+    (vectorised), then the entries alive at A = 0 (``y > -2``) in one masked pass: the
+    candidates that gathering the window and filtering it give."""
+    m = _max_scratch(x, c, aux)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
-    k = _refilter(c, k, m, 0.5, _K_15, 0.0)
+    k = _gather_alive(x, m, 0.5, _K_15, 0.0, c, aux)
     A0, s0 = _pivot15(c, k, seed)
     closed = A0 >= 0.0
     if not closed:
@@ -196,17 +198,17 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     # bound (e_alpha(d) is nonincreasing in alpha), cheap (no powers), and prunes the
     # candidates to a thin shell
     if a1 < 0.5:
-        kb = _gather_gen(x, m, a1, 0.0, 0.5, aux)
+        kb = _gather_alive(x, m, 0.5, _K_15, 0.0, aux, aux2)
         Ab = _pivot15(aux, kb, seed)[0]
     else:
-        kb = _gather_gen(x, m, a1, 0.0, 1.0, aux)
+        kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux, aux2)
         Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
     lo = 0.0
     if Ab > 0.0:
         lo = Ab - _LB_MARGIN * (1.0 + Ab)  # certainly below, despite rounding
         if lo < 0.0:
             lo = 0.0
-    k = _gather_gen(x, m, a1, lo, 0.0, c)
+    k = _gather_alive(x, m, a1, _K_GEN, lo, c, aux2)
     closed = False
     return _finish(x, out, m, k, a1, _K_GEN, lo, lo, c[:k], k, closed)
 
@@ -225,7 +227,7 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     if a1 == 1.0:
         return _solve_sparse(x, out, c, aux, aux2)
     if a1 == 0.5:
-        return _solve_15(x, out, c, seed)
+        return _solve_15(x, out, c, aux, seed)
     return _solve_gen(x, out, a1, c, aux, aux2, seed)
 
 
@@ -260,8 +262,9 @@ def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r
 @njit(nogil=True, cache=CACHE)
 def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
+    aux = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = _solve_15(x[r], out[r], c, r)
+        theta[r], support[r], n_iter[r], converged[r] = _solve_15(x[r], out[r], c, aux, r)
 
 
 @njit(nogil=True, cache=CACHE)
