@@ -78,7 +78,7 @@ from numba import njit
 from . import CACHE
 from ._threads import run_blocks
 from .big_alpha import _solve_big
-from .candidates import _compact, _count_finite, _gather_alive, _max_gather, _max_scratch, _refilter
+from .candidates import _count_finite, _gather_alive, _max_gather, _max_scratch, _refilter
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,  # noqa: F401
                           METHOD_DEFAULT, METHOD_NEWTON, _empty_row, _output)
 from .softmax import LANES, _softmax_lanes, _solve_softmax

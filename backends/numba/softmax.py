@@ -20,6 +20,7 @@ from numba import njit
 from . import CACHE
 from .candidates import _row_max
 from .compensated import acc
+from .elementwise import _empty_row
 from .vexp import vexp
 
 #: lanes of the vectorised passes (a row of n >= 2 * LANES entries uses all of them)
@@ -106,10 +107,8 @@ def _softmax_lanes(x, out, c, lanes):
     """alpha = 1, ``method=None``: log-sum-exp, with the lane scratch of :func:`_softmax_row`
     (and of :func:`.candidates._row_max`) from the caller."""
     m = _row_max(x, lanes[2, :_lanes(x.shape[0])], lanes[3, :_lanes(x.shape[0])])
-    if not (m > -np.inf):
-        for i in range(out.shape[0]):
-            out[i] = 0.0
-        return -np.inf, 0, 0, True
+    if not (m > -np.inf):  # an all -inf row (or n = 0)
+        return _empty_row(out)
     A, cnt = _softmax_row(x, out, m, c, lanes)
     return m + A, cnt, 0, True
 
