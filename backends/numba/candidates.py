@@ -12,7 +12,7 @@ from .elementwise import _K_15, _K_SPARSE, _LB_MARGIN, _alive
 
 
 @njit(cache=CACHE)
-def _row_max(x, M, M2):
+def _lane_max(x, M, M2):
     """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row), in a
     loop that LLVM vectorises: ``L = M.shape[0]`` lane maxima over consecutive blocks of
     ``L`` entries, then the lanes and the tail.  A maximum is exact in any order; the lanes
@@ -98,12 +98,18 @@ def _count_finite(x):
 
 @njit(cache=CACHE)
 def _max_scratch(x, aux, aux2):
-    """The row maximum (:func:`_row_max`) with its lanes in the first entries of two float64
+    """The row maximum (:func:`_lane_max`) with its lanes in the first entries of two float64
     scratch rows of the row's length (free before the candidates are gathered)."""
     L = min(64, aux.shape[0])
     if L == 0:
         return -np.inf
-    return _row_max(x, aux[:L], aux2[:L])
+    return _lane_max(x, aux[:L], aux2[:L])
+
+
+@njit(cache=CACHE)
+def _row_max(x):
+    """The row maximum (:func:`_lane_max` with its own 8 lanes), for callers without scratch."""
+    return _lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))
 
 
 @njit(cache=CACHE)

@@ -1,7 +1,7 @@
 """alpha = 1 of the numba row solvers: softmax as log-sum-exp (units as in :mod:`.rows`).
 
 Every pass over the row is a loop that LLVM vectorises (AVX2: 4 float64 lanes): the
-maximum (:func:`.candidates._row_max`), ``e_i = exp(x_i - m)`` with the straight-line
+maximum (:func:`.candidates._lane_max`), ``e_i = exp(x_i - m)`` with the straight-line
 :func:`.vexp.vexp` (``math.exp`` is a libm call, one element at a time), the compensated
 sum of the ``e_i`` in ``L`` independent lanes (one lane per position in a block of ``L``
 consecutive entries, each with Knuth's branch-free TwoSum error term, so no loop-carried
@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
-from .candidates import _row_max
+from .candidates import _lane_max
 from .compensated import acc
 from .elementwise import _empty_row
 from .vexp import vexp
@@ -105,8 +105,8 @@ def _softmax_row(x, out, m, e, lanes):
 @njit(cache=CACHE)
 def _softmax_lanes(x, out, c, lanes):
     """alpha = 1, ``method=None``: log-sum-exp, with the lane scratch of :func:`_softmax_row`
-    (and of :func:`.candidates._row_max`) from the caller."""
-    m = _row_max(x, lanes[2, :_lanes(x.shape[0])], lanes[3, :_lanes(x.shape[0])])
+    (and of :func:`.candidates._lane_max`) from the caller."""
+    m = _lane_max(x, lanes[2, :_lanes(x.shape[0])], lanes[3, :_lanes(x.shape[0])])
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     A, cnt = _softmax_row(x, out, m, c, lanes)
