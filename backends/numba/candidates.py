@@ -8,13 +8,35 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
-from .elementwise import _LB_MARGIN, _alive
+from .elementwise import _K_15, _K_SPARSE, _LB_MARGIN, _alive
 
 
 @njit(cache=CACHE)
-def _row_max(x):
+def _lane_max(x, M, M2):
+    """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row), in a
+    loop that LLVM vectorises: ``L = M.shape[0]`` lane maxima over consecutive blocks of
+    ``L`` entries, then the lanes and the tail.  A maximum is exact in any order; the lanes
+    alternate between ``M`` and ``M2`` so that each store is unconditional (a store kept
+    only where the entry is larger becomes a masked store, microcoded and slow on AMD)."""
+    n = x.shape[0]
+    L = M.shape[0]
+    for j in range(L):
+        M[j] = -np.inf
+    nb = n // L
+    for b in range(nb):
+        xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
+        src = M if b % 2 == 0 else M2
+        dst = M2 if b % 2 == 0 else M
+        for j in range(L):
+            v = np.float64(xb[j])
+            w = src[j]
+            dst[j] = v if v > w else w
+    last = M if nb % 2 == 0 else M2
     m = -np.inf
-    for i in range(x.shape[0]):
+    for j in range(L):
+        if last[j] > m:
+            m = last[j]
+    for i in range(nb * L, n):
         v = np.float64(x[i])
         if v > m:
             m = v
@@ -72,3 +94,56 @@ def _count_finite(x):
     for i in range(x.shape[0]):
         nf += np.float64(x[i]) > -np.inf
     return nf
+
+
+@njit(cache=CACHE)
+def _max_scratch(x, aux, aux2):
+    """The row maximum (:func:`_lane_max`) with its lanes in the first entries of two float64
+    scratch rows of the row's length (free before the candidates are gathered)."""
+    L = min(64, aux.shape[0])
+    if L == 0:
+        return -np.inf
+    return _lane_max(x, aux[:L], aux2[:L])
+
+
+@njit(cache=CACHE)
+def _row_max(x):
+    """The row maximum (:func:`_lane_max` with its own 8 lanes), for callers without scratch."""
+    return _lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))
+
+
+@njit(cache=CACHE)
+def _gather_alive(x, m, a1, kind, lo, dst, scratch):
+    """Gather into ``dst``, in row order, the ``y = x - m`` alive at ``lo`` (the test of
+    :func:`_alive`, written out per kind), for a row whose maximum m is known.  The test runs
+    in a vectorised pass writing one byte per entry into ``scratch`` (float64, at least
+    ``n / 8 + 1`` long, viewed as bytes); a scalar scan then reads those bytes eight at a time
+    and gathers only from the words that hold a hit.  With a few percent of the row alive this
+    avoids a mispredicted branch per hit in a scalar loop over every entry.  The 1 < alpha < 2
+    solver calls it for its bound's candidates (1.5-entmax or sparsemax at 0: their test
+    implies the window test ``a1 y > -1``, rounding being monotone and ``a1 < a1b``) and for
+    the candidates above the bound (``a1 (y - lo) > -1`` with ``lo >= 0`` implies it too), so
+    the sets are those that gathering the window and filtering it give.  Returns the count."""
+    n = x.shape[0]
+    nw = (n + 7) // 8
+    mask = scratch[:nw].view(np.uint8)
+    if kind == _K_SPARSE:
+        for i in range(n):
+            mask[i] = 1.0 + ((np.float64(x[i]) - m) - lo) > 0.0
+    elif kind == _K_15:
+        for i in range(n):
+            mask[i] = 1.0 + 0.5 * ((np.float64(x[i]) - m) - lo) > 0.0
+    else:
+        for i in range(n):
+            mask[i] = _alive((np.float64(x[i]) - m) - lo, a1, kind)
+    for i in range(n, 8 * nw):
+        mask[i] = 0
+    words = scratch[:nw].view(np.uint64)
+    k = 0
+    for b in range(nw):
+        if words[b] != 0:
+            for i in range(8 * b, min(8 * b + 8, n)):
+                if mask[i]:
+                    dst[k] = np.float64(x[i]) - m
+                    k += 1
+    return k

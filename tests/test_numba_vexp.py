@@ -1,0 +1,192 @@
+"""The vectorisable exponential and the vectorised row passes of the numba engine.
+
+``vexp`` replaces ``math.exp`` in the softmax passes; it must stay below 1 ulp of the exact
+value (50-digit mpmath) everywhere, including the subnormal range, the underflow to 0, the
+overflow to inf, and -inf / NaN; the lane maximum must equal the maximum exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+from entmax_ref.backends import unavailable_reason
+
+_reason = unavailable_reason("numba")
+pytestmark = [
+    pytest.mark.numba,
+    pytest.mark.skipif(_reason is not None, reason=f"numba backend: {_reason}"),
+]
+
+TINY = np.finfo(np.float64).tiny
+SUB = 5e-324  # the smallest subnormal: the ulp of every subnormal
+
+
+@pytest.fixture(scope="module")
+def vexp_array():
+    from entmax_ref.backends.numba.vexp import vexp_array
+
+    return vexp_array
+
+
+def _ulps(got, d):
+    """|got - exp(d)| in ulps of the exact value (subnormal ulps below the normal range)."""
+    with mp.workdps(50):
+        out = []
+        for g, v in zip(got, d):
+            e = mp.exp(mp.mpf(float(v)))
+            if e > mp.mpf(np.finfo(np.float64).max):
+                assert g == np.inf
+                out.append(0.0)
+                continue
+            ulp = SUB if e < TINY else float(mp.mpf(2) ** (mp.floor(mp.log(e, 2)) - 52))
+            out.append(float(abs(mp.mpf(float(g)) - e) / ulp))
+    return np.array(out)
+
+
+def _sweep(rng, n):
+    """Dense, with the ranges where exp is hard: around 0 (r tiny), near the reduction
+    boundaries (d / ln2 near a half-integer), subnormal results, the underflow edge and
+    the overflow edge."""
+    half = (np.arange(-1076, 1025) + 0.5) * math.log(2.0)
+    parts = [
+        -np.logspace(-20, math.log10(746.0), n),
+        np.logspace(-20, math.log10(709.0), n // 4),
+        rng.uniform(-746.0, 0.0, n),
+        rng.uniform(-10.0, 10.0, n),
+        rng.uniform(-745.2, -708.0, n // 2),  # subnormal results
+        rng.uniform(708.0, 709.78, n // 8),  # near overflow
+        np.concatenate([half, np.nextafter(half, -np.inf), np.nextafter(half, np.inf)]),
+        np.array([0.0, -0.0, 1e-300, -1e-300, -745.13321910194110842, -745.1332191019412,
+                  -744.44007192138121, -744.4400719213812, -708.3964185322641, 709.782712893384]),
+    ]
+    return np.concatenate(parts)
+
+
+def test_vexp_below_one_ulp_against_mpmath(vexp_array):
+    rng = np.random.default_rng(2026)
+    d = _sweep(rng, 4000)
+    got = np.empty_like(d)
+    vexp_array(d, got)
+    err = _ulps(got, d)
+    assert err.max() < 1.0, f"{err.max():.3f} ulp at d = {d[err.argmax()]!r}"
+    # in the normal range: one final rounding (0.5 ulp) plus the roundings of the small part
+    # (at most ~0.27 ulp of a result below 1); 0.64 is the worst seen
+    normal = (d > -708.0) & (d < 709.0)
+    assert err[normal].max() < 0.8
+
+
+def test_vexp_agrees_with_libm_on_a_million_points(vexp_array):
+    """Against math.exp (itself within 1 ulp) on a dense grid of the softmax range: at most
+    one ulp apart, and equal on the large majority of points."""
+    d = np.linspace(-745.2, 5.0, 1_000_003)
+    got = np.empty_like(d)
+    vexp_array(d, got)
+    want = np.array([math.exp(v) for v in d])
+    diff = np.abs(got - want)
+    assert np.all(diff <= np.spacing(want)), "more than one ulp from libm"
+    assert np.mean(got == want) > 0.9
+
+
+def test_vexp_special_values_and_float32_input(vexp_array):
+    d = np.array([-np.inf, np.nan, np.inf, -1e308, 1e308, -746.0, 710.0, 0.0])
+    got = np.empty_like(d)
+    vexp_array(d, got)
+    assert got[0] == 0.0 and np.isnan(got[1]) and got[2] == np.inf
+    assert got[3] == 0.0 and got[4] == np.inf and got[5] == 0.0 and got[6] == np.inf
+    assert got[7] == 1.0
+    x32 = np.linspace(-100, 3, 1001).astype(np.float32)  # float32 input widens exactly
+    got32 = np.empty(x32.shape, np.float64)
+    vexp_array(x32, got32)
+    want = np.empty_like(got32)
+    vexp_array(x32.astype(np.float64), want)
+    np.testing.assert_array_equal(got32, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 65, 127, 128, 129, 1000, 8192, 8193])
+def test_lane_maximum_is_exact(dtype, n):
+    from entmax_ref.backends.numba.candidates import _lane_max, _row_max
+
+    rng = np.random.default_rng(n)
+    M, M2 = np.empty(64), np.empty(64)
+    for case in range(4):
+        x = rng.standard_normal(n).astype(dtype)
+        if n and case == 1:
+            x[rng.integers(n)] = 50.0  # the maximum anywhere, the tail included
+        if n and case == 2:
+            x[:] = -np.inf
+        if n and case == 3:
+            x[rng.random(n) < 0.3] = np.nan  # NaN entries are ignored
+            x[-1] = 99.0
+        want = -np.inf if n == 0 else np.nanmax(x.astype(np.float64))
+        for L in (8, 64):
+            assert _lane_max(x, M[:L], M2[:L]) == want
+        assert _row_max(x) == want
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("a1", [1e-6, 0.1, 0.25, 0.33, 0.4999999999999999, 0.5000000000000001, 0.75, 0.99])
+def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
+    """The 1 < alpha < 2 solver gathers its bound's candidates and the candidates above the
+    bound in one masked pass each with the maximum known; the sets (and their order) must be
+    the ones the window gather and the two filters give, also for entries right at the edges
+    and for row lengths that are not a multiple of the 8-byte words of the mask."""
+    from entmax_ref.backends.numba.candidates import _compact, _gather_alive, _max_gather, _refilter
+    from entmax_ref.backends.numba.elementwise import _K_15, _K_GEN, _K_SPARSE
+
+    rng = np.random.default_rng(int(a1 * 1e6))
+    n = 3001
+    a1b, kb = (0.5, _K_15) if a1 < 0.5 else (1.0, _K_SPARSE)
+    for case in range(6):
+        x = rng.standard_normal(n) * (1.0, 5.0, 0.01, 1.0, 1.0, 30.0)[case]
+        if case == 3:  # maximum 0, entries at the window and bound edges (and one ulp either side)
+            x = -np.abs(x)
+            edges = np.array([-1.0 / a1, -1.0 / a1b, -2.0, -1.0])
+            x[: 3 * edges.size] = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, -10)])
+            x[-1] = 0.0
+        if case == 4:
+            x[rng.random(n) < 0.4] = -np.inf
+        x = x.astype(dtype)
+        c = np.empty(n)
+        m, k = _max_gather(x, 1.0 / a1, c)
+        k = _refilter(c, k, m, a1, _K_GEN, 0.0)
+        want_b = np.empty(n)
+        nb = _compact(c, k, a1b, kb, 0.0, want_b)
+        got_b = np.empty(n)
+        assert _gather_alive(x, m, a1b, kb, 0.0, got_b, np.empty(n)) == nb
+        np.testing.assert_array_equal(got_b[:nb], want_b[:nb])
+        for lo in (0.0, 0.3, 1.7, 1.0 / a1 - 1e-9):
+            want = np.empty(n)
+            kw = _compact(c, k, a1, _K_GEN, lo, want)
+            got = np.empty(n)
+            assert _gather_alive(x, m, a1, _K_GEN, lo, got, np.empty(n)) == kw
+            np.testing.assert_array_equal(got[:kw], want[:kw])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 8195])
+def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
+    """alpha = 1.5 and 2 gather their candidates after a vectorised maximum: the same y, in
+    the same order, as the one-pass window gather and its filter."""
+    from entmax_ref.backends.numba.candidates import _gather_alive, _max_gather, _max_scratch, _refilter
+    from entmax_ref.backends.numba.elementwise import _K_15, _K_SPARSE
+
+    rng = np.random.default_rng(n)
+    for case in range(3):
+        x = (rng.standard_normal(n) * (1.0, 0.3, 4.0)[case]).astype(dtype)
+        if case == 2:
+            x[rng.random(n) < 0.5] = -np.inf
+            x[0] = 1.0
+        for a1, kind, W in ((0.5, _K_15, 2.0), (1.0, _K_SPARSE, 1.0)):
+            c = np.empty(n)
+            m, k = _max_gather(x, W, c)
+            k = _refilter(c, k, m, a1, kind, 0.0)
+            got = np.empty(n)
+            m2 = _max_scratch(x, np.empty(n), np.empty(n))
+            assert m2 == m
+            assert _gather_alive(x, m2, a1, kind, 0.0, got, np.empty(n)) == k
+            np.testing.assert_array_equal(got[:k], c[:k])
