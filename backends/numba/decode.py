@@ -1,0 +1,376 @@
+"""Decoding: a few queries over a long key cache, split over the keys across threads.
+
+The chunked forward of :mod:`entmax_ref.backends.numba.attention` parallelises over query
+chunks and copies each kv-head's K and V to float64 first; with one query (or a few) per
+head and tens of thousands of cached keys there is one chunk per head, and the copies and
+the float64 score block cost more than the attention itself.  This path computes the same
+quantities (the same float64 scores of every key that can carry mass, the same compiled
+row solver, the same residual) in two phases, with no float64 copy of K or V and no BLAS:
+
+phase 1 (per block of keys, on every worker)
+    ``g[r, j] = fl(q_r . k_j)`` for every row r of the kv-head (the rows of all its query
+    heads) in the input precision, summed in any order (``fastmath`` reassociation: the
+    loop vectorises), stored as float32; the row maximum of the approximate scores
+    ``z(g)`` over the block, a count of non-finite or huge ones, and the largest key norm
+    ``||k_j||^2`` (float64, from the exact float64 squares).  K is read once, in place.
+
+phase 2 (per row)
+    the rigorous bound ``err`` of :func:`entmax_ref.backends.numba.attention._score_error`
+    (``gamma_{D+3} ||q|| max ||k||``, float32 unit roundoff whatever the input) makes the
+    float32 scores a filter, exactly as in the chunked forward's ``_candidates``: keys
+    within ``window + 3 err`` of the row maximum (into a per-row buffer that starts at
+    :data:`KEY_BUDGET` keys and grows only when a row has more candidates), a lower bound
+    ``t`` of the threshold (Newton from the left on the approximate scores), then the exact
+    float64 score (``_dot``, the chunked forward's own product) of the keys above ``t -
+    window - 2 err`` only, the compiled row solver on those, and the output and skewed
+    output from V on the support only.  A row whose approximate scores are suspect
+    (non-finite, huge, or a non-finite error bound) takes every visible key exactly, with
+    the reference's overflow check.
+
+The candidates hold every key with ``p > 0`` and their exact float64 scores (bit for bit
+those of the chunked forward's filter path), so theta, the support, the outputs and the
+residual (row max, edge, edge probability) follow the same contract; the row solver is
+seeded with the row's index in the chunked forward's chunk (``h * Nq + i``).  Overflow is
+checked on the keys ``j < key_end`` of the row's chunk in the reference's chunking
+(:func:`entmax_ref.backends.numpy_attention.chunk_bounds`), as the other drivers do.
+
+Taken for ``Nq <= DECODE_MAX_QUERIES``, at most :data:`DECODE_MAX_ROWS` rows per kv-head,
+at least :data:`DECODE_MIN_KEYS` keys, float32 or float64 inputs and every alpha > 1 (a
+softmax head has no window: every key carries mass); key masks reach it per batch through
+the chunked forward's key runs.  Memory: the float32 ``(rows, keys)`` block of each
+kv-head in flight (at most :data:`BLOCK_BYTES` of them at once) and per-row candidate
+buffers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit
+
+from . import CACHE
+from .attention import _OVERFLOW, _dot, _run_parallel, _score, _score_error, _skew, _theta_lower
+from .rows import METHOD_DEFAULT, _solve_row
+
+#: the decoding path is taken up to this many queries per head ...
+DECODE_MAX_QUERIES = 16
+#: ... and this many score rows per kv-head (query heads of a group x queries) ...
+DECODE_MAX_ROWS = 128
+#: ... from this many keys on (below it the chunked forward's copies are cheap)
+DECODE_MIN_KEYS = 2048
+#: initial candidate buffer of a row (grows when a row has more candidates)
+KEY_BUDGET = 4096
+#: keys of one phase-1 work item (the kv-heads are split into at least this many keys)
+KEY_BLOCK = 8192
+#: bytes of the float32 score blocks of the kv-heads processed together
+BLOCK_BYTES = 64 * 2**20
+
+
+@njit(nogil=True, cache=CACHE, fastmath={"reassoc", "contract"})
+def _dots(qf, kf, j0, j1, g, zero):
+    """``g[r, j] = q_r . k_j`` (input precision, any order of summation, rounded to float32)
+    for ``j0 <= j < j1``; returns the largest ``||k_j||^2`` of those keys (float64)."""
+    R, D = qf.shape
+    kn = 0.0
+    for j in range(j0, j1):
+        s2 = 0.0
+        for d in range(D):
+            x = np.float64(kf[j, d])
+            s2 += x * x
+        if not (s2 <= kn):  # NaN propagates: the row goes the exact way
+            kn = s2
+        for r in range(R):
+            acc = zero
+            for d in range(D):
+                acc += qf[r, d] * kf[j, d]
+            g[r, j] = acc
+    return kn
+
+
+@njit(nogil=True, cache=CACHE)
+def scan_block(qf, kf, j0, j1, blk, g, zero, nq, nvis, nchk, offset, scale, row_scale, slopes, lmax, suspect):
+    """Phase 1 on keys ``j0 .. j1 - 1`` of one kv-head: the float32 scores ``g``, and per
+    row the largest approximate score ``lmax[r, blk]`` over its visible keys and the count
+    ``suspect[r, blk]`` of non-finite or huge ones among its checked keys (``nchk``).
+    Returns the largest ``||k_j||^2`` of the block."""
+    R = g.shape[0]
+    has_s = row_scale.shape[0] > 0
+    kn = _dots(qf, kf, j0, j1, g, zero)
+    for r in range(R):
+        h = r // nq
+        i_abs = (r - h * nq) + offset
+        s = row_scale[r] if has_s else 1.0
+        slope = slopes[h]
+        n = min(nvis[r], j1)
+        e = min(nchk[r], j1)
+        L = -np.inf
+        bad = 0
+        for j in range(j0, n):
+            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            L = max(L, z)
+            bad += not (abs(z) < 1e300)
+        for j in range(max(j0, n), e):
+            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            bad += not (abs(z) < 1e300)
+        lmax[r, blk] = L
+        suspect[r, blk] = bad
+    return kn
+
+
+@njit(cache=CACHE)
+def _grown(a, m):
+    b = np.empty(2 * a.shape[0], a.dtype)
+    b[:m] = a[:m]
+    return b
+
+
+@njit(cache=CACHE)
+def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
+    """Append the keys ``j0 <= j < j1`` whose approximate score exceeds ``cut`` (at most
+    ``j1 - j0`` of them: the caller leaves that much room) to ``idx``, ``zc[m:]``."""
+    for j in range(j0, j1):
+        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        if z > cut:
+            idx[m] = j
+            zc[m] = z
+            m += 1
+    return m
+
+
+@njit(nogil=True, cache=CACHE)
+def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale, slopes, alphas, lmax, suspect,
+                err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
+    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring): ``lmax``
+    and ``suspect`` (rows,) are phase 1's over all blocks, ``err`` (rows,) the score error
+    bound; writes the outputs as :func:`entmax_ref.backends.numba.attention.fwd_rows`
+    does (``ncand``: exact dot products per row)."""
+    dv = vf.shape[1]
+    has_s = row_scale.shape[0] > 0
+    cap = KEY_BUDGET
+    idx = np.empty(cap, np.int64)
+    zc = np.empty(cap, np.float64)
+    o = np.empty(dv, np.float64)
+    sk = np.empty(dv, np.float64)
+    for r in range(r0, r1):
+        h = r // nq
+        i_abs = (r - h * nq) + offset
+        n = nvis[r]
+        a1 = alphas[h] - 1.0
+        a2 = 2.0 - alphas[h]
+        big = alphas[h] > 2.0
+        window = 1.0 / a1
+        s = row_scale[r] if has_s else 1.0
+        slope = slopes[h]
+        e = err[r]
+        L = lmax[r]
+        ok = True
+        if suspect[r] == 0 and e < 1e290 and (n == 0 or abs(L) < 1e300):
+            cut = L - (window * (1.0 + 1e-9) + 3.0 * e + 1e-12) - 1e-12 * abs(L)
+            m1 = 0
+            j = 0
+            while j < n:  # stretches that cannot overflow the buffer (one key at most per key)
+                if idx.shape[0] - m1 < KEY_BUDGET // 4:
+                    idx = _grown(idx, m1)
+                    zc = _grown(zc, m1)
+                j1 = min(n, j + (idx.shape[0] - m1))
+                m1 = _gather(g, r, j, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m1)
+                j = j1
+            t = _theta_lower(zc, m1, L, 1.0 / window)
+            cut = t - window * (1.0 + 1e-9) - 2.0 * e - 1e-12 * (1.0 + abs(t))
+            m = 0
+            for i in range(m1):
+                if zc[i] > cut:
+                    j = idx[i]
+                    idx[m] = j
+                    zc[m] = _score(_dot(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
+                    m += 1
+        else:  # every key exactly, with the reference's overflow check
+            while idx.shape[0] < n:
+                idx = _grown(idx, 0)
+                zc = _grown(zc, 0)
+            nonfinite = 0
+            for j in range(nchk[r]):
+                z = _score(_dot(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
+                nonfinite += (z - z) != 0.0
+                if j < n:
+                    idx[j] = j
+                    zc[j] = z
+            m = n
+            ok = nonfinite == 0
+        bad[r] = 0 if ok else 1
+        ncand[r] = m
+        for d in range(dv):
+            o[d] = 0.0
+            sk[d] = 0.0
+        rmax[r] = -np.inf
+        edge[r] = -np.inf
+        edge_p[r] = 0.0
+        if m == 0 or not ok:
+            theta[r] = -np.inf
+            support[r] = 0
+        else:
+            pc = np.empty(m, np.float64)
+            c = np.empty(m, np.float64)
+            aux = np.empty(m, np.float64)
+            aux2 = np.empty(m, np.float64)
+            # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
+            th, cnt, _, _ = _solve_row(zc[:m], pc, a1, METHOD_DEFAULT, c, aux, aux2, r)
+            theta[r] = th
+            support[r] = cnt
+            Lm = -np.inf
+            for ci in range(m):
+                if zc[ci] > Lm:
+                    Lm = zc[ci]
+            ce = np.inf
+            qe = 0.0
+            for ci in range(m):
+                if pc[ci] > 0.0:
+                    y = zc[ci] - Lm
+                    if y < ce:
+                        ce = y
+                        qe = pc[ci]
+            if cnt > 0:
+                rmax[r] = Lm
+                edge[r] = ce
+                edge_p[r] = qe
+            lu = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
+            su = 0.0
+            for ci in range(m):
+                pj = pc[ci]
+                if pj > 0.0:
+                    j = idx[ci]
+                    u = math.exp(a2 * math.log(pj) - lu) if big else _skew(pj, a2)
+                    su += u
+                    for d in range(dv):
+                        vjd = np.float64(vf[j, d])
+                        o[d] += pj * vjd
+                        sk[d] += u * vjd
+            inv = 1.0 / su if su > 0.0 else 0.0
+            for d in range(dv):
+                sk[d] *= inv
+        for d in range(dv):
+            out[r, d] = o[d]
+            skew[r, d] = sk[d]
+
+
+# --------------------------------------------------------------------------- the driver
+def eligible(q, k, v, spec) -> bool:
+    """Whether :func:`decode_forward` takes this (unmasked) problem."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if spec.key_mask is not None or Nq > DECODE_MAX_QUERIES or Nk < DECODE_MIN_KEYS:
+        return False
+    if (Hq // Hkv) * Nq > DECODE_MAX_ROWS or D == 0:
+        return False
+    dt = q.dtype
+    if dt not in (np.float32, np.float64) or k.dtype != dt or v.dtype != dt:
+        return False
+    alphas = np.asarray([spec.alpha] if spec.head_alpha is None else spec.head_alpha, np.float64)
+    return bool(np.all(alphas > 1.0))
+
+
+def _row_geometry(spec, b, Nq, Nk, group):
+    """Per row (``h * Nq + i``) the visible keys and the keys its chunk checks for overflow."""
+    from ..numpy_attention import chunk_bounds
+
+    nchk_q = np.zeros(Nq, np.int64)
+    for i0, i1, key_end in chunk_bounds(spec, b, Nq, Nk, group):
+        nchk_q[i0:i1] = key_end
+    nvis_q = nchk_q
+    if spec.causal:
+        nvis_q = np.clip(np.minimum(nchk_q, np.arange(Nq) + (Nk - Nq) + 1), 0, None)
+    return np.tile(nchk_q, group), np.ascontiguousarray(np.tile(nvis_q, group), np.int64)
+
+
+def decode_forward(q, k, v, spec):
+    """The two-phase forward of the module docstring; the outputs and conventions of
+    :func:`entmax_ref.backends.numba.attention.attention_forward`."""
+    from .._base import AttentionForward
+    from .attention import _group_alphas, _group_slopes, _row_scale
+
+    f64 = np.float64
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
+    group = Hq // Hkv
+    R = group * Nq
+    offset = Nk - Nq
+    scale = float(spec.scale)
+    shape = (B, Hq, Nq)
+    out = np.zeros(shape + (Dv,), f64)
+    skew = np.zeros(shape + (Dv,), f64)
+    theta = np.full(shape, -np.inf)
+    support = np.zeros(shape, np.int64)
+    row_max = np.full(shape, -np.inf)
+    edge = np.full(shape, -np.inf)
+    edge_p = np.zeros(shape)
+    workers = numba.get_num_threads()
+    zero = q.dtype.type(0)
+
+    pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
+    step = max(1, BLOCK_BYTES // (4 * R * Nk + 1))
+    for p0 in range(0, len(pairs), step):
+        heads = []
+        items = []
+        for b, hk in pairs[p0:p0 + step]:
+            h0 = hk * group
+            nchk, nvis = _row_geometry(spec, b, Nq, Nk, group)
+            kend = int(nchk.max())
+            if kend == 0:
+                continue
+            qf = np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D))
+            nblk = max(1, min(-(-kend // KEY_BLOCK), -(-2 * workers // min(len(pairs), 2 * workers))))
+            bounds = [(kend * i) // nblk for i in range(nblk + 1)]
+            hd = dict(b=b, h0=h0, qf=qf, kf=np.ascontiguousarray(k[b, hk]), vf=np.ascontiguousarray(v[b, hk]),
+                      nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
+                      lmax=np.full((R, nblk), -np.inf), suspect=np.zeros((R, nblk), np.int64),
+                      kn=np.zeros(nblk), rs=_row_scale(spec, b, h0, group, 0, Nq),
+                      slopes=_group_slopes(spec, h0, group), alphas=_group_alphas(spec, h0, group))
+            heads.append(hd)
+            items += [(hd, i, bounds[i], bounds[i + 1]) for i in range(nblk)]
+
+        def phase1(slot, item):
+            hd, i, j0, j1 = item
+            hd["kn"][i] = scan_block(hd["qf"], hd["kf"], j0, j1, i, hd["g"], zero, Nq, hd["nvis"], hd["nchk"],
+                                     offset, scale, hd["rs"], hd["slopes"], hd["lmax"], hd["suspect"])
+
+        _run_parallel(items, phase1, workers)
+        items = []
+        per = max(1, -(-R * len(heads) // (4 * workers)))
+        for hd in heads:
+            hd["qc"] = np.ascontiguousarray(hd["qf"], f64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                kmax = math.sqrt(float(np.max(hd["kn"])))
+                hd["err"] = _score_error(hd["qc"], kmax, scale, hd["rs"])
+            hd["err"][~np.isfinite(hd["err"])] = np.inf
+            hd["out"] = [np.empty((R, Dv), f64), np.empty((R, Dv), f64), np.empty(R, f64), np.empty(R, np.int64)]
+            hd["out"] += [np.empty(R, f64) for _ in range(3)]
+            hd["lrow"] = np.ascontiguousarray(hd["lmax"].max(axis=1))
+            hd["srow"] = np.ascontiguousarray(hd["suspect"].sum(axis=1))
+            hd["ncand"] = np.empty(R, np.int64)
+            hd["bad"] = np.zeros(R, np.int8)
+            items += [(hd, r0, min(R, r0 + per)) for r0 in range(0, R, per)]
+
+        def phase2(slot, item):
+            hd, r0, r1 = item
+            o, sk, th, sup, rm, ce, qe = hd["out"]
+            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, Nq, hd["nvis"], hd["nchk"], offset, scale,
+                        hd["rs"], hd["slopes"], hd["alphas"], hd["lrow"], hd["srow"], hd["err"], o, sk, th, sup, rm,
+                        ce, qe, hd["ncand"], hd["bad"])
+
+        _run_parallel(items, phase2, workers)
+        for hd in heads:
+            if hd["bad"].any():
+                raise ValueError(_OVERFLOW)
+            b, h0 = hd["b"], hd["h0"]
+            o, sk, th, sup, rm, ce, qe = hd["out"]
+            sl = (b, slice(h0, h0 + group))
+            out[sl] = o.reshape(group, Nq, Dv)
+            skew[sl] = sk.reshape(group, Nq, Dv)
+            theta[sl] = th.reshape(group, Nq)
+            support[sl] = sup.reshape(group, Nq)
+            row_max[sl] = rm.reshape(group, Nq)
+            edge[sl] = ce.reshape(group, Nq)
+            edge_p[sl] = qe.reshape(group, Nq)
+    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)

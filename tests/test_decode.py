@@ -1,0 +1,168 @@
+"""The numba backend's decoding path (few queries over a long key cache, split over the keys).
+
+:mod:`entmax_ref.backends.numba.decode` is taken from ``DECODE_MIN_KEYS`` keys on; here
+that threshold is lowered so that small problems take it, and every problem is checked
+against the dense formula (the tolerances of tests/test_attention.py), against the
+chunked forward (the path it replaces) and, through ``attention_vjp(info=)``, for the
+residual it leaves to the backward.  The cases cover what the path supports (causal,
+key_lengths, ALiBi, ASEntmax scales, grouped heads, alpha per head, one-run key masks),
+the cases it hands back to the chunked forward (a softmax head, key masks with holes), the
+float32 filter's fallback on suspect rows, candidate buffers that grow, several key
+blocks and threads, and the overflow error.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+import entmax_ref as er
+from test_attention import check_against_dense, grad_tols, problem
+
+pytestmark = pytest.mark.numba
+
+dec = pytest.importorskip("entmax_ref.backends.numba.decode")
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """Small problems take the decoding path; ``taken`` counts the calls that did."""
+    monkeypatch.setattr(dec, "DECODE_MIN_KEYS", 16)
+    calls = []
+    real = dec.decode_forward
+
+    def spy(*a):
+        calls.append(a[0].shape)
+        return real(*a)
+
+    monkeypatch.setattr(dec, "decode_forward", spy)
+    return calls
+
+
+@pytest.fixture(params=[(1, 8192), (2, 64)], ids=["1thread", "2threads-blocks"])
+def threads(request, monkeypatch):
+    n, block = request.param
+    monkeypatch.setattr(dec, "KEY_BLOCK", block)  # several key blocks per kv-head
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    yield n
+    numba.set_num_threads(before)
+
+
+def _chunked(monkeypatch, fn):
+    """``fn()`` with the decoding path off (the chunked forward)."""
+    with monkeypatch.context() as m:
+        m.setattr(dec, "DECODE_MIN_KEYS", 1 << 62)
+        return fn()
+
+
+def _same_forward(a, b):
+    out_a, info_a = a
+    out_b, info_b = b
+    assert np.array_equal(info_a.support, info_b.support)
+    np.testing.assert_array_equal(info_a.tau, info_b.tau)
+    np.testing.assert_array_equal(out_a, out_b)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("nq", [1, 3])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_decode_forward_and_backward(taken, threads, monkeypatch, alpha, nq, causal):
+    rng, q, k, v = problem(int(alpha * 10) + 3 * nq + causal, B=2, Hq=4, Hkv=2, Nq=nq, Nk=300, D=5, Dv=3,
+                           spread=2.5)
+    beta, gamma = rng.uniform(0.2, 1.0, (4, 1)), rng.uniform(-1.0, 1.0, (4, 1))
+    kw = dict(causal=causal, key_lengths=[300, 211], alibi_slopes=[0.25, 0.0, 0.125, 0.0], beta=beta, gamma=gamma)
+    out, info, d = check_against_dense("numba", q, k, v, alpha, **kw)
+    assert taken and info.support[info.n > 0].mean() < 0.5 * info.n[info.n > 0].mean()  # sparse rows
+    ref = _chunked(monkeypatch, lambda: er.attention(q, k, v, alpha=alpha, return_info=True, backend="numba", **kw))
+    _same_forward((out, info), ref)
+    g_out = rng.standard_normal(out.shape)
+    tols = grad_tols(d, q, k, v, g_out, alpha, beta=beta, gamma=gamma)
+    g_ref = er.attention_vjp(g_out, q, k, v, alpha=alpha, backend="numpy", **kw)
+    g = er.attention_vjp(g_out, q, k, v, alpha=alpha, info=info, backend="numba", **kw)
+    g_chunked = er.attention_vjp(g_out, q, k, v, alpha=alpha, info=ref[1], backend="numba", **kw)
+    for name, a, b_, c_, t in zip(("dq", "dk", "dv", "dbeta", "dgamma", "ddelta"), g, g_ref, g_chunked, tols):
+        np.testing.assert_allclose(a, b_, rtol=0, atol=t, err_msg=name)
+        np.testing.assert_array_equal(a, c_, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_decode_dtypes_against_numpy(taken, dtype):
+    """float32 inputs are computed in float64 from their float32 values and rounded once:
+    the same support as the NumPy reference on the float64 copies."""
+    rng, q, k, v = problem(7, B=1, Hq=8, Hkv=8, Nq=1, Nk=3000, D=16, Dv=8, dtype=dtype, spread=1.5)
+    out, info = er.attention(q, k, v, alpha=1.5, return_info=True, backend="numba")
+    up = [a.astype(np.float64) for a in (q, k, v)]
+    out64, info64 = er.attention(*up, alpha=1.5, return_info=True, backend="numpy")
+    assert taken and out.dtype == dtype
+    assert np.array_equal(info.support, info64.support)
+    tol = 8 * float(np.finfo(dtype).eps) * np.abs(out64).max() + 1e-13
+    np.testing.assert_allclose(out, out64, rtol=0, atol=tol)
+
+
+def test_decode_alpha_per_head_and_gqa(taken, monkeypatch):
+    rng, q, k, v = problem(11, B=2, Hq=4, Hkv=2, Nq=2, Nk=400, D=4, Dv=3, spread=2.5)
+    alpha = np.array([1.5, 3.0, 1.25, 2.0])
+    kw = dict(alpha=alpha, causal=True, key_lengths=[400, 123])
+    out, info = er.attention(q, k, v, return_info=True, backend="numba", **kw)
+    assert taken
+    ref_np = er.attention(q, k, v, return_info=True, backend="numpy", **kw)
+    assert np.array_equal(info.support, ref_np[1].support)
+    np.testing.assert_allclose(out, ref_np[0], rtol=0, atol=1e-12)
+    _same_forward((out, info), _chunked(monkeypatch, lambda: er.attention(q, k, v, return_info=True,
+                                                                          backend="numba", **kw)))
+    g_out = rng.standard_normal(out.shape)
+    g = er.attention_vjp(g_out, q, k, v, info=info, backend="numba", **kw)
+    g_np = er.attention_vjp(g_out, q, k, v, backend="numpy", **kw)
+    for a, b_ in zip(g[:3], g_np[:3]):
+        np.testing.assert_allclose(a, b_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(g.dalpha, g_np.dalpha, rtol=0, atol=1e-10)
+
+
+def test_decode_routes_softmax_heads_and_holes_to_the_chunked_forward(taken):
+    rng, q, k, v = problem(12, B=2, Hq=2, Hkv=1, Nq=1, Nk=200, D=4, Dv=3)
+    for alpha in (np.array([1.0, 1.5]), 1.0):
+        out = er.attention(q, k, v, alpha=alpha, backend="numba")
+        np.testing.assert_allclose(out, er.attention(q, k, v, alpha=alpha, backend="numpy"), rtol=0, atol=1e-12)
+    assert not taken
+    holes = np.ones((2, 200), bool)
+    holes[0, 50:60] = False
+    out = er.attention(q, k, v, key_padding_mask=holes, backend="numba")
+    np.testing.assert_allclose(out, er.attention(q, k, v, key_padding_mask=holes, backend="numpy"),
+                               rtol=0, atol=1e-12)
+    assert not taken
+    run = np.zeros((2, 200), bool)
+    run[0, 20:180] = True
+    run[1, :77] = True
+    out, info = er.attention(q, k, v, key_padding_mask=run, return_info=True, backend="numba")
+    assert len(taken) == 2  # one key-sliced problem per batch
+    ref = er.attention(q, k, v, key_padding_mask=run, return_info=True, backend="numpy")
+    assert np.array_equal(info.support, ref[1].support)
+    np.testing.assert_allclose(out, ref[0], rtol=0, atol=1e-12)
+
+
+def test_decode_many_candidates_and_suspect_rows(taken):
+    """A zero query ties every key (all are candidates: the row's buffer grows past
+    KEY_BUDGET); keys whose float32 product overflows send their rows the exact way."""
+    rng, q, k, v = problem(13, B=1, Hq=3, Hkv=1, Nq=1, Nk=6000, D=4, Dv=2)
+    q[0, 0] = 0.0
+    k[0, 0, 17] = 1e30  # q . k overflows float32 (and stays finite in float64)
+    q[0, 1] = 1e10 * np.sign(q[0, 1])
+    out, info = er.attention(q, k, v, alpha=1.5, return_info=True, backend="numba")
+    ref = er.attention(q, k, v, alpha=1.5, return_info=True, backend="numpy")
+    assert taken and info.support[0, 0, 0] == 6000
+    assert np.array_equal(info.support, ref[1].support)
+    np.testing.assert_allclose(out, ref[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(info.tau, ref[1].tau, rtol=1e-15, atol=0)
+
+
+def test_decode_overflow_raises(taken, monkeypatch):
+    rng, q, k, v = problem(14, B=1, Hq=2, Hkv=1, Nq=2, Nk=100, D=3, Dv=2)
+    q[0, 1, 0] = 1e200
+    k[0, 0, 5] = 1e200
+    with pytest.raises(ValueError, match="overflowed"):
+        er.attention(q, k, v, backend="numba")
+    assert taken
+    with pytest.raises(ValueError, match="overflowed"):
+        _chunked(monkeypatch, lambda: er.attention(q, k, v, backend="numba"))
