@@ -109,7 +109,11 @@ def check_finite(arr: Any, name: str, *, allow_neg_inf: bool) -> None:
     xp = xp_of(arr)
     if arr.size == 0:
         return
-    # Fast path, one pass each: max is NaN when any entry is NaN and +inf when one is.
+    # Fast paths.  One pass: a sum is finite only when every entry is (NaN propagates,
+    # +inf and -inf give an infinite or NaN sum); it may overflow, so an infinite sum
+    # falls through to the max (NaN when any entry is NaN, +inf when one is) and min.
+    if not allow_neg_inf and arr.dtype.kind == "f" and abs(float(xp.sum(arr))) < np.inf:
+        return
     top = float(xp.max(arr))
     if top < np.inf and (allow_neg_inf or float(xp.min(arr)) > -np.inf):
         return
