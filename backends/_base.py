@@ -60,6 +60,13 @@ class AttentionSpec:
     alpha_grad: bool = False  #: the backward also computes dL/dalpha per row (AttentionGrads.dalpha)
 
 
+class NonFiniteInput(ValueError):
+    """Raised by a backend's ``attention_forward`` that scans k and v itself (it has an
+    ``attention_scans_inputs(q, k, v, spec)`` method that returned True for the call, so
+    the public layer skipped its own scan of them) when it finds a NaN or infinite entry;
+    the public layer then scans them to raise its usual error naming the entry."""
+
+
 class AttentionForward(NamedTuple):
     """What an attention forward returns.  ``theta``, ``row_max``, ``edge`` and ``edge_p``
     are the backward's residual (see :class:`AttentionResidual`)."""

@@ -193,6 +193,14 @@ class NumbaBackend:
             _bs.budget_vjp_rows(p, g, dx)
         return dx
 
+    def attention_scans_inputs(self, q, k, v, spec: AttentionSpec) -> bool:
+        """Whether :meth:`attention_forward` reads every entry of k and v (the decoding path
+        of :mod:`entmax_ref.backends.numba.decode`) and raises
+        :class:`~entmax_ref.backends._base.NonFiniteInput` on a NaN or infinite one."""
+        from .numba.decode import scans_inputs
+
+        return scans_inputs(q, k, v, spec)
+
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         """The fused chunked forward of :mod:`entmax_ref.backends.numba.attention` (BLAS
         score products, then one row kernel: masks, bias, row solve, support-only output)."""

@@ -21,6 +21,7 @@ from .asentmax import _broadcast, _real, _scale_vjp
 from .asentmax import row_scale as row_scale_of
 from .backends import geometry, resolve_backend
 from .backends._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, tau_to_theta, theta_to_tau, xp_of
+from .backends._base import NonFiniteInput
 
 
 @dataclass(frozen=True)
@@ -98,14 +99,16 @@ class _Problem:
     out_dtypes: tuple  # q, k, v
     alpha_shape: tuple | None  # () or (Hq,) when alpha was an array (dalpha wanted), else None
     alpha_b: Any  # alpha as a float, or (1, Hq, 1) float64 when it differs between heads
+    kv_unscanned: tuple = ()  # (k, v) as given when the backend's forward scans them for NaN/inf itself
 
 
-def _tensor(x: Any, name: str, ndim: int):
+def _tensor(x: Any, name: str, ndim: int, finite: bool = True):
     arr = V.as_array(x, name)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(arr.shape)}")
     cdt, odt = V.compute_dtype(arr, name)
-    V.check_finite(arr, name, allow_neg_inf=False)
+    if finite:
+        V.check_finite(arr, name, allow_neg_inf=False)
     return arr, cdt, odt
 
 
@@ -239,10 +242,10 @@ def _key_mask_arg(mask: Any, B: int, Nk: int, k_shape: tuple) -> np.ndarray | No
 
 
 def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-             chunk, backend, key_padding_mask=None) -> _Problem:
+             chunk, backend, key_padding_mask=None, forward=False) -> _Problem:
     q, cq, oq = _tensor(q, "q", 4)
-    k, ck, ok = _tensor(k, "k", 4)
-    v, cv, ov = _tensor(v, "v", 4)
+    k, ck, ok = _tensor(k, "k", 4, finite=False)  # scanned last (or by the backend's forward)
+    v, cv, ov = _tensor(v, "v", 4, finite=False)
     B, Hq, Nq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"batch sizes differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -325,8 +328,16 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
 
     alpha_b = a if head_alpha is None else xp.asarray(head_alpha[None, :, None])
-    return _Problem(canon(q), canon(k), canon(v), spec, be, xp.ascontiguousarray(n), s_info, params,
-                    (oq, ok, ov), alpha_shape, alpha_b)
+    qc, kc, vc = canon(q), canon(k), canon(v)
+    # a forward that reads every entry of k and v anyway (the numba decoding path) scans
+    # them itself: one pass over the key cache instead of two
+    scans = getattr(be, "attention_scans_inputs", None) if forward else None
+    unscanned = (k, v) if scans is not None and scans(qc, kc, vc, spec) else ()
+    if not unscanned:
+        V.check_finite(k, "k", allow_neg_inf=False)
+        V.check_finite(v, "v", allow_neg_inf=False)
+    return _Problem(qc, kc, vc, spec, be, xp.ascontiguousarray(n), s_info, params,
+                    (oq, ok, ov), alpha_shape, alpha_b, unscanned)
 
 
 @public
@@ -411,8 +422,13 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     [[[[0.1693, 0.8307]]]]
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend, key_padding_mask)
-    fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
+                    chunk, backend, key_padding_mask, forward=True)
+    try:
+        fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
+    except NonFiniteInput:
+        for arr, name in zip(prob.kv_unscanned, "kv"):
+            V.check_finite(arr, name, allow_neg_inf=False)  # raises, naming the entry
+        raise
     out_dtype = V.result_dtype(*prob.out_dtypes)
     out = fwd.out.astype(out_dtype, copy=False)
     if not return_info:

@@ -166,3 +166,29 @@ def test_decode_overflow_raises(taken, monkeypatch):
     assert taken
     with pytest.raises(ValueError, match="overflowed"):
         _chunked(monkeypatch, lambda: er.attention(q, k, v, backend="numba"))
+
+
+@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_decode_scans_k_and_v_itself(taken, where, bad):
+    """The decoding path reads every entry of k and v, so the public layer leaves their
+    NaN/inf scan to it: the same error, naming the entry (a value off the support too)."""
+    rng, q, k, v = problem(15, B=1, Hq=2, Hkv=1, Nq=1, Nk=500, D=3, Dv=2)
+    arr = k if where == "k" else v
+    arr[0, 0, 321, 1] = bad
+    what = "NaN" if np.isnan(bad) else "NaN or infinite"
+    with pytest.raises(ValueError, match=rf"{where} contains 1 .*{where}\[0, 0, 321, 1\]") as exc:
+        er.attention(q, k, v, backend="numba")
+    assert what.split()[0] in str(exc.value)
+    assert taken  # the decoding path found it
+
+
+def test_decode_huge_finite_keys_are_not_rejected(taken):
+    """float64 keys beyond 1e154 have an infinite squared norm but are finite: no error."""
+    rng, q, k, v = problem(16, B=1, Hq=1, Hkv=1, Nq=1, Nk=300, D=3, Dv=2)
+    k[0, 0, 7] = [1e200, 0.5, -0.25]
+    q[0, 0, 0, 0] = 1e-200  # q . k_7 = 1 + ...: well conditioned
+    out, info = er.attention(q, k, v, backend="numba", return_info=True)
+    ref = er.attention(q, k, v, backend="numpy", return_info=True)
+    assert taken and np.array_equal(info.support, ref[1].support)
+    np.testing.assert_allclose(out, ref[0], rtol=0, atol=1e-12)

@@ -69,35 +69,45 @@ BLOCK_BYTES = 64 * 2**20
 
 
 @njit(nogil=True, cache=CACHE, fastmath={"reassoc", "contract"})
-def _dots(qf, kf, j0, j1, g, zero):
+def _dots(qf, kf, vf, scan_v, j0, j1, g, zero):
     """``g[r, j] = q_r . k_j`` (input precision, any order of summation, rounded to float32)
-    for ``j0 <= j < j1``; returns the largest ``||k_j||^2`` of those keys (float64)."""
+    for ``j0 <= j < j1``; returns the largest ``||k_j||^2`` of those keys (float64, from
+    the exact squares of float32 entries) and the sum of the squares of every entry of
+    those ``k_j`` (and ``v_j`` with ``scan_v``): NaN or infinite when an entry is (or, for
+    float64 entries beyond 1e154, infinite though finite)."""
     R, D = qf.shape
+    Dv = vf.shape[1]
     kn = 0.0
+    tot = 0.0
     for j in range(j0, j1):
         s2 = 0.0
         for d in range(D):
             x = np.float64(kf[j, d])
             s2 += x * x
-        if not (s2 <= kn):  # NaN propagates: the row goes the exact way
-            kn = s2
+        kn = max(kn, s2)
+        tot += s2  # a sum keeps NaN (a vectorised max may not)
+        if scan_v:
+            for d in range(Dv):
+                y = np.float64(vf[j, d])
+                tot += y * y
         for r in range(R):
             acc = zero
             for d in range(D):
                 acc += qf[r, d] * kf[j, d]
             g[r, j] = acc
-    return kn
+    return kn, tot
 
 
 @njit(nogil=True, cache=CACHE)
-def scan_block(qf, kf, j0, j1, blk, g, zero, nq, nvis, nchk, offset, scale, row_scale, slopes, lmax, suspect):
+def scan_block(qf, kf, vf, scan_v, j0, j1, blk, g, zero, nq, nvis, nchk, offset, scale, row_scale, slopes, lmax,
+               suspect):
     """Phase 1 on keys ``j0 .. j1 - 1`` of one kv-head: the float32 scores ``g``, and per
     row the largest approximate score ``lmax[r, blk]`` over its visible keys and the count
     ``suspect[r, blk]`` of non-finite or huge ones among its checked keys (``nchk``).
-    Returns the largest ``||k_j||^2`` of the block."""
+    Returns the largest ``||k_j||^2`` and the sum of squares of the block (see :func:`_dots`)."""
     R = g.shape[0]
     has_s = row_scale.shape[0] > 0
-    kn = _dots(qf, kf, j0, j1, g, zero)
+    kn, vn = _dots(qf, kf, vf, scan_v, j0, j1, g, zero)
     for r in range(R):
         h = r // nq
         i_abs = (r - h * nq) + offset
@@ -116,7 +126,7 @@ def scan_block(qf, kf, j0, j1, blk, g, zero, nq, nvis, nchk, offset, scale, row_
             bad += not (abs(z) < 1e300)
         lmax[r, blk] = L
         suspect[r, blk] = bad
-    return kn
+    return kn, vn
 
 
 @njit(cache=CACHE)
@@ -271,6 +281,13 @@ def eligible(q, k, v, spec) -> bool:
     return bool(np.all(alphas > 1.0))
 
 
+def scans_inputs(q, k, v, spec) -> bool:
+    """Whether :func:`decode_forward` reads every entry of k and v, and raises
+    :class:`~entmax_ref.backends._base.NonFiniteInput` on a NaN or infinite one (then the
+    public layer need not scan them first): decoding problems without key lengths."""
+    return eligible(q, k, v, spec) and spec.key_lengths is None
+
+
 def _row_geometry(spec, b, Nq, Nk, group):
     """Per row (``h * Nq + i``) the visible keys and the keys its chunk checks for overflow."""
     from ..numpy_attention import chunk_bounds
@@ -287,7 +304,7 @@ def _row_geometry(spec, b, Nq, Nk, group):
 def decode_forward(q, k, v, spec):
     """The two-phase forward of the module docstring; the outputs and conventions of
     :func:`entmax_ref.backends.numba.attention.attention_forward`."""
-    from .._base import AttentionForward
+    from .._base import AttentionForward, NonFiniteInput
     from .attention import _group_alphas, _group_slopes, _row_scale
 
     f64 = np.float64
@@ -307,6 +324,7 @@ def decode_forward(q, k, v, spec):
     edge_p = np.zeros(shape)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
+    scan = scans_inputs(q, k, v, spec)  # every key is read: scan k and v for NaN/inf too
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     step = max(1, BLOCK_BYTES // (4 * R * Nk + 1))
@@ -325,20 +343,24 @@ def decode_forward(q, k, v, spec):
             hd = dict(b=b, h0=h0, qf=qf, kf=np.ascontiguousarray(k[b, hk]), vf=np.ascontiguousarray(v[b, hk]),
                       nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
                       lmax=np.full((R, nblk), -np.inf), suspect=np.zeros((R, nblk), np.int64),
-                      kn=np.zeros(nblk), rs=_row_scale(spec, b, h0, group, 0, Nq),
+                      kn=np.zeros(nblk), vn=np.zeros(nblk), rs=_row_scale(spec, b, h0, group, 0, Nq),
                       slopes=_group_slopes(spec, h0, group), alphas=_group_alphas(spec, h0, group))
             heads.append(hd)
             items += [(hd, i, bounds[i], bounds[i + 1]) for i in range(nblk)]
 
         def phase1(slot, item):
             hd, i, j0, j1 = item
-            hd["kn"][i] = scan_block(hd["qf"], hd["kf"], j0, j1, i, hd["g"], zero, Nq, hd["nvis"], hd["nchk"],
-                                     offset, scale, hd["rs"], hd["slopes"], hd["lmax"], hd["suspect"])
+            hd["kn"][i], hd["vn"][i] = scan_block(hd["qf"], hd["kf"], hd["vf"], scan, j0, j1, i, hd["g"], zero, Nq,
+                                                  hd["nvis"], hd["nchk"], offset, scale, hd["rs"], hd["slopes"],
+                                                  hd["lmax"], hd["suspect"])
 
         _run_parallel(items, phase1, workers)
         items = []
         per = max(1, -(-R * len(heads) // (4 * workers)))
         for hd in heads:
+            if scan and not np.isfinite(hd["vn"].sum()):  # a NaN/inf entry (or finite ones past 1e154)
+                if not (np.isfinite(hd["kf"]).all() and np.isfinite(hd["vf"]).all()):
+                    raise NonFiniteInput("k or v has a NaN or infinite entry")
             hd["qc"] = np.ascontiguousarray(hd["qf"], f64)
             with np.errstate(over="ignore", invalid="ignore"):
                 kmax = math.sqrt(float(np.max(hd["kn"])))
