@@ -59,8 +59,8 @@ DECODE_MAX_QUERIES = 16
 #: ... and this many score rows per kv-head (query heads of a group x queries) ...
 DECODE_MAX_ROWS = 128
 #: ... from this many keys on per 4 queries (below it the chunked forward's copies and
-#: BLAS products are cheaper: at 16 queries over 2,048 keys it is 1.3x faster, at 4 over
-#: 8,192 keys 0.26x the time of this path, at 1 over 2,048 0.67x)
+#: BLAS products are cheaper: the chunked forward is 1.3x faster at 16 queries over 2,048 keys;
+#: this path takes 0.26x its time at 4 queries over 8,192 keys, 0.67x at 1 over 2,048)
 DECODE_MIN_KEYS = 2048
 #: initial candidate buffer of a row (grows when a row has more candidates)
 KEY_BUDGET = 4096
