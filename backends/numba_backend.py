@@ -31,7 +31,11 @@ it) and works on the support only (dO.v, dQ, and a scatter into dK, dV, and the 
 VJP when dalpha is asked for).  Alpha per head is per row in both kernels (each row rebuilt
 by its own alpha's rule); a key mask that is one run of keys per batch runs them on the
 key-sliced problem, a mask with holes (and the backward with a softmax head) the NumPy
-driver with the compiled row solver.
+driver with the compiled row solver.  Decoding (a few queries per head over a long key
+cache, :mod:`entmax_ref.backends.numba.decode`) splits each kv-head's keys across the
+workers instead: the float32 filter scores of every key in place (no float64 copy of K or
+V, no BLAS), with the NaN/inf scan of K and V that the public layer then skips, and per row
+the same exact solve on the candidates and the output from V on the support only.
 
 Threads: no kernel of this backend is a ``parallel=True`` (``prange``) kernel, so no
 parallel region is ever launched on numba's threading layer and concurrent calls from
