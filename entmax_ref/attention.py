@@ -331,7 +331,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     qc, kc, vc = canon(q), canon(k), canon(v)
     # a forward that reads every entry of k and v anyway (the numba decoding path) scans
     # them itself: one pass over the key cache instead of two
-    scans = getattr(be, "attention_scans_inputs", None) if forward else None
+    scans = getattr(be, "attention_scans_inputs", None) if forward and not isinstance(be, _ShapeGuard) else None
     unscanned = (k, v) if scans is not None and scans(qc, kc, vc, spec) else ()
     if not unscanned:
         V.check_finite(k, "k", allow_neg_inf=False)

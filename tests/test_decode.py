@@ -192,3 +192,13 @@ def test_decode_huge_finite_keys_are_not_rejected(taken):
     ref = er.attention(q, k, v, backend="numpy", return_info=True)
     assert taken and np.array_equal(info.support, ref[1].support)
     np.testing.assert_allclose(out, ref[0], rtol=0, atol=1e-12)
+
+
+def test_decode_degenerate_shapes_still_scan_k_and_v(taken):
+    """No query rows (the public layer's exact empty answer, no engine call): k and v are
+    scanned by the public layer as before."""
+    rng, q, k, v = problem(17, B=1, Hq=2, Hkv=1, Nq=1, Nk=300, D=3, Dv=2)
+    k[0, 0, 5, 0] = np.nan
+    with pytest.raises(ValueError, match=r"k contains 1 NaN"):
+        er.attention(q[:, :, :0], k, v, backend="numba")
+    assert not taken

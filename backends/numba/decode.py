@@ -275,7 +275,7 @@ def eligible(q, k, v, spec) -> bool:
     Hkv, Nk = k.shape[1], k.shape[2]
     if spec.key_mask is not None or Nq > DECODE_MAX_QUERIES or Nk < DECODE_MIN_KEYS * -(-Nq // 4):
         return False
-    if (Hq // Hkv) * Nq > DECODE_MAX_ROWS or D == 0:
+    if (Hq // Hkv) * Nq > DECODE_MAX_ROWS or B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
         return False
     dt = q.dtype
     if dt not in (np.float32, np.float64) or k.dtype != dt or v.dtype != dt:
