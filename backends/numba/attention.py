@@ -289,6 +289,105 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
     return n, nonfinite == 0
 
 
+@njit(inline="always", cache=CACHE)
+def _g_range(g, r, j0, j1):
+    """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` (four running extrema each: no
+    serial dependency)."""
+    inf = np.float32(np.inf)
+    l0 = l1 = l2 = l3 = inf
+    h0 = h1 = h2 = h3 = -inf
+    nan = 0
+    j = j0
+    while j + 4 <= j1:
+        x0 = g[r, j]
+        x1 = g[r, j + 1]
+        x2 = g[r, j + 2]
+        x3 = g[r, j + 3]
+        nan += (x0 != x0) + (x1 != x1) + (x2 != x2) + (x3 != x3)
+        l0 = min(l0, x0)
+        l1 = min(l1, x1)
+        l2 = min(l2, x2)
+        l3 = min(l3, x3)
+        h0 = max(h0, x0)
+        h1 = max(h1, x1)
+        h2 = max(h2, x2)
+        h3 = max(h3, x3)
+        j += 4
+    while j < j1:
+        x0 = g[r, j]
+        nan += x0 != x0
+        l0 = min(l0, x0)
+        h0 = max(h0, x0)
+        j += 1
+    return min(min(l0, l1), min(l2, l3)), max(max(h0, h1), max(h2, h3)), nan
+
+
+@njit(inline="always", cache=CACHE)
+def _g_cut(cut, scale, s):
+    """A float32 line below which no ``g`` has ``z(g) = (scale g) s > cut`` (``scale s > 0``):
+    ``cut / (scale s)`` lowered by far more than the roundings of z and of float32."""
+    x = cut / (scale * s)
+    return np.float32(x - abs(x) * 1e-6 - 1e-37)
+
+
+@njit(inline="always", cache=CACHE)
+def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                     za, idx, zc, gx, c, aux, aux2):
+    """:func:`_candidates`, the same keys in the same order with the same scores, for the
+    float32 filter when ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
+    the row's range, maximum and the window's line are taken on the float32 ``g`` itself
+    (no float64 score of every key), and only the keys above a float32 line just below
+    the float64 cut get their approximate float64 score, compared with the cut exactly as
+    :func:`_candidates` does.  Anything else (and a suspect row) is :func:`_candidates`."""
+    key_end = g.shape[1]
+    if not filt or slope != 0.0 or not (scale * s > 0.0) or n == 0:
+        return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                           za, idx, zc, gx, c, aux, aux2)
+    lo, hi, nan = _g_range(g, r, 0, n)
+    z_lo = _score(np.float64(lo), scale, s, has_s, slope, i_abs, 0)
+    L = _score(np.float64(hi), scale, s, has_s, slope, i_abs, 0)  # = max_j z(g_j): z is monotone
+    ok = nan == 0 and z_lo > -1e300 and abs(L) < 1e300
+    if ok and n < key_end:
+        lo2, hi2, nan2 = _g_range(g, r, n, key_end)
+        ok = (nan2 == 0 and _score(np.float64(lo2), scale, s, has_s, slope, i_abs, 0) > -1e300
+              and _score(np.float64(hi2), scale, s, has_s, slope, i_abs, 0) < 1e300)
+    if not ok:  # the float64 path of the row, exactly as before
+        return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                           za, idx, zc, gx, c, aux, aux2)
+    if use_max:
+        cut = L - (window * (1.0 + 1e-9) + 3.0 * err + 1e-12) - 1e-12 * abs(L)
+    else:
+        cut = t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+    gc = _g_cut(cut, scale, s)
+    m1 = 0
+    for j in range(n):  # branch-free float32 pass
+        idx[m1] = j
+        m1 += g[r, j] > gc
+    m = 0
+    for i in range(m1):  # the approximate float64 scores of the survivors, the exact cut
+        j = idx[i]
+        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        if z > cut:
+            idx[m] = j
+            zc[m] = z
+            m += 1
+    if use_max:
+        # the lower bound of the threshold and the second cut of _candidates
+        t = _theta_lower(zc, m, L, 1.0 / window)
+        cut = t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+    m1 = m
+    m = 0
+    for i in range(m1):
+        if zc[i] > cut:
+            j = idx[i]
+            gv = _dot(qc, r, kk, j)
+            idx[m] = j
+            gx[m] = gv
+            zc[m] = _score(gv, scale, s, has_s, slope, i_abs, j)
+            m += 1
+    return m, True
+
+
 @njit(nogil=True, cache=CACHE)
 def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
              out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
@@ -312,7 +411,7 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     for r in range(rows):
         h, i_abs, n, a1, a2, big, window, s = _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale,
                                                           has_s)
-        m, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
+        m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
                             0.0, za, idx, zc, gx, c, aux, aux2)
         bad[r] = 0 if ok else 1
         ncand[r] = m
@@ -397,7 +496,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         for d in range(D):
             acc[d] = 0.0
         live = t > -np.inf
-        mc, ok = _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
+        mc, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
                              False, t, za, ci, zc, gx, za, za, za)
         bad[r] = 0 if ok else 1
         m = 0
