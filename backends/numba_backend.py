@@ -207,9 +207,22 @@ class NumbaBackend:
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         """The fused chunked forward of :mod:`entmax_ref.backends.numba.attention` (BLAS
-        score products, then one row kernel: masks, bias, row solve, support-only output)."""
+        score products, then one row kernel: masks, bias, row solve, support-only output),
+        or for decoding (a few queries over a long key cache) the key-split forward of
+        :mod:`entmax_ref.backends.numba.decode`; a key mask that is one run of keys per
+        batch is run per batch on its key-sliced problem (either of them), a mask with
+        holes on the NumPy driver with the compiled row solver."""
+        from .numba import decode
         from .numba.attention import attention_forward
 
+        if spec.key_mask is not None:
+            from .numpy_attention import attention_forward as numpy_forward
+            from .numpy_attention import forward_by_key_runs
+
+            return forward_by_key_runs(self.attention_forward, q, k, v, spec,
+                                       lambda: numpy_forward(self, q, k, v, spec))
+        if decode.eligible(q, k, v, spec):
+            return decode.decode_forward(q, k, v, spec)
         return attention_forward(self, q, k, v, spec)
 
     def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:

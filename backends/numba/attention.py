@@ -852,10 +852,6 @@ def attention_forward(backend, q, k, v, spec):
 
         return forward_by_key_runs(lambda *a: attention_forward(backend, *a), q, k, v, spec,
                                    lambda: numpy_forward(backend, q, k, v, spec))
-    from .decode import decode_forward, eligible
-
-    if eligible(q, k, v, spec):  # a few queries over a long cache: split over the keys
-        return decode_forward(q, k, v, spec)
     f64 = np.float64
     q, k, v = (_writable(np.asarray(a)) for a in (q, k, v))
     B, Hq, Nq, D = q.shape
