@@ -134,6 +134,16 @@ def _attention_vjp(dt):
         _att.FILTER_FRACTION = saved
 
 
+def _decode(dt):
+    """The decoding path (one query over a long key cache) in the input dtype."""
+    import entmax_ref as er
+    from entmax_ref.backends.numba import decode as _dec
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, n, 4)).astype(dt) for n in (1, _dec.DECODE_MIN_KEYS, _dec.DECODE_MIN_KEYS))
+    er.attention(q, k, v, alpha=1.5, backend="numba")
+
+
 #: unit name -> (what it compiles, the call that compiles it for one dtype); attention
 #: units are dtype-independent (one compile whatever the dtype list)
 UNITS: dict[str, tuple[str, Callable[[str], None]]] = {
@@ -153,15 +163,16 @@ UNITS: dict[str, tuple[str, Callable[[str], None]]] = {
     "budget_vjp": ("budget-sparsemax VJP", _budget_vjp),
     "attention": ("attention forward (float32-filtered and float64 scores)", _attention),
     "attention_vjp": ("attention backward (float32-filtered and float64 scores)", _attention_vjp),
+    "decode": ("attention forward, decoding (few queries over a long key cache)", _decode),
 }
 _DTYPE_FREE = {"attention", "attention_vjp"}
 
-#: the units ``entmax-ref check`` runs (everything but the mixed-alpha solver and the
-#: alpha VJPs, which check does not call)
-CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_alpha_vjp", "entmax_alpha_vjp_big"))
+#: the units ``entmax-ref check`` runs (everything but the mixed-alpha solver, the alpha
+#: VJPs and the decoding path, which check does not call)
+CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_alpha_vjp", "entmax_alpha_vjp_big", "decode"))
 
 #: rough relative compile cost of each unit (the largest are started first)
-_COST = {"attention": 10, "attention_vjp": 8, "entmax_any": 6, "entmax_big": 4, "entmax": 4, "budget": 4,
+_COST = {"attention": 10, "attention_vjp": 8, "entmax_any": 6, "decode": 5, "entmax_big": 4, "entmax": 4, "budget": 4,
          "normmax": 3, "sparsemax": 3, "entmax15": 2}
 
 

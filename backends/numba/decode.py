@@ -52,7 +52,7 @@ from numba import njit
 
 from . import CACHE
 from .attention import _OVERFLOW, _dot, _run_parallel, _score, _score_error, _skew, _theta_lower
-from .rows import METHOD_DEFAULT, _solve_row
+from .rows import _solve_default
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -229,7 +229,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
             aux = np.empty(m, np.float64)
             aux2 = np.empty(m, np.float64)
             # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-            th, cnt, _, _ = _solve_row(zc[:m], pc, a1, METHOD_DEFAULT, c, aux, aux2, r)
+            th, cnt, _, _ = _solve_default(zc[:m], pc, a1, c, aux, aux2, r)
             theta[r] = th
             support[r] = cnt
             Lm = -np.inf
