@@ -388,6 +388,46 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     return m, True
 
 
+@njit(cache=CACHE)
+def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed):
+    """The exact solve of one row's candidate scores ``zc[:m]`` (keys ``idx[:m]``) into
+    ``pc[:m]``, then ``o += sum p_j v_j`` and the skewed output ``sk = sum u_j v_j / sum u_j``
+    (``u = p^(2 - alpha)``, divided by its maximum, the edge's, when ``big``: alpha > 2) on
+    the support only; ``o`` and ``sk`` come zeroed.  Shared by the chunked forward and the
+    decoding path, so both give the same bits.  Returns (theta, support, L, ce, qe): the
+    row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its probability ``qe``."""
+    th, cnt, _, _ = _solve_default(zc[:m], pc[:m], a1, c, aux, aux2, seed)
+    L = -np.inf
+    for ci in range(m):
+        if zc[ci] > L:
+            L = zc[ci]
+    ce = np.inf
+    qe = 0.0
+    for ci in range(m):
+        if pc[ci] > 0.0:
+            y = zc[ci] - L
+            if y < ce:
+                ce = y
+                qe = pc[ci]
+    lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
+    su = 0.0
+    dv = o.shape[0]
+    for ci in range(m):
+        pj = pc[ci]
+        if pj > 0.0:
+            j = idx[ci]
+            u = math.exp(a2 * math.log(pj) - lmax) if big else _skew(pj, a2)
+            su += u
+            for d in range(dv):
+                vjd = np.float64(vv[j, d])
+                o[d] += pj * vjd
+                sk[d] += u * vjd
+    inv = 1.0 / su if su > 0.0 else 0.0
+    for d in range(dv):
+        sk[d] *= inv
+    return th, cnt, L, ce, qe
+
+
 @njit(nogil=True, cache=CACHE)
 def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
              out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
@@ -425,41 +465,13 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             theta[r] = -np.inf
             support[r] = 0
         else:
-            th, cnt, _, _ = _solve_default(zc[:m], pc[:m], a1, c, aux, aux2, r)
+            th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, r)
             theta[r] = th
             support[r] = cnt
-            # the residual: the row maximum (the solver's m) and the support's edge
-            L = -np.inf
-            for ci in range(m):
-                if zc[ci] > L:
-                    L = zc[ci]
-            ce = np.inf
-            qe = 0.0
-            for ci in range(m):
-                if pc[ci] > 0.0:
-                    y = zc[ci] - L
-                    if y < ce:
-                        ce = y
-                        qe = pc[ci]
-            if cnt > 0:
+            if cnt > 0:  # the residual: the row maximum (the solver's m) and the support's edge
                 rmax[r] = L
                 edge[r] = ce
                 edge_p[r] = qe
-            lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
-            su = 0.0
-            for ci in range(m):
-                pj = pc[ci]
-                if pj > 0.0:
-                    j = idx[ci]
-                    u = math.exp(a2 * math.log(pj) - lmax) if big else _skew(pj, a2)
-                    su += u
-                    for d in range(dv):
-                        vjd = vv[j, d]
-                        o[d] += pj * vjd
-                        sk[d] += u * vjd
-            inv = 1.0 / su if su > 0.0 else 0.0
-            for d in range(dv):
-                sk[d] *= inv
         for d in range(dv):
             out[r, d] = o[d]
             skew[r, d] = sk[d]

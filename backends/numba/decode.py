@@ -51,8 +51,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
-from .attention import _OVERFLOW, _dot, _run_parallel, _score, _score_error, _skew, _theta_lower
-from .rows import _solve_default
+from .attention import _OVERFLOW, _dot, _run_parallel, _score, _score_error, _solve_weigh, _theta_lower
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -229,40 +228,13 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
             aux = np.empty(m, np.float64)
             aux2 = np.empty(m, np.float64)
             # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-            th, cnt, _, _ = _solve_default(zc[:m], pc, a1, c, aux, aux2, r)
+            th, cnt, Lm, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vf, o, sk, c, aux, aux2, r)
             theta[r] = th
             support[r] = cnt
-            Lm = -np.inf
-            for ci in range(m):
-                if zc[ci] > Lm:
-                    Lm = zc[ci]
-            ce = np.inf
-            qe = 0.0
-            for ci in range(m):
-                if pc[ci] > 0.0:
-                    y = zc[ci] - Lm
-                    if y < ce:
-                        ce = y
-                        qe = pc[ci]
             if cnt > 0:
                 rmax[r] = Lm
                 edge[r] = ce
                 edge_p[r] = qe
-            lu = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
-            su = 0.0
-            for ci in range(m):
-                pj = pc[ci]
-                if pj > 0.0:
-                    j = idx[ci]
-                    u = math.exp(a2 * math.log(pj) - lu) if big else _skew(pj, a2)
-                    su += u
-                    for d in range(dv):
-                        vjd = np.float64(vf[j, d])
-                        o[d] += pj * vjd
-                        sk[d] += u * vjd
-            inv = 1.0 / su if su > 0.0 else 0.0
-            for d in range(dv):
-                sk[d] *= inv
         for d in range(dv):
             out[r, d] = o[d]
             skew[r, d] = sk[d]
