@@ -103,6 +103,17 @@ def test_attention_head_dim_zero_is_all_zero_scores(backend, kw, alpha):
         assert np.array_equal(g.dbeta, g1.dbeta)
 
 
+def test_attention_head_dim_zero_with_an_overflowing_gradient(backend):
+    """D = 0 at alpha = 1000: three tied keys give p = 1/3 each, whose exact dz overflows
+    (u = p^(2 - alpha) = 3^998); dq and dk are empty, dv is finite, and no warning (the
+    exhaustive fuzz found a RuntimeWarning from the padded column)."""
+    q, k = np.zeros((1, 1, 1, 0)), np.zeros((1, 1, 3, 0))
+    v = np.array([0.12573022, -0.13210486, 0.64042265]).reshape(1, 1, 3, 1)
+    g = er.attention_vjp(np.ones((1, 1, 1, 1)), q, k, v, alpha=1000.0, backend=backend)
+    assert g.dq.shape == q.shape and g.dk.shape == k.shape
+    np.testing.assert_allclose(_np(backend, g.dv).ravel(), [1 / 3] * 3, rtol=1e-15)
+
+
 @pytest.mark.parametrize("kw", [dict(), ASE], ids=["plain", "asentmax"])
 def test_attention_value_dim_zero(backend, kw):
     q, k, v = _qkv(Dv=0)
