@@ -428,6 +428,38 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed):
     return th, cnt, L, ce, qe
 
 
+@njit(cache=CACHE)
+def _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
+                out, skew, theta, support, rmax, edge, edge_p, bad, ncand):
+    """Everything one forward row writes, from its ``m`` candidates (``ok``: its scores
+    were finite): the flags, then (:func:`_solve_weigh`, seeded with ``r``) theta, the
+    support, the residual and the output rows; a row without candidates, or with
+    overflowed scores, attends nothing.  Shared by the chunked forward and the decoding
+    path, so both write the same bits."""
+    bad[r] = 0 if ok else 1
+    ncand[r] = m
+    for d in range(o.shape[0]):
+        o[d] = 0.0
+        sk[d] = 0.0
+    rmax[r] = -np.inf
+    edge[r] = -np.inf
+    edge_p[r] = 0.0
+    if m == 0 or not ok:
+        theta[r] = -np.inf
+        support[r] = 0
+    else:
+        th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, r)
+        theta[r] = th
+        support[r] = cnt
+        if cnt > 0:  # the residual: the row maximum (the solver's m) and the support's edge
+            rmax[r] = L
+            edge[r] = ce
+            edge_p[r] = qe
+    for d in range(o.shape[0]):
+        out[r, d] = o[d]
+        skew[r, d] = sk[d]
+
+
 @njit(nogil=True, cache=CACHE)
 def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
              out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
@@ -453,28 +485,8 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                                                           has_s)
         m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
                             0.0, za, idx, zc, gx, c, aux, aux2)
-        bad[r] = 0 if ok else 1
-        ncand[r] = m
-        for d in range(dv):
-            o[d] = 0.0
-            sk[d] = 0.0
-        rmax[r] = -np.inf
-        edge[r] = -np.inf
-        edge_p[r] = 0.0
-        if m == 0 or not ok:
-            theta[r] = -np.inf
-            support[r] = 0
-        else:
-            th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, r)
-            theta[r] = th
-            support[r] = cnt
-            if cnt > 0:  # the residual: the row maximum (the solver's m) and the support's edge
-                rmax[r] = L
-                edge[r] = ce
-                edge_p[r] = qe
-        for d in range(dv):
-            out[r, d] = o[d]
-            skew[r, d] = sk[d]
+        _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
+                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand)
 
 
 @njit(nogil=True, cache=CACHE)

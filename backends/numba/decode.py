@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
-from .attention import _OVERFLOW, _dot, _run_parallel, _score, _score_error, _solve_weigh, _theta_lower
+from .attention import _OVERFLOW, _dot, _run_parallel, _score, _row_result, _score_error, _theta_lower
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -211,33 +211,14 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
                     zc[j] = z
             m = n
             ok = nonfinite == 0
-        bad[r] = 0 if ok else 1
-        ncand[r] = m
-        for d in range(dv):
-            o[d] = 0.0
-            sk[d] = 0.0
-        rmax[r] = -np.inf
-        edge[r] = -np.inf
-        edge_p[r] = 0.0
-        if m == 0 or not ok:
-            theta[r] = -np.inf
-            support[r] = 0
-        else:
-            pc = np.empty(m, np.float64)
-            c = np.empty(m, np.float64)
-            aux = np.empty(m, np.float64)
-            aux2 = np.empty(m, np.float64)
-            # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-            th, cnt, Lm, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vf, o, sk, c, aux, aux2, r)
-            theta[r] = th
-            support[r] = cnt
-            if cnt > 0:
-                rmax[r] = Lm
-                edge[r] = ce
-                edge_p[r] = qe
-        for d in range(dv):
-            out[r, d] = o[d]
-            skew[r, d] = sk[d]
+        # the solver's scratch, sized to this row's candidates
+        pc = np.empty(m, np.float64)
+        c = np.empty(m, np.float64)
+        aux = np.empty(m, np.float64)
+        aux2 = np.empty(m, np.float64)
+        # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
+        _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
+                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand)
 
 
 # --------------------------------------------------------------------------- the driver
