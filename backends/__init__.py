@@ -8,8 +8,13 @@ registered as implemented (``numba`` once it exists, else ``numpy``), except tha
 whose largest array has at most :data:`AUTO_SMALL` elements run on the ``numpy``
 reference: it is exact too, costs microseconds to milliseconds on such sizes, and needs
 no compilation, so a first small call takes a fraction of a second instead of the
-kernels' compile time (seconds to tens of seconds on a cold cache).  The choice depends
-only on the shapes, so the same call gives the same numbers every time.
+kernels' compile time (seconds to tens of seconds on a cold cache).  Larger inputs go to
+``numba`` once its kernels are in the disk cache; until then (a new install or version)
+they run on the reference too while a background process compiles every kernel
+(:mod:`.autocompile`; ``ENTMAX_REF_BACKGROUND_COMPILE=0`` turns that off), so no call waits
+for a compile.  With a complete cache the choice depends only on the shapes, so the same
+call gives the same numbers every time; name the backend when bitwise reproducibility
+across runs matters from the first run on.
 
 Nothing here imports numba or cupy: a backend module is imported on first use.
 """
@@ -169,6 +174,14 @@ def use_backend(name: str) -> Iterator[Backend]:
         _current.reset(token)
 
 
+def _numba_compiled() -> bool:
+    """Whether the numba kernels are compiled (or compiling first cannot be helped); starts
+    their background compile when not (:mod:`.autocompile`)."""
+    from .autocompile import ready
+
+    return ready()
+
+
 def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
     """The backend a public call with these arrays runs on (see the module docstring)."""
     if backend is not None and not isinstance(backend, str):
@@ -186,6 +199,8 @@ def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
             else:
                 name = next(n for n in _AUTO_CPU if unavailable_reason(n) is None)
                 if name != "numpy" and max((int(getattr(a, "size", 0)) for a in arrays if a is not None), default=0) <= AUTO_SMALL:
+                    name = "numpy"
+                elif name == "numba" and not _numba_compiled():
                     name = "numpy"
         chosen = get_backend(name)
     for a in arrays:

@@ -63,8 +63,11 @@ class AttentionSpec:
 class NonFiniteInput(ValueError):
     """Raised by a backend's ``attention_forward`` that scans k and v itself (it has an
     ``attention_scans_inputs(q, k, v, spec)`` method that returned True for the call, so
-    the public layer skipped its own scan of them) when it finds a NaN or infinite entry;
-    the public layer then scans them to raise its usual error naming the entry."""
+    the public layer skipped its own scan of them) when it finds a NaN or infinite entry,
+    and by a backend's ``entmax_forward_scanned(x, alpha, method)`` (``entmax_forward``
+    that scans x for NaN and +inf in its own row pass; the public layer calls it instead
+    when it has one and ``check_finite`` is on); the public layer then scans the input to
+    raise its usual error naming the entry."""
 
 
 class AttentionForward(NamedTuple):

@@ -2,10 +2,12 @@
 
 Two tiers.  ``python -m pytest`` runs the default tier (a few minutes cold on 2 cores):
 every public function on every available backend, with property tests at the ``dev``
-Hypothesis profile.  ``python -m pytest --exhaustive`` (or ``ENTMAX_REF_EXHAUSTIVE=1``) also
-runs the tests marked ``exhaustive`` or ``slow`` (nvcc compile, the full oracle sweep, the
-65,536-key memory run, installs in temporary venvs, long inputs) and the long fuzz (the
-``ci`` profile unless ``HYPOTHESIS_PROFILE`` names another); ``-m "exhaustive or slow"
+Hypothesis profile.  A run over many test files uses one pytest-xdist worker per CPU
+(``-n auto`` in pyproject.toml; :func:`pytest_xdist_auto_num_workers`), after compiling
+the numba kernels once (:func:`pytest_collection_finish`).  ``python -m pytest
+--exhaustive`` (or ``ENTMAX_REF_EXHAUSTIVE=1``) also runs the tests marked ``exhaustive``
+or ``slow`` (nvcc compile, the full oracle sweep, the 65,536-key memory run, installs in
+temporary venvs, long inputs) and the long fuzz (the ``ci`` profile unless ``HYPOTHESIS_PROFILE`` names another); ``-m "exhaustive or slow"
 --exhaustive`` runs only what the default tier leaves out.
 
 Every test that takes the ``backend`` fixture runs once per registered backend; a backend
@@ -31,6 +33,12 @@ settings.register_profile("nightly", max_examples=2000, deadline=None, print_blo
                           suppress_health_check=[HealthCheck.too_slow])
 
 _TRUE = ("1", "true", "yes", "on")
+
+# "auto" runs large inputs on numba at once in the tests (compiling on first use, as
+# backend="numba" does), not on the reference while a background process compiles: which
+# engine answers must not depend on timing here.  tests/test_autocompile.py tests the
+# background compile itself.
+os.environ.setdefault("ENTMAX_REF_BACKGROUND_COMPILE", "0")
 
 BACKENDS = [
     pytest.param("numpy", id="numpy"),
@@ -75,33 +83,124 @@ def pytest_collection_modifyitems(config, items):
 
 
 #: a session that runs numba tests from at least this many files (the whole tier, not one
-#: file) compiles the numba kernels first, in parallel processes
+#: file) compiles the numba kernels first, in parallel processes, and ``-n auto`` (the
+#: default, pyproject.toml) runs its tests in one pytest-xdist worker per CPU
 PRECOMPILE_FILES = 8
+#: most workers ``-n auto`` starts (each imports numba, torch and jax and collects every test)
+MAX_WORKERS = 8
+
+
+def _test_files(config) -> int:
+    """How many test files the command line names (a folder counts its ``test_*.py``)."""
+    from pathlib import Path
+
+    args = [a for a in config.args if not a.startswith("-")] or [str(config.rootpath / p) for p in
+                                                                  config.getini("testpaths")]
+    files = set()
+    for a in args:
+        path = Path(config.invocation_params.dir, a.split("::")[0])
+        if path.is_dir():
+            files.update(path.rglob("test_*.py"))
+        else:
+            files.add(path)
+    return len(files)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU (at most :data:`MAX_WORKERS`) for a session over many
+    test files, none (the tests run in this process) for one that names a few files or
+    tests, so ``python -m pytest tests/test_api.py -k first`` starts at once.
+    ``-n N`` on the command line or ``PYTEST_XDIST_AUTO_NUM_WORKERS`` decide instead."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist reads it
+    if _test_files(config) < PRECOMPILE_FILES:
+        return 0
+    from entmax_ref.backends.numba_precompile import default_jobs
+
+    return min(default_jobs(), MAX_WORKERS)
 
 
 def pytest_collection_finish(session):
     """Compile the numba kernels into the disk cache first, one worker process per CPU
     (:mod:`entmax_ref.backends.numba_precompile`): numba compiles holding the GIL, one at a
     time, and a cold default tier spends most of its time there.  Only for sessions that run
-    numba tests from many files, not under pytest-xdist workers, and not with
-    ``ENTMAX_REF_TEST_PRECOMPILE=0``; nothing to do when the kernels are cached already."""
+    numba tests from many files, and not with ``ENTMAX_REF_TEST_PRECOMPILE=0``; nothing to
+    do when the kernels are cached already.  Under pytest-xdist every worker collects the
+    same tests: the first to take the cache's lock compiles, the others wait for it and then
+    find nothing left to compile."""
     if os.environ.get("ENTMAX_REF_TEST_PRECOMPILE", "1").strip().lower() in ("0", "false", "no", "off"):
         return
-    if os.environ.get("PYTEST_XDIST_WORKER") or unavailable_reason("numba"):
+    if unavailable_reason("numba"):
         return
     files = {item.nodeid.split("::")[0] for item in session.items
              if "numba" in item.nodeid and not any(m.name == "skip" for m in item.iter_markers())}
     if len(files) < PRECOMPILE_FILES:
         return
+    from entmax_ref.backends.autocompile import folder
+    from entmax_ref.backends.numba._cache import CACHE, file_lock
     from entmax_ref.backends.numba_precompile import compile_kernels, pending
 
-    if not pending():
+    if not CACHE or not pending():
         return
-    rep = compile_kernels()
+    # pytest-xdist workers and concurrent sessions share the cache: one compiles, the others
+    # wait for it and then find the kernels compiled
+    with file_lock(folder() / ".session-lock"):
+        rep = compile_kernels()
+    if not (rep["compiled"] or rep["failed"]):
+        return
+    line = (f"numba kernels compiled ahead: {len(rep['compiled'])} units in {rep['seconds']:.1f}s "
+            f"({rep['jobs']} processes; failed: {sorted(rep['failed']) or 'none'})")
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: the controller prints it
+        session.config.workeroutput["entmax_ref_precompile"] = line
+        return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None and rep["cache"] is not None:
-        tr.write_line(f"numba kernels compiled ahead: {len(rep['compiled'])} units in {rep['seconds']:.1f}s "
-                      f"({rep['jobs']} processes; failed: {sorted(rep['failed']) or 'none'})")
+    if tr is not None:
+        tr.write_line(line)
+
+
+_PRECOMPILED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist controller: keep the precompile line of the worker that compiled."""
+    line = getattr(node, "workeroutput", {}).get("entmax_ref_precompile")
+    if line:
+        node.config.stash.setdefault(_PRECOMPILED, []).append(f"{line} [worker {node.gateway.id}]")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for line in config.stash.get(_PRECOMPILED, []):
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def shared_tmp(tmp_path_factory):
+    """``shared_tmp(name, make)``: the folder ``<session tmp>/shared-<name>``, filled once
+    per session by ``make(folder)``.  Under pytest-xdist every worker gets the same folder
+    (the first to take its lock fills it, the others wait for it), so a costly, deterministic
+    fixture (a generated corpus) is built once, not once per worker.  Read-only for tests."""
+    import shutil
+
+    from entmax_ref.backends.numba._cache import file_lock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+
+    def get(name: str, make):
+        d = root / f"shared-{name}"
+        done = root / f"shared-{name}.done"
+        with file_lock(root / f"shared-{name}.lock"):
+            if not done.exists():
+                shutil.rmtree(d, ignore_errors=True)
+                d.mkdir(parents=True)
+                make(d)
+                done.touch()
+        return d
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -128,3 +128,45 @@ def test_old_keys_are_pruned_recent_ones_kept(tmp_path):
     os.utime(old, (1, 1))
     _cache._prune(parent, keep="current")
     assert not old.exists() and recent.exists()
+
+
+def test_concurrent_saves_of_one_kernel_keep_every_signature(tmp_path, monkeypatch):
+    """Two processes (here: threads with their own file handles) that save two signatures of
+    one kernel at the same time: numba reads the index, picks the first free data file and
+    writes the index back with no lock, so both took file 1 and one entry was lost (or
+    pointed at the other's code).  Under the cache's lock both entries survive, each with
+    its own data."""
+    import threading
+    import time
+
+    from numba.core import caching
+
+    from entmax_ref.backends.numba import _cache
+
+    if not _cache.CACHE:
+        pytest.skip("the kernel cache is off")
+    folder = _cache.CACHE_DIR / "race-test"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        load = caching.IndexDataCacheFile._load_index
+
+        def slow_load(self):  # widen the read-modify-write window
+            out = load(self)
+            time.sleep(0.3)
+            return out
+
+        monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", slow_load)
+        files = [caching.IndexDataCacheFile(str(folder), "kernel-1", "stamp") for _ in range(2)]
+        threads = [threading.Thread(target=f.save, args=(f"sig{i}", f"code{i}")) for i, f in enumerate(files)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        monkeypatch.undo()
+        fresh = caching.IndexDataCacheFile(str(folder), "kernel-1", "stamp")
+        assert fresh.load("sig0") == "code0"
+        assert fresh.load("sig1") == "code1"
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)

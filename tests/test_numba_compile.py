@@ -61,6 +61,9 @@ for qkv in ((q, q, q), (ro(q), ro(q), ro(q))):
     o, info = er.attention(*qkv, alpha=1.5, backend="numba", return_info=True)
     er.attention_vjp(np.ones_like(o), *qkv, out=o, tau=info.tau, alpha=1.5, backend="numba")
     er.attention(*qkv, alpha=ro(np.array([1.5, 1.25])), beta=0.5, gamma=1.0, backend="numba")
+qd, kd = rng.standard_normal((1, 2, 1, 4)), rng.standard_normal((1, 2, 2048, 4))  # the decoding path
+for qkv in ((qd, kd, kd), (ro(qd), ro(kd), ro(kd))):
+    er.attention(*qkv, alpha=1.5, backend="numba")
 out = {}
 for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
     mod = importlib.import_module(info.name)
@@ -89,7 +92,8 @@ def test_each_kernel_compiles_once_per_input_dtype_whatever_the_array_flags():
         assert len(hits) == 1, f"{name}: {hits} in {sorted(ran)}"
         return ran[hits[0]]
 
-    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "fwd_rows", "bwd_rows"):
+    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "fwd_rows", "bwd_rows", "scan_block",
+                   "decode_rows"):
         find(kernel)
     for kernel, lst in ran.items():
         for sig in lst:
@@ -164,3 +168,97 @@ def test_check_rejects_negative_jobs(capsys):
 
     assert main(["--backends", "numpy", "--jobs", "-1", "--no-peers"]) == 2
     assert "--jobs" in capsys.readouterr().err
+
+
+def _run_schedule(tasks, jobs, cost):
+    """Run ``pc._Schedule(tasks)`` on ``jobs`` threads whose work is a sleep of ``cost(task)``
+    seconds; returns {task: (start, end)} in a shared monotonic order."""
+    import threading
+    import time
+
+    sched = pc._Schedule(tasks)
+    spans = {}
+    lock = threading.Lock()
+
+    def worker():
+        while (t := sched.take()) is not None:
+            with lock:
+                spans[t] = [time.perf_counter(), None]
+            time.sleep(cost(t))
+            with lock:
+                spans[t][1] = time.perf_counter()
+            sched.done(t)
+
+    threads = [threading.Thread(target=worker) for _ in range(jobs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    return spans
+
+
+def test_schedule_starts_a_task_only_after_the_kernels_it_calls_are_cached():
+    """The attention units call the row solvers' and the alpha VJPs' kernels (and the
+    decoding path the forward's): they start only after those units' tasks have ended, so
+    they load those kernels instead of compiling them again, and no two workers compile one
+    kernel (write one cache index) at once; a unit's float32 task never overlaps its float64
+    one.  The longest chain (the attention's) starts first."""
+    tasks = [(u, d) for u, dts in pc._units_dtypes(pc.UNITS, pc.DTYPES) for d in dts]
+    assert len(tasks) == len(set(tasks))
+    spans = _run_schedule(tasks, 2, lambda t: 0.002 * pc._COST.get(t, 1.0))
+    assert set(spans) == set(tasks)
+    for t in tasks:
+        for need in pc._task_needs(t):
+            assert need in spans, (t, need)
+            assert spans[need][1] <= spans[t][0], f"{t} started before {need} ended"
+    for u, d in tasks:
+        if d == "float32":
+            assert spans[(u, "float64")][1] <= spans[(u, d)][0]
+    for unit, needs in (("attention", ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big")),
+                        ("attention_vjp", ("attention",)), ("decode", ("attention",))):
+        assert set(needs) <= set(pc._NEEDS[unit])
+        for v in needs:
+            assert spans[(v, "float64")][1] <= spans[(unit, "float64")][0]
+    # the first task started is one the attention chain needs
+    first = min(spans, key=lambda t: spans[t][0])
+    assert first[0] in pc._NEEDS["attention"], first
+
+
+def test_schedule_keeps_both_workers_busy_and_ignores_needs_outside_it():
+    """A unit whose needs are not asked for (or already cached) starts at once; a task that
+    waits on a running one does not hold back the ready ones."""
+    spans = _run_schedule([("attention", "float64"), ("budget", "float64")], 2, lambda t: 0.5)
+    a, b = spans[("attention", "float64")], spans[("budget", "float64")]
+    assert a[0] < b[1] and b[0] < a[1]  # they ran at the same time
+    order = pc._Schedule([(u, "float64") for u in ("normmax", "attention", "entmax15", "entmax")]).order()
+    assert order.index(("entmax15", "float64")) < order.index(("attention", "float64"))
+    assert order.index(("entmax", "float64")) < order.index(("attention", "float64"))
+
+
+def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch):
+    """``compile_kernels`` hands the workers the tasks in the schedule's order, one (unit,
+    dtype) per line, and waits for a task's needs to end before it hands it out: a stand-in
+    worker logs when each task starts and ends."""
+    log = tmp_path / "log"
+    fake = textwrap.dedent(f"""
+        import sys, time
+        for line in sys.stdin:
+            with open({str(log)!r}, "a") as f:
+                f.write(f"start {{line.strip()}} {{time.time()!r}}\\n")
+            time.sleep(2.0 if line.startswith("entmax15") else 0.05)
+            with open({str(log)!r}, "a") as f:
+                f.write(f"end {{line.strip()}} {{time.time()!r}}\\n")
+            print("ok 0.1", flush=True)
+        """)
+    monkeypatch.setattr(pc, "_WORKER_CODE", fake)
+    rep = pc.compile_kernels(["attention", "entmax15", "normmax"], dtypes=["float64"], jobs=2, force=True)
+    if rep["cache"] is None:
+        pytest.skip("the kernel cache is off")
+    assert not rep["failed"], rep["failed"]
+    assert sorted(rep["compiled"]) == ["attention", "entmax15", "normmax"] and rep["jobs"] == 2
+    ev = {}
+    for line in log.read_text().splitlines():
+        kind, unit, dt, t = line.split()
+        ev[(kind, unit)] = float(t)
+    assert ev[("end", "entmax15")] <= ev[("start", "attention")]
+    assert ev[("start", "normmax")] < ev[("end", "entmax15")]  # the other worker did not wait

@@ -16,12 +16,16 @@ The redirection is scoped: :class:`KernelCacheLocator` is put first in numba's l
 cache locators but only claims functions defined in files of this folder; every other
 numba function in the process keeps numba's default behaviour, and no environment
 variable is set.  When the cache directory cannot be created or written, caching is off
-(:data:`CACHE` is False) rather than falling back to the package folder.
+(:data:`CACHE` is False) rather than falling back to the package folder.  Saving into
+this cache takes a lock file in its folder (:func:`_locked_save`), so processes that
+compile kernels at the same time (the ``entmax-ref compile`` workers) cannot corrupt an
+index; numba's saves elsewhere are unchanged.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import os
 import shutil
@@ -32,6 +36,11 @@ from pathlib import Path
 
 import numba
 from numba.core import caching as _caching
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: numba's unlocked saves
+    fcntl = None
 
 #: this folder: every kernel module lives here (subfolders included)
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -135,6 +144,7 @@ CACHE_DIR: Path = cache_root() / "numba" / KEY
 #: whether the kernels are cached on disk: ``ENTMAX_REF_NUMBA_CACHE=0`` turns it off, and
 #: so does a cache folder that cannot be written
 CACHE: bool = _enabled() and _writable(CACHE_DIR)
+_CACHE_DIR_STR = os.path.abspath(CACHE_DIR)
 if CACHE:
     try:
         os.utime(CACHE_DIR)  # last use, which is what _prune goes by
@@ -173,6 +183,61 @@ class KernelCacheLocator(_caching._CacheLocator):
         return cls(py_func, py_file)
 
 
+@contextlib.contextmanager
+def file_lock(path):
+    """An exclusive lock, across processes, on the file ``path`` (created if missing; its
+    folder too), held for the ``with`` block; nothing where ``fcntl`` is missing (then
+    concurrent processes may repeat each other's work)."""
+    if fcntl is None:  # pragma: no cover - not POSIX
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a helper process (a compile worker, the background compile) that
+    must import this same entmax_ref and use this same kernel cache: the caller's, with the
+    package's folder first on ``PYTHONPATH`` and ``ENTMAX_REF_CACHE_DIR`` set."""
+    root = str(Path(sys.modules["entmax_ref"].__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["ENTMAX_REF_CACHE_DIR"] = str(cache_root())
+    return env
+
+
+def _locked_save(save):
+    """Numba's ``IndexDataCacheFile.save``, under :func:`file_lock` for the files of
+    :data:`CACHE_DIR`.  It reads the function's index, picks the first free data file
+    number, writes the index back and then the data, with no lock: two processes that save
+    two signatures of one kernel at once both take number 1, one index entry is lost and
+    the other can point at the other signature's code (an error when it is loaded).  The
+    precompile workers, a test session and the caller of a background compile do save
+    concurrently; held for the milliseconds of a save, the lock makes it atomic.  Other
+    numba caches are untouched."""
+
+    def locked(self, key, data):
+        path = os.path.abspath(self._cache_path)
+        if path != _CACHE_DIR_STR and not path.startswith(_CACHE_DIR_STR + os.sep):
+            return save(self, key, data)
+        with file_lock(os.path.join(path, ".index.lock")):
+            return save(self, key, data)
+
+    locked._entmax_ref_locked = True
+    return locked
+
+
+def _install_index_lock() -> None:
+    cls = _caching.IndexDataCacheFile
+    if not getattr(cls.save, "_entmax_ref_locked", False):
+        cls.save = _locked_save(cls.save)
+
+
 def _install_locator() -> None:
     impl = getattr(_caching, "CacheImpl", None) or getattr(_caching, "_CacheImpl")
     if not any(c.__name__ == KernelCacheLocator.__name__ and c.__module__ == __name__ for c in impl._locator_classes):
@@ -180,5 +245,7 @@ def _install_locator() -> None:
 
 
 _install_locator()
+_install_index_lock()
 
-__all__ = ["CACHE", "CACHE_DIR", "KEY", "KernelCacheLocator", "cache_root", "kernel_sources", "source_key"]
+__all__ = ["CACHE", "CACHE_DIR", "KEY", "KernelCacheLocator", "cache_root", "child_env", "file_lock",
+           "kernel_sources", "source_key"]
