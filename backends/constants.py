@@ -22,6 +22,10 @@ CUDA_MAX_PASSES = 2 * MAX_ITER
 #: in practice; the loop stops as soon as a step no longer changes the threshold).
 POLISH_STEPS = 4
 
+#: Newton steps of the normmax threshold on its identified support (convergence is
+#: monotone from the left: fewer than 10 on every test row).
+MAX_NEWTON = 200
+
 #: Terms of the series of h(w) = (e^w - 1 - w) / w^2 = sum_k w^k / (k + 2)! used for
 #: |w| < 1: the 18th term is below 1/20! < 2**-61, i.e. under half an ulp of h >= 1/e.
 SERIES_TERMS = 18

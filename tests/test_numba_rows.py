@@ -14,6 +14,7 @@ support, ``u = p^(2-alpha)`` and ``|log p|``); float32 output adds one float32 u
 
 from __future__ import annotations
 
+import re
 import warnings
 import zlib
 
@@ -263,3 +264,31 @@ def test_small_edge_probabilities_at_large_alpha(nb, ref, alpha, dtype):
             assert np.all(np.abs(got.n_iter - want.n_iter) <= 2)
     w = 1.0 / (alpha - 1.0)
     _check(nb, ref, rng.uniform(-1.5 * w, 0.0, (64, 9)).astype(dtype), alpha)
+
+
+# ----------------------------------------------------------------------------- the fused finite scan
+@pytest.mark.parametrize("alpha", [1.0, 1.33, 1.5, 2.0, 3.0, "mixed"])
+@pytest.mark.parametrize("method", [None, "bisect"])
+def test_scan_in_the_row_pass_raises_the_public_error(nb, alpha, method):
+    """The public layer leaves the NaN/+inf scan of x to the numba kernels (their own pass
+    over each row); a bad entry anywhere, in any driver, gives exactly the error of the
+    separate scan, and -inf still masks (the same answer as without the scan)."""
+    import entmax_ref as er
+    from entmax_ref.backends._base import NonFiniteInput
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 64, 70)).astype(np.float32)  # rows of 64 along axis 1
+    a = rng.uniform(1.1, 3.0, (6, 70)) if alpha == "mixed" else alpha
+    x[rng.random(x.shape) < 0.2] = -np.inf
+    p = er.entmax(x, a, axis=1, method=method, backend="numba")
+    np.testing.assert_array_equal(p, er.entmax(x, a, axis=1, method=method, backend="numba", check_finite=False))
+    for bad, pos in ((np.nan, (0, 0, 0)), (np.inf, (5, 63, 69)), (np.nan, (3, 17, 2))):
+        xb = x.copy()
+        xb[pos] = bad
+        want = f"x contains 1 NaN or +inf value; the first is x[{', '.join(map(str, pos))}] = {xb[pos]!r}"
+        with pytest.raises(ValueError, match=re.escape(want)):
+            er.entmax(xb, a, axis=1, method=method, backend="numba")
+    rows = np.moveaxis(x, 1, -1).reshape(-1, 64).copy()
+    rows[7, 5] = np.nan
+    with pytest.raises(NonFiniteInput):
+        nb.entmax_forward_scanned(rows, np.full(rows.shape[0], 1.5), method)

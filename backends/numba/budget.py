@@ -1,7 +1,7 @@
 """budget-sparsemax kernels of the numba backend (forward and VJP), float64 math.
 
 Per row (same answer as :mod:`entmax_ref.backends.numpy_family`): a selection
-(``np.partition``) finds the ``(floor(B)+1)``-th largest entry v; at least B + 1 entries
+(:func:`.sorting.select`) finds the ``(floor(B)+1)``-th largest entry v; at least B + 1 entries
 reach 1 at ``tau = v - 1``, so ``tau > v - 1`` and only entries above ``v - 1`` can be
 nonzero.  Those are sorted, then one walk over the breakpoints in decreasing order (``x_i``: an entry becomes
 fractional; ``x_i - 1``: it reaches 1), merged from the sorted entries with two pointers,
@@ -27,7 +27,8 @@ from numba import njit
 
 from . import CACHE
 from .compensated import acc as _acc
-from ._threads import SEQUENTIAL_MAX, run_blocks  # noqa: F401 - SEQUENTIAL_MAX re-exported
+from .sorting import select, sort
+from ._threads import run_blocks
 
 
 @njit(cache=CACHE)
@@ -45,14 +46,15 @@ def _budget_tau(x, B, c):
     # Prefilter: with v the (floor(B) + 1)-th largest entry, at least B + 1 entries are
     # >= v, so h(v - 1) >= B + 1 > B and tau > cut = v - 1; entries <= cut are 0 there.
     j = int(math.floor(B))
-    cut = np.partition(c[:k], k - 1 - j)[k - 1 - j] - 1.0
+    cut = select(c, k, k - 1 - j) - 1.0
     kk = 0
     for i in range(k):
         if c[i] > cut:
             c[kk] = c[i]
             kk += 1
     k = kk
-    s = np.sort(c[:k])  # ascending; descending rank j is s[k - 1 - j]
+    s = c[:k]
+    sort(s)  # ascending; descending rank j is s[k - 1 - j]
     i_in = 0  # entries of rank < i_in are in U or F
     i_up = 0  # entries of rank < i_up are in U
     sF, cF = 0.0, 0.0  # sum_F x, compensated (entries leave it again: no cancellation)

@@ -78,8 +78,21 @@ def _refilter(c, k, m, a1, kind, lo):
 
 
 @njit(cache=CACHE)
+def _window_candidates(x, a1, kind, c):
+    """The row maximum m (``-inf`` for an all ``-inf`` row, or n = 0) and in ``c[:k]`` the
+    candidates: the ``y = x - m`` alive at A = 0 (the output pass's own test) among the
+    entries within the support window ``1/a1`` of m (every entry at a1 = 0), by
+    :func:`_max_gather` and :func:`_refilter`.  Returns (m, k)."""
+    m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)
+    if m > -np.inf:
+        k = _refilter(c, k, m, a1, kind, 0.0)
+    return m, k
+
+
+@njit(cache=CACHE)
 def _compact(c, k, a1, kind, lo, dst):
-    """Copy the candidates of ``c[:k]`` (y values) alive at ``lo`` into ``dst``."""
+    """Copy the candidates of ``c[:k]`` (y values) alive at ``lo`` into ``dst`` (no solver
+    calls it: it is the tests' window-then-filter reference for the one-pass gathers)."""
     j = 0
     for i in range(k):
         if _alive(c[i] - lo, a1, kind):
@@ -108,42 +121,49 @@ def _max_scratch(x, aux, aux2):
 
 @njit(cache=CACHE)
 def _row_max(x):
-    """The row maximum (:func:`_lane_max` with its own 8 lanes), for callers without scratch."""
+    """The row maximum (:func:`_lane_max` with its own 8 lanes), for callers without scratch
+    (the tests; the solvers use :func:`_max_scratch` or their own lanes)."""
     return _lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))
 
 
 @njit(cache=CACHE)
-def _gather_alive(x, m, a1, kind, lo, dst, scratch):
+def _gather_alive(x, m, a1, kind, lo, dst):
     """Gather into ``dst``, in row order, the ``y = x - m`` alive at ``lo`` (the test of
-    :func:`_alive`, written out per kind), for a row whose maximum m is known.  The test runs
-    in a vectorised pass writing one byte per entry into ``scratch`` (float64, at least
-    ``n / 8 + 1`` long, viewed as bytes); a scalar scan then reads those bytes eight at a time
-    and gathers only from the words that hold a hit.  With a few percent of the row alive this
-    avoids a mispredicted branch per hit in a scalar loop over every entry.  The 1 < alpha < 2
-    solver calls it for its bound's candidates (1.5-entmax or sparsemax at 0: their test
-    implies the window test ``a1 y > -1``, rounding being monotone and ``a1 < a1b``) and for
-    the candidates above the bound (``a1 (y - lo) > -1`` with ``lo >= 0`` implies it too), so
-    the sets are those that gathering the window and filtering it give.  Returns the count."""
+    :func:`_alive`, written out per kind), for a row whose maximum m is known.  The loop has no
+    branch on the data: every entry is stored at ``dst[k]`` and ``k`` advances by the test's
+    outcome, so the next entry overwrites a dead one (``k <= i`` at every store, so ``dst``
+    of the row's length suffices).  With a few percent of the row alive, a branch on the test
+    would be mispredicted at nearly every hit; this costs about 2 cycles an entry.  The
+    1 < alpha < 2 solver calls it for its bound's candidates (1.5-entmax
+    or sparsemax at 0: their test implies the window test ``a1 y > -1``, rounding being
+    monotone and ``a1 < a1b``) and for the candidates above the bound (``a1 (y - lo) > -1``
+    with ``lo >= 0`` implies it too), so the sets are those that gathering the window and
+    filtering it give.  Returns the count."""
     n = x.shape[0]
-    nw = (n + 7) // 8
-    mask = scratch[:nw].view(np.uint8)
+    k = 0
     if kind == _K_SPARSE:
         for i in range(n):
-            mask[i] = 1.0 + ((np.float64(x[i]) - m) - lo) > 0.0
+            y = np.float64(x[i]) - m
+            dst[k] = y
+            k += 1.0 + (y - lo) > 0.0
     elif kind == _K_15:
         for i in range(n):
-            mask[i] = 1.0 + 0.5 * ((np.float64(x[i]) - m) - lo) > 0.0
+            y = np.float64(x[i]) - m
+            dst[k] = y
+            k += 1.0 + 0.5 * (y - lo) > 0.0
     else:
         for i in range(n):
-            mask[i] = _alive((np.float64(x[i]) - m) - lo, a1, kind)
-    for i in range(n, 8 * nw):
-        mask[i] = 0
-    words = scratch[:nw].view(np.uint64)
-    k = 0
-    for b in range(nw):
-        if words[b] != 0:
-            for i in range(8 * b, min(8 * b + 8, n)):
-                if mask[i]:
-                    dst[k] = np.float64(x[i]) - m
-                    k += 1
+            y = np.float64(x[i]) - m
+            dst[k] = y
+            k += _alive(y - lo, a1, kind)
     return k
+
+
+@njit(cache=CACHE)
+def _nonfinite(x):
+    """Whether the row holds a NaN or +inf (``-inf`` masks an entry and is allowed), in a
+    loop that LLVM vectorises (an integer count, no branch)."""
+    bad = 0
+    for i in range(x.shape[0]):
+        bad += not (np.float64(x[i]) < np.inf)
+    return bad > 0

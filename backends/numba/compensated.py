@@ -18,3 +18,24 @@ def acc(s, comp, v):
     else:
         comp += (v - t) + s
     return t, comp
+
+
+@njit(inline="always", cache=CACHE)
+def two_sum(s, v):
+    """Knuth's branch-free TwoSum: ``s + v = t + err`` exactly; returns ``(t, err)``.  No
+    branch, so a loop of independent lanes (one per position of a block) vectorises."""
+    t = s + v
+    bv = t - s
+    return t, (s - (t - bv)) + (v - bv)
+
+
+@njit(inline="always", cache=CACHE)
+def merge_lanes(S, C, L):
+    """The first ``L`` TwoSum lanes (sums ``S``, error terms ``C``) merged into one running
+    sum and compensation with Neumaier's step."""
+    s = 0.0
+    comp = 0.0
+    for j in range(L):
+        s, comp = acc(s, comp, S[j])
+        comp += C[j]
+    return s, comp

@@ -20,6 +20,10 @@ from . import CACHE
 METHOD_DEFAULT = 0
 METHOD_BISECT = 1
 METHOD_NEWTON = 2
+#: added to a method code: each row is first scanned for NaN and +inf (what the public
+#: layer's ``check_finite`` rejects), and a row holding one is left unsolved with
+#: ``n_iter = -1`` (the backend then raises ``NonFiniteInput``)
+METHOD_SCAN = 8
 
 # kinds of the elementwise map e_alpha
 _K_EXP = 0  # alpha = 1: exp(d)
@@ -81,6 +85,15 @@ def _power(t, a1):
     if t > 0.0:
         return math.exp(math.log(t) / a1)
     return 0.0
+
+
+@njit(inline="always", cache=CACHE)
+def _uniform_bound(k, a1):
+    """``(1 - k^(-a1)) / a1`` (``log k`` at ``a1 = 0``): the A at which k entries equal to the
+    maximum have mass 1, so the root for a row of at most k entries alive lies below it."""
+    if a1 == 0.0:
+        return math.log(k)
+    return -math.expm1(-a1 * math.log(k)) / a1
 
 
 @njit(cache=CACHE)

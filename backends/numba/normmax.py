@@ -24,12 +24,11 @@ import math
 import numpy as np
 from numba import njit
 
+from ..constants import MAX_NEWTON
 from . import CACHE
 from .compensated import acc as _acc
-from ._threads import SEQUENTIAL_MAX, run_blocks  # noqa: F401 - SEQUENTIAL_MAX re-exported
-
-#: cap on Newton steps (convergence is monotone; < 10 on every test row)
-MAX_NEWTON = 200
+from .sorting import sort
+from ._threads import run_blocks
 
 
 @njit(cache=CACHE)
@@ -71,7 +70,8 @@ def _normmax_row(x, out, a, c):
         if y > -1.0:
             c[k] = y
             k += 1
-    s = np.sort(c[:k])  # ascending; s[k - 1] == 0 is the maximum
+    s = c[:k]
+    sort(s)  # ascending; s[k - 1] == 0 is the maximum (c is scratch again after the solve)
     beta = a / (a - 1.0)
     lo = 0
     hi = k - 1

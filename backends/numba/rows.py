@@ -16,9 +16,11 @@ Per row (``_solve_row``):
    theta = -inf); the candidates are then the ``y_i`` for which the output pass's own
    test ``a1 * y > -1`` holds at ``A = 0`` (rounding is monotone, so a dropped entry is
    zero for every ``A >= 0``, and ``A >= 0`` because the maximum alone has mass 1 there).
-   Softmax, 1.5-entmax and 1 < alpha < 2 find the maximum in a vectorised pass first and
-   then apply the same tests in masked passes (:func:`.candidates._gather_alive`): the
-   same candidates, fewer mispredicted branches.
+   1.5-entmax and 1 < alpha < 2 find the maximum in a vectorised pass first and then
+   apply the same tests in branch-free gathers (:func:`.candidates._gather_alive`,
+   :func:`.gen._gather_gen`): the same candidates, fewer mispredicted branches.  Softmax
+   gathers nothing (every finite entry is in its support): a vectorised maximum, then
+   log-sum-exp over the row (:mod:`.softmax`).
 2. The threshold, by alpha (``method=None``):
 
    * alpha = 1: ``A = log1p(sum_{i != argmax} exp(y_i))`` (the max term separated out,
@@ -57,7 +59,13 @@ Per row (``_solve_row``):
 3. Output pass: ``p_i = e_alpha(y_i - A)`` with the reference's formula
    ``exp(log1p(a1 d) / a1)`` (``1 + d`` at alpha = 2 and ``(1 + d/2)^2`` at 1.5, the same
    function with fewer roundings); support = ``#{p_i > 0}`` counted in float64 before the
-   rounding to the output dtype.
+   rounding to the output dtype.  1 < alpha < 2 with ``method=None`` runs its Newton and
+   output pass on the compacted candidates with their columns, with the vectorisable
+   ``vlog1p`` and ``vexp`` in place of libm's (:mod:`.gen`; each within 0.8 ulp).
+
+A driver called with ``method + METHOD_SCAN`` first scans each row for NaN and +inf (the
+public layer's ``check_finite``, fused into the kernels' pass over the row) and leaves a row
+holding one unsolved, with ``n_iter = -1``.
 
 ``n_iter`` counts f evaluations of the iterative solvers (pivot steps included for
 alpha > 2, bisection halvings for ``"bisect"``) and is 0 for the closed forms.
@@ -70,31 +78,28 @@ method codes, the output pass), :mod:`.candidates` (maximum and candidate passes
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
 from . import CACHE
 from ._threads import run_blocks
 from .big_alpha import _solve_big, _solve_big_bisect
-from .candidates import _count_finite, _gather_alive, _max_gather, _max_scratch, _refilter
-from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,  # noqa: F401
-                          METHOD_DEFAULT, METHOD_NEWTON, _empty_row, _output)
+from .candidates import _count_finite, _gather_alive, _max_scratch, _nonfinite, _window_candidates
+from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,
+                          METHOD_DEFAULT, METHOD_NEWTON, METHOD_SCAN, _empty_row, _output, _uniform_bound)
+from .gen import _finish_gen, _gather_gen
 from .softmax import LANES, _softmax_lanes, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
 
 
 @njit(cache=CACHE)
-def _finish(x, out, m, k, a1, kind, A0, lo, sup, ns, closed):
-    """Newton from ``A0`` in ``[lo, hi]`` (on the identified support ``sup[:ns]`` when
+def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed):
+    """Newton from ``A0`` in ``[0, hi]`` (on the identified support ``sup[:ns]`` when
     ``closed``: a closed form is only polished), then the output pass.  ``k`` is the
     number of candidates (for the bound), ``closed`` a run-time bool (a literal would
     compile a second copy)."""
-    if a1 == 0.0:
-        hi = math.log(k)
-    else:
-        hi = -math.expm1(-a1 * math.log(k)) / a1
+    lo = 0.0  # the maximum alone has mass 1 at A = 0
+    hi = _uniform_bound(k, a1)
     hi += _LB_MARGIN * (1.0 + hi)  # the uniform bound, certainly above despite rounding
     if not (A0 >= lo):
         A0 = lo
@@ -122,16 +127,11 @@ def _finish(x, out, m, k, a1, kind, A0, lo, sup, ns, closed):
 def _solve_bisect(x, out, a1, c):
     """``method="bisect"``, alpha <= 2."""
     kind = _K_EXP if a1 == 0.0 else _K_GEN
-    m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)  # max, candidates in the window
+    m, k = _window_candidates(x, a1, kind, c)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
-    k = _refilter(c, k, m, a1, kind, 0.0)
     nf = _count_finite(x)
-    if a1 == 0.0:
-        hi = math.log(nf)
-    else:
-        hi = -math.expm1(-a1 * math.log(nf)) / a1
-    A, it, ok = _bisect(c, k, a1, kind, 0.0, hi)
+    A, it, ok = _bisect(c, k, a1, kind, 0.0, _uniform_bound(nf, a1))
     cnt = _output(x, out, m, A, a1, kind)
     return m + A, cnt, it, ok
 
@@ -151,24 +151,22 @@ def _kind(a1):
 def _solve_newton(x, out, a1, c):
     """``method="newton"``, alpha <= 2: safeguarded Newton from A = 0."""
     kind = _kind(a1)
-    m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)  # max, candidates in the window
+    m, k = _window_candidates(x, a1, kind, c)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
-    k = _refilter(c, k, m, a1, kind, 0.0)
     closed = False
-    return _finish(x, out, m, k, a1, kind, 0.0, 0.0, c[:k], k, closed)
+    return _finish(x, out, m, k, a1, kind, 0.0, c[:k], k, closed)
 
 
 @njit(cache=CACHE)
 def _solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm, polished by Newton."""
-    m, k = _max_gather(x, 1.0, c)  # max, candidates in the window
+    m, k = _window_candidates(x, 1.0, _K_SPARSE, c)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
-    k = _refilter(c, k, m, 1.0, _K_SPARSE, 0.0)
     A0, ns = _condat(c, k, aux, aux2)
     closed = True
-    return _finish(x, out, m, k, 1.0, _K_SPARSE, A0, 0.0, aux[:ns], ns, closed)
+    return _finish(x, out, m, k, 1.0, _K_SPARSE, A0, aux[:ns], ns, closed)
 
 
 @njit(cache=CACHE)
@@ -179,21 +177,22 @@ def _solve_15(x, out, c, aux, seed):
     m = _max_scratch(x, c, aux)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
-    k = _gather_alive(x, m, 0.5, _K_15, 0.0, c, aux)
+    k = _gather_alive(x, m, 0.5, _K_15, 0.0, c)
     A0, s0 = _pivot15(c, k, seed)
     closed = A0 >= 0.0
     if not closed:
         s0 = 0
-    return _finish(x, out, m, k, 0.5, _K_15, A0, 0.0, c[s0:k], k - s0, closed)
+    return _finish(x, out, m, k, 0.5, _K_15, A0, c[s0:k], k - s0, closed)
 
 
 @njit(cache=CACHE)
 def _solve_gen(x, out, a1, c, aux, aux2, seed):
     """1 < alpha < 2 (not 1.5), ``method=None``: lower bound, then Newton.  The row is read
     three times with its maximum known (a vectorised maximum, the bound's candidates, the
-    candidates above the bound) instead of gathering the whole window ``y > -1/a1`` (a third
-    of a normal row at alpha = 1.33); the sets, and so the answer, are those of the
-    gather-then-filter steps."""
+    candidates above the bound with their columns) instead of gathering the whole window
+    ``y > -1/a1`` (a third of a normal row at alpha = 1.33); the sets are those of the
+    gather-then-filter steps.  Newton and the output pass then run on the compacted
+    candidates with a vectorised map (:mod:`.gen`)."""
     m = _max_scratch(x, aux, aux2)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
@@ -201,19 +200,21 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     # bound (e_alpha(d) is nonincreasing in alpha), cheap (no powers), and prunes the
     # candidates to a thin shell
     if a1 < 0.5:
-        kb = _gather_alive(x, m, 0.5, _K_15, 0.0, aux, aux2)
+        kb = _gather_alive(x, m, 0.5, _K_15, 0.0, aux)
         Ab = _pivot15(aux, kb, seed)[0]
     else:
-        kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux, aux2)
+        kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux)
         Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
     lo = 0.0
     if Ab > 0.0:
         lo = Ab - _LB_MARGIN * (1.0 + Ab)  # certainly below, despite rounding
         if lo < 0.0:
             lo = 0.0
-    k = _gather_alive(x, m, a1, _K_GEN, lo, c, aux2)
-    closed = False
-    return _finish(x, out, m, k, a1, _K_GEN, lo, lo, c[:k], k, closed)
+    # the candidates above the bound with their columns; Newton and the output pass work on
+    # them alone (:mod:`.gen`: vectorised log1p and exp on a contiguous array)
+    idx = aux2.view(np.int64)
+    k = _gather_gen(x, m, a1, lo, c, idx)
+    return _finish_gen(x, out, m, a1, lo, c, idx, k, aux)
 
 
 @njit(cache=CACHE)
@@ -251,6 +252,17 @@ def _solver_scratch(n):
     return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.float64)
 
 
+@njit(cache=CACHE)
+def _skip(x, r, method, theta, support, n_iter, converged):
+    """Whether row r is left unsolved: ``method`` carries :data:`METHOD_SCAN` and the row
+    holds a NaN or +inf; it is then marked ``n_iter = -1`` (and theta NaN, support 0, not
+    converged) for the caller to raise on."""
+    if method >= METHOD_SCAN and _nonfinite(x[r]):
+        theta[r], support[r], n_iter[r], converged[r] = np.nan, 0, -1, False
+        return True
+    return False
+
+
 # Every driver solves rows r0 .. r1 - 1 of ``x`` with the GIL released (``nogil``); the
 # threads of :func:`entmax_rows` each run one on its own blocks of rows.  A row's answer
 # depends only on the row (its random pivots are seeded with the row index), never on
@@ -262,6 +274,8 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
     c = np.empty(x.shape[1], np.float64)
     lanes = np.empty((4, LANES), np.float64)
     for r in range(r0, r1):
+        if _skip(x, r, method, theta, support, n_iter, converged):
+            continue
         theta[r], support[r], n_iter[r], converged[r] = _softmax_lanes(x[r], out[r], c, lanes)
 
 
@@ -269,6 +283,8 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
 def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
+        if _skip(x, r, method, theta, support, n_iter, converged):
+            continue
         theta[r], support[r], n_iter[r], converged[r] = _solve_sparse(x[r], out[r], c, aux, aux2)
 
 
@@ -277,6 +293,8 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     aux = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
+        if _skip(x, r, method, theta, support, n_iter, converged):
+            continue
         theta[r], support[r], n_iter[r], converged[r] = _solve_15(x[r], out[r], c, aux, r)
 
 
@@ -284,6 +302,8 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
+        if _skip(x, r, method, theta, support, n_iter, converged):
+            continue
         th, sup, it, ok = _solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
@@ -292,6 +312,8 @@ def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
+        if _skip(x, r, method, theta, support, n_iter, converged):
+            continue
         th, sup, it, ok = _solve_big(x[r], out[r], alpha[r] - 1.0, c, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
@@ -300,12 +322,15 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method, c, aux, aux2, r)
+        if _skip(x, r, method, theta, support, n_iter, converged):
+            continue
+        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method % METHOD_SCAN, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
 def _driver(alpha, method):
     """The driver that compiles least for these rows: one path when every row takes it."""
+    method %= METHOD_SCAN
     a = alpha[0]
     if not (alpha == a).all():
         if method != METHOD_BISECT and (alpha > 2.0).all():
@@ -322,6 +347,8 @@ def _driver(alpha, method):
 def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
     """alpha-entmax of every row of ``x`` (rows, n) into ``out`` (same shape and dtype);
     per-row ``theta`` (float64), ``support``, ``n_iter`` (int64), ``converged`` (bool).
+    ``method`` plus :data:`METHOD_SCAN` also scans each row for NaN and +inf first
+    (``n_iter = -1`` marks a row holding one, left unsolved).
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
     run_blocks(_driver(alpha, method), (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)

@@ -19,7 +19,7 @@ from numba import njit
 
 from . import CACHE
 from .candidates import _lane_max
-from .compensated import acc
+from .compensated import acc, merge_lanes, two_sum
 from .elementwise import _empty_row
 from .vexp import vexp
 
@@ -55,13 +55,11 @@ def _softmax_row(x, out, m, e, lanes):
     for i in range(n):
         y = np.float64(x[i]) - m
         e[i] = vexp(y)
-        ties += y == 0.0
+        ties += np.float64(x[i]) == m  # (y == 0 for finite m; also counts m = +inf with check_finite off)
         nlow += y <= low
+    lanes[:2, :L] = 0.0
     S = lanes[0, :L]
     C = lanes[1, :L]
-    for j in range(L):
-        S[j] = 0.0
-        C[j] = 0.0
     nb = n // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]
@@ -69,16 +67,9 @@ def _softmax_row(x, out, m, e, lanes):
         for j in range(L):
             # the maximum's own terms are left out (counted in ties); NaN stays in
             v = 0.0 if np.float64(xb[j]) == m else eb[j]
-            s = S[j]
-            t = s + v
-            bv = t - s
-            C[j] += (s - (t - bv)) + (v - bv)  # TwoSum: s + v = t + error, exactly
-            S[j] = t
-    s = 0.0
-    comp = 0.0
-    for j in range(L):
-        s, comp = acc(s, comp, S[j])
-        comp += C[j]
+            S[j], err = two_sum(S[j], v)
+            C[j] += err
+    s, comp = merge_lanes(S, C, L)
     for i in range(nb * L, n):
         if np.float64(x[i]) != m:
             s, comp = acc(s, comp, e[i])
@@ -106,7 +97,8 @@ def _softmax_row(x, out, m, e, lanes):
 def _softmax_lanes(x, out, c, lanes):
     """alpha = 1, ``method=None``: log-sum-exp, with the lane scratch of :func:`_softmax_row`
     (and of :func:`.candidates._lane_max`) from the caller."""
-    m = _lane_max(x, lanes[2, :_lanes(x.shape[0])], lanes[3, :_lanes(x.shape[0])])
+    L = _lanes(x.shape[0])
+    m = _lane_max(x, lanes[2, :L], lanes[3, :L])
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     A, cnt = _softmax_row(x, out, m, c, lanes)

@@ -18,7 +18,8 @@ from .elementwise import _K_EXP, _K_GEN, _alive, _p_u
 @njit(cache=CACHE)
 def _f_eval(c, k, a1, kind, A, lo, compact):
     """``f(A) = sum p - 1`` (compensated), ``sum u`` over the candidates ``c[:k]``; when
-    ``compact``, candidates that are zero at the lower bound ``lo`` are dropped in place.
+    ``compact``, candidates that are zero at the lower bound ``lo <= A`` are dropped in place
+    (each is zero at ``A`` too, so f and sum u are those over every candidate).
     Returns (f, sum_u, new k)."""
     s = 0.0
     comp = 0.0
@@ -39,52 +40,65 @@ def _f_eval(c, k, a1, kind, A, lo, compact):
 
 
 @njit(cache=CACHE)
+def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
+    """One step of the safeguarded Newton iteration, after ``f(A)`` and ``fp = -f'(A)``:
+    the bracket ``[lo, hi]`` (with ``|f|`` at its ends, ``flo``/``fhi``) narrowed by A, then
+    a Newton step (on ``phi``, the (1/a1)-norm form below, when ``on_phi``; else on f), or a
+    bisection when the step leaves the bracket or f did not change since ``f_prev``.
+    Returns (done, A, lo, hi, flo, fhi): A is the next point, or the answer when done."""
+    if f == 0.0:
+        return True, A, lo, hi, flo, fhi
+    if f > 0.0:
+        lo = A
+        flo = f
+    else:
+        hi = A
+        fhi = -f
+    if fp > 0.0 and f > -1.0:
+        if on_phi:
+            # Newton on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0): the
+            # (1/a1)-norm of the [1 + a1 (y - A)]_+, convex and nearly linear (exactly
+            # linear for a constant row, and for softmax), so the steps from the left
+            # are monotone and far fewer than on f.
+            ls = math.log1p(f)
+            phi = math.expm1(a1 * ls) / a1 if a1 > 0.0 else ls
+            An = A + phi / (math.exp((a1 - 1.0) * ls) * fp)
+        else:
+            An = A + f / fp
+    else:
+        An = 0.5 * (lo + hi)
+    if An == A:
+        return True, A, lo, hi, flo, fhi
+    # a computed f that did not change is flat at this resolution (e.g. a term
+    # 1 - O(1e-20) that rounds to 1): Newton would creep, so bisect instead
+    if f == f_prev or not (An > lo and An < hi):
+        mid = 0.5 * (lo + hi)
+        if not (mid > lo and mid < hi):
+            return True, (lo if flo <= fhi else hi), lo, hi, flo, fhi
+        An = mid
+    return False, An, lo, hi, flo, fhi
+
+
+@njit(cache=CACHE)
 def _newton(c, k, a1, kind, A, lo, hi):
-    """Safeguarded Newton on ``f`` (see the module docstring).  Returns (A, evaluations,
-    converged)."""
+    """Safeguarded Newton on ``f`` (described in :mod:`.rows`; one step is
+    :func:`_newton_step`, on ``phi`` for alpha = 1 and the general kind), from ``A`` in
+    ``[lo, hi]``.  Returns (A, evaluations, converged)."""
     flo = np.inf  # |f| at lo / hi once evaluated there
     fhi = np.inf
     last_lo = lo  # lower bound at which c was last filtered
     f_prev = np.nan
+    on_phi = kind == _K_GEN or kind == _K_EXP
     it = 0
     while it < MAX_ITER:
-        f, fp, k = _f_eval(c, k, a1, kind, A, last_lo, lo > last_lo)
+        f, fp, k = _f_eval(c, k, a1, kind, A, lo, lo > last_lo)
         if lo > last_lo:
             last_lo = lo
         it += 1
-        if f == 0.0:
+        done, A, lo, hi, flo, fhi = _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi)
+        if done:
             return A, it, True
-        if f > 0.0:
-            lo = A
-            flo = f
-        else:
-            hi = A
-            fhi = -f
-        if fp > 0.0 and f > -1.0:
-            if kind == _K_GEN or kind == _K_EXP:
-                # Newton on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0): the
-                # (1/a1)-norm of the [1 + a1 (y - A)]_+, convex and nearly linear (exactly
-                # linear for a constant row, and for softmax), so the steps from the left
-                # are monotone and far fewer than on f.
-                ls = math.log1p(f)
-                phi = math.expm1(a1 * ls) / a1 if a1 > 0.0 else ls
-                An = A + phi / (math.exp((a1 - 1.0) * ls) * fp)
-            else:
-                An = A + f / fp
-        else:
-            An = 0.5 * (lo + hi)
-        if An == A:
-            return A, it, True
-        # a computed f that did not change is flat at this resolution (e.g. a term
-        # 1 - O(1e-20) that rounds to 1): Newton would creep, so bisect instead
-        flat = f == f_prev
         f_prev = f
-        if flat or not (An > lo and An < hi):
-            mid = 0.5 * (lo + hi)
-            if not (mid > lo and mid < hi):
-                return (lo if flo <= fhi else hi), it, True
-            An = mid
-        A = An
     return A, it, False
 
 
@@ -109,7 +123,7 @@ def _bisect(c, k, a1, kind, lo, hi):
         mid, done = _midpoint(lo, hi)
         if done:
             break
-        f, fp, k = _f_eval(c, k, a1, kind, mid, last_lo, lo > last_lo)
+        f, fp, k = _f_eval(c, k, a1, kind, mid, lo, lo > last_lo)
         if lo > last_lo:
             last_lo = lo
         if f >= 0.0:

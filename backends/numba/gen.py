@@ -1,0 +1,168 @@
+"""1 < alpha < 2 (other than 1.5) of the numba row solvers, on compacted candidates.
+
+After the lower bound (:func:`.rows._solve_gen`), the row's candidates above it, the entries
+with ``a1 (y - lo) > -1`` (about 350 of a normal row of 8192 at alpha = 1.33), are gathered
+once into a contiguous array with their column indices, and everything after works on that
+array alone (units as in :mod:`.rows`):
+
+* the mass ``f(A) = sum p - 1`` and ``sum u`` (:func:`_f_gen`) in one loop that LLVM
+  vectorises: ``p = exp(log1p(w) / a1)``, ``w = a1 (y - A)``, with the straight-line
+  :func:`.vexp.vlog1p` and :func:`.vexp.vexp` (``math.log1p`` and ``math.exp`` are libm
+  calls, one element at a time: 10 of the 17 ms of a 128-row block went there), summed in
+  ``GL`` independent TwoSum lanes merged with Neumaier's step (the accuracy of a compensated
+  sum, whatever the order);
+* the safeguarded Newton iteration of :func:`.threshold._newton` on ``phi``, step for step
+  (same bracket, same fallbacks, same stopping rules), dropping the candidates that are zero
+  at the lower bound as it grows;
+* the output pass (:func:`_output_gen`): the row is zero-filled (a vectorised store) and the
+  probabilities of the candidates, computed by the same vectorised map, are written at their
+  indices; an entry off the candidates is zero at every ``A >= lo``.
+
+The functions agree with libm's to about 1 ulp each (``vlog1p`` 0.75 ulp, ``vexp`` 0.8 ulp,
+worst seen), so ``p`` and the threshold differ from the libm-based map by a few float64 ulps
+at most, well inside the accuracy contract (``tests/test_numba_rows.py``,
+``tests/test_oracle.py``); they are not bitwise those of ``_newton`` and ``_output``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..constants import MAX_ITER
+from . import CACHE
+from .compensated import acc, merge_lanes, two_sum
+from .elementwise import _LB_MARGIN, _uniform_bound
+from .threshold import _newton_step
+from .vexp import _div, vexp, vlog1p
+
+#: lanes of the candidate sums (two AVX2 registers of float64 per accumulator)
+GL = 8
+
+
+@njit(inline="always", cache=CACHE)
+def _pu_gen(y, A, a1):
+    """``p = e_alpha(y - A)`` and ``u = p^(2 - alpha) = p / (1 + w)``, 0 off the support, as
+    selects (no branch), with the vectorisable log1p and exp."""
+    w = a1 * (y - A)
+    alive = w > -1.0
+    t = w if alive else 0.0
+    p = vexp(_div(vlog1p(t), a1))
+    u = _div(p, 1.0 + t)
+    return (p if alive else 0.0), (u if alive else 0.0)
+
+
+@njit(cache=CACHE)
+def _f_gen(c, k, a1, A, buf, lanes):
+    """``f(A) = sum p - 1`` (compensated) and ``sum u`` over ``c[:k]``: the ``p`` and ``u`` in
+    one vectorised loop into ``buf`` (float64, shape (2, >= k)), then their sums in the
+    ``lanes`` (float64 scratch of shape (3, L)): one TwoSum lane per position in a block of
+    ``L`` consecutive entries."""
+    P = buf[0]
+    Q = buf[1]
+    for i in range(k):
+        P[i], Q[i] = _pu_gen(c[i], A, a1)
+    L = lanes.shape[1]
+    lanes[:3] = 0.0
+    S = lanes[0]
+    C = lanes[1]
+    U = lanes[2]
+    nb = k // L
+    for b in range(nb):
+        pb = P[b * L:(b + 1) * L]
+        qb = Q[b * L:(b + 1) * L]
+        for j in range(L):
+            S[j], err = two_sum(S[j], pb[j])
+            C[j] += err
+            U[j] += qb[j]
+    s, comp = merge_lanes(S, C, L)
+    su = 0.0
+    for j in range(L):
+        su += U[j]
+    for i in range(nb * L, k):
+        s, comp = acc(s, comp, P[i])
+        su += Q[i]
+    return (s - 1.0) + comp, su
+
+
+@njit(cache=CACHE)
+def _compact_gen(c, idx, k, a1, lo):
+    """Keep, in order, the candidates of ``c[:k]`` (and their indices) alive at ``lo``; the
+    others are zero at every ``A >= lo``.  Returns the new count."""
+    j = 0
+    for i in range(k):
+        y = c[i]
+        c[j] = y
+        idx[j] = idx[i]
+        j += a1 * (y - lo) > -1.0
+    return j
+
+
+@njit(cache=CACHE)
+def _gather_gen(x, m, a1, lo, c, idx):
+    """Gather into ``c`` the ``y = x - m`` with ``a1 (y - lo) > -1`` (the output pass's test)
+    and into ``idx`` their columns, in row order, without a branch on the data (as
+    :func:`.candidates._gather_alive`).  Returns the count."""
+    k = 0
+    for i in range(x.shape[0]):
+        y = np.float64(x[i]) - m
+        c[k] = y
+        idx[k] = i
+        k += a1 * (y - lo) > -1.0
+    return k
+
+
+@njit(cache=CACHE)
+def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
+    """:func:`.threshold._newton` for ``_K_GEN`` on the compacted candidates (the same
+    iteration; see :mod:`.rows`).  Returns (A, evaluations, converged, k)."""
+    flo = np.inf  # |f| at lo / hi once evaluated there
+    fhi = np.inf
+    last_lo = lo  # lower bound at which c was last filtered
+    f_prev = np.nan
+    it = 0
+    while it < MAX_ITER:
+        if lo > last_lo:
+            k = _compact_gen(c, idx, k, a1, lo)
+            last_lo = lo
+        f, fp = _f_gen(c, k, a1, A, buf, lanes)
+        it += 1
+        done, A, lo, hi, flo, fhi = _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, True)
+        if done:
+            return A, it, True, k
+        f_prev = f
+    return A, it, False, k
+
+
+@njit(cache=CACHE)
+def _output_gen(x, out, A, a1, c, idx, k, pbuf):
+    """Write ``p = e_alpha(x - m - A)`` for the whole row: zeros, then the candidates' ``p``
+    (computed into ``pbuf`` in a vectorised loop) at their indices.  Returns the support size
+    (p > 0 in float64)."""
+    for i in range(x.shape[0]):
+        out[i] = 0.0
+    for j in range(k):
+        pbuf[j] = _pu_gen(c[j], A, a1)[0]
+    cnt = 0
+    for j in range(k):
+        p = pbuf[j]
+        out[idx[j]] = p
+        cnt += p > 0.0
+    return cnt
+
+
+@njit(cache=CACHE)
+def _finish_gen(x, out, m, a1, lo, c, idx, k, pbuf):
+    """:func:`.rows._finish` for ``_K_GEN`` from the lower bound ``lo``: Newton on the ``k``
+    candidates ``c[:k]`` (columns ``idx[:k]``), then the output pass."""
+    hi = _uniform_bound(k, a1)
+    hi += _LB_MARGIN * (1.0 + hi)  # the uniform bound, certainly above despite rounding
+    A0 = lo if lo <= hi else hi
+    if hi > lo:
+        buf = np.empty((2, k), np.float64)
+        lanes = np.empty((3, GL), np.float64)
+        A, it, ok, k = _newton_gen(c, idx, k, a1, A0, lo, hi, buf, lanes)
+    else:  # a single candidate: the row maximum carries all the mass
+        A, it, ok = lo, 0, True
+    cnt = _output_gen(x, out, A, a1, c, idx, k, pbuf)
+    return m + A, cnt, it, ok
