@@ -198,7 +198,10 @@ def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha) -> np.n
     with np.errstate(divide="ignore"):
         lu = np.where(on, (2.0 - alpha) * np.log(np.where(on, p, 1.0)), -np.inf)
     a_ref = a[rows, lu.argmax(axis=1)] if a.shape[1] else np.zeros(len(rows))
-    return np.einsum("rj,rj->r", dz, a - a_ref[:, None])
+    d = a - a_ref[:, None]
+    # a term with a_ij = a_im is exactly 0, also where dZ_ij overflowed (alpha >> 2: u =
+    # p^(2-alpha) beyond float64 on a support of equal scores), not inf * 0 = NaN
+    return np.einsum("rj,rj->r", np.where(d == 0.0, 0.0, dz), d)
 
 
 def edge_residual(z: np.ndarray, p: np.ndarray):
@@ -265,7 +268,7 @@ def _rebuild_edge(z, a1, live, m, c, q):
         d = np.where(tie, 0.0, d)
         on = d > 0
         Ld = np.where(on, np.log(np.where(on, a1[:, None] * d, 1.0)), -np.inf)
-        return _edge_p(Ld, d, np.where(live, q, 0.0), a1)
+        return _edge_p(Ld, d, np.where(live, q, 0.0)[:, None], a1[:, None])
 
 
 def _skewed(u: np.ndarray, vv: np.ndarray) -> np.ndarray:

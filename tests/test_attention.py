@@ -686,3 +686,18 @@ def test_matches_pytorch_autograd(backend, alpha, causal, scaling):
     d = dense(q, k, v, alpha=alpha, beta=beta, gamma=gamma, delta=delta, **kw)
     np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=0, atol=out_tol(d, v, alpha, np.float64))
     assert_grads_match(grads, leaves, grad_tols(d, q, k, v, g_out, alpha, beta=beta, gamma=gamma))
+
+
+def test_row_scale_gradient_with_overflowing_dz_on_equal_scores(backend):
+    """alpha = 1000 on a row of equal scores (D = 0: every score is 0): p = 1/3 each and u
+    = p^(2 - alpha) = 3^998 overflows, so dZ is +-inf, but every a_ij - a_im is exactly 0,
+    so ds, and the ASEntmax parameters' gradients, are exactly 0 (the sum gave inf * 0 =
+    NaN and attention_vjp raised; found by tests/test_fuzz_contract.py)."""
+    q = np.zeros((1, 1, 1, 0))
+    k = np.zeros((1, 1, 3, 0))
+    v = np.array([0.12573022, -0.13210486, 0.64042265]).reshape(1, 1, 3, 1)
+    kw = dict(alpha=1000.0, backend=backend, beta=0.0, gamma=0.0, offset=1.0)
+    out = er.attention(q, k, v, **kw)
+    g = er.attention_vjp(np.ones(out.shape), q, k, v, **kw)
+    assert (g.dbeta, g.dgamma, g.ddelta) == (0.0, 0.0, 0.0)
+    assert np.all(g.dv == g.dv[0, 0, 0, 0]) and abs(g.dv.sum() - 1.0) <= 4 * np.finfo(np.float64).eps

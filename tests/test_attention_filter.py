@@ -17,7 +17,7 @@ nattn = pytest.importorskip("entmax_ref.backends.numba.attention")
 def _run(fn, g, r, n, qc, kk, scale, s, slope, err, window, use_max, t):
     key_end = g.shape[1]
     bufs = [np.full(key_end, np.nan), np.zeros(key_end, np.int64), np.full(key_end, np.nan),
-            np.full(key_end, np.nan), np.empty(key_end), np.empty(key_end), np.empty(key_end)]
+            np.full(key_end, np.nan)]
     m, ok = fn(g, r, n, True, qc, kk, scale, s, s != 1.0, slope, key_end - 1, err, window, use_max, t, *bufs)
     _, idx, zc, gx = bufs[:4]
     return m, ok, idx[:m].copy(), zc[:m].copy(), gx[:m].copy()

@@ -336,3 +336,16 @@ def test_huge_offsets_give_no_warning_and_agree(backend, alpha, x):
     er.entmax_vjp(p, g, alpha, backend=backend)
     er.entmax_alpha_vjp(p, g, alpha, backend=backend)
     er.entmax_loss(x, 0, alpha, backend=backend)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.25, 1.5, 2.0, 3.0])
+def test_unchecked_plus_inf_is_an_answer_not_an_exception(backend, alpha):
+    """check_finite=False hands +inf to the solvers (the caller promised clean input): the
+    answer is unspecified, but no backend may raise from inside its solver (numba's
+    softmax divided by zero: ZeroDivisionError)."""
+    x = np.zeros((3, 40))
+    x[0, 3] = np.inf
+    x[1, :] = np.inf
+    p = backend.call(er.entmax, x, alpha, check_finite=False)
+    assert p.shape == x.shape
+    assert np.array_equal(p[2], backend.call(er.entmax, x[2:], alpha)[0])  # a clean row as when checked

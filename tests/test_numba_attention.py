@@ -3,9 +3,10 @@
 tests/test_attention.py runs every attention test on the numba backend too; its problems
 are small, so each backward chunk there is dense (the BLAS path) and runs on one worker.
 Here longer rows with sparse supports, several chunks and several workers exercise the
-support-only scatter, the dense fallback, the per-worker and the shared (locked) dK/dV
-accumulators, the float32 score filter (kept throughout) against float64 score products,
-and the error path from a worker thread, with the tolerances of tests/test_attention.py.
+support-only scatter, the dense fallback, the per-worker and the shared (in chunk order)
+dK/dV accumulators, the float32 score filter (kept throughout) against float64 score
+products, the error path from a worker thread, with the tolerances of
+tests/test_attention.py, and results that do not change from run to run.
 """
 
 from __future__ import annotations
@@ -109,3 +110,41 @@ def test_filter_on_long_rows(scores, alpha):
     assert info.support.mean() < 0.1 * info.n.mean()
     q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
     check_against_dense("numba", q32, k32, v32, alpha, causal=True, alibi_slopes=[0.01, 0.0], chunk=16)
+
+
+def _with_threads(n, f):
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        return f()
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 3.0])
+def test_bitwise_reproducible(path, alpha):
+    """The same call gives the same bits every time: the forward and dQ whatever the thread
+    count, dK and dV for a given thread count (each worker sums its own chunks' parts;
+    with one shared accumulator they are added in chunk order, so those do not depend on
+    the thread count either).  The small problems of the check corpus with short chunks:
+    the float32 filter pays in some chunks and not in others (a decision that followed
+    whichever chunk finished first used to change the scores' rounding from run to run)."""
+    from entmax_ref.testing.corpus import attention_corpus
+
+    rng = np.random.default_rng(7)
+    for case in attention_corpus("default", 0, ("causal", "gqa", "cross")):
+        do = rng.standard_normal(case.q.shape[:3] + (case.v.shape[3],))
+        kw = dict(alpha=alpha, chunk=5, backend="numba", **case.kwargs)
+
+        def run():
+            out, info = er.attention(case.q, case.k, case.v, return_info=True, **kw)
+            return (out, info.tau) + tuple(er.attention_vjp(do, case.q, case.k, case.v, **kw)[:3])
+
+        one = _with_threads(1, run)
+        twos = [_with_threads(2, run) for _ in range(4)]
+        thread_free = ("out", "tau", "dq") + (("dk", "dv") if path == "shared" else ())
+        for two in twos:
+            for name, a, b, c in zip(("out", "tau", "dq", "dk", "dv"), one, twos[0], two):
+                assert np.array_equal(b, c), (case.name, name)  # run to run, 2 threads
+                if name in thread_free:
+                    assert np.array_equal(a, c), (case.name, name)  # 1 thread and 2 threads

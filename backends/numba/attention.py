@@ -47,16 +47,30 @@ Alpha per head: every row takes its head's alpha (window, solver, weights); the 
 filter is used only in chunks without a softmax head.  Key masks: when the keys a batch
 may attend form one run ``lo <= j < hi``, the batch runs as the key-sliced problem
 ``k[b, :, lo:]`` with ``hi - lo`` valid keys (:func:`entmax_ref.backends.numpy_attention.
-forward_by_key_runs`); masks with holes use the NumPy driver with the compiled row solver.
+forward_by_key_runs`, ``backward_by_key_runs``); masks with holes use the NumPy driver with
+the compiled row solver.  The forward's routing (key runs, then the decoding path of
+:mod:`entmax_ref.backends.numba.decode` or this chunked forward) is the numba backend's
+``attention_forward``; :func:`attention_forward` hands a key-masked call back to it.
 
 Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest first)
-from a queue; each runs a BLAS product and a ``nogil`` kernel (no ``prange``) on its chunk,
-so the kernels need no thread-safe numba threading layer.  While any attention call runs,
+from a queue (the backward: each from its own list, fixed in advance); each runs a BLAS
+product and a ``nogil`` kernel (no ``prange``) on its chunk, so the kernels need no
+thread-safe numba threading layer.  Results do not depend on thread timing
+(:func:`_run_parallel`).  While any attention call runs,
 BLAS is held at one thread (:func:`_single_threaded_blas`: threadpoolctl, shared by
 concurrent calls, and the caller's count restored when the last one ends; a multi-threaded
 BLAS alternating with the kernels leaves two thread pools spinning against each other).
-Each worker accumulates dK, dV of the current kv-head in its own float64 buffer (one
-shared buffer behind a lock when those would exceed :data:`ACCUMULATOR_BYTES`).
+Each worker accumulates dK, dV of the current kv-head in its own float64 buffer, summed in
+worker order at the head's end (one shared buffer, the chunks' parts added in chunk order,
+when those would exceed :data:`ACCUMULATOR_BYTES`).
+
+Compile cost.  The helpers are plain ``@njit`` functions, not ``inline="always"``:
+numba's IR-level inlining types every inlined body again at each call site (the forward
+and backward each inlined ``_candidates`` three times, ``_score`` a dozen times), which
+was most of the attention units' compile time, while LLVM inlines the small helpers into
+their callers anyway (the warm run time did not change; docs/performance.md).  A constant
+argument is passed as a run-time value (``np.int64(0)``): numba compiles a separate copy
+of the callee for each literal.
 
 Memory: per worker, one ``(rows, key_end)`` score block (float32 on the filter path) and
 in the backward three more of the compacted support (int32 key, float64 ``p`` and
@@ -85,7 +99,7 @@ from .rows import _solve_default, _solver_scratch
 DENSE_FRACTION = 0.125
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _visible(r, nc, i0, offset, key_end, causal):
     """(query head index within the group, absolute query index, visible key count)."""
     h = r // nc
@@ -98,7 +112,7 @@ def _visible(r, nc, i0, offset, key_end, causal):
     return h, i_abs, n
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale, has_s):
     """Row ``r`` of a chunk: :func:`_visible`'s (h, i_abs, n), then its head's ``a1 =
     alpha - 1``, ``a2 = 2 - alpha``, whether alpha > 2, the support window ``1/a1``
@@ -111,7 +125,7 @@ def _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale, has_s):
     return h, i_abs, n, a1, a2, alphas[h] > 2.0, window, s
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _candidate_buffers(key_end):
     """Scratch of :func:`_candidates` for rows of up to ``key_end`` keys: the approximate
     scores ``za`` and the candidates' key ``idx``, exact score ``zc`` and exact q.k ``gx``."""
@@ -119,7 +133,7 @@ def _candidate_buffers(key_end):
             np.empty(key_end, np.float64))
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _score(gv, scale, s, has_s, slope, i_abs, j):
     """The reference's z: ``a = scale * g``, ``z = a * s``, ``z = z - slope * |i_abs - j|``."""
     z = scale * gv
@@ -130,7 +144,7 @@ def _score(gv, scale, s, has_s, slope, i_abs, j):
     return z
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _dot(qc, r, kk, j):
     """q_r . k_j in float64 with four partial sums (any order is as exact as BLAS's)."""
     D = qc.shape[1]
@@ -181,9 +195,25 @@ def _theta_lower(zc, m, L, a1):
     return (L + A) - 1e-9 * (1.0 + abs(L) + A)
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
+def _max_cut(L, window, err):
+    """The first cut of the float32 filter: a key whose approximate score is at most this
+    line, below the row maximum ``L`` of the approximate scores by the window and ``3 err``
+    (with margins for rounding), has ``p = 0``.  Shared by every filter pass (the chunked
+    forward's and the decoding path's) so that they keep the same keys."""
+    return L - (window * (1.0 + 1e-9) + 3.0 * err + 1e-12) - 1e-12 * abs(L)
+
+
+@njit(cache=CACHE)
+def _theta_cut(t, window, err):
+    """The second cut: below ``t - window - 2 err`` (``t`` the threshold or a lower bound of
+    it, with margins for rounding) a key's approximate score leaves ``p = 0``."""
+    return t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+
+
+@njit(cache=CACHE)
 def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                za, idx, zc, gx, c, aux, aux2):
+                za, idx, zc, gx):
     """The keys of row ``r`` that can carry probability, with their exact float64 scores.
 
     ``filt = False``: ``g`` holds the float64 q.k; every visible key is a candidate.
@@ -241,7 +271,7 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
             j += 1
         L = max(max(L0, L1), max(L2, L3))
         suspect += not (abs(L) < 1e300) and n > 0
-        cut = L - (window * (1.0 + 1e-9) + 3.0 * err + 1e-12) - 1e-12 * abs(L)
+        cut = _max_cut(L, window, err)
         for j in range(n):
             zj = za[j]
             suspect += not (zj > -1e300)
@@ -265,7 +295,7 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
                 za[i] = zc[i]
         else:
             m1 = n
-        cut = t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+        cut = _theta_cut(t, window, err)
         m = 0
         for i in range(m1):
             j = idx[i] if use_max else i
@@ -289,7 +319,7 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
     return n, nonfinite == 0
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _g_range(g, r, j0, j1):
     """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` (four running extrema each: no
     serial dependency)."""
@@ -322,7 +352,7 @@ def _g_range(g, r, j0, j1):
     return min(min(l0, l1), min(l2, l3)), max(max(h0, h1), max(h2, h3)), nan
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _g_cut(cut, scale, s):
     """A float32 line below which no ``g`` has ``z(g) = (scale g) s > cut`` (``scale s > 0``):
     ``cut / (scale s)`` lowered by far more than the roundings of z and of float32."""
@@ -330,9 +360,9 @@ def _g_cut(cut, scale, s):
     return np.float32(x - abs(x) * 1e-6 - 1e-37)
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                     za, idx, zc, gx, c, aux, aux2):
+                     za, idx, zc, gx):
     """:func:`_candidates`, the same keys in the same order with the same scores, for the
     float32 filter when ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
     the row's range, maximum and the window's line are taken on the float32 ``g`` itself
@@ -342,22 +372,23 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     key_end = g.shape[1]
     if not filt or slope != 0.0 or not (scale * s > 0.0) or n == 0:
         return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                           za, idx, zc, gx, c, aux, aux2)
-    lo, hi, nan = _g_range(g, r, 0, n)
-    z_lo = _score(np.float64(lo), scale, s, has_s, slope, i_abs, 0)
-    L = _score(np.float64(hi), scale, s, has_s, slope, i_abs, 0)  # = max_j z(g_j): z is monotone
+                           za, idx, zc, gx)
+    j0 = np.int64(0)  # a run-time 0: a literal argument would compile a second copy of the callee
+    lo, hi, nan = _g_range(g, r, j0, n)
+    z_lo = _score(np.float64(lo), scale, s, has_s, slope, i_abs, j0)
+    L = _score(np.float64(hi), scale, s, has_s, slope, i_abs, j0)  # = max_j z(g_j): z is monotone
     ok = nan == 0 and z_lo > -1e300 and abs(L) < 1e300
     if ok and n < key_end:
         lo2, hi2, nan2 = _g_range(g, r, n, key_end)
-        ok = (nan2 == 0 and _score(np.float64(lo2), scale, s, has_s, slope, i_abs, 0) > -1e300
-              and _score(np.float64(hi2), scale, s, has_s, slope, i_abs, 0) < 1e300)
+        ok = (nan2 == 0 and _score(np.float64(lo2), scale, s, has_s, slope, i_abs, j0) > -1e300
+              and _score(np.float64(hi2), scale, s, has_s, slope, i_abs, j0) < 1e300)
     if not ok:  # the float64 path of the row, exactly as before
         return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                           za, idx, zc, gx, c, aux, aux2)
+                           za, idx, zc, gx)
     if use_max:
-        cut = L - (window * (1.0 + 1e-9) + 3.0 * err + 1e-12) - 1e-12 * abs(L)
+        cut = _max_cut(L, window, err)
     else:
-        cut = t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+        cut = _theta_cut(t, window, err)
     gc = _g_cut(cut, scale, s)
     m1 = 0
     for j in range(n):  # branch-free float32 pass
@@ -374,7 +405,7 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     if use_max:
         # the lower bound of the threshold and the second cut of _candidates
         t = _theta_lower(zc, m, L, 1.0 / window)
-        cut = t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+        cut = _theta_cut(t, window, err)
     m1 = m
     m = 0
     for i in range(m1):
@@ -484,7 +515,7 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         h, i_abs, n, a1, a2, big, window, s = _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale,
                                                           has_s)
         m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
-                            0.0, za, idx, zc, gx, c, aux, aux2)
+                            0.0, za, idx, zc, gx)
         _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
                     out, skew, theta, support, rmax, edge, edge_p, bad, ncand)
 
@@ -521,7 +552,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             acc[d] = 0.0
         live = t > -np.inf
         mc, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
-                             False, t, za, ci, zc, gx, za, za, za)
+                             False, t, za, ci, zc, gx)
         bad[r] = 0 if ok else 1
         m = 0
         if live and big:
@@ -573,8 +604,11 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             dz = ub[r, c]
             if has_s:
                 # ds = sum dZ a as sum dZ (a - a_ref): the dZ sum to 0, and the huge ones
-                # (alpha > 2, at the edge) sit where a is nearly a_ref
-                dsr += dz * (scale * gs[c] - a_ref)
+                # (alpha > 2, at the edge) sit where a is nearly a_ref; a term with a =
+                # a_ref is 0, also where dZ overflowed (not inf * 0 = NaN)
+                da = scale * gs[c] - a_ref
+                if da != 0.0:
+                    dsr += dz * da
                 dz = dz * s
             ub[r, c] = dz
             for d in range(D):
@@ -589,7 +623,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
     """Row r's skewed output into ``sk``: the forward's (``skew_in[r]``) when the caller
     kept it, else ``sum_c w_c v_j / sum_c w_c`` over the compacted support (key ``idx[r,
@@ -615,7 +649,7 @@ def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
             sk[d] /= norm
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _output_grads(r, m, idx, doc, vv, sk, gd):
     """``gd[c] = dO_r . v_j`` over the compacted support of row r (key ``j = idx[r, c]``);
     returns ``delta = dO_r . skew_r``."""
@@ -642,7 +676,7 @@ def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     (g_c - delta)`` (``sign exp(log u_c + log|g_c - delta|)`` where u_c overflows); that
     entry, whose ``g_m - delta`` is a tiny difference times a huge u, gets ``sum_{c != m}
     u_c (g_m - g_c) / S`` (scaled by the second largest u where that is not finite).
-    Returns m."""
+    Returns the index of that entry (0 when ``m = 0``)."""
     if m == 0:
         return 0
     mi = 0
@@ -760,21 +794,40 @@ def _single_threaded_blas():
                 st["limiter"] = None
 
 
-def _run_parallel(items, work, workers):
-    """Run ``work(slot, item)`` for every item on ``workers`` threads pulling from one
-    queue (slot = the worker's index); re-raises the first exception."""
+def _run_parallel(items, work, workers, cost=None):
+    """Run ``work(slot, item)`` for every item on ``workers`` threads (slot = the worker's
+    index); re-raises the first exception.
+
+    The threads pull the items from one queue, or, given ``cost(item)``, run the items
+    given to their slot in advance (each item, in order, to the slot with the least cost
+    so far), so that which slot runs which item does not depend on timing: the backward's per-slot dK, dV sums
+    are then the same, bit for bit, from run to run.  Nothing else that a chunk computes
+    may depend on which chunks ran before it: the drivers let the first (largest) chunk
+    alone decide, before the others start, whether the float32 filter pays, because
+    exact scores from the filter's candidates and from a float64 BLAS product round
+    differently, and a decision taken by whichever chunk finished first gave results that
+    changed with thread timing."""
     if workers <= 1 or len(items) <= 1:
         for it in items:
             work(0, it)
         return
-    it = iter(items)
-    lock = threading.Lock()
     failed = []
+    if cost is not None:
+        plans, load = [[] for _ in range(workers)], [0] * workers
+        for item in items:
+            slot = load.index(min(load))
+            plans[slot].append(item)
+            load[slot] += cost(item)
+        queues = [iter(p) for p in plans]
+        lock = contextlib.nullcontext()
+    else:
+        queues = [iter(items)] * workers
+        lock = threading.Lock()
 
     def loop(slot):
         while not failed:
             with lock:
-                item = next(it, None)
+                item = next(queues[slot], None)
             if item is None:
                 return
             try:
@@ -790,6 +843,32 @@ def _run_parallel(items, work, workers):
         t.join()
     if failed:
         raise failed[0]
+
+
+def _run_chunks(items, work, workers, cost=None):
+    """A driver's chunks, largest first: the first alone on this thread, as the probe that
+    decides whether the float32 filter pays (``work(0, item, probe=True)``; see
+    :func:`_run_parallel`), then the others on ``workers`` threads."""
+    if items:
+        work(0, items[0], probe=True)
+    _run_parallel(items[1:], work, workers, cost)
+
+
+class _InOrder:
+    """``self(n, add)`` calls the ``add`` of every n = 0, 1, 2, ... in that order, whichever
+    thread brings it and when (an add waits, kept, until those before it are done)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.next = 0
+        self.waiting = {}
+
+    def __call__(self, n, add):
+        with self.lock:
+            self.waiting[n] = add
+            while self.next in self.waiting:
+                self.waiting.pop(self.next)()
+                self.next += 1
 
 
 def _head_items(spec, b, Nq, Nk, group):
@@ -846,6 +925,33 @@ def _score_error(qc, kmax, scale, rs):
             2.0 * scale * s * (gam * qn * kmax + D * 2.0**-140 * (1.0 + qn + kmax)), np.float64)
 
 
+def _head_keys(k, b, hk):
+    """One kv-head's keys as both drivers use them: float64 and float32 copies and the
+    float64 key norms (a float32 overflow only turns the filter off)."""
+    kk_all = np.ascontiguousarray(k[b, hk], np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        k32_all = np.ascontiguousarray(k[b, hk], np.float32)
+        kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
+    return kk_all, k32_all, kn
+
+
+def _scores(filt, qsl, qc, kk_all, k32_all, kn, key_end, scale, rs):
+    """A chunk's score block for the row kernels: with ``filt`` (the float32 filter is on
+    and may be used for this chunk) and a finite error bound, the float32 product of the
+    chunk's queries ``qsl`` with the keys and its per-row error bound; else the float64
+    product of ``qc`` (``qsl`` as float64 rows) and a zero bound.  Returns (g, err, filt)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if filt:
+            err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
+            filt = bool(np.all(err < 1e290))
+        if filt:
+            g = np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]) @ k32_all[:key_end].T
+        else:
+            g = qc @ kk_all[:key_end].T
+            err = np.zeros(g.shape[0])
+    return g, err, filt
+
+
 #: The float32 filter is kept while the candidates it leaves are at most this fraction of
 #: the visible keys (beyond it, one float64 product per chunk is cheaper than the exact
 #: dot products of the candidates); 0 turns the filter off.
@@ -870,12 +976,8 @@ def attention_forward(backend, q, k, v, spec):
     from .._base import AttentionForward
     from ..numpy_attention import empty_forward
 
-    if spec.key_mask is not None:  # fused on each batch's run of keys, or the NumPy driver
-        from ..numpy_attention import attention_forward as numpy_forward
-        from ..numpy_attention import forward_by_key_runs
-
-        return forward_by_key_runs(lambda *a: attention_forward(backend, *a), q, k, v, spec,
-                                   lambda: numpy_forward(backend, q, k, v, spec))
+    if spec.key_mask is not None:  # the backend routes key masks (key runs, or the NumPy driver)
+        return backend.attention_forward(q, k, v, spec)
     f64 = np.float64
     q, k, v = (_writable(np.asarray(a)) for a in (q, k, v))
     B, Hq, Nq, D = q.shape
@@ -888,33 +990,17 @@ def attention_forward(backend, q, k, v, spec):
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
     heads = {}
 
-    def head(b, hk):
-        """float64 and float32 copies of one kv-head's K, V and the key norms."""
-        kk_all = np.ascontiguousarray(k[b, hk], f64)
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
-            k32_all = np.ascontiguousarray(k[b, hk], np.float32)
-            kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
-        return kk_all, np.ascontiguousarray(v[b, hk], f64), k32_all, kn
-
-    def work(slot, item):
+    def work(slot, item, probe=False):
         b, hk, i0, i1, key_end = item
         h0 = hk * group
-        kk_all, vv_all, k32_all, kn = heads[b, hk]
+        kk_all, k32_all, kn, vv_all = heads[b, hk]
         nc = i1 - i0
         qsl = q[b, h0:h0 + group, i0:i1]
         qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
         rs = _row_scale(spec, b, h0, group, i0, i1)
         alphas = _group_alphas(spec, h0, group)
-        filt = state["filter"] and bool(np.all(alphas > 1.0))
-        with np.errstate(over="ignore", invalid="ignore"):
-            if filt:
-                err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
-                filt = bool(np.all(err < 1e290))
-            if filt:
-                g = np.asarray(qsl, np.float32).reshape(-1, D) @ k32_all[:key_end].T
-            else:
-                g = qc @ kk_all[:key_end].T
-                err = np.zeros(g.shape[0])
+        g, err, filt = _scores(state["filter"] and bool(np.all(alphas > 1.0)), qsl, qc, kk_all, k32_all, kn,
+                               key_end, scale, rs)
         rows = g.shape[0]
         o = np.empty((rows, Dv), f64)
         sk = np.empty((rows, Dv), f64)
@@ -929,7 +1015,7 @@ def attention_forward(backend, q, k, v, spec):
                  _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad)
         if bad.any():
             raise ValueError(_OVERFLOW)
-        if filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
+        if probe and filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
             state["filter"] = False
         softmax_rows = np.repeat(alphas == 1.0, nc)
         if softmax_rows.all():
@@ -956,10 +1042,10 @@ def attention_forward(backend, q, k, v, spec):
             heads.clear()
             items = []
             for b, hk in batch:
-                heads[b, hk] = head(b, hk)
+                heads[b, hk] = _head_keys(k, b, hk) + (np.ascontiguousarray(v[b, hk], f64),)
                 items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
             items.sort(key=lambda t: -(t[3] - t[2]) * t[4])
-            _run_parallel(items, work, workers)
+            _run_chunks(items, work, workers)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
 
@@ -1005,18 +1091,14 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     # shared pair behind a lock when that would take too much memory
     shared = workers > 1 and (workers - 1) * 8 * Nk * (D + Dv) > ACCUMULATOR_BYTES
     extra = [] if shared else [(np.empty((Nk, D), f64), np.empty((Nk, Dv), f64)) for _ in range(workers - 1)]
-    acc_lock = threading.Lock() if shared else contextlib.nullcontext()
     state = {"filter": FILTER_FRACTION > 0}
     with _single_threaded_blas():
         for b in range(B):
             items = _head_items(spec, b, Nq, Nk, group)
             for hk in range(Hkv):
                 h0 = hk * group
-                kk_all = np.ascontiguousarray(k[b, hk], f64)
+                kk_all, k32_all, kn = _head_keys(k, b, hk)
                 vv_all = np.ascontiguousarray(v[b, hk], f64)
-                with np.errstate(over="ignore", invalid="ignore"):  # overflow: no filter
-                    k32_all = np.ascontiguousarray(k[b, hk], np.float32)
-                    kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
                 slopes = _group_slopes(spec, h0, group)
                 accs = [(dk[b, hk], dv[b, hk])]
                 for dk_w, dv_w in extra:
@@ -1024,25 +1106,16 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     dv_w[:] = 0.0
                     accs.append((dk_w, dv_w))
 
-                def work(slot, item, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all, kn=kn,
-                         slopes=slopes, accs=accs):
-                    i0, i1, key_end = item
+                def work(slot, item, probe=False, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all,
+                         kn=kn, slopes=slopes, accs=accs, in_order=_InOrder()):
+                    n, (i0, i1, key_end) = item
                     nc = i1 - i0
                     sl = (b, slice(h0, h0 + group), slice(i0, i1))
                     qc = np.ascontiguousarray(np.asarray(q[sl], f64).reshape(-1, D))
                     doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
                     kk, vv = kk_all[:key_end], vv_all[:key_end]
                     rs = _row_scale(spec, b, h0, group, i0, i1)
-                    filt = state["filter"]
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        if filt:
-                            err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
-                            filt = bool(np.all(err < 1e290))
-                        if filt:
-                            g = np.asarray(q[sl], np.float32).reshape(-1, D) @ k32_all[:key_end].T
-                        else:
-                            g = qc @ kk.T
-                            err = np.zeros(g.shape[0])
+                    g, err, filt = _scores(state["filter"], q[sl], qc, kk_all, k32_all, kn, key_end, scale, rs)
                     rows = g.shape[0]
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
                     if resid is None:
@@ -1063,7 +1136,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                              bad, dal)
                     if bad.any():
                         raise ValueError(_OVERFLOW)
-                    if filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
+                    if probe and filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
                         state["filter"] = False
                     dq[sl] = dqc.reshape(group, nc, D)
                     if ds is not None:
@@ -1078,14 +1151,20 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                         expand(idx, pb, ub, cnt, P, U)
                         dv_part = P.T @ doc
                         dk_part = scale * (U.T @ qc)
-                        with acc_lock:
-                            dv_acc += dv_part
-                            dk_acc += dk_part
-                    else:
-                        with acc_lock:
-                            bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc)
 
-                _run_parallel(items, work, workers)
+                        def add():
+                            np.add(dv_acc, dv_part, out=dv_acc)
+                            np.add(dk_acc, dk_part, out=dk_acc)
+                    else:
+                        def add():
+                            bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc)
+                    if shared:
+                        in_order(n, add)  # one accumulator: the chunks' sums in chunk order
+                    else:
+                        add()
+
+                numbered = list(enumerate(items))
+                _run_chunks(numbered, work, workers, cost=lambda it: (it[1][1] - it[1][0]) * it[1][2])
                 for dk_w, dv_w in accs[1:]:
                     dk[b, hk] += dk_w
                     dv[b, hk] += dv_w

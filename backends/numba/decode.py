@@ -18,14 +18,14 @@ phase 2 (per row)
     the rigorous bound ``err`` of :func:`entmax_ref.backends.numba.attention._score_error`
     (``gamma_{D+3} ||q|| max ||k||``, float32 unit roundoff whatever the input) makes the
     float32 scores a filter, exactly as in the chunked forward's ``_candidates``: keys
-    within ``window + 3 err`` of the row maximum (into a per-row buffer that starts at
-    :data:`KEY_BUDGET` keys and grows only when a row has more candidates), a lower bound
-    ``t`` of the threshold (Newton from the left on the approximate scores), then the exact
-    float64 score (``_dot``, the chunked forward's own product) of the keys above ``t -
-    window - 2 err`` only, the compiled row solver on those, and the output and skewed
-    output from V on the support only.  A row whose approximate scores are suspect
-    (non-finite, huge, or a non-finite error bound) takes every visible key exactly, with
-    the reference's overflow check.
+    within ``window + 3 err`` of the row maximum (into a buffer, shared by the rows of a
+    work item, that starts at :data:`KEY_BUDGET` keys and grows only when a row has more
+    candidates), a lower bound ``t`` of the threshold (Newton from the left on the
+    approximate scores), then the exact float64 score (``_dot``, the chunked forward's own
+    product) of the keys above ``t - window - 2 err`` only, the compiled row solver on
+    those, and the output and skewed output from V on the support only.  A row whose
+    approximate scores are suspect (non-finite, huge, or a non-finite error bound) takes
+    every visible key exactly, with the reference's overflow check.
 
 The candidates hold every key with ``p > 0`` and their exact float64 scores (bit for bit
 those of the chunked forward's filter path), so theta, the support, the outputs and the
@@ -37,9 +37,11 @@ checked on the keys ``j < key_end`` of the row's chunk in the reference's chunki
 Taken for ``Nq <= DECODE_MAX_QUERIES``, at most :data:`DECODE_MAX_ROWS` rows per kv-head,
 at least :data:`DECODE_MIN_KEYS` keys per 4 queries, float32 or float64 inputs and every alpha > 1 (a
 softmax head has no window: every key carries mass); key masks reach it per batch through
-the chunked forward's key runs.  Memory: the float32 ``(rows, keys)`` block of each
-kv-head in flight (at most :data:`BLOCK_BYTES` of them at once) and per-row candidate
-buffers.
+the key runs of the numba backend's ``attention_forward`` (which routes between this path
+and the chunked forward).  Memory: the float32 ``(rows, keys)`` block of each
+kv-head in flight (at most :data:`BLOCK_BYTES` of them at once) and, per phase-2 work
+item, the candidate and row-solver buffers (:data:`KEY_BUDGET` keys, grown to the most
+candidates of a row).
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
-from .attention import _OVERFLOW, _dot, _run_parallel, _score, _row_result, _score_error, _theta_lower
+from ..geometry import key_offset
+from .attention import (_OVERFLOW, _dot, _group_alphas, _group_slopes, _max_cut, _row_result, _row_scale,
+                        _run_parallel, _score, _score_error, _theta_cut, _theta_lower, _writable)
+from .rows import _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -163,6 +168,9 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
     cap = KEY_BUDGET
     idx = np.empty(cap, np.int64)
     zc = np.empty(cap, np.float64)
+    # the solver's scratch and the probabilities, grown with the candidate buffers
+    pc = np.empty(cap, np.float64)
+    c, aux, aux2 = _solver_scratch(cap)
     o = np.empty(dv, np.float64)
     sk = np.empty(dv, np.float64)
     for r in range(r0, r1):
@@ -179,7 +187,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
         L = lmax[r]
         ok = True
         if suspect[r] == 0 and e < 1e290 and (n == 0 or abs(L) < 1e300):
-            cut = L - (window * (1.0 + 1e-9) + 3.0 * e + 1e-12) - 1e-12 * abs(L)
+            cut = _max_cut(L, window, e)
             m1 = 0
             j = 0
             while j < n:  # stretches that cannot overflow the buffer (one key at most per key)
@@ -190,7 +198,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
                 m1 = _gather(g, r, j, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m1)
                 j = j1
             t = _theta_lower(zc, m1, L, 1.0 / window)
-            cut = t - window * (1.0 + 1e-9) - 2.0 * e - 1e-12 * (1.0 + abs(t))
+            cut = _theta_cut(t, window, e)
             m = 0
             for i in range(m1):
                 if zc[i] > cut:
@@ -211,11 +219,9 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
                     zc[j] = z
             m = n
             ok = nonfinite == 0
-        # the solver's scratch, sized to this row's candidates
-        pc = np.empty(m, np.float64)
-        c = np.empty(m, np.float64)
-        aux = np.empty(m, np.float64)
-        aux2 = np.empty(m, np.float64)
+        if pc.shape[0] < m:
+            pc = np.empty(idx.shape[0], np.float64)
+            c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
         _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
                     out, skew, theta, support, rmax, edge, edge_p, bad, ncand)
@@ -261,23 +267,16 @@ def decode_forward(q, k, v, spec):
     """The two-phase forward of the module docstring; the outputs and conventions of
     :func:`entmax_ref.backends.numba.attention.attention_forward`."""
     from .._base import AttentionForward, NonFiniteInput
-    from .attention import _group_alphas, _group_slopes, _row_scale
+    from ..numpy_attention import empty_forward
 
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     R = group * Nq
-    offset = Nk - Nq
+    offset = key_offset(Nq, Nk)
     scale = float(spec.scale)
-    shape = (B, Hq, Nq)
-    out = np.zeros(shape + (Dv,), f64)
-    skew = np.zeros(shape + (Dv,), f64)
-    theta = np.full(shape, -np.inf)
-    support = np.zeros(shape, np.int64)
-    row_max = np.full(shape, -np.inf)
-    edge = np.full(shape, -np.inf)
-    edge_p = np.zeros(shape)
+    out, theta, support, skew, row_max, edge, edge_p = empty_forward(B, Hq, Nq, Dv)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
     scan = scans_inputs(q, k, v, spec)  # every key is read: scan k and v for NaN/inf too
@@ -293,10 +292,13 @@ def decode_forward(q, k, v, spec):
             kend = int(nchk.max())
             if kend == 0:
                 continue
-            qf = np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D))
+            # C-contiguous and writable (a read-only view is copied): numba compiles one
+            # specialization per argument type, and read-only is part of the type
+            qf = _writable(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
             nblk = max(1, min(-(-kend // KEY_BLOCK), -(-2 * workers // min(len(pairs), 2 * workers))))
             bounds = [(kend * i) // nblk for i in range(nblk + 1)]
-            hd = dict(b=b, h0=h0, qf=qf, kf=np.ascontiguousarray(k[b, hk]), vf=np.ascontiguousarray(v[b, hk]),
+            hd = dict(b=b, h0=h0, qf=qf, kf=_writable(np.ascontiguousarray(k[b, hk])),
+                      vf=_writable(np.ascontiguousarray(v[b, hk])),
                       nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
                       lmax=np.full((R, nblk), -np.inf), suspect=np.zeros((R, nblk), np.int64),
                       kn=np.zeros(nblk), vn=np.zeros(nblk), rs=_row_scale(spec, b, h0, group, 0, Nq),
