@@ -17,7 +17,9 @@ Solvers (``method``):
     Bisection on ``f(A) = sum_i e_alpha(y_i - A) - 1`` (``y = x - max x``) over the
     bracket ``[0, (1 - n^(1-alpha)) / (alpha - 1)]`` (``[0, log n]`` at alpha = 1) until
     the midpoint equals an endpoint, i.e. to the last bit of float64; the endpoint with
-    the smaller ``|f|`` is returned.  No renormalisation.
+    the smaller ``|f|`` is returned.  No renormalisation.  Entries that cannot reach the
+    support anywhere in the bracket (``e_alpha`` is exactly 0 there) are skipped when they
+    are most of the row, which changes no bit of any sum (:func:`_on_candidates`).
 """
 
 from __future__ import annotations
@@ -177,6 +179,33 @@ def _power(t: np.ndarray, a: np.ndarray) -> np.ndarray:
         return np.exp(np.log(np.maximum(t, 0.0)) / (a - 1.0))
 
 
+#: the bisection computes only the entries that can reach the support when they are at
+#: most this share of the active rows' entries (gathering them costs more than it saves
+#: when they are most of them)
+CANDIDATE_SHARE = 0.5
+
+
+def _on_candidates(f, cand: np.ndarray, idx: np.ndarray, entries: tuple, per_row: tuple) -> np.ndarray:
+    """``f(*entries, *per_row)`` on the rows ``idx`` of the (rows, n) ``entries``, with
+    ``per_row`` one value per row of ``idx``, computed only where ``cand`` is set (0
+    elsewhere) when that is at most :data:`CANDIDATE_SHARE` of the entries.
+
+    ``f`` must be exactly 0 wherever ``cand`` is not set: the array is then the same, bit
+    for bit, as computing ``f`` everywhere, and so are its row sums (same positions, same
+    order of summation); only the work on entries that cannot reach the support goes."""
+    if len(idx) == len(cand):  # every row still active: idx is 0..rows-1, views instead of copies
+        on = cand
+    else:
+        on = cand[idx]
+        entries = tuple(e[idx] for e in entries)
+    if np.count_nonzero(on) > CANDIDATE_SHARE * on.size:
+        return f(*entries, *(v[:, None] for v in per_row))
+    r, c = np.nonzero(on)
+    out = np.zeros(on.shape)
+    out[r, c] = f(*(e[r, c] for e in entries), *(v[r] for v in per_row))
+    return out
+
+
 def _bisect(y: np.ndarray, alpha: np.ndarray):
     """Bisection to the last bit (see the module docstring); alpha is (rows,).
 
@@ -206,30 +235,42 @@ def _bisect(y: np.ndarray, alpha: np.ndarray):
         with np.errstate(divide="ignore", invalid="ignore"):
             top = np.where(a1s == 0.0, np.log(nf[small]), -np.expm1(-a1s * np.log(nf[small])) / np.where(a1s == 0.0, 1.0, a1s))
 
+        al = alpha[small]
+        with np.errstate(divide="ignore"):  # e_alpha(y - A) = 0 for every A >= 0 below -1/a1
+            cand = ys > -(1.0 + 1e-9) / a1s[:, None]
+
         def excess(idx, mid):
-            return e_alpha(ys[idx] - mid[:, None], ass[idx]).sum(axis=1) - 1.0
+            return _on_candidates(lambda yy, A, a: e_alpha(yy - A, a), cand, idx, (ys,), (mid, al[idx])).sum(axis=1) - 1.0
 
         lo, hi, it, conv = _last_bit(excess, np.zeros(len(ys)), top)
         A[small], p[small] = _closest(e_alpha(ys - lo[:, None], ass), e_alpha(ys - hi[:, None], ass), lo, hi)
         n_iter[small], ok[small] = it, conv
     if big.any():
-        yb, ab, a1b = y[big], a[big], a1[big]
+        yb, a1b = y[big], a1[big]
+
+        alb = alpha[big]
+        T0 = -1.0 / a1b
+        candT = yb > T0[:, None]  # p = 0 for every T >= T0 at or below it
 
         def excess_T(idx, mid):
-            return _power(a1b[idx, None] * (yb[idx] - mid[:, None]), ab[idx]).sum(axis=1) - 1.0
+            return _on_candidates(lambda yy, T, a1_, a: _power(a1_ * (yy - T), a), candT, idx, (yb,),
+                                  (mid, a1b[idx], alb[idx])).sum(axis=1) - 1.0
 
-        lo, hi, it1, conv1 = _last_bit(excess_T, -1.0 / a1b, -np.exp(-a1b * np.log(nf[big])) / a1b)
+        lo, hi, it1, conv1 = _last_bit(excess_T, T0, -np.exp(-a1b * np.log(nf[big])) / a1b)
         c = np.where(yb > lo[:, None], yb, np.inf).min(axis=1)  # smallest support entry
         d = yb - c[:, None]
         on = d > 0
         Ld = np.where(on, np.log(np.where(on, a1b[:, None] * d, 1.0)), -np.inf)  # log(a1 d) (unused where d <= 0)
 
+        candq = d >= 0  # the support (p = 0 below its edge)
+
         def excess_q(idx, mid):  # increasing in q: the root is above mid when mass < 1
-            return 1.0 - _edge_p(Ld[idx], d[idx], mid, a1b[idx]).sum(axis=1)
+            return 1.0 - _on_candidates(_edge_p, candq, idx, (Ld, d), (mid, a1b[idx])).sum(axis=1)
 
         qtop = _power(a1b * (c - lo) * (1 + EDGE_ULPS * np.finfo(_F64).eps), alpha[big])
         qlo, qhi, it2, conv2 = _last_bit(excess_q, np.zeros(len(yb)), qtop)
-        q, p[big] = _closest(_edge_p(Ld, d, qlo, a1b), _edge_p(Ld, d, qhi, a1b), qlo, qhi)
+        q, p[big] = _closest(_edge_p(Ld, d, qlo[:, None], a1b[:, None]), _edge_p(Ld, d, qhi[:, None], a1b[:, None]),
+                             qlo, qhi)
         with np.errstate(divide="ignore"):
             delta = np.exp(a1b * np.log(q)) / a1b  # may underflow to 0: theta does not need it
         A[big] = c - delta + 1.0 / a1b

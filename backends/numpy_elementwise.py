@@ -47,8 +47,9 @@ def edge_p(Ld: np.ndarray, d: np.ndarray, q: np.ndarray, a1: np.ndarray) -> np.n
 
     Evaluated as ``exp(logaddexp(log(a1 d_i), a1 log q) / a1)`` so that ``q^a1`` (below
     the float64 range once q < ~1e-308^(1/a1), e.g. q < 8e-4 at alpha = 100) never has
-    to be formed; ``p = q`` exactly at the edge (d = 0).  q, a1: (rows,); Ld, d: (rows, n)."""
+    to be formed; ``p = q`` exactly at the edge (d = 0).  Elementwise: q and a1 broadcast
+    against Ld and d (one per row: shape (rows, 1))."""
     with np.errstate(divide="ignore"):
-        lqa = (a1 * np.log(q))[:, None]
-    p = np.exp(np.logaddexp(Ld, lqa) / a1[:, None])
-    return np.where(d > 0, p, np.where(d == 0, q[:, None], 0.0))
+        lqa = a1 * np.log(q)
+    p = np.exp(np.logaddexp(Ld, lqa) / a1)
+    return np.where(d > 0, p, np.where(d == 0, q, 0.0))

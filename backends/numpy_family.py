@@ -34,10 +34,9 @@ from __future__ import annotations
 import numpy as np
 
 from ._base import RowSolve
+from .constants import MAX_NEWTON
 
 _F64 = np.float64
-#: cap on Newton steps (monotone convergence from the left takes < 10 on every test row)
-MAX_NEWTON = 200
 
 
 # ----------------------------------------------------------------------------- normmax
@@ -162,7 +161,6 @@ def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
     rows, n = x.shape
     x64 = x.astype(_F64)
     fin = np.isfinite(x64)
-    m = x64.max(axis=1, initial=-np.inf)
     tau = np.full(rows, -np.inf)
     if n:
         brk = -np.sort(-np.concatenate([x64, x64 - 1.0], axis=1), axis=1)  # 2n, descending

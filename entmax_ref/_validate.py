@@ -146,6 +146,9 @@ class Rows:
     axis: int
     out_dtype: np.dtype
     scalar: bool = False  #: the input was 0-d: results come back 0-d (per-row results too)
+    #: the validated input before the layout (for :func:`check_finite`'s messages, which name
+    #: entries by their index in it); None when the Rows was not built by :func:`to_rows`
+    source: Any = None
 
     @property
     def batch_shape(self) -> tuple:
@@ -164,7 +167,7 @@ class Rows:
 
     def like(self, out_dtype: Any) -> "Rows":
         """The same layout, returned in another dtype."""
-        return Rows(self.data, self.shape, self.axis, np.dtype(out_dtype), self.scalar)
+        return Rows(self.data, self.shape, self.axis, np.dtype(out_dtype), self.scalar, self.source)
 
 
 def to_rows(x: Any, axis: int, name: str, *, finite: bool = True, allow_neg_inf: bool = True,
@@ -184,7 +187,7 @@ def to_rows(x: Any, axis: int, name: str, *, finite: bool = True, allow_neg_inf:
     n = arr.shape[ax]
     rows = int(np.prod(arr.shape)) // n if n else int(np.prod(arr.shape[:ax] + arr.shape[ax + 1 :]))
     data = xp.ascontiguousarray(xp.moveaxis(arr, ax, -1).astype(cdt, copy=False)).reshape(rows, n)
-    return Rows(data, tuple(arr.shape), ax, odt, shape0 == ())
+    return Rows(data, tuple(arr.shape), ax, odt, shape0 == (), arr)
 
 
 def same_shape(a: Rows, b: Rows, names: tuple[str, str]) -> None:

@@ -29,9 +29,12 @@ Attention (``--attention``), float32, alpha = 1.5, against
 Each attention ratio comes from its own interleaved pair (ours and that baseline).
 
 PyTorch runs with ``torch.set_num_threads(threads)`` (default 2) and numba with the same
-number of threads; both counts and the load average are printed.  Usage::
+number of threads; both counts and the load average are printed.  Every timed call comes after
+an idle pause (``--gap``, default 0.05 s): after a torch call its OpenMP workers keep spinning
+for several milliseconds, and on a machine with as many cores as threads the call timed next
+(ours, in the interleaved order) would run against them.  Usage::
 
-    entmax-ref bench [--repeats N] [--threads T] [--json PATH] [--attention | --attention-only] [--quick]
+    entmax-ref bench [--repeats N] [--threads T] [--gap S] [--json PATH] [--attention | --attention-only] [--quick]
 """
 
 from __future__ import annotations
@@ -66,13 +69,23 @@ class _Timings:
         return statistics.median(r), min(r), max(r)
 
 
+#: seconds of idle before each timed call (``--gap``): torch's OpenMP workers spin for a few
+#: milliseconds after each torch call (libgomp's default wait policy, about 7 ms of CPU time
+#: measured here), and a call timed right after one competes with them for the cores
+GAP = 0.05
+
+
 def _time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> _Timings:
-    """Each callable run in turn within every repeat (after a warm-up)."""
+    """Each callable run in turn within every repeat (after a warm-up), each after an idle
+    pause of :data:`GAP` seconds so that no callable is timed against the spinning threads of
+    the one before."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            if GAP > 0:
+                time.sleep(GAP)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
@@ -211,6 +224,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global GAP
     ap = argparse.ArgumentParser(prog="entmax-ref bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     ap.add_argument("--repeats", type=int, default=7, help="timed repeats per callable (median; default 7)")
     ap.add_argument("--threads", type=int, default=2, help="threads for torch and numba (default 2)")
@@ -221,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-keys", type=int, default=DECODE_KEYS, help="cached keys of the decoding figure")
     ap.add_argument("--no-eager", action="store_true", help="leave out the slow eager torch + entmax peer")
     ap.add_argument("--quick", action="store_true", help="float32 rows only, 3 repeats (a smoke run)")
+    ap.add_argument("--gap", type=float, default=GAP, metavar="S",
+                    help=f"idle seconds before each timed call, so that torch's spinning OpenMP workers do not "
+                         f"slow the next call (default {GAP:g}; 0 times calls back to back)")
     args = ap.parse_args(argv)
+    GAP = max(0.0, args.gap)
 
     try:
         import torch
@@ -252,12 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"entmax-ref bench: numba {numba.__version__} ({numba.get_num_threads()} threads), torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads), entmax {getattr(entmax, '__version__', '?')}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average {load0} before, "
-          f"{load1} after; medians of {repeats} interleaved repeats, spread = smallest-largest ratio of a repeat")
+          f"{load1} after; medians of {repeats} interleaved repeats ({GAP:g} s idle before each call), "
+          f"spread = smallest-largest ratio of a repeat")
     _print_table(results)
     if args.json:
         meta = {"numba": numba.__version__, "torch": torch.__version__, "threads": args.threads,
                 "numba_threads": numba.get_num_threads(), "torch_threads": torch.get_num_threads(),
-                "repeats": repeats, "machine": platform.platform(), "cpus": os.cpu_count(),
+                "repeats": repeats, "gap_s": GAP, "machine": platform.platform(), "cpus": os.cpu_count(),
                 "load_before": load0, "load_after": load1}
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "results": results}, fh, indent=2)

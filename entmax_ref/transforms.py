@@ -9,7 +9,7 @@ from ._repr import short_repr
 from . import _validate as V
 from ._interop import public
 from .backends import resolve_backend
-from .backends._base import theta_to_tau, xp_of
+from .backends._base import NonFiniteInput, theta_to_tau, xp_of
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,22 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     >>> p.round(4).tolist(), int(info.support)
     ([0.0, 0.326, 0.674], 2)
     """
-    rows = V.to_rows(x, axis, "x", finite=check_finite)
+    rows = V.to_rows(x, axis, "x", finite=False)
     be = resolve_backend(backend, rows.data)
+    # a backend whose kernels read every entry anyway (numba) scans x in that pass: one
+    # pass over the input instead of two
+    scanned = getattr(be, "entmax_forward_scanned", None) if check_finite else None
+    if check_finite and scanned is None:
+        V.check_finite(rows.source, "x", allow_neg_inf=True)
     a = V.alpha_rows(alpha, rows.batch_shape, xp_of(rows.data))
-    res = be.entmax_forward(rows.data, a, method)
+    if scanned is None:
+        res = be.entmax_forward(rows.data, a, method)
+    else:
+        try:
+            res = scanned(rows.data, a, method)
+        except NonFiniteInput:
+            V.check_finite(rows.source, "x", allow_neg_inf=True)  # raises, naming the entry
+            raise
     p = rows.restore(res.p)
     if not return_info:
         return p

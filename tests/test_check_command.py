@@ -185,3 +185,40 @@ def test_bench_without_peers_names_the_extra(monkeypatch, capsys):
 
     assert bench.main([]) == 2
     assert 'pip install "entmax-ref[bench]"' in capsys.readouterr().err
+
+
+def _rows(report):
+    return [(r.op, r.impl, r.dtype, r.verdict, r.max_abs, r.max_ulps, r.props_passed, r.props_total, r.peer)
+            for r in report.rows]
+
+
+def test_peers_in_a_parallel_process_give_the_inline_rows():
+    """With two CPUs the peers run in a child process (``check --backends ''``) beside the
+    backends' rows; its rows are those of the peers run in the calling process."""
+    pytest.importorskip("torch")
+    pytest.importorskip("entmax")
+    from argparse import Namespace
+
+    from entmax_ref.testing import command as C
+    from entmax_ref.testing.checks import CheckReport
+
+    label, finish = C._peers_in_a_process(Namespace(seed=2, size="quick"))
+    inline = CheckReport()
+    for _, job in C.peer_jobs("quick", 2):
+        inline.extend(job())
+    child = finish()
+    assert label == "peers (in a parallel process)"
+    assert len(child.rows) > 10 and all(r.peer for r in child.rows)
+    assert _rows(child) == _rows(inline)
+
+
+def test_a_failed_peers_process_is_a_failing_peer_row(monkeypatch):
+    from argparse import Namespace
+
+    from entmax_ref.testing import command as C
+
+    monkeypatch.setattr(C.sys, "executable", "false")  # exits 1 at once, writes no report
+    _, finish = C._peers_in_a_process(Namespace(seed=0, size="default"))
+    (row,) = finish().rows
+    assert row.failed and row.peer and row.op == "peers"
+    assert "ended with status 1 and no report" in row.notes[0]

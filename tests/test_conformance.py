@@ -28,18 +28,15 @@ CHEAP = ("asentmax_scale", "attention", "attention_vjp")
 FAMILY = ("normmax", "normmax_vjp", "budget_sparsemax", "budget_sparsemax_vjp")
 
 
+# the corpora are written once per session, shared by the pytest-xdist workers (conftest.py)
 @pytest.fixture(scope="module")
-def cheap_corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cheap")
-    C.generate_corpus(d, seed=3, ops=CHEAP)
-    return d
+def cheap_corpus(shared_tmp):
+    return shared_tmp("cheap-corpus", lambda d: C.generate_corpus(d, seed=3, ops=CHEAP))
 
 
 @pytest.fixture(scope="session")
-def small_corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("small")
-    C.generate_corpus(d, seed=0, size="small")
-    return d
+def small_corpus(shared_tmp):
+    return shared_tmp("small-corpus", lambda d: C.generate_corpus(d, seed=0, size="small"))
 
 
 def _bytes(d: Path) -> dict:
@@ -178,10 +175,9 @@ def test_missing_mpmath_names_the_extra(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def budget_corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("budget")
-    C.generate_corpus(d, seed=0, ops=("budget_sparsemax", "budget_sparsemax_vjp"))
-    return d
+def budget_corpus(shared_tmp):
+    return shared_tmp("budget-corpus",
+                      lambda d: C.generate_corpus(d, seed=0, ops=("budget_sparsemax", "budget_sparsemax_vjp")))
 
 
 def test_budget_files_cover_the_hard_budgets_and_replay(budget_corpus, tmp_path, monkeypatch, capsys):

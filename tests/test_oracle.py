@@ -186,3 +186,27 @@ def test_vjp_where_skew_weights_overflow(backend, alpha):
         assert np.all(dx[~on] == 0)
     if alpha >= 100:
         assert infinite > 0  # the rows do reach the overflow
+
+
+@pytest.mark.parametrize("method", [None, "bisect"])
+def test_reference_bisection_skips_only_entries_that_stay_zero(monkeypatch, method):
+    """The reference's bisection evaluates only the entries that can reach the support
+    (numpy_backend._on_candidates): the same bits as evaluating every entry, on rows with
+    ties, masked and far-off entries, alpha near 1 and far above 2, one alpha per row."""
+    from entmax_ref.backends import numpy_backend as nb
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 300)) * rng.choice([0.05, 1.0, 10.0, 50.0], (64, 1))
+    x[::7, :20] = x[::7, :1]  # ties at the top
+    x[1::5, 40:60] = -np.inf  # masked entries
+    x[2::9, 100:110] = -1e200  # far below every support window
+    alpha = rng.choice([1.0 + 1e-6, 1.01, 1.25, 1.33, 1.75, 1.9, 2.5, 3.0, 10.0, 100.0, 1000.0], 64)
+
+    def run(share):
+        monkeypatch.setattr(nb, "CANDIDATE_SHARE", share)
+        return er.entmax(x, alpha, method=method, backend="numpy", return_info=True)
+
+    (p_all, i_all), (p_cand, i_cand) = run(0.0), run(1.0 + 1e-9)  # every entry; candidates only
+    assert np.array_equal(p_all, p_cand)
+    assert np.array_equal(i_all.tau, i_cand.tau)
+    assert np.array_equal(i_all.n_iter, i_cand.n_iter)

@@ -325,3 +325,45 @@ def test_alpha_is_passed_as_told_never_guessed_from_positions():
     rep = check_attention(lambda q, k, v, **kw: er.attention(q, k, v, backend="numpy", **kw), 1.5, alpha_arg=1,
                           dtypes=("float64",), size="quick")
     assert not rep.ok and "alpha by keyword" in rep.rows[0].notes[0]
+
+
+def test_references_are_computed_once_per_problem_and_read_only():
+    """entmax_ref.testing._memo: every engine in check is compared with one reference."""
+    from entmax_ref.testing import _memo
+    from entmax_ref.testing.assertions import attention_reference
+
+    _memo.clear()
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return np.arange(3.0), {"n": 1}
+
+    x = np.array([1.0, 2.0])
+    a = _memo.memo("t", compute, x, alpha=1.5, lengths=np.array([1, 2]))
+    b = _memo.memo("t", compute, x.copy(), alpha=1.5, lengths=np.array([1, 2]))  # equal values: kept
+    assert a is b and len(calls) == 1
+    _memo.memo("t", compute, x, alpha=1.5, lengths=np.array([1, 3]))  # an array parameter differs
+    _memo.memo("t", compute, x.astype(np.float32), alpha=1.5, lengths=np.array([1, 2]))  # dtype differs
+    _memo.memo("u", compute, x, alpha=1.5, lengths=np.array([1, 2]))  # another reference
+    assert len(calls) == 4
+    with pytest.raises(ValueError):
+        a[0][0] = 7.0  # nobody changes what the next caller gets
+    _memo.memo("t", compute, np.zeros(_memo.MAX_ELEMENTS + 1))
+    _memo.memo("t", compute, np.zeros(_memo.MAX_ELEMENTS + 1))  # too large to keep
+    assert len(calls) == 6
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_memo, "MAX_BYTES", 24)  # room for one result of 3 float64: the oldest goes
+        _memo.memo("v", compute, np.zeros(1))
+        _memo.memo("v", compute, np.ones(1))
+        _memo.memo("v", compute, np.ones(1))
+        assert len(calls) == 8
+        _memo.memo("v", compute, np.zeros(1))
+        assert len(calls) == 9
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 4, 3)) for _ in range(3))
+    r1 = attention_reference(q, k, v, np.float32, alpha=1.5, causal=True)
+    assert attention_reference(q.copy(), k, v, np.float32, alpha=1.5, causal=True) is r1
+    assert attention_reference(q, k, v, np.float64, alpha=1.5, causal=True) is not r1
+    assert not r1.out.flags.writeable and not r1.tol_p.flags.writeable

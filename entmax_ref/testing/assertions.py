@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import tolerance as T
+from ._memo import memo
 from ._adapters import dtype_of, to_numpy
 
 __all__ = [
@@ -251,20 +252,40 @@ class AttentionReference:
 def attention_reference(q, k, v, dtype=None, **kw) -> AttentionReference:
     """The float64 reference output of :func:`entmax_ref.attention` and, from the dense
     probabilities, the per-entry budget of every probability (the score error of
-    tolerance formula 5 added to the threshold budget)."""
+    tolerance formula 5 added to the threshold budget).  Computed once per process for
+    each problem (:mod:`._memo`); its arrays are read-only."""
+    q, k, v = (np.asarray(to_numpy(a), np.float64) for a in (q, k, v))
+    dtype = np.dtype(dtype or np.float64)
+    kw = {key: val for key, val in kw.items() if val is not None}
+    return memo("attention_reference", lambda: _attention_reference(q, k, v, dtype, kw), q, k, v,
+                dtype=dtype.name, **kw)
+
+
+def reference_attention_grads(grad_out, q, k, v, **kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq, dk, dv) of :func:`entmax_ref.attention_vjp` on the NumPy reference in float64,
+    computed once per process for each problem (:mod:`._memo`); read-only."""
     import entmax_ref as er
 
-    q, k, v = (np.asarray(to_numpy(a), np.float64) for a in (q, k, v))
-    dtype = dtype or np.float64
+    do, q, k, v = (np.asarray(to_numpy(a), np.float64) for a in (grad_out, q, k, v))
     kw = {key: val for key, val in kw.items() if val is not None}
+    return memo("attention_grads", lambda: tuple(er.attention_vjp(do, q, k, v, backend="numpy", **kw)[:3]),
+                do, q, k, v, **kw)
+
+
+def _attention_reference(q, k, v, dtype, kw) -> AttentionReference:
+    import entmax_ref as er
+
     alpha = float(kw.get("alpha", 1.5))
-    out, info = er.attention(q, k, v, return_info=True, backend="numpy", **kw)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     rep = Hq // Hkv
     kk = np.repeat(k, rep, axis=1)
     scale = float(kw.get("scale") or 1.0 / np.sqrt(D))
-    s = np.where(np.isfinite(info.s), info.s, 1.0)
+    if kw.get("beta") is not None or kw.get("gamma") is not None:  # ASEntmax: the row scales s
+        s = er.attention(q, k, v, return_info=True, backend="numpy", **kw)[1].s
+        s = np.where(np.isfinite(s), s, 1.0)
+    else:
+        s = np.ones((B, Hq, Nq))
     z = np.einsum("bhid,bhjd->bhij", q, kk) * scale * s[..., None]
     i_abs = np.arange(Nq)[:, None] + Nk - Nq
     j = np.arange(Nk)[None, :]
@@ -281,6 +302,9 @@ def attention_reference(q, k, v, dtype=None, **kw) -> AttentionReference:
         mask |= ~np.asarray(kw["key_padding_mask"], bool)[:, None, None, :]
     z = np.where(mask, -np.inf, z)
     p = er.entmax(z, alpha, backend="numpy")
+    # the output from the dense probabilities, not from the chunked NumPy driver: the
+    # reference of the numpy engine is then not its own output
+    out = np.einsum("bhij,bhjd->bhid", p, np.repeat(v, rep, axis=1))
     uu = T.unit_roundoff(dtype)
     mag = np.einsum("bhid,bhjd->bhij", np.abs(q), np.abs(kk)) * scale * np.abs(s)[..., None]
     mag = np.where(mask, 0.0, mag).max(axis=-1, initial=0.0)
@@ -382,13 +406,11 @@ def assert_attention_grads_close(actual, grad_out, q, k, v, *, factor=1.0, atol=
     ...                                  g, q, k, v, alpha=2, scale=1.0)
     """
     __tracebackhide__ = True
-    import entmax_ref as er
-
     dq, dk, dv = actual[:3]
     dtype = dtype or dtype_of(dq)
     ref = attention_reference(q, k, v, dtype, **kwargs)
     qq, kk, vv, do = (np.asarray(to_numpy(a), np.float64) for a in (q, k, v, grad_out))
-    exp = er.attention_vjp(do, qq, kk, vv, backend="numpy", **ref.kwargs)[:3]
+    exp = reference_attention_grads(do, qq, kk, vv, **ref.kwargs)
     tols = attention_grad_tolerances(ref, qq, kk, vv, do, dtype, exp)
     out = []
     for name, a, e, t in zip(("dq", "dk", "dv"), (dq, dk, dv), exp, tols):

@@ -477,6 +477,43 @@ def _precompile(args) -> None:
               file=sys.stderr, flush=True)
 
 
+def _peers_in_a_process(args) -> tuple[str, Callable[[], CheckReport]]:
+    """The peer rows computed by ``entmax-ref check --backends ''`` (peers only) in a child
+    process started now, and a job that waits for it and returns its rows.  The peers are
+    a third of a warm check, most of it importing torch and the entmax package, and need
+    nothing of the backends' rows: on a second core they cost no wall time."""
+    import json
+    import subprocess
+    import tempfile
+
+    out = tempfile.NamedTemporaryFile(prefix="entmax-ref-peers-", suffix=".json", delete=False)
+    out.close()
+    cmd = [sys.executable, "-m", "entmax_ref", "check", "--backends", "", "--no-progress", "--json", out.name,
+           "--seed", str(args.seed)] + ([f"--{args.size}"] if args.size != "default" else [])
+    # one thread each for torch and BLAS there: their idle OpenMP workers spin, and would
+    # take the core this process computes on
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=env)
+
+    def finish() -> CheckReport:
+        try:
+            _, err = proc.communicate()
+            try:
+                with open(out.name) as fh:
+                    rows = json.load(fh)["rows"]
+            except (OSError, ValueError, KeyError):
+                tail = err.decode(errors="replace").strip().splitlines()[-3:]
+                return CheckReport([CheckRow("peers", "-", "-", verdict="FAIL", peer=True, notes=[
+                    f"the peers' process ({' '.join(cmd[1:])}) ended with status {proc.returncode} and no report: "
+                    + " / ".join(tail)])])
+            return CheckReport([CheckRow(**r) for r in rows])
+        finally:
+            os.unlink(out.name)
+
+    return "peers (in a parallel process)", finish
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     try:
@@ -517,7 +554,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 jobs.extend(backend_jobs(b, args.size, args.seed))
         if not args.no_peers:
-            jobs.extend(peer_jobs(args.size, args.seed))
+            from ..backends.numba_precompile import default_jobs
+
+            if names and default_jobs() > 1:  # the peers (torch's import included) on the other core
+                jobs.append(_peers_in_a_process(args))
+            else:
+                jobs.extend(peer_jobs(args.size, args.seed))
     bar = _Progress(len(jobs), not args.no_progress, bar=sys.stderr.isatty())
     report = CheckReport()
     for label, job in jobs:

@@ -38,7 +38,8 @@ from typing import Any, Callable
 import numpy as np
 
 from . import tolerance as T
-from .assertions import attention_grad_tolerances, attention_out_tolerance, attention_reference, compare
+from .assertions import (attention_grad_tolerances, attention_out_tolerance, attention_reference, compare,
+                         reference_attention_grads)
 from .checks import (CheckReport, CheckRow, _attention_grads, _attention_signature, _caller, _CallError,
                      _positional_capacity, _run, _safe_np)
 from ._adapters import from_numpy
@@ -827,8 +828,6 @@ def gen_attention(ctx: _Context):
 
 def gen_attention_vjp(ctx: _Context):
     """attention_vjp.jsonl: dq, dk, dv for an upstream grad_out (float64 reference)."""
-    import entmax_ref as er
-
     rng = np.random.default_rng([ctx.seed, 22])
     for case, a in _attention_problems(ctx):
         g = rng.standard_normal(case.q.shape[:3] + (case.v.shape[3],))
@@ -837,7 +836,7 @@ def gen_attention_vjp(ctx: _Context):
             do = g.astype(dt)
             q64, k64, v64, do64 = (t.astype(np.float64) for t in (q, k, v, do))
             kw = {kk: vv for kk, vv in case.kwargs.items() if vv is not None}
-            exp = er.attention_vjp(do64, q64, k64, v64, backend="numpy", alpha=a, **kw)[:3]
+            exp = reference_attention_grads(do64, q64, k64, v64, alpha=a, **kw)
             ref = attention_reference(q, k, v, dt, alpha=a, **case.kwargs)
             tols = attention_grad_tolerances(ref, q64, k64, v64, do64, dt, exp)
             yield {"op": "attention_vjp", "kind": case.name, **fields, "grad_out": nums(do, dt),
