@@ -16,6 +16,8 @@ from __future__ import annotations
 import mpmath as mp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import entmax_ref as er
 from oracle import edge_row, entmax_mp
@@ -210,3 +212,44 @@ def test_reference_bisection_skips_only_entries_that_stay_zero(monkeypatch, meth
     assert np.array_equal(p_all, p_cand)
     assert np.array_equal(i_all.tau, i_cand.tau)
     assert np.array_equal(i_all.n_iter, i_cand.n_iter)
+
+
+def _newton_start_rows(rng, rows, n):
+    """Rows for the Newton-start test: scales from 1e-8 to 1e3, ties at the top, masked and
+    far-off entries, tiny and huge gaps, single-entry supports."""
+    x = rng.standard_normal((rows, n)) * rng.choice([1e-8, 1e-3, 0.05, 1.0, 10.0, 1e3], (rows, 1))
+    x[::7, : max(1, n // 4)] = x[::7, :1]  # ties at the top
+    x[1::5, n // 2:] = -np.inf  # masked entries
+    x[2::9, 1:] = -1e200  # a single entry within reach
+    x[3::11] = rng.integers(-2, 3, (len(x[3::11]), n))  # integer ties everywhere
+    x[4::13, 1::2] = x[4::13, :1] - 1e-300  # gaps far below the row's spacing
+    return x
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 64, 700])
+def test_reference_newton_start_is_bitwise_the_bisection(n):
+    """method=None narrows each row's bracket with safeguarded Newton steps before the
+    last-bit bisection (numpy_backend._newton_bracket).  Every point it evaluates moves
+    an end of the bracket by the sign of the same f the bisection uses, so it ends at the
+    same adjacent pair of floats: p, tau and the support are those of method="bisect",
+    bit for bit, in several times fewer evaluations."""
+    rng = np.random.default_rng(n)
+    x = _newton_start_rows(rng, 120, n)
+    alpha = rng.choice([1.0 + 1e-9, 1.01, 1.1, 1.25, 1.33, 1.7, 1.99, 2.001, 2.5, 3.0, 4.0, 10.0, 100.0, 1000.0], 120)
+    p0, i0 = er.entmax(x, alpha, backend="numpy", return_info=True)
+    p1, i1 = er.entmax(x, alpha, method="bisect", backend="numpy", return_info=True)
+    assert np.array_equal(p0, p1)
+    assert np.array_equal(i0.tau, i1.tau)
+    assert np.array_equal(i0.support, i1.support)
+    assert np.all(i0.converged)
+    if n >= 5:
+        assert i0.n_iter.sum() * 2 < i1.n_iter.sum(), (i0.n_iter.sum(), i1.n_iter.sum())
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.sampled_from([1.05, 1.25, 1.75, 2.5, 3.0, 7.0, 100.0]))
+def test_reference_newton_start_is_bitwise_the_bisection_fuzzed(seed, n, alpha):
+    rng = np.random.default_rng(seed)
+    x = _newton_start_rows(rng, 24, n)
+    p0, i0 = er.entmax(x, alpha, backend="numpy", return_info=True)
+    p1, i1 = er.entmax(x, alpha, method="bisect", backend="numpy", return_info=True)
+    assert np.array_equal(p0, p1) and np.array_equal(i0.tau, i1.tau)
