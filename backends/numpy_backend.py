@@ -271,7 +271,9 @@ def _on_candidates(f, cand: np.ndarray, idx: np.ndarray, entries: tuple, per_row
 
 
 def _bisect(y: np.ndarray, alpha: np.ndarray, newton_start: bool = True):
-    """Bisection to the last bit (see the module docstring); alpha is (rows,).
+    """Bisection to the last bit (see the module docstring); alpha is (rows,);
+    ``newton_start`` (``method=None``): each bracket is narrowed first by
+    :func:`_newton_bracket`, which ends at the same floats in fewer evaluations.
 
     alpha <= 2: bisect A, p = e_alpha(y - A) (accurate down to alpha -> 1).
     alpha > 2: p_i = ((alpha - 1)(y_i - T))_+ ** (1/(alpha - 1)) with T = A - 1/(alpha-1)
