@@ -226,9 +226,26 @@ def _newton_bracket(evaluate, lo: np.ndarray, hi: np.ndarray, x: np.ndarray, sca
     return lo, hi, n_eval
 
 
-def _row_sums(r: np.ndarray, values: np.ndarray, rows: int) -> np.ndarray:
-    """Sums of ``values`` by row index ``r`` (gathered entries), ``rows`` of them."""
-    return np.bincount(r, values, minlength=rows)
+def _root(excess, newton, lo: np.ndarray, hi: np.ndarray, x: np.ndarray, scale, newton_start: bool):
+    """The last-bit bracket of a decreasing ``excess`` on ``[lo, hi]``: bisected by
+    :func:`_last_bit`, after :func:`_newton_bracket` (from ``x``, with ``newton``) when
+    ``newton_start``.  Returns lo, hi, the evaluations of both kinds and convergence."""
+    n0 = 0
+    if newton_start:
+        lo, hi, n0 = _newton_bracket(newton, lo, hi, x, scale)
+    lo, hi, it, conv = _last_bit(excess, lo, hi)
+    return lo, hi, it + n0, conv
+
+
+def _log_mass_step(p: np.ndarray, slope) -> tuple[np.ndarray, np.ndarray]:
+    """``sum p - 1`` per row of ``p`` (rows, n), and the Newton increment of ``log(sum p)``
+    for a mass that decreases in the variable: ``F log F / S`` with ``F = sum p`` and ``S``
+    the row sums of ``slope(r, c)`` (``-dp/dvariable`` at the nonzero entries ``r, c``)."""
+    F = p.sum(axis=1)
+    r, c = np.nonzero(p)
+    S = np.bincount(r, slope(r, c), minlength=len(p))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return F - 1.0, F * np.log1p(F - 1.0) / S
 
 
 def _closest(p_lo: np.ndarray, p_hi: np.ndarray, lo: np.ndarray, hi: np.ndarray):
@@ -311,19 +328,12 @@ def _bisect(y: np.ndarray, alpha: np.ndarray, newton_start: bool = True):
         def excess(idx, mid):
             return mass(idx, mid).sum(axis=1) - 1.0
 
-        def newton(idx, A):  # on log(sum p), with dp_i/dA = -p_i^(2-alpha) = -p_i / (1 + a1 (y_i - A))
+        def newton(idx, A):  # dp_i/dA = -p_i^(2-alpha) = -p_i / (1 + a1 (y_i - A))
             p_ = mass(idx, A)
-            F = p_.sum(axis=1)
-            r, c = np.nonzero(p_)
-            S = _row_sums(r, p_[r, c] / (1.0 + a1s[idx[r]] * (ys[idx[r], c] - A[r])), len(idx))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return F - 1.0, F * np.log1p(F - 1.0) / S
+            return _log_mass_step(p_, lambda r, c: p_[r, c] / (1.0 + a1s[idx[r]] * (ys[idx[r], c] - A[r])))
 
-        lo, hi, n0 = np.zeros(len(ys)), top, 0
-        if newton_start:
-            lo, hi, n0 = _newton_bracket(newton, lo, hi, lo, 1.0)
-        lo, hi, it, conv = _last_bit(excess, lo, hi)
-        it = it + n0
+        zero = np.zeros(len(ys))
+        lo, hi, it, conv = _root(excess, newton, zero, top, zero, 1.0, newton_start)
         A[small], p[small] = _closest(e_alpha(ys - lo[:, None], ass), e_alpha(ys - hi[:, None], ass), lo, hi)
         n_iter[small], ok[small] = it, conv
     if big.any():
@@ -340,19 +350,12 @@ def _bisect(y: np.ndarray, alpha: np.ndarray, newton_start: bool = True):
         def excess_T(idx, mid):
             return mass_T(idx, mid).sum(axis=1) - 1.0
 
-        def newton_T(idx, T):  # on log(sum p), with dp_i/dT = -p_i / (a1 (y_i - T))
+        def newton_T(idx, T):  # dp_i/dT = -p_i / (a1 (y_i - T))
             p_ = mass_T(idx, T)
-            F = p_.sum(axis=1)
-            r, c = np.nonzero(p_)
-            S = _row_sums(r, p_[r, c] / (a1b[idx[r]] * (yb[idx[r], c] - T[r])), len(idx))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return F - 1.0, F * np.log1p(F - 1.0) / S
+            return _log_mass_step(p_, lambda r, c: p_[r, c] / (a1b[idx[r]] * (yb[idx[r], c] - T[r])))
 
-        lo, hi, n0 = T0, -np.exp(-a1b * np.log(nf[big])) / a1b, 0
-        if newton_start:
-            lo, hi, n0 = _newton_bracket(newton_T, lo, hi, np.nextafter(lo, np.inf), 1.0 / a1b)
-        lo, hi, it1, conv1 = _last_bit(excess_T, lo, hi)
-        it1 = it1 + n0
+        lo, hi, it1, conv1 = _root(excess_T, newton_T, T0, -np.exp(-a1b * np.log(nf[big])) / a1b,
+                                   np.nextafter(T0, np.inf), 1.0 / a1b, newton_start)
         c = np.where(yb > lo[:, None], yb, np.inf).min(axis=1)  # smallest support entry
         d = yb - c[:, None]
         on = d > 0
@@ -372,14 +375,11 @@ def _bisect(y: np.ndarray, alpha: np.ndarray, newton_start: bool = True):
             r, c = np.nonzero(p_)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 slope = np.exp((a1b[idx[r]] - 1.0) * np.log(q[r] / p_[r, c]))  # dp_i/dq = (q / p_i)^(a1 - 1)
-                return f, f / _row_sums(r, slope, len(idx))
+                return f, f / np.bincount(r, slope, minlength=len(idx))
 
         qtop = _power(a1b * (c - lo) * (1 + EDGE_ULPS * np.finfo(_F64).eps), alpha[big])
-        qlo, qhi, n0 = np.zeros(len(yb)), qtop, 0
-        if newton_start:
-            qlo, qhi, n0 = _newton_bracket(newton_q, qlo, qhi, np.nextafter(qhi, 0.0), 1.0)
-        qlo, qhi, it2, conv2 = _last_bit(excess_q, qlo, qhi)
-        it2 = it2 + n0
+        qlo, qhi, it2, conv2 = _root(excess_q, newton_q, np.zeros(len(yb)), qtop, np.nextafter(qtop, 0.0), 1.0,
+                                     newton_start)
         q, p[big] = _closest(_edge_p(Ld, d, qlo[:, None], a1b[:, None]), _edge_p(Ld, d, qhi[:, None], a1b[:, None]),
                              qlo, qhi)
         with np.errstate(divide="ignore"):
