@@ -870,7 +870,9 @@ ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, doub
                 dz = diff == 0.0 ? 0.0 : (is_finite(u) ? u * diff : signed_exp(lu, diff));
             }
         }
-        acc.add(0, dz * (a(j) - a_ref));
+        // a term with a = a_ref is 0, also where dz overflowed (not inf * 0 = NaN), as
+        // numpy_attention._row_scale_grad and the numba backward have it
+        if (a(j) != a_ref) acc.add(0, dz * (a(j) - a_ref));
         p_out[j] = T(pj);
         dp[j] = T(has_s ? dz * s : dz);
     }, out);
