@@ -871,11 +871,16 @@ class _InOrder:
                 self.next += 1
 
 
+def _chunk_cost(i0, i1, key_end):
+    """A chunk's work, for "largest first" and the backward's static plan: its scores."""
+    return (i1 - i0) * key_end
+
+
 def _head_items(spec, b, Nq, Nk, group):
     """The driver's chunks (i0, i1, key_end) of batch b, largest first."""
     from ..numpy_attention import chunk_bounds
 
-    return sorted(chunk_bounds(spec, b, Nq, Nk, group), key=lambda t: -(t[1] - t[0]) * t[2])
+    return sorted(chunk_bounds(spec, b, Nq, Nk, group), key=lambda t: -_chunk_cost(*t))
 
 
 # The kernels get C-contiguous, writable float64 arrays only (a fresh copy of the small
@@ -1044,7 +1049,7 @@ def attention_forward(backend, q, k, v, spec):
             for b, hk in batch:
                 heads[b, hk] = _head_keys(k, b, hk) + (np.ascontiguousarray(v[b, hk], f64),)
                 items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
-            items.sort(key=lambda t: -(t[3] - t[2]) * t[4])
+            items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
@@ -1164,7 +1169,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                         add()
 
                 numbered = list(enumerate(items))
-                _run_chunks(numbered, work, workers, cost=lambda it: (it[1][1] - it[1][0]) * it[1][2])
+                _run_chunks(numbered, work, workers, cost=lambda it: _chunk_cost(*it[1]))
                 for dk_w, dv_w in accs[1:]:
                     dk[b, hk] += dk_w
                     dv[b, hk] += dv_w
