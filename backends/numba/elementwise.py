@@ -96,6 +96,14 @@ def _uniform_bound(k, a1):
     return -math.expm1(-a1 * math.log(k)) / a1
 
 
+@njit(inline="always", cache=CACHE)
+def _bound_above(k, a1):
+    """:func:`_uniform_bound` raised by :data:`_LB_MARGIN`: certainly above the root despite
+    rounding (the upper end of the Newton bracket)."""
+    hi = _uniform_bound(k, a1)
+    return hi + _LB_MARGIN * (1.0 + hi)
+
+
 @njit(cache=CACHE)
 def _output(x, out, m, A, a1, kind):
     """Write ``p = e_alpha(x - m - A)`` and return the support size (p > 0 in float64)."""

@@ -32,7 +32,7 @@ from numba import njit
 from ..constants import MAX_ITER
 from . import CACHE
 from .compensated import acc, merge_lanes, two_sum
-from .elementwise import _LB_MARGIN, _uniform_bound
+from .elementwise import _K_GEN, _alive, _bound_above
 from .threshold import _newton_step
 from .vexp import _div, vexp, vlog1p
 
@@ -94,7 +94,7 @@ def _compact_gen(c, idx, k, a1, lo):
         y = c[i]
         c[j] = y
         idx[j] = idx[i]
-        j += a1 * (y - lo) > -1.0
+        j += _alive(y - lo, a1, _K_GEN)
     return j
 
 
@@ -108,7 +108,7 @@ def _gather_gen(x, m, a1, lo, c, idx):
         y = np.float64(x[i]) - m
         c[k] = y
         idx[k] = i
-        k += a1 * (y - lo) > -1.0
+        k += _alive(y - lo, a1, _K_GEN)
     return k
 
 
@@ -155,8 +155,7 @@ def _output_gen(x, out, A, a1, c, idx, k, pbuf):
 def _finish_gen(x, out, m, a1, lo, c, idx, k, pbuf):
     """:func:`.rows._finish` for ``_K_GEN`` from the lower bound ``lo``: Newton on the ``k``
     candidates ``c[:k]`` (columns ``idx[:k]``), then the output pass."""
-    hi = _uniform_bound(k, a1)
-    hi += _LB_MARGIN * (1.0 + hi)  # the uniform bound, certainly above despite rounding
+    hi = _bound_above(k, a1)
     A0 = lo if lo <= hi else hi
     if hi > lo:
         buf = np.empty((2, k), np.float64)

@@ -64,8 +64,8 @@ Per row (``_solve_row``):
    ``vlog1p`` and ``vexp`` in place of libm's (:mod:`.gen`; each within 0.8 ulp).
 
 A driver called with ``method + METHOD_SCAN`` first scans each row for NaN and +inf (the
-public layer's ``check_finite``, fused into the kernels' pass over the row) and leaves a row
-holding one unsolved, with ``n_iter = -1``.
+public layer's ``check_finite``, as a pass of the kernel over the row just before its solve,
+while the row is in cache) and leaves a row holding one unsolved, with ``n_iter = -1``.
 
 ``n_iter`` counts f evaluations of the iterative solvers (pivot steps included for
 alpha > 2, bisection halvings for ``"bisect"``) and is 0 for the closed forms.
@@ -86,7 +86,8 @@ from ._threads import run_blocks
 from .big_alpha import _solve_big, _solve_big_bisect
 from .candidates import _count_finite, _gather_alive, _max_scratch, _nonfinite, _window_candidates
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,
-                          METHOD_DEFAULT, METHOD_NEWTON, METHOD_SCAN, _empty_row, _output, _uniform_bound)
+                          METHOD_DEFAULT, METHOD_NEWTON, METHOD_SCAN, _bound_above, _empty_row, _output,
+                          _uniform_bound)
 from .gen import _finish_gen, _gather_gen
 from .softmax import LANES, _softmax_lanes, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
@@ -99,8 +100,7 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed):
     number of candidates (for the bound), ``closed`` a run-time bool (a literal would
     compile a second copy)."""
     lo = 0.0  # the maximum alone has mass 1 at A = 0
-    hi = _uniform_bound(k, a1)
-    hi += _LB_MARGIN * (1.0 + hi)  # the uniform bound, certainly above despite rounding
+    hi = _bound_above(k, a1)
     if not (A0 >= lo):
         A0 = lo
     if A0 > hi:
@@ -321,10 +321,11 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 @njit(nogil=True, cache=CACHE)
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = _solver_scratch(x.shape[1])
+    solver = method % METHOD_SCAN
     for r in range(r0, r1):
         if _skip(x, r, method, theta, support, n_iter, converged):
             continue
-        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method % METHOD_SCAN, c, aux, aux2, r)
+        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, solver, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
