@@ -155,9 +155,9 @@ class NumbaBackend:
         return _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
 
     def entmax_forward_scanned(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
-        """:meth:`entmax_forward` that also scans ``x`` for NaN and +inf, in the kernels' own
-        pass over each row (the public layer then skips its separate scan: one pass over the
-        input instead of two).  Raises :class:`~entmax_ref.backends._base.NonFiniteInput` when
+        """:meth:`entmax_forward` that also scans ``x`` for NaN and +inf, in the kernels, each
+        row just before its solve while it is in cache (the public layer then skips its
+        separate scan of the whole input).  Raises :class:`~entmax_ref.backends._base.NonFiniteInput` when
         a row holds one; the public layer then scans x itself to raise its usual error."""
         require(self.name, "entmax_forward", method)
         res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method] + _rows.METHOD_SCAN)

@@ -84,9 +84,7 @@ def _window_candidates(x, a1, kind, c):
     entries within the support window ``1/a1`` of m (every entry at a1 = 0), by
     :func:`_max_gather` and :func:`_refilter`.  Returns (m, k)."""
     m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)
-    if m > -np.inf:
-        k = _refilter(c, k, m, a1, kind, 0.0)
-    return m, k
+    return m, _refilter(c, k, m, a1, kind, 0.0)  # k = 0 when m = -inf: nothing to filter
 
 
 @njit(cache=CACHE)
@@ -134,11 +132,11 @@ def _gather_alive(x, m, a1, kind, lo, dst):
     outcome, so the next entry overwrites a dead one (``k <= i`` at every store, so ``dst``
     of the row's length suffices).  With a few percent of the row alive, a branch on the test
     would be mispredicted at nearly every hit; this costs about 2 cycles an entry.  The
-    1 < alpha < 2 solver calls it for its bound's candidates (1.5-entmax
-    or sparsemax at 0: their test implies the window test ``a1 y > -1``, rounding being
-    monotone and ``a1 < a1b``) and for the candidates above the bound (``a1 (y - lo) > -1``
-    with ``lo >= 0`` implies it too), so the sets are those that gathering the window and
-    filtering it give.  Returns the count."""
+    1 < alpha < 2 solver calls it for its bound's candidates (1.5-entmax or sparsemax at 0:
+    their test implies the window test ``a1 y > -1``, rounding being monotone and ``a1 <
+    a1b``), so the sets are those that gathering the window and filtering it give; its
+    candidates above the bound come from :func:`.gen._gather_gen`, for which the general
+    branch here is the tests' reference.  Returns the count."""
     n = x.shape[0]
     k = 0
     if kind == _K_SPARSE:
