@@ -33,7 +33,6 @@ def test_sort_matches_numpy():
         got = a.copy()
         sort(got)
         assert np.array_equal(got, np.sort(a)), a
-        assert np.array_equal(np.sort(got.copy()), np.sort(a))  # a permutation of the input
 
 
 def test_select_matches_numpy_partition_at_every_rank():
