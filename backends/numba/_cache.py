@@ -207,7 +207,7 @@ def child_env() -> dict[str, str]:
     root = str(Path(sys.modules["entmax_ref"].__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env["ENTMAX_REF_CACHE_DIR"] = str(cache_root())
+    env["ENTMAX_REF_CACHE_DIR"] = str(CACHE_DIR.parent.parent)  # this process's, whatever the variable says now
     return env
 
 
