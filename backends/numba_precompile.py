@@ -226,8 +226,9 @@ def _units_dtypes(units: Iterable[str], dtypes: Iterable[str]) -> list[tuple[str
 
 def _task_needs(task: Task) -> list[Task]:
     """The tasks that must be cached before ``task`` starts: the same unit's float64 task
-    (one kernel's two dtypes are two signatures in one cache index, never written by two
-    workers at once), and the tasks of the units it needs in its dtype and in float64."""
+    (the helpers both dtypes share compile once; concurrent saves into one cache index are
+    safe either way, under :func:`.numba._cache.file_lock`), and the tasks of the units it
+    needs in its dtype and in float64."""
     unit, dt = task
     out = [(unit, "float64")] if dt != "float64" and unit not in _DTYPE_FREE else []
     for v in _NEEDS.get(unit, ()):
@@ -288,7 +289,7 @@ class _Schedule:
             self.cond.notify_all()
 
     def order(self) -> list[Task]:
-        """The order one worker would run the tasks in (for tests and ``--dry-run``-like use)."""
+        """The order one worker would run the tasks in (the tests read the ranking from it)."""
         out = []
         while (t := self.take()) is not None:
             out.append(t)
@@ -504,7 +505,7 @@ def _background() -> None:  # pragma: no cover - runs in the background process
         if hasattr(os, "nice"):
             os.nice(10)
         print(time.strftime("%Y-%m-%d %H:%M:%S"), "background compile started", flush=True)
-        rep = compile_kernels(jobs=default_jobs(), progress=lambda m: print(m, flush=True))  # niced: the caller comes first
+        rep = compile_kernels(progress=lambda m: print(m, flush=True))  # niced: the caller comes first
         print(f"{len(rep['compiled'])} compiled, {len(rep['skipped'])} already cached, failed: "
               f"{sorted(rep['failed']) or 'none'}, {rep['seconds']:.1f}s", flush=True)
         if rep["failed"]:  # "auto" stops waiting for these: they compile on first use
