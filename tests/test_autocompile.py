@@ -32,7 +32,11 @@ class FakeProc:
 
 @pytest.fixture
 def cold(tmp_path, monkeypatch):
-    """The auto switch on an empty marker folder, with the process start recorded."""
+    """The auto switch on an empty marker folder, with the process start recorded (and the
+    disk cache on, whatever this machine's setting: with it off there is nothing to wait for)."""
+    from entmax_ref.backends.numba import _cache
+
+    monkeypatch.setattr(_cache, "CACHE", True)
     monkeypatch.setenv(autocompile.ENV, "1")
     monkeypatch.setattr(autocompile, "folder", lambda: tmp_path)
     monkeypatch.setattr(autocompile, "_state", {"ready": False, "proc": None, "checked": None})
