@@ -47,9 +47,11 @@ def edge_p(Ld: np.ndarray, d: np.ndarray, q: np.ndarray, a1: np.ndarray) -> np.n
 
     Evaluated as ``exp(logaddexp(log(a1 d_i), a1 log q) / a1)`` so that ``q^a1`` (below
     the float64 range once q < ~1e-308^(1/a1), e.g. q < 8e-4 at alpha = 100) never has
-    to be formed; ``p = q`` exactly at the edge (d = 0).  Elementwise: q and a1 broadcast
-    against Ld and d (one per row: shape (rows, 1))."""
+    to be formed; ``p = q`` exactly at the edge (d = 0).  For d > 0 the value is at least q
+    (the exact one is above it): the log round trip can land an ulp below q where ``a1 d``
+    is negligible next to ``q^a1``, which would rank an entry above the edge below it.
+    Elementwise: q and a1 broadcast against Ld and d (one per row: shape (rows, 1))."""
     with np.errstate(divide="ignore"):
         lqa = a1 * np.log(q)
-    p = np.exp(np.logaddexp(Ld, lqa) / a1)
+    p = np.maximum(np.exp(np.logaddexp(Ld, lqa) / a1), q)
     return np.where(d > 0, p, np.where(d == 0, q, 0.0))

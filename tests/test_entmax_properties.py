@@ -93,6 +93,16 @@ def test_permutation_equivariance_and_order(backend, x, alpha, rnd):
             assert len(np.unique(p[r][x[r] == v])) == 1, "tied scores got different probabilities"
 
 
+@pytest.mark.parametrize("alpha", [2.5, 3.9375, 10.0])
+def test_order_kept_a_hair_above_the_support_edge(backend, alpha):
+    """alpha > 2: an entry whose gap above the edge is negligible next to q^(alpha-1) gets
+    p >= q, not the ulp below q that the log-space evaluation rounded to (found by
+    Hypothesis in test_permutation_equivariance_and_order at alpha = 3.9375)."""
+    x = np.array([[0.0, 0.0, 0.0, 1.4449741e-155, -1.0, -1.0, -1.0, -1.0]])
+    p, _ = _run(backend, x, alpha)
+    np.testing.assert_array_equal(p[0], [0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0])
+
+
 @given(score_arrays(offsets=False), alphas())
 def test_axis_handling(backend, x, alpha):
     ref = backend.numpy(er.entmax(backend.asarray(x), alpha, axis=-1, backend=backend))

@@ -174,7 +174,8 @@ ER_HD inline Terms terms(const Alpha& al, double d) {
 
 // alpha > 2, edge-relative (numpy_backend._edge_p): with c the smallest support entry,
 // d = y - c and q the edge probability, p = (a1 d + q^a1)^(1/a1) for d > 0, q at d = 0 and 0
-// below c.  log p = logaddexp(log(a1 d), a1 log q) / a1, so q^a1 (below the float64 range
+// below c, and at least q for d > 0 (the log round trip can land an ulp below it).
+// log p = logaddexp(log(a1 d), a1 log q) / a1, so q^a1 (below the float64 range
 // once q < ~1e-308^(1/a1): 8e-4 at alpha = 100, 0.5 at alpha = 1000) is never formed.
 // logaddexp is numpy's npy_logaddexp step for step.
 ER_HD inline double logaddexp(double x, double y) {
@@ -189,13 +190,13 @@ ER_HD inline double edge_lq(double q, double a1) { return q > 0.0 ? a1 * log(q) 
 
 // log p at offset d from c (-inf off the support); lq = edge_lq(q, a1).
 ER_HD inline double edge_logp(double d, double a1, double q, double lq) {
-    if (d > 0.0) return logaddexp(log(a1 * d), lq) / a1;
+    if (d > 0.0) return fmax(logaddexp(log(a1 * d), lq) / a1, q > 0.0 ? log(q) : -inf());
     if (d == 0.0) return q > 0.0 ? log(q) : -inf();
     return -inf();
 }
 
 ER_HD inline double edge_p(double d, double a1, double q, double lq) {
-    if (d > 0.0) return exp(logaddexp(log(a1 * d), lq) / a1);
+    if (d > 0.0) return fmax(exp(logaddexp(log(a1 * d), lq) / a1), q);  // >= q, as numpy's edge_p
     return d == 0.0 ? q : 0.0;
 }
 

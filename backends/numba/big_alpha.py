@@ -59,9 +59,10 @@ def _lqa(q, a1):
 def _edge_p(d, a1, q, lqa):
     """``(a1 d + q^a1)^(1/a1)`` for ``d >= 0`` (0 for ``d < 0``), as the reference's
     ``_edge_p``: ``exp(logaddexp(log(a1 d), a1 log q) / a1)``, never forming ``q^a1``
-    (below the float64 range once q < ~1e-308^(1/a1)); exactly ``q`` at the edge d = 0."""
+    (below the float64 range once q < ~1e-308^(1/a1)); exactly ``q`` at the edge d = 0, and
+    at least q above it (as the reference: the log round trip can land an ulp below q)."""
     if d > 0.0:
-        return math.exp(_logaddexp(math.log(a1 * d), lqa) / a1)
+        return max(math.exp(_logaddexp(math.log(a1 * d), lqa) / a1), q)
     elif d == 0.0:
         return q
     return 0.0
