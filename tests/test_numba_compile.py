@@ -238,14 +238,22 @@ def test_schedule_keeps_both_workers_busy_and_ignores_needs_outside_it():
 def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch):
     """``compile_kernels`` hands the workers the tasks in the schedule's order, one (unit,
     dtype) per line, and waits for a task's needs to end before it hands it out: a stand-in
-    worker logs when each task starts and ends."""
+    worker logs when each task starts and ends.  The entmax15 task lasts until normmax has
+    started (60 s at most), so the other worker's overlap does not rest on a start-up time."""
     log = tmp_path / "log"
     fake = textwrap.dedent(f"""
-        import sys, time
+        import os, sys, time
+        def started(unit):
+            return os.path.exists({str(log)!r}) and f"start {{unit}} " in open({str(log)!r}).read()
         for line in sys.stdin:
             with open({str(log)!r}, "a") as f:
                 f.write(f"start {{line.strip()}} {{time.time()!r}}\\n")
-            time.sleep(2.0 if line.startswith("entmax15") else 0.05)
+            if line.startswith("entmax15"):
+                t0 = time.time()
+                while not started("normmax") and time.time() - t0 < 60:
+                    time.sleep(0.02)
+            else:
+                time.sleep(0.05)
             with open({str(log)!r}, "a") as f:
                 f.write(f"end {{line.strip()}} {{time.time()!r}}\\n")
             print("ok 0.1", flush=True)
