@@ -2,9 +2,10 @@
 
 Two tiers.  ``python -m pytest`` runs the default tier (a few minutes cold on 2 cores):
 every public function on every available backend, with property tests at the ``dev``
-Hypothesis profile (40 examples a test, the same on every run).  A run over many test files uses one pytest-xdist worker per CPU
-(``-n auto`` in pyproject.toml; :func:`pytest_xdist_auto_num_workers`), after compiling
-the numba kernels once (:func:`pytest_collection_finish`).  ``python -m pytest
+Hypothesis profile (40 examples a test, the same on every run).  A run over many test
+files uses one pytest-xdist worker per CPU (``-n auto`` in pyproject.toml;
+:func:`pytest_xdist_auto_num_workers`), after compiling the numba kernels once
+(:func:`pytest_collection_finish`).  ``python -m pytest
 --exhaustive`` (or ``ENTMAX_REF_EXHAUSTIVE=1``) also runs the tests marked ``exhaustive``
 or ``slow`` (nvcc compile, the full oracle sweep, the 65,536-key memory run, installs in
 temporary venvs, long inputs) and the long fuzz (the ``ci`` profile unless ``HYPOTHESIS_PROFILE`` names another); ``-m "exhaustive or slow"

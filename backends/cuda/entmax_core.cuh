@@ -190,9 +190,9 @@ ER_HD inline double edge_lq(double q, double a1) { return q > 0.0 ? a1 * log(q) 
 
 // log p at offset d from c (-inf off the support); lq = edge_lq(q, a1).
 ER_HD inline double edge_logp(double d, double a1, double q, double lq) {
-    if (d > 0.0) return fmax(logaddexp(log(a1 * d), lq) / a1, q > 0.0 ? log(q) : -inf());
-    if (d == 0.0) return q > 0.0 ? log(q) : -inf();
-    return -inf();
+    if (d < 0.0) return -inf();
+    double at_edge = q > 0.0 ? log(q) : -inf();
+    return d > 0.0 ? fmax(logaddexp(log(a1 * d), lq) / a1, at_edge) : at_edge;
 }
 
 ER_HD inline double edge_p(double d, double a1, double q, double lq) {
