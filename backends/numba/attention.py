@@ -68,9 +68,12 @@ Compile cost.  The helpers are plain ``@njit`` functions, not ``inline="always"`
 numba's IR-level inlining types every inlined body again at each call site (the forward
 and backward each inlined ``_candidates`` three times, ``_score`` a dozen times), which
 was most of the attention units' compile time, while LLVM inlines the small helpers into
-their callers anyway (the warm run time did not change; docs/performance.md).  A constant
-argument is passed as a run-time value (``np.int64(0)``): numba compiles a separate copy
-of the callee for each literal.
+their callers anyway (the warm run time did not change; docs/performance.md).  Constants
+that reach a callee are run-time values (``np.int64(0)``, ``np.bool_(True)``): numba
+compiles a separate copy of the callee for each literal argument, the forward's and the
+backward's ``_candidates`` were two copies (``use_max`` True and False), and a counter
+that starts at a literal ``0`` and is passed on (``m = 0; ...; f(m)``) compiles the callee
+twice, once for the ``Literal[int](0)`` that type inference sees first and once for int64.
 
 Memory: per worker, one ``(rows, key_end)`` score block (float32 on the filter path) and
 in the backward three more of the compacted support (int32 key, float64 ``p`` and
@@ -241,7 +244,7 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
         return n, nonfinite == 0
     suspect = 0
     L = -np.inf
-    m1 = 0
+    m1 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
     if use_max:
         # the scores and their maximum L (four running maxima: no serial dependency),
         # then, branch-free, every key within the window (+ 3 err) of L
@@ -249,7 +252,7 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
         L1 = -np.inf
         L2 = -np.inf
         L3 = -np.inf
-        j = 0
+        j = np.int64(0)
         while j + 4 <= n:
             z0 = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
             z1 = _score(np.float64(g[r, j + 1]), scale, s, has_s, slope, i_abs, j + 1)
@@ -373,7 +376,7 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     if not filt or slope != 0.0 or not (scale * s > 0.0) or n == 0:
         return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                            za, idx, zc, gx)
-    j0 = np.int64(0)  # a run-time 0: a literal argument would compile a second copy of the callee
+    j0 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
     lo, hi, nan = _g_range(g, r, j0, n)
     z_lo = _score(np.float64(lo), scale, s, has_s, slope, i_abs, j0)
     L = _score(np.float64(hi), scale, s, has_s, slope, i_abs, j0)  # = max_j z(g_j): z is monotone
@@ -394,7 +397,7 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     for j in range(n):  # branch-free float32 pass
         idx[m1] = j
         m1 += g[r, j] > gc
-    m = 0
+    m = np.int64(0)
     for i in range(m1):  # the approximate float64 scores of the survivors, the exact cut
         j = idx[i]
         z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
@@ -514,8 +517,8 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     for r in range(rows):
         h, i_abs, n, a1, a2, big, window, s = _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale,
                                                           has_s)
-        m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window, True,
-                            0.0, za, idx, zc, gx)
+        m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
+                                 np.bool_(True), 0.0, za, idx, zc, gx)
         _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
                     out, skew, theta, support, rmax, edge, edge_p, bad, ncand)
 
@@ -552,9 +555,9 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             acc[d] = 0.0
         live = t > -np.inf
         mc, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
-                             False, t, za, ci, zc, gx)
+                                  np.bool_(False), t, za, ci, zc, gx)
         bad[r] = 0 if ok else 1
-        m = 0
+        m = np.int64(0)
         if live and big:
             L = rmax[r]
             ce = edge[r]
@@ -593,7 +596,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             for c in range(1, m):
                 if ub[r, c] > ub[r, mref]:
                     mref = c
-            _row_skew(r, m, idx, ub, False, 0.0, 0.0, vv, skew_in, have_skew, sk)
+            _row_skew(r, m, idx, ub, np.bool_(False), 0.0, 0.0, vv, skew_in, have_skew, sk)
             delta = _output_grads(r, m, idx, doc, vv, sk, gd)
             for c in range(m):
                 ub[r, c] = ub[r, c] * (gd[c] - delta)
@@ -690,7 +693,7 @@ def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     for c in range(m):
         S, cS = _acc(S, cS, math.exp(ub[r, c] - lmax))
     S = S + cS
-    _row_skew(r, m, idx, ub, True, lmax, S, vv, skew_in, have_skew, sk)
+    _row_skew(r, m, idx, ub, np.bool_(True), lmax, S, vv, skew_in, have_skew, sk)
     delta = _output_grads(r, m, idx, doc, vv, sk, gd)
     l2 = -np.inf
     for c in range(m):

@@ -188,8 +188,8 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
         ok = True
         if suspect[r] == 0 and e < 1e290 and (n == 0 or abs(L) < 1e300):
             cut = _max_cut(L, window, e)
-            m1 = 0
-            j = 0
+            m1 = np.int64(0)  # run-time values, not literals (the attention module's "Compile cost")
+            j = np.int64(0)
             while j < n:  # stretches that cannot overflow the buffer (one key at most per key)
                 if idx.shape[0] - m1 < KEY_BUDGET // 4:
                     idx = _grown(idx, m1)
@@ -208,8 +208,8 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
                     m += 1
         else:  # every key exactly, with the reference's overflow check
             while idx.shape[0] < n:
-                idx = _grown(idx, 0)
-                zc = _grown(zc, 0)
+                idx = _grown(idx, np.int64(0))
+                zc = _grown(zc, np.int64(0))
             nonfinite = 0
             for j in range(nchk[r]):
                 z = _score(_dot(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
