@@ -193,18 +193,19 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 #: compile CPU seconds of each task (unit, dtype) with the tasks it needs cached, as
-#: ``entmax-ref compile --check-set --jobs 2`` measured them (shared 2-core VM, load 10-14:
-#: a loaded machine inflates them, but the ratios are what the scheduler ranks by); 1 for
-#: a task not listed.  The first dtype of a row unit compiles the helpers both share.
+#: ``entmax-ref compile --jobs 2`` measured them on a cold cache (2-core VM, load about 2,
+#: 2026-12-01; a loaded machine inflates them, but the ratios are what the scheduler ranks
+#: by); 1 for a task not listed.  The first dtype of a row unit compiles the helpers both
+#: share.
 _COST: dict[tuple[str, str], float] = {
-    ("attention", "float64"): 25.3, ("attention_vjp", "float64"): 21.2, ("budget", "float64"): 15.6,
-    ("entmax", "float64"): 11.0, ("entmax", "float32"): 8.3, ("entmax_big", "float64"): 6.3,
-    ("sparsemax", "float64"): 4.7, ("softmax", "float64"): 4.3, ("softmax", "float32"): 4.3,
-    ("budget", "float32"): 3.8, ("entmax15", "float64"): 3.4, ("normmax", "float64"): 2.6,
-    ("entmax15", "float32"): 2.4, ("sparsemax", "float32"): 2.1, ("entmax_vjp_big", "float64"): 2.0,
-    ("entmax_big", "float32"): 1.8, ("normmax", "float32"): 1.6, ("entmax_vjp_big", "float32"): 1.5,
-    ("entmax_any", "float64"): 30.0, ("entmax_any", "float32"): 15.0, ("decode", "float64"): 8.0,
-    ("decode", "float32"): 6.0,
+    ("attention", "float64"): 18.1, ("entmax_any", "float64"): 12.6, ("entmax", "float64"): 10.5,
+    ("attention_vjp", "float64"): 9.5, ("decode", "float64"): 8.8, ("entmax_any", "float32"): 7.8,
+    ("decode", "float32"): 7.4, ("entmax", "float32"): 6.8, ("entmax_big", "float64"): 5.8,
+    ("softmax", "float64"): 3.7, ("budget", "float64"): 3.4, ("softmax", "float32"): 3.0,
+    ("sparsemax", "float32"): 3.0, ("sparsemax", "float64"): 2.9, ("budget", "float32"): 2.7,
+    ("entmax15", "float64"): 2.4, ("entmax_big", "float32"): 2.4, ("normmax", "float64"): 2.3,
+    ("entmax15", "float32"): 2.2, ("entmax_vjp_big", "float64"): 1.5, ("normmax", "float32"): 1.3,
+    ("entmax_vjp_big", "float32"): 1.2,
 }
 
 Task = tuple[str, str]  # (unit, dtype)
