@@ -216,6 +216,31 @@ def test_attention_battery_with_all_features_and_gradients():
     assert [r.op for r in rep.rows] == ["attention a=2", "attention a=2", "attention vjp a=2", "attention vjp a=2"]
 
 
+def test_attention_gradient_reference_is_not_the_numpy_engine(monkeypatch):
+    """The reference (dq, dk, dv) come from the dense probabilities and the row VJP, not
+    from an attention engine: a numpy engine whose backward is off by 1e-9 in dq fails its
+    own battery (with the engine as its own reference it could not fail)."""
+    from entmax_ref.backends.numpy_backend import NumpyBackend
+    from entmax_ref.testing import _memo
+
+    right = NumpyBackend.attention_backward
+
+    def off(self, *args, **kw):
+        g = right(self, *args, **kw)
+        dq = g.dq.copy()
+        dq.flat[0] += 1e-9
+        return g._replace(dq=dq)
+
+    vjp = lambda do, q, k, v, **kw: er.attention_vjp(do, q, k, v, backend="numpy", **kw)[:3]  # noqa: E731
+    kw = dict(features=("causal",), dtypes=("float64",), **QUICK)
+    assert check_attention(None, 1.5, vjp=vjp, **kw).ok
+    monkeypatch.setattr(NumpyBackend, "attention_backward", off)
+    _memo.clear()  # no reference kept from the first run
+    rep = check_attention(None, 1.5, vjp=vjp, **kw)
+    assert not rep.ok
+    assert "dq" in " ".join(rep.rows[0].notes), rep.table()
+
+
 def test_bad_callables_give_failing_rows_not_tracebacks():
     def raises(x, alpha):
         raise RuntimeError("kernel exploded")

@@ -262,14 +262,32 @@ def attention_reference(q, k, v, dtype=None, **kw) -> AttentionReference:
 
 
 def reference_attention_grads(grad_out, q, k, v, **kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dq, dk, dv) of :func:`entmax_ref.attention_vjp` on the NumPy reference in float64,
-    computed once per process for each problem (:mod:`._memo`); read-only."""
-    import entmax_ref as er
-
+    """(dq, dk, dv) of :func:`entmax_ref.attention_vjp` in float64, from the dense
+    probabilities of :func:`attention_reference` and the row VJP
+    (:func:`entmax_ref.entmax_vjp` on the NumPy backend), not from an attention engine:
+    the reference of the numpy engine's backward is then not its own output.  With
+    ``dP = dO V^T`` and ``dZ = entmax_vjp(P, dP)``: ``dv = P^T dO``, ``dq = c dZ K``,
+    ``dk = (c dZ)^T Q``, ``c`` the score scale times the row scale ``s`` (ALiBi and the
+    masks add constants to the scores); grouped-query heads sum into their key/value head.
+    Computed once per process for each problem (:mod:`._memo`); read-only."""
     do, q, k, v = (np.asarray(to_numpy(a), np.float64) for a in (grad_out, q, k, v))
     kw = {key: val for key, val in kw.items() if val is not None}
-    return memo("attention_grads", lambda: tuple(er.attention_vjp(do, q, k, v, backend="numpy", **kw)[:3]),
-                do, q, k, v, **kw)
+    return memo("attention_grads", lambda: _attention_grads(do, q, k, v, kw), do, q, k, v, **kw)
+
+
+def _attention_grads(do, q, k, v, kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import entmax_ref as er
+
+    ref = attention_reference(q, k, v, np.float64, **kw)
+    B, Hkv, Nk = k.shape[:3]
+    rep = q.shape[1] // Hkv
+    kk, vv = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    dz = er.entmax_vjp(ref.p, np.einsum("bhid,bhjd->bhij", do, vv), float(kw.get("alpha", 1.5)), backend="numpy")
+    dz = dz * (ref.scale * ref.s)[..., None]
+    dq = np.einsum("bhij,bhjd->bhid", dz, kk)
+    dk = np.einsum("bhij,bhid->bhjd", dz, q).reshape(B, Hkv, rep, Nk, -1).sum(axis=2)
+    dv = np.einsum("bhij,bhid->bhjd", ref.p, do).reshape(B, Hkv, rep, Nk, -1).sum(axis=2)
+    return dq, dk, dv
 
 
 def _attention_reference(q, k, v, dtype, kw) -> AttentionReference:
