@@ -275,16 +275,27 @@ def reference_attention_grads(grad_out, q, k, v, **kw) -> tuple[np.ndarray, np.n
     return memo("attention_grads", lambda: _attention_grads(do, q, k, v, kw), do, q, k, v, **kw)
 
 
-def _attention_grads(do, q, k, v, kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    import entmax_ref as er
+def _dense_dz(p, do, v, alpha) -> tuple[np.ndarray, np.ndarray]:
+    """``(G, dZ)`` of a dense reference: ``G = dO V^T``, the upstream gradient of the
+    probabilities ``p`` (B, Hq, Nq, Nk), with the key/value heads repeated for grouped
+    queries, and ``dZ = entmax_vjp(p, G)`` row by row.  The reference gradients and their
+    budgets both need them: computed once per problem (:mod:`._memo`); read-only."""
 
+    def compute():
+        import entmax_ref as er
+
+        G = np.einsum("bhie,bhje->bhij", do, np.repeat(v, p.shape[1] // v.shape[1], axis=1))
+        return G, er.entmax_vjp(p, G, alpha, backend="numpy")
+
+    return memo("attention_dz", compute, p, do, v, alpha=float(alpha))
+
+
+def _attention_grads(do, q, k, v, kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ref = attention_reference(q, k, v, np.float64, **kw)
     B, Hkv, Nk = k.shape[:3]
     rep = q.shape[1] // Hkv
-    kk, vv = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    dz = er.entmax_vjp(ref.p, np.einsum("bhid,bhjd->bhij", do, vv), float(kw.get("alpha", 1.5)), backend="numpy")
-    dz = dz * (ref.scale * ref.s)[..., None]
-    dq = np.einsum("bhij,bhjd->bhid", dz, kk)
+    dz = _dense_dz(ref.p, do, v, float(kw.get("alpha", 1.5)))[1] * (ref.scale * ref.s)[..., None]
+    dq = np.einsum("bhij,bhjd->bhid", dz, np.repeat(k, rep, axis=1))
     dk = np.einsum("bhij,bhid->bhjd", dz, q).reshape(B, Hkv, rep, Nk, -1).sum(axis=2)
     dv = np.einsum("bhij,bhid->bhjd", ref.p, do).reshape(B, Hkv, rep, Nk, -1).sum(axis=2)
     return dq, dk, dv
@@ -355,18 +366,14 @@ def attention_grad_tolerances(ref: AttentionReference, q, k, v, do, dtype, grads
     alpha = float(ref.kwargs.get("alpha", 1.5))
     uu = T.unit_roundoff(dtype)
     kk, vv = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    G = np.einsum("bhie,bhje->bhij", do, vv)  # upstream gradient of the probabilities
-    P = ref.p.reshape(-1, Nk)
-    import entmax_ref as er
-
-    dz = er.entmax_vjp(P, G.reshape(-1, Nk), alpha, backend="numpy")
+    G, dz = _dense_dz(ref.p, do, v, alpha)  # the probabilities' upstream gradient, and dZ
     Dv = v.shape[3]
     gerr = uu * (T.C_THETA + T.LAMBDA * np.sqrt(Dv)) * np.einsum("bhie,bhje->bhij", np.abs(do), np.abs(vv))
-    tol_dz = T.vjp_tolerance(P, np.abs(G.reshape(-1, Nk)) + gerr.reshape(-1, Nk), dz, alpha, dtype,
+    tol_dz = T.vjp_tolerance(ref.p.reshape(-1, Nk), np.abs(G.reshape(-1, Nk)) + gerr.reshape(-1, Nk),
+                             dz.reshape(-1, Nk), alpha, dtype,
                              extra_delta=ref.delta.reshape(-1) - T.threshold_budget(dtype, Nk))[:, 0]
     tol_dz = tol_dz.reshape(B, Hq, Nq)
     on = (ref.p > 0)
-    dz = dz.reshape(ref.p.shape)
     acc_k = uu * (T.C_THETA + T.LAMBDA * np.sqrt(Nk))
     acc_q = uu * (T.C_THETA + T.LAMBDA * np.sqrt(Nq * rep))
     kmax = np.abs(kk).max(axis=-1)
