@@ -81,6 +81,7 @@ class AttentionForward(NamedTuple):
     row_max: Any = None  #: (B, Hq, Nq) float64 largest score m of each row (-inf if empty)
     edge: Any = None  #: (B, Hq, Nq) float64 c = min over the support of (z_j - m) (-inf if empty)
     edge_p: Any = None  #: (B, Hq, Nq) float64 q, the probability of that entry (0 if empty)
+    support_keys: Any = None  #: (B, Hq, Nq, cap) int32 or None: see :class:`AttentionResidual`
 
 
 class AttentionResidual(NamedTuple):
@@ -101,6 +102,11 @@ class AttentionResidual(NamedTuple):
     row_max: Any = None
     edge: Any = None
     edge_p: Any = None
+    #: Optional, a backend's own, (B, Hq, Nq, cap) int32: each row's support as key indices
+    #: (ascending, then -1; -2, -1, ... where it has more than ``cap`` keys), so that the
+    #: backward need not find the support again.  A backend's backward may use the keys its
+    #: own forward wrote and ignores them otherwise; None: no keys kept.
+    support_keys: Any = None
 
 
 class AttentionGrads(NamedTuple):

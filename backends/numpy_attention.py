@@ -122,7 +122,7 @@ def run_spec(spec: AttentionSpec, b: int, lo: int, hi: int) -> AttentionSpec:
 def forward_by_key_runs(forward, q, k, v, spec: AttentionSpec, otherwise):
     """A masked forward as one unmasked ``forward(q, k, v, spec)`` per batch on its run
     of keys (:func:`key_runs`); ``otherwise()`` when the mask has holes.  Works on the
-    backend's array type.  The residual fields (theta, row_max, edge, edge_p) are
+    backend's array type.  The residual fields (theta, row_max, edge, edge_p, support_keys) are
     per query row, so the per-batch pieces concatenate into the whole problem's."""
     runs = key_runs(spec, k.shape[2])
     if runs is None:
@@ -145,7 +145,7 @@ def backward_by_key_runs(backward, do, q, k, v, res, skew, spec: AttentionSpec, 
     parts = []
     for b, (lo, hi) in enumerate(runs):
         res_b = AttentionResidual(*(None if f is None else f[b:b + 1]
-                                    for f in (res.theta, res.row_max, res.edge, res.edge_p)))
+                                    for f in (getattr(res, name, None) for name in AttentionResidual._fields)))
         parts.append(backward(do[b:b + 1], q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], res_b,
                               None if skew is None else skew[b:b + 1], run_spec(spec, b, lo, hi)))
     dk = xp.zeros(k.shape, parts[0].dk.dtype)
@@ -315,7 +315,7 @@ class _Block:
 def empty_forward(B: int, Hq: int, Nq: int, Dv: int) -> AttentionForward:
     """The arrays a chunked forward fills, as a row that sees no key leaves them: out and
     skew 0 ((B, Hq, Nq, Dv) float64), theta, row_max and edge -inf, support and edge_p 0
-    ((B, Hq, Nq)); the fields of :class:`~entmax_ref.backends._base.AttentionForward`."""
+    ((B, Hq, Nq)), no support keys; the fields of :class:`~entmax_ref.backends._base.AttentionForward`."""
     rows = (B, Hq, Nq)
     return AttentionForward(np.zeros(rows + (Dv,), _F64), np.full(rows, -np.inf), np.zeros(rows, np.int64),
                             np.zeros(rows + (Dv,), _F64), np.full(rows, -np.inf), np.full(rows, -np.inf),
@@ -330,7 +330,7 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = geometry.key_offset(Nq, Nk)
-    out, theta, support, skew, row_max, edge, edge_p = empty_forward(B, Hq, Nq, Dv)
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
         blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)

@@ -49,6 +49,10 @@ class AttentionInfo:
         as the row solvers write it: theta cannot resolve the support's edge there.
     alpha : float, the alpha of the call, or with alphas that differ between query heads
         the tuple of them, one float per head (checked by :func:`attention_vjp`).
+    support_keys : int32 (B, Hq, Nq, 64) or None: the numba backend's forward keeps each
+        row's support as key indices (ascending, then -1; -2, -1, ... on a row with more than
+        64), so that its backward computes the scores of those keys only, with no q.k
+        product and no search for the support; None from the other backends.
 
     Pass the whole object to ``attention_vjp(..., info=info)``: it is the lossless
     residual of the forward (theta, the edge and the skewed output), so the backward
@@ -66,6 +70,7 @@ class AttentionInfo:
     edge: Any = field(default=None, repr=False)
     edge_p: Any = field(default=None, repr=False)
     alpha: Any = None  #: a float, or a tuple with one float per query head
+    support_keys: Any = field(default=None, repr=False)
 
     __repr__ = short_repr
 
@@ -439,7 +444,7 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
         return out
     tau = theta_to_tau(fwd.theta, prob.alpha_b)
     return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew, fwd.theta, fwd.row_max, fwd.edge,
-                              fwd.edge_p, _info_alpha(prob))
+                              fwd.edge_p, _info_alpha(prob), fwd.support_keys)
 
 
 def _info_alpha(prob: _Problem):
@@ -477,7 +482,12 @@ def _residual_from_info(info, prob: _Problem, shape: tuple):
     B, Hq, Nq = shape
     if skew is None or tuple(skew.shape)[:3] != shape or tuple(skew.shape)[3] != prob.v.shape[3]:
         raise ValueError(f"info.skew must have shape {shape + (prob.v.shape[3],)}")
-    return AttentionResidual(info.theta, info.row_max, info.edge, info.edge_p), skew
+    keys = info.support_keys
+    if keys is not None and (getattr(keys, "ndim", 0) != 4 or tuple(keys.shape)[:3] != shape
+                             or getattr(keys, "dtype", None) != np.int32):
+        raise ValueError(f"info.support_keys must be None or int32 of shape {shape} + (cap,), got "
+                         f"{getattr(keys, 'dtype', type(keys).__name__)} {tuple(getattr(keys, 'shape', ()))}")
+    return AttentionResidual(info.theta, info.row_max, info.edge, info.edge_p, keys), skew
 
 
 def _any_big(prob: _Problem) -> bool:

@@ -151,7 +151,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     return_info : bool
         Also return an :class:`entmax_ref.AttentionInfo` whose per-row fields (tau,
         support, s, n and the residual theta, row_max, edge, edge_p) are shaped
-        ``(total_q, Hq)`` (``skew``: ``(total_q, Hq, Dv)``); pass it whole to
+        ``(total_q, Hq)`` (``skew``: ``(total_q, Hq, Dv)``; ``support_keys``, when the
+        backend keeps them: ``(total_q, Hq, 64)``); pass it whole to
         :func:`attention_varlen_vjp` as ``info=`` (the lossless residual).
 
     Returns
@@ -188,6 +189,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
         skew = xp.zeros((P.total_q, P.Hq, P.Dv))
         resid = {"theta": xp.full((P.total_q, P.Hq), -np.inf), "row_max": xp.full((P.total_q, P.Hq), -np.inf),
                  "edge": xp.full((P.total_q, P.Hq), -np.inf), "edge_p": xp.zeros((P.total_q, P.Hq))}
+        keys, keys_kept = None, True  # (total_q, Hq, cap) when every sequence's forward kept them
     for _, q0, q1, k0, k1 in P.sequences():
         res = attention(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
                         alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
@@ -203,10 +205,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
             skew[q0:q1] = info.skew[0].transpose(1, 0, 2)
             for name, field in resid.items():
                 field[q0:q1] = getattr(info, name)[0].T
+            keys_kept = keys_kept and info.support_keys is not None
+            if keys_kept:
+                if keys is None:
+                    keys = xp.full((P.total_q, P.Hq, info.support_keys.shape[3]), -1, np.int32)
+                keys[q0:q1] = info.support_keys[0].transpose(1, 0, 2)
     if not return_info:
         return out
     return out, AttentionInfo(tau, support, s_info, n, skew, resid["theta"], resid["row_max"], resid["edge"],
-                              resid["edge_p"], P.info_alpha)
+                              resid["edge_p"], P.info_alpha, keys if keys_kept else None)
 
 
 def _sequence_info(info, q0: int, q1: int):
@@ -217,9 +224,12 @@ def _sequence_info(info, q0: int, q1: int):
     def rows(a):
         return None if a is None else xp.ascontiguousarray(a[q0:q1].T[None])
 
-    skew = None if info.skew is None else xp.ascontiguousarray(info.skew[q0:q1].transpose(1, 0, 2)[None])
-    return AttentionInfo(rows(info.tau), rows(info.support), rows(info.s), rows(info.n), skew, rows(info.theta),
-                         rows(info.row_max), rows(info.edge), rows(info.edge_p), info.alpha)
+    def per_key(a):
+        return None if a is None else xp.ascontiguousarray(a[q0:q1].transpose(1, 0, 2)[None])
+
+    return AttentionInfo(rows(info.tau), rows(info.support), rows(info.s), rows(info.n), per_key(info.skew),
+                         rows(info.theta), rows(info.row_max), rows(info.edge), rows(info.edge_p), info.alpha,
+                         per_key(info.support_keys))
 
 
 def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=None, out=None, tau=None, alpha=1.5,

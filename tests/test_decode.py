@@ -61,6 +61,7 @@ def _same_forward(a, b):
     out_a, info_a = a
     out_b, info_b = b
     assert np.array_equal(info_a.support, info_b.support)
+    assert np.array_equal(info_a.support_keys, info_b.support_keys)  # the backward's residual
     np.testing.assert_array_equal(info_a.tau, info_b.tau)
     np.testing.assert_array_equal(out_a, out_b)
 

@@ -154,3 +154,132 @@ def test_bitwise_reproducible(path, alpha):
                 assert np.array_equal(b, c), (case.name, name)  # run to run, 2 threads
                 if name in thread_free:
                     assert np.array_equal(a, c), (case.name, name)  # 1 thread and 2 threads
+
+
+# --------------------------------------------------------------------------- the support keys
+def _keys_of_dense(d, cap):
+    """What ``info.support_keys`` must hold: each row's support under the dense formula,
+    ascending, then -1; -2 and then -1 where it has more than ``cap`` keys."""
+    B, Hq, Nq, _ = d.p.shape
+    want = np.full((B, Hq, Nq, cap), -1, np.int32)
+    for row in np.ndindex(B, Hq, Nq):
+        keys = np.flatnonzero(d.p[row] > 0)
+        if keys.size > cap:
+            want[row][0] = -2
+        else:
+            want[row][:keys.size] = keys
+    return want
+
+
+def _without_keys(info):
+    import dataclasses
+
+    return dataclasses.replace(info, support_keys=None)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("cap", [64, "median"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_from_the_support_keys(path, threads, monkeypatch, alpha, cap, causal):
+    """The forward keeps each row's support as key indices (exactly the dense formula's
+    support); the backward from them (rows that have them compute their support's scores
+    only) agrees with the backward that finds the support again and with the NumPy
+    engine, within the rounding bounds.  A cap at the median support leaves chunks with
+    rows of both kinds."""
+    rng, q, k, v = problem(int(alpha * 40) + 7 * causal, B=2, Hq=4, Hkv=2, Nq=61, Nk=67, D=5, Dv=3, spread=2.5)
+    beta, gamma = rng.uniform(0.2, 1.0, (4, 1)), rng.uniform(-1.0, 1.0, (4, 1))
+    kw = dict(causal=causal, key_lengths=[67, 50], alibi_slopes=[0.25, 0.0, 0.125, 0.0], beta=beta, gamma=gamma)
+    if cap == "median":
+        d = dense(q, k, v, alpha=alpha, **kw)
+        cap = int(np.median(d.support[d.n > 0]))
+    monkeypatch.setattr(nattn, "SUPPORT_KEYS", cap)
+    out, info, d = check_against_dense("numba", q, k, v, alpha, chunk=7, **kw)
+    assert info.support_keys.dtype == np.int32
+    assert np.array_equal(info.support_keys, _keys_of_dense(d, cap))
+    stored = info.support_keys[..., 0] != -2
+    assert stored.any() and (cap == 64 or not stored.all())
+    g_out = rng.standard_normal(out.shape)
+    tols = grad_tols(d, q, k, v, g_out, alpha, beta=beta, gamma=gamma)
+    g_ref = er.attention_vjp(g_out, q, k, v, alpha=alpha, chunk=7, backend="numpy", info=info, **kw)
+    g_keys = er.attention_vjp(g_out, q, k, v, alpha=alpha, chunk=7, backend="numba", info=info, **kw)
+    g_find = er.attention_vjp(g_out, q, k, v, alpha=alpha, chunk=7, backend="numba", info=_without_keys(info), **kw)
+    for name, a, b_, c, t in zip(("dq", "dk", "dv", "dbeta", "dgamma", "ddelta"), g_keys, g_find, g_ref, tols):
+        np.testing.assert_allclose(a, b_, rtol=0, atol=t, err_msg=name)
+        np.testing.assert_allclose(a, c, rtol=0, atol=t, err_msg=name)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 3.0])
+def test_support_keys_under_left_padding(alpha):
+    """A key mask with one run of keys (left padding) runs as the key-sliced problem: the
+    keys are relative to the run's start in the forward and in the backward alike."""
+    rng, q, k, v = problem(3, B=1, Hq=2, Hkv=1, Nq=30, Nk=45, D=4, Dv=3, spread=2.5)
+    mask = np.ones((1, 45), bool)
+    mask[0, :9] = False
+    kw = dict(alpha=alpha, causal=True, key_padding_mask=mask, chunk=6)
+    out, info = er.attention(q, k, v, return_info=True, backend="numba", **kw)
+    d = dense(q, k[:, :, 9:], v[:, :, 9:], alpha=alpha, causal=True)  # the same problem, sliced
+    assert np.array_equal(info.support_keys, _keys_of_dense(d, 64))
+    g_out = rng.standard_normal(out.shape)
+    tols = grad_tols(d, q, k[:, :, 9:], v[:, :, 9:], g_out, alpha)
+    g = er.attention_vjp(g_out, q, k, v, info=info, backend="numba", **kw)
+    g_ref = er.attention_vjp(g_out, q, k, v, info=info, backend="numpy", **kw)
+    assert not g.dk[:, :, :9].any() and not g.dv[:, :, :9].any()
+    for name, a, b_, t in zip(("dq", "dk", "dv"), g, (g_ref.dq, g_ref.dk[:, :, 9:], g_ref.dv[:, :, 9:]), tols):
+        a = a if name == "dq" else a[:, :, 9:]
+        np.testing.assert_allclose(a, b_, rtol=0, atol=t, err_msg=name)
+
+
+def test_backward_with_support_keys_forms_no_score_product(monkeypatch):
+    """Where every row of a chunk has its support's keys, the backward forms no q.k product
+    (and runs no filter pass); a row without them (support above the cap) needs one."""
+    rng, q, k, v = problem(11, B=1, Hq=2, Hkv=1, Nq=40, Nk=300, D=8, Dv=4, spread=2.0)
+    g_out = rng.standard_normal((1, 2, 40, 4))
+    kw = dict(alpha=1.5, causal=True, chunk=8, backend="numba")
+    _, info = er.attention(q, k, v, return_info=True, **kw)
+    assert (info.support_keys[..., 0] != -2).all()
+    g_ref = er.attention_vjp(g_out, q, k, v, info=_without_keys(info), **kw)
+
+    def no_product(*a, **k_):
+        raise AssertionError("the backward formed a score product")
+
+    with monkeypatch.context() as m:
+        m.setattr(nattn, "_scores", no_product)
+        g = er.attention_vjp(g_out, q, k, v, info=info, **kw)
+        for a, b_ in zip(g[:3], g_ref[:3]):
+            np.testing.assert_array_equal(a, b_)
+        keys = info.support_keys.copy()
+        keys[0, 1, 20, 0] = -2  # one row without keys: its chunk forms the product
+        import dataclasses
+
+        with pytest.raises(AssertionError, match="score product"):
+            er.attention_vjp(g_out, q, k, v, info=dataclasses.replace(info, support_keys=keys), **kw)
+
+
+def test_support_keys_of_another_call_are_refused():
+    """Keys that cannot be this call's support (out of order, not visible to the row) and
+    keys of the wrong type or shape raise, naming support_keys; they are never read past
+    the row's keys."""
+    import dataclasses
+
+    rng, q, k, v = problem(2, B=1, Hq=2, Hkv=1, Nq=20, Nk=20, D=4, Dv=3, spread=2.5)
+    kw = dict(alpha=1.5, causal=True, backend="numba")
+    _, info = er.attention(q, k, v, return_info=True, **kw)
+    g_out = np.ones((1, 2, 20, 3))
+    row = (0, 0, 19)
+    assert info.support[row] >= 2
+
+    def vjp(keys):
+        return er.attention_vjp(g_out, q, k, v, info=dataclasses.replace(info, support_keys=keys), **kw)
+
+    swapped = info.support_keys.copy()
+    swapped[row][:2] = swapped[row][1::-1]
+    early = info.support_keys.copy()
+    early[0, 0, 3, 0] = 10  # row 3 sees keys 0..3 (causal)
+    negative = info.support_keys.copy()
+    negative[row][0] = -5
+    for keys in (swapped, early, negative):
+        with pytest.raises(ValueError, match="support_keys do not belong"):
+            vjp(keys)
+    for keys in (info.support_keys.astype(np.int64), info.support_keys[..., :1, :]):
+        with pytest.raises(ValueError, match="info.support_keys must be"):
+            vjp(keys)

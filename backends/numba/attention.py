@@ -28,7 +28,10 @@ forward (``fwd_rows``, per row)
     skewed output ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``).
 
 backward (``bwd_rows`` then ``bwd_scatter``)
-    candidates against the forward's theta; ``p_j = e_alpha(z_j - theta_i)`` with the
+    the candidates: the support's keys the forward kept (``AttentionForward.support_keys``,
+    :func:`_store_keys`: up to :data:`SUPPORT_KEYS` a row), whose exact scores are the only
+    ones computed (a chunk whose rows all have them forms no score product and runs no
+    filter pass); else the filter against the forward's theta.  ``p_j = e_alpha(z_j - theta_i)`` with the
     reference's formula (``exp(log1p(a1 y) / a1)``) on them (alpha > 2: edge-relative
     from the forward's row max, edge and edge probability, :func:`~.big_alpha._edge_p`, and dZ in
     the row VJP's overflow-free form, :func:`_dz_big`); the support is compacted
@@ -77,7 +80,9 @@ twice, once for the ``Literal[int](0)`` that type inference sees first and once 
 
 Memory: per worker, one ``(rows, key_end)`` score block (float32 on the filter path) and
 in the backward three more of the compacted support (int32 key, float64 ``p`` and
-``u`` / ``s dZ``); the chunk is the driver's (a float64 block of ~8 MiB).
+``u`` / ``s dZ``; ``(rows, SUPPORT_KEYS)`` and no score block where the chunk's rows have
+their keys); the chunk is the driver's (a float64 block of ~8 MiB).  The forward's
+support keys take 256 bytes a row.
 """
 
 from __future__ import annotations
@@ -96,6 +101,11 @@ from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
 from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
 from .rows import _solve_default, _solver_scratch
+
+#: Support keys the forward keeps per row for the backward (``AttentionForward.support_keys``,
+#: int32: 256 bytes a row, half the float64 skewed output at Dv = 64); a row with a larger
+#: support has its support found again by the backward's filter.
+SUPPORT_KEYS = 64
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
 #: dK and dV with BLAS on dense blocks instead of the support-only scatter.
@@ -463,13 +473,32 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed):
 
 
 @njit(cache=CACHE)
+def _store_keys(r, m, pc, idx, keys):
+    """Row r's support keys into ``keys[r]`` (:data:`SUPPORT_KEYS` wide): the keys of the
+    candidates with ``p > 0`` in candidate (ascending key) order, then -1; -2 and then -1
+    when there are more than fit (the backward finds that row's support again)."""
+    cap = keys.shape[1]
+    t = 0
+    for ci in range(m):
+        if pc[ci] > 0.0:
+            if t == cap:
+                keys[r, 0] = -2
+                t = 1
+                break
+            keys[r, t] = idx[ci]
+            t += 1
+    for c in range(t, cap):
+        keys[r, c] = -1
+
+
+@njit(cache=CACHE)
 def _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
-                out, skew, theta, support, rmax, edge, edge_p, bad, ncand):
+                out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys):
     """Everything one forward row writes, from its ``m`` candidates (``ok``: its scores
     were finite): the flags, then (:func:`_solve_weigh`, seeded with ``r``) theta, the
-    support, the residual and the output rows; a row without candidates, or with
-    overflowed scores, attends nothing.  Shared by the chunked forward and the decoding
-    path, so both write the same bits."""
+    support, the residual (and the support's keys, :func:`_store_keys`) and the output
+    rows; a row without candidates, or with overflowed scores, attends nothing.  Shared
+    by the chunked forward and the decoding path, so both write the same bits."""
     bad[r] = 0 if ok else 1
     ncand[r] = m
     for d in range(o.shape[0]):
@@ -489,6 +518,7 @@ def _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
             rmax[r] = L
             edge[r] = ce
             edge_p[r] = qe
+    _store_keys(r, m if (ok and support[r] > 0) else np.int64(0), pc, idx, keys)
     for d in range(o.shape[0]):
         out[r, d] = o[d]
         skew[r, d] = sk[d]
@@ -496,14 +526,15 @@ def _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
 
 @njit(nogil=True, cache=CACHE)
 def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
-             out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
+             out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys):
     """Fused forward of one chunk: ``g`` (rows, key_end) is q.k (float64, or float32 as a
     filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score error
     bound; ``row_scale`` (rows,) or empty; ``slopes`` and ``alphas`` (group,) float64
     (per query head of the group; ``filt`` needs every alpha > 1).  Writes ``out``,
     ``skew`` (rows, Dv), ``theta``, ``support``, the residual ``rmax``, ``edge``,
     ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p), ``ncand``
-    (candidates) per row, and ``bad[r] = 1`` for a row whose scores overflowed.  For
+    (candidates) per row, ``bad[r] = 1`` for a row whose scores overflowed, and ``keys``
+    (rows, :data:`SUPPORT_KEYS`) the support's keys (:func:`_store_keys`).  For
     alpha > 2 the skewed output is formed from ``w = u / max u`` (u overflows at the
     support's edge; the factor cancels in the ratio)."""
     rows, key_end = g.shape
@@ -520,12 +551,12 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
                                  np.bool_(True), 0.0, za, idx, zc, gx)
         _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
-                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand)
+                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys)
 
 
 @njit(nogil=True, cache=CACHE)
 def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, th, rmax, edge,
-             edge_p, doc, skew_in, vv, idx, pb, ub, cnt, dq, ds, bad, dal):
+             edge_p, doc, skew_in, vv, idx, pb, ub, cnt, dq, ds, bad, dal, keys):
     """Per-row backward of one chunk over the support only (see the module docstring).
     ``g``, ``filt``, ``err``, ``alphas`` (every one > 1 here) as in :func:`fwd_rows`;
     ``th`` (rows,) theta (-inf: empty row), and for the rows whose alpha > 2 the
@@ -535,8 +566,14 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     ``ub`` (s dZ), ``cnt`` per row, and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1``
     where a score overflowed.  alpha > 2: :func:`_dz_big`.  ``dal`` (rows,) or empty:
     dL/dalpha of each row, the row transform's alpha VJP
-    (:mod:`entmax_ref.backends.numba.grads`) on the support's p and dL/dp = dO . v."""
-    rows, key_end = g.shape
+    (:mod:`entmax_ref.backends.numba.grads`) on the support's p and dL/dp = dO . v.
+    ``keys`` (rows, cap) or (0, cap): the forward's support keys (:func:`_store_keys`); a
+    row that has them takes its candidates from them (:func:`_stored_candidates`) and
+    reads nothing of ``g``, which may then be empty when every row has them; ``bad[r] =
+    2`` where they do not belong to this call."""
+    rows = th.shape[0]
+    key_end = kk.shape[0]
+    use_keys = keys.shape[0] > 0
     dv = vv.shape[1]
     D = kk.shape[1]
     want_dal = dal.shape[0] > 0
@@ -554,9 +591,13 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
         for d in range(D):
             acc[d] = 0.0
         live = t > -np.inf
-        mc, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
-                                  np.bool_(False), t, za, ci, zc, gx)
-        bad[r] = 0 if ok else 1
+        if use_keys and keys[r, 0] != -2:
+            mc, status = _stored_candidates(r, n, qc, kk, scale, s, has_s, slopes[h], i_abs, keys, ci, zc, gx)
+            bad[r] = status
+        else:
+            mc, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
+                                      np.bool_(False), t, za, ci, zc, gx)
+            bad[r] = 0 if ok else 1
         m = np.int64(0)
         if live and big:
             L = rmax[r]
@@ -624,6 +665,33 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 dal[r] = _alpha_vjp_row_big(pb[r, :m], gd[:m], a1)
             else:
                 dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
+
+
+@njit(cache=CACHE)
+def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, zc, gx):
+    """Row r's candidates from the forward's support keys ``keys[r]`` (ascending, then -1):
+    their keys ``idx``, exact scores ``zc`` and exact q.k ``gx``, as :func:`_candidates`
+    gives them.  Returns (m, status): status 0, 1 where a score is not finite, 2 (and m =
+    0) where a key is not ascending or not one the row sees (keys of another call)."""
+    m = np.int64(0)
+    prev = np.int64(-1)
+    status = np.int8(0)
+    for c in range(keys.shape[1]):
+        j = np.int64(keys[r, c])
+        if j == -1:
+            break
+        if j <= prev or j >= n:
+            return np.int64(0), np.int8(2)
+        gv = _dot(qc, r, kk, j)
+        z = _score(gv, scale, s, has_s, slope, i_abs, j)
+        if (z - z) != 0.0:
+            status = np.int8(1)
+        idx[m] = j
+        gx[m] = gv
+        zc[m] = z
+        m += 1
+        prev = j
+    return m, status
 
 
 @njit(cache=CACHE)
@@ -992,7 +1060,8 @@ def attention_forward(backend, q, k, v, spec):
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = key_offset(Nq, Nk)
-    out, theta, support, skew, row_max, edge, edge_p = empty_forward(B, Hq, Nq, Dv)
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
+    support_keys = empty_support_keys(B, Hq, Nq)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -1019,8 +1088,10 @@ def attention_forward(backend, q, k, v, spec):
         qe = np.empty(rows, f64)
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
+        kc = np.empty((rows, SUPPORT_KEYS), np.int32)
         fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs,
-                 _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad)
+                 _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad,
+                 kc)
         if bad.any():
             raise ValueError(_OVERFLOW)
         if probe and filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
@@ -1038,6 +1109,7 @@ def attention_forward(backend, q, k, v, spec):
         row_max[b, h0:h0 + group, i0:i1] = rm.reshape(shape)
         edge[b, h0:h0 + group, i0:i1] = ce.reshape(shape)
         edge_p[b, h0:h0 + group, i0:i1] = qe.reshape(shape)
+        support_keys[b, h0:h0 + group, i0:i1] = kc.reshape(shape + (SUPPORT_KEYS,))
 
     # kv-heads in batches whose copies take at most HEAD_BYTES; the chunks of a batch run
     # in one parallel region (largest first), so that no worker idles at a head's end
@@ -1054,7 +1126,22 @@ def attention_forward(backend, q, k, v, spec):
                 items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
             items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
-    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
+    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p,
+                            support_keys)
+
+
+def empty_support_keys(B, Hq, Nq):
+    """The forward's ``support_keys`` as a row that sees no key leaves them (all -1)."""
+    return np.full((B, Hq, Nq, SUPPORT_KEYS), -1, np.int32)
+
+
+def _support_keys(res, B, Hq, Nq):
+    """The forward's support keys in ``res`` when they are this backend's (an int32 NumPy
+    array of shape (B, Hq, Nq, SUPPORT_KEYS)), else None."""
+    keys = getattr(res, "support_keys", None)
+    if isinstance(keys, np.ndarray) and keys.dtype == np.int32 and keys.shape == (B, Hq, Nq, SUPPORT_KEYS):
+        return keys
+    return None
 
 
 def attention_backward(backend, do, q, k, v, res, skew, spec):
@@ -1093,6 +1180,9 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     dalpha = np.zeros((B, Hq, Nq), f64) if spec.alpha_grad else None
     no_dal = np.empty(0, f64)
     no_skew = np.empty((0, Dv), f64)
+    keys_all = _support_keys(res, B, Hq, Nq)
+    no_keys = np.empty((0, SUPPORT_KEYS), np.int32)
+    no_g = np.empty((0, 0), np.float32)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     # per-worker accumulators of one kv-head (worker 0 uses dk, dv themselves), or one
@@ -1123,17 +1213,23 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
                     kk, vv = kk_all[:key_end], vv_all[:key_end]
                     rs = _row_scale(spec, b, h0, group, i0, i1)
-                    g, err, filt = _scores(state["filter"], q[sl], qc, kk_all, k32_all, kn, key_end, scale, rs)
-                    rows = g.shape[0]
+                    rows = group * nc
+                    kc = no_keys if keys_all is None else np.ascontiguousarray(keys_all[sl]).reshape(rows, -1)
+                    stored = kc.shape[0] > 0 and bool(np.all(kc[:, 0] != -2))
+                    if stored:  # every row has its support's keys: no product, no filter pass
+                        g, err, filt = no_g, np.zeros(rows), True
+                    else:
+                        g, err, filt = _scores(state["filter"], q[sl], qc, kk_all, k32_all, kn, key_end, scale, rs)
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
                     if resid is None:
                         rm = ce = qe = th  # not read for alpha <= 2
                     else:
                         rm, ce, qe = (np.ascontiguousarray(np.asarray(a[sl], f64).reshape(-1)) for a in resid)
                     sk = no_skew if skew is None else np.ascontiguousarray(np.asarray(skew[sl], f64).reshape(-1, Dv))
-                    idx = np.empty((rows, key_end), np.int32)
-                    pb = np.empty((rows, key_end), f64)
-                    ub = np.empty((rows, key_end), f64)
+                    width = SUPPORT_KEYS if stored else key_end
+                    idx = np.empty((rows, width), np.int32)
+                    pb = np.empty((rows, width), f64)
+                    ub = np.empty((rows, width), f64)
                     cnt = np.empty(rows, np.int64)
                     dqc = np.empty((rows, D), f64)
                     dsc = np.empty(rows, f64)
@@ -1141,10 +1237,13 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     dal = no_dal if dalpha is None else np.empty(rows, f64)
                     bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, slopes,
                              _group_alphas(spec, h0, group), th, rm, ce, qe, doc, sk, vv, idx, pb, ub, cnt, dqc, dsc,
-                             bad, dal)
+                             bad, dal, kc)
+                    if (bad == 2).any():
+                        raise ValueError("support_keys do not belong to this call (a key out of order or not "
+                                         "visible to its row): pass the residual of this problem's forward")
                     if bad.any():
                         raise ValueError(_OVERFLOW)
-                    if probe and filt and cnt.sum() > FILTER_FRACTION * rows * key_end:
+                    if probe and filt and not stored and cnt.sum() > FILTER_FRACTION * rows * key_end:
                         state["filter"] = False
                     dq[sl] = dqc.reshape(group, nc, D)
                     if ds is not None:

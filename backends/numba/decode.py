@@ -54,8 +54,9 @@ from numba import njit
 
 from . import CACHE
 from ..geometry import key_offset
-from .attention import (_OVERFLOW, _dot, _group_alphas, _group_slopes, _max_cut, _row_result, _row_scale,
-                        _run_parallel, _score, _score_error, _theta_cut, _theta_lower, _writable)
+from .attention import (_OVERFLOW, _dot, _group_alphas, _group_slopes, _max_cut, _row_result,
+                        _row_scale, _run_parallel, _score, _score_error, _theta_cut, _theta_lower, _writable,
+                        empty_support_keys)
 from .rows import _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
@@ -158,7 +159,7 @@ def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
 
 @njit(nogil=True, cache=CACHE)
 def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale, slopes, alphas, lmax, suspect,
-                err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad):
+                err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys):
     """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring): ``lmax``
     and ``suspect`` (rows,) are phase 1's over all blocks, ``err`` (rows,) the score error
     bound; writes the outputs as :func:`entmax_ref.backends.numba.attention.fwd_rows`
@@ -224,7 +225,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
             c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
         _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
-                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand)
+                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -276,7 +277,8 @@ def decode_forward(q, k, v, spec):
     R = group * Nq
     offset = key_offset(Nq, Nk)
     scale = float(spec.scale)
-    out, theta, support, skew, row_max, edge, edge_p = empty_forward(B, Hq, Nq, Dv)
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
+    support_keys = empty_support_keys(B, Hq, Nq)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
     scan = scans_inputs(q, k, v, spec)  # every key is read: scan k and v for NaN/inf too
@@ -330,6 +332,7 @@ def decode_forward(q, k, v, spec):
             hd["srow"] = np.ascontiguousarray(hd["suspect"].sum(axis=1))
             hd["ncand"] = np.empty(R, np.int64)
             hd["bad"] = np.zeros(R, np.int8)
+            hd["keys"] = np.empty((R, support_keys.shape[3]), np.int32)
             items += [(hd, r0, min(R, r0 + per)) for r0 in range(0, R, per)]
 
         def phase2(slot, item):
@@ -337,7 +340,7 @@ def decode_forward(q, k, v, spec):
             o, sk, th, sup, rm, ce, qe = hd["out"]
             decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, Nq, hd["nvis"], hd["nchk"], offset, scale,
                         hd["rs"], hd["slopes"], hd["alphas"], hd["lrow"], hd["srow"], hd["err"], o, sk, th, sup, rm,
-                        ce, qe, hd["ncand"], hd["bad"])
+                        ce, qe, hd["ncand"], hd["bad"], hd["keys"])
 
         _run_parallel(items, phase2, workers)
         for hd in heads:
@@ -353,4 +356,6 @@ def decode_forward(q, k, v, spec):
             row_max[sl] = rm.reshape(group, Nq)
             edge[sl] = ce.reshape(group, Nq)
             edge_p[sl] = qe.reshape(group, Nq)
-    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
+            support_keys[sl] = hd["keys"].reshape(group, Nq, -1)
+    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p,
+                            support_keys)
