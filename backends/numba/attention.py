@@ -159,7 +159,9 @@ def _score(gv, scale, s, has_s, slope, i_abs, j):
 
 @njit(cache=CACHE)
 def _dot(qc, r, kk, j):
-    """q_r . k_j in float64 with four partial sums (any order is as exact as BLAS's)."""
+    """q_r . k_j (``qc[r] . kk[j]``; the backward's dO_r . v_j too) in float64 with four
+    partial sums (any order is as exact as BLAS's, and four chains are not one serial
+    chain of D additions)."""
     D = qc.shape[1]
     a0 = 0.0
     a1 = 0.0
@@ -729,11 +731,7 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
     for d in range(dv):
         delta += doc[r, d] * sk[d]
     for c in range(m):
-        j = idx[r, c]
-        gdc = 0.0
-        for d in range(dv):
-            gdc += doc[r, d] * vv[j, d]
-        gd[c] = gdc
+        gd[c] = _dot(doc, r, vv, idx[r, c])  # four partial sums: not one serial chain of Dv adds
     return delta
 
 
