@@ -1179,6 +1179,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     no_dal = np.empty(0, f64)
     no_skew = np.empty((0, Dv), f64)
     keys_all = _support_keys(res, B, Hq, Nq)
+    all_stored = keys_all is not None and bool(np.all(keys_all[..., 0] != -2))
     no_keys = np.empty((0, SUPPORT_KEYS), np.int32)
     no_g = np.empty((0, 0), np.float32)
     causal, scale = bool(spec.causal), float(spec.scale)
@@ -1269,7 +1270,10 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                         add()
 
                 numbered = list(enumerate(items))
-                _run_chunks(numbered, work, workers, cost=lambda it: _chunk_cost(*it[1]))
+                if all_stored:  # no filter to probe; a chunk's work is its rows' supports
+                    _run_parallel(numbered, work, workers, cost=lambda it: it[1][1] - it[1][0])
+                else:
+                    _run_chunks(numbered, work, workers, cost=lambda it: _chunk_cost(*it[1]))
                 for dk_w, dv_w in accs[1:]:
                     dk[b, hk] += dk_w
                     dv[b, hk] += dv_w
