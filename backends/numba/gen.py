@@ -127,7 +127,7 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
             last_lo = lo
         f, fp = _f_gen(c, k, a1, A, buf, lanes)
         it += 1
-        done, A, lo, hi, flo, fhi = _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, True)
+        done, A, lo, hi, flo, fhi = _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, np.bool_(True))
         if done:
             return A, it, True, k
         f_prev = f
