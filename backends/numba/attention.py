@@ -32,7 +32,9 @@ backward (``bwd_rows`` then ``bwd_scatter``)
     :func:`_store_keys`: up to :data:`SUPPORT_KEYS` a row), whose exact scores are the only
     ones computed (a chunk whose rows all have them forms no score product and runs no
     filter pass); else the filter against the forward's theta.  ``p_j = e_alpha(z_j - theta_i)`` with the
-    reference's formula (``exp(log1p(a1 y) / a1)``) on them (alpha > 2: edge-relative
+    reference's formula (``exp(log1p(a1 y) / a1)``; with ``w = a1 y``, ``(1 + w)^2`` and
+    ``u = 1 + w`` at alpha = 1.5 and ``1 + w`` at alpha = 2, no transcendental call, as
+    exact) on them (alpha > 2: edge-relative
     from the forward's row max, edge and edge probability, :func:`~.big_alpha._edge_p`, and dZ in
     the row VJP's overflow-free form, :func:`_dz_big`); the support is compacted
     (key, ``p``, ``u``), the skewed output recomputed from it when the caller has none,
@@ -624,11 +626,20 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
             for c in range(mc):
                 w = a1 * (zc[c] - t)
                 if w > -1.0:  # e_alpha(z - theta) > 0 (up to underflow, checked below)
-                    p = math.exp(math.log1p(w) / a1)
+                    if a1 == 0.5:  # alpha = 1.5: p = (1 + w)^2, u = 1 + w, exact where w <= -0.5
+                        b1 = 1.0 + w
+                        p = b1 * b1
+                        u = b1
+                    elif a1 == 1.0:  # sparsemax: p = 1 + w, u = 1
+                        p = 1.0 + w
+                        u = 1.0
+                    else:
+                        p = math.exp(math.log1p(w) / a1)
+                        u = math.exp(a2 * math.log(p))
                     if p > 0.0:
                         idx[r, m] = ci[c]
                         pb[r, m] = p
-                        ub[r, m] = math.exp(a2 * math.log(p))
+                        ub[r, m] = u
                         gs[m] = gx[c]
                         m += 1
         cnt[r] = m
