@@ -1236,7 +1236,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     else:
                         rm, ce, qe = (np.ascontiguousarray(np.asarray(a[sl], f64).reshape(-1)) for a in resid)
                     sk = no_skew if skew is None else np.ascontiguousarray(np.asarray(skew[sl], f64).reshape(-1, Dv))
-                    width = SUPPORT_KEYS if stored else key_end
+                    width = kc.shape[1] if stored else key_end
                     idx = np.empty((rows, width), np.int32)
                     pb = np.empty((rows, width), f64)
                     ub = np.empty((rows, width), f64)
