@@ -130,7 +130,21 @@ def forward_by_key_runs(forward, q, k, v, spec: AttentionSpec, otherwise):
     xp = xp_of(q)
     parts = [forward(q[b:b + 1], k[b:b + 1, :, lo:], v[b:b + 1, :, lo:], run_spec(spec, b, lo, hi))
              for b, (lo, hi) in enumerate(runs)]
-    return AttentionForward(*(None if field[0] is None else xp.concatenate(field) for field in zip(*parts)))
+    fields = {name: [getattr(p, name) for p in parts] for name in AttentionForward._fields}
+    return AttentionForward(**{name: concat_keys(field) if name == "support_keys" else
+                               None if field[0] is None else xp.concatenate(field) for name, field in fields.items()})
+
+
+def concat_keys(parts):
+    """Support keys of several batches as one array (each piece widened with -1 to the
+    widest one's keys per row); None when a piece has none."""
+    if not parts or any(p is None for p in parts):
+        return None
+    xp = xp_of(parts[0])
+    width = max(p.shape[-1] for p in parts)
+    return xp.concatenate([p if p.shape[-1] == width else
+                           xp.concatenate([p, xp.full(p.shape[:-1] + (width - p.shape[-1],), -1, p.dtype)], axis=-1)
+                           for p in parts])
 
 
 def backward_by_key_runs(backward, do, q, k, v, res, skew, spec: AttentionSpec, otherwise):

@@ -159,7 +159,8 @@ def test_bitwise_reproducible(path, alpha):
 # --------------------------------------------------------------------------- the support keys
 def _keys_of_dense(d, cap):
     """What ``info.support_keys`` must hold: each row's support under the dense formula,
-    ascending, then -1; -2 and then -1 where it has more than ``cap`` keys."""
+    ascending, then -1; -2 and then -1 where it has more than ``cap`` keys; as wide as the
+    largest support that fits."""
     B, Hq, Nq, _ = d.p.shape
     want = np.full((B, Hq, Nq, cap), -1, np.int32)
     for row in np.ndindex(B, Hq, Nq):
@@ -168,7 +169,8 @@ def _keys_of_dense(d, cap):
             want[row][0] = -2
         else:
             want[row][:keys.size] = keys
-    return want
+    fits = d.support[d.support <= cap]
+    return want[..., :max(1, int(fits.max(initial=0)))]
 
 
 def _without_keys(info):
@@ -192,7 +194,7 @@ def test_backward_from_the_support_keys(path, threads, monkeypatch, alpha, cap, 
     if cap == "median":
         d = dense(q, k, v, alpha=alpha, **kw)
         cap = int(np.median(d.support[d.n > 0]))
-    monkeypatch.setattr(nattn, "SUPPORT_KEYS", cap)
+    monkeypatch.setattr(nattn, "keys_width", lambda dv: cap)
     out, info, d = check_against_dense("numba", q, k, v, alpha, chunk=7, **kw)
     assert info.support_keys.dtype == np.int32
     assert np.array_equal(info.support_keys, _keys_of_dense(d, cap))
@@ -226,6 +228,26 @@ def test_support_keys_under_left_padding(alpha):
     assert not g.dk[:, :, :9].any() and not g.dv[:, :, :9].any()
     for name, a, b_, t in zip(("dq", "dk", "dv"), g, (g_ref.dq, g_ref.dk[:, :, 9:], g_ref.dv[:, :, 9:]), tols):
         a = a if name == "dq" else a[:, :, 9:]
+        np.testing.assert_allclose(a, b_, rtol=0, atol=t, err_msg=name)
+
+
+def test_support_keys_width_follows_the_value_dim():
+    """Room for max(64, 2 Dv) keys a row (never more bytes than the float64 skewed output),
+    trimmed to the most a row holds: at Dv = 48, supports of 65-96 keys are kept, larger
+    ones are found again; the gradients from them are the dense formula's."""
+    rng, q, k, v = problem(4, B=1, Hq=2, Hkv=1, Nq=24, Nk=400, D=8, Dv=48, spread=1.0)
+    kw = dict(alpha=1.25, causal=False, chunk=8, backend="numba")
+    out, info = er.attention(q, k, v, return_info=True, **kw)
+    d = dense(q, k, v, alpha=1.25)
+    assert np.array_equal(info.support, d.support)
+    assert (d.support > 64).any() and (d.support <= 96).any() and (d.support > 96).any()
+    assert np.array_equal(info.support_keys, _keys_of_dense(d, 96))
+    assert info.support_keys.shape[3] > 64
+    g_out = rng.standard_normal(out.shape)
+    tols = grad_tols(d, q, k, v, g_out, 1.25)
+    g = er.attention_vjp(g_out, q, k, v, info=info, **kw)
+    g_ref = er.attention_vjp(g_out, q, k, v, info=info, **{**kw, "backend": "numpy"})
+    for name, a, b_, t in zip(("dq", "dk", "dv"), g, g_ref, tols):
         np.testing.assert_allclose(a, b_, rtol=0, atol=t, err_msg=name)
 
 

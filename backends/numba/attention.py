@@ -29,7 +29,7 @@ forward (``fwd_rows``, per row)
 
 backward (``bwd_rows`` then ``bwd_scatter``)
     the candidates: the support's keys the forward kept (``AttentionForward.support_keys``,
-    :func:`_store_keys`: up to :data:`SUPPORT_KEYS` a row), whose exact scores are the only
+    :func:`_store_keys`: up to :func:`keys_width` a row), whose exact scores are the only
     ones computed (a chunk whose rows all have them forms no score product and runs no
     filter pass); else the filter against the forward's theta.  ``p_j = e_alpha(z_j - theta_i)`` with the
     reference's formula (``exp(log1p(a1 y) / a1)``; with ``w = a1 y``, ``(1 + w)^2`` and
@@ -82,9 +82,10 @@ twice, once for the ``Literal[int](0)`` that type inference sees first and once 
 
 Memory: per worker, one ``(rows, key_end)`` score block (float32 on the filter path) and
 in the backward three more of the compacted support (int32 key, float64 ``p`` and
-``u`` / ``s dZ``; ``(rows, SUPPORT_KEYS)`` and no score block where the chunk's rows have
+``u`` / ``s dZ``; ``(rows, width)`` and no score block where the chunk's rows have
 their keys); the chunk is the driver's (a float64 block of ~8 MiB).  The forward's
-support keys take 256 bytes a row.
+support keys take at most 4 bytes x :func:`keys_width` a row (no more than the float64
+skewed output), and are trimmed to the largest support when the forward ends.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ from .compensated import acc as _acc
 from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
 from .rows import _solve_default, _solver_scratch
 
-#: Support keys the forward keeps per row for the backward (``AttentionForward.support_keys``,
-#: int32: 256 bytes a row, half the float64 skewed output at Dv = 64); a row with a larger
-#: support has its support found again by the backward's filter.
+#: The fewest support keys the forward keeps room for per row (``AttentionForward.support_keys``,
+#: int32; :func:`keys_width`); a row with a larger support has it found again by the
+#: backward's filter.
 SUPPORT_KEYS = 64
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
@@ -478,7 +479,7 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed):
 
 @njit(cache=CACHE)
 def _store_keys(r, m, pc, idx, keys):
-    """Row r's support keys into ``keys[r]`` (:data:`SUPPORT_KEYS` wide): the keys of the
+    """Row r's support keys into ``keys[r]`` (:func:`keys_width` wide): the keys of the
     candidates with ``p > 0`` in candidate (ascending key) order, then -1; -2 and then -1
     when there are more than fit (the backward finds that row's support again)."""
     cap = keys.shape[1]
@@ -538,7 +539,7 @@ def fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     ``skew`` (rows, Dv), ``theta``, ``support``, the residual ``rmax``, ``edge``,
     ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p), ``ncand``
     (candidates) per row, ``bad[r] = 1`` for a row whose scores overflowed, and ``keys``
-    (rows, :data:`SUPPORT_KEYS`) the support's keys (:func:`_store_keys`).  For
+    (rows, :func:`keys_width`) the support's keys (:func:`_store_keys`).  For
     alpha > 2 the skewed output is formed from ``w = u / max u`` (u overflows at the
     support's edge; the factor cancels in the ratio)."""
     rows, key_end = g.shape
@@ -1020,21 +1021,32 @@ def _head_keys(k, b, hk):
     return kk_all, k32_all, kn
 
 
-def _scores(filt, qsl, qc, kk_all, k32_all, kn, key_end, scale, rs):
+def _scores(filt, qsl, qc, kk_all, k32_all, kn, key_end, scale, rs, need=None):
     """A chunk's score block for the row kernels: with ``filt`` (the float32 filter is on
     and may be used for this chunk) and a finite error bound, the float32 product of the
     chunk's queries ``qsl`` with the keys and its per-row error bound; else the float64
-    product of ``qc`` (``qsl`` as float64 rows) and a zero bound.  Returns (g, err, filt)."""
+    product of ``qc`` (``qsl`` as float64 rows) and a zero bound.  With ``need`` (a bool
+    mask of the rows) only those rows of the block are formed (the others are left
+    unwritten: their kernel rows do not read them).  Returns (g, err, filt)."""
     with np.errstate(over="ignore", invalid="ignore"):
         if filt:
             err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
             filt = bool(np.all(err < 1e290))
         if filt:
-            g = np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]) @ k32_all[:key_end].T
+            g = _product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), k32_all[:key_end], need)
         else:
-            g = qc @ kk_all[:key_end].T
+            g = _product(qc, kk_all[:key_end], need)
             err = np.zeros(g.shape[0])
     return g, err, filt
+
+
+def _product(a, b, need):
+    """``a @ b.T``, or only its rows where ``need`` (the others unwritten)."""
+    if need is None or need.all():
+        return a @ b.T
+    g = np.empty((a.shape[0], b.shape[0]), a.dtype)
+    g[need] = a[need] @ b.T
+    return g
 
 
 #: The float32 filter is kept while the candidates it leaves are at most this fraction of
@@ -1070,7 +1082,7 @@ def attention_forward(backend, q, k, v, spec):
     group = Hq // Hkv
     offset = key_offset(Nq, Nk)
     out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
-    support_keys = empty_support_keys(B, Hq, Nq)
+    support_keys = empty_support_keys(B, Hq, Nq, Dv)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -1097,7 +1109,7 @@ def attention_forward(backend, q, k, v, spec):
         qe = np.empty(rows, f64)
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
-        kc = np.empty((rows, SUPPORT_KEYS), np.int32)
+        kc = np.empty((rows, support_keys.shape[3]), np.int32)
         fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs,
                  _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad,
                  kc)
@@ -1118,7 +1130,7 @@ def attention_forward(backend, q, k, v, spec):
         row_max[b, h0:h0 + group, i0:i1] = rm.reshape(shape)
         edge[b, h0:h0 + group, i0:i1] = ce.reshape(shape)
         edge_p[b, h0:h0 + group, i0:i1] = qe.reshape(shape)
-        support_keys[b, h0:h0 + group, i0:i1] = kc.reshape(shape + (SUPPORT_KEYS,))
+        support_keys[b, h0:h0 + group, i0:i1] = kc.reshape(shape + (-1,))
 
     # kv-heads in batches whose copies take at most HEAD_BYTES; the chunks of a batch run
     # in one parallel region (largest first), so that no worker idles at a head's end
@@ -1136,20 +1148,34 @@ def attention_forward(backend, q, k, v, spec):
             items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p,
-                            support_keys)
+                            trimmed_keys(support_keys))
 
 
-def empty_support_keys(B, Hq, Nq):
+def keys_width(Dv):
+    """Support keys the forward keeps room for per row: :data:`SUPPORT_KEYS`, or ``2 Dv``
+    when that is more (4 bytes a key: never more than the float64 skewed output)."""
+    return max(SUPPORT_KEYS, 2 * Dv)
+
+
+def empty_support_keys(B, Hq, Nq, Dv):
     """The forward's ``support_keys`` as a row that sees no key leaves them (all -1)."""
-    return np.full((B, Hq, Nq, SUPPORT_KEYS), -1, np.int32)
+    return np.full((B, Hq, Nq, keys_width(Dv)), -1, np.int32)
+
+
+def trimmed_keys(keys):
+    """``keys`` cut to the most keys a row holds (at least one column): the keys of every
+    row that has them, and the -2 of those that do not."""
+    width = max(1, int((keys >= 0).sum(axis=-1).max(initial=0)))
+    return keys if width == keys.shape[3] else np.ascontiguousarray(keys[..., :width])
 
 
 def _support_keys(res, B, Hq, Nq):
     """The forward's support keys in ``res`` when they are this backend's (an int32 NumPy
-    array of shape (B, Hq, Nq, SUPPORT_KEYS)), else None."""
+    array of shape (B, Hq, Nq, width)), else None."""
     keys = getattr(res, "support_keys", None)
-    if isinstance(keys, np.ndarray) and keys.dtype == np.int32 and keys.shape == (B, Hq, Nq, SUPPORT_KEYS):
-        return keys
+    if (isinstance(keys, np.ndarray) and keys.dtype == np.int32 and keys.ndim == 4
+            and keys.shape[:3] == (B, Hq, Nq) and keys.shape[3] > 0):
+        return np.ascontiguousarray(keys)
     return None
 
 
@@ -1191,7 +1217,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     no_skew = np.empty((0, Dv), f64)
     keys_all = _support_keys(res, B, Hq, Nq)
     all_stored = keys_all is not None and bool(np.all(keys_all[..., 0] != -2))
-    no_keys = np.empty((0, SUPPORT_KEYS), np.int32)
+    no_keys = np.empty((0, 1), np.int32)
     no_g = np.empty((0, 0), np.float32)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
@@ -1228,8 +1254,10 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     stored = kc.shape[0] > 0 and bool(np.all(kc[:, 0] != -2))
                     if stored:  # every row has its support's keys: no product, no filter pass
                         g, err, filt = no_g, np.zeros(rows), True
-                    else:
-                        g, err, filt = _scores(state["filter"], q[sl], qc, kk_all, k32_all, kn, key_end, scale, rs)
+                    else:  # the product of the rows without keys only
+                        need = None if kc.shape[0] == 0 else kc[:, 0] == -2
+                        g, err, filt = _scores(state["filter"], q[sl], qc, kk_all, k32_all, kn, key_end, scale, rs,
+                                               need)
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
                     if resid is None:
                         rm = ce = qe = th  # not read for alpha <= 2

@@ -56,7 +56,7 @@ from . import CACHE
 from ..geometry import key_offset
 from .attention import (_OVERFLOW, _dot, _group_alphas, _group_slopes, _max_cut, _row_result,
                         _row_scale, _run_parallel, _score, _score_error, _theta_cut, _theta_lower, _writable,
-                        empty_support_keys)
+                        empty_support_keys, trimmed_keys)
 from .rows import _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
@@ -278,7 +278,7 @@ def decode_forward(q, k, v, spec):
     offset = key_offset(Nq, Nk)
     scale = float(spec.scale)
     out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
-    support_keys = empty_support_keys(B, Hq, Nq)
+    support_keys = empty_support_keys(B, Hq, Nq, Dv)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
     scan = scans_inputs(q, k, v, spec)  # every key is read: scan k and v for NaN/inf too
@@ -358,4 +358,4 @@ def decode_forward(q, k, v, spec):
             edge_p[sl] = qe.reshape(group, Nq)
             support_keys[sl] = hd["keys"].reshape(group, Nq, -1)
     return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p,
-                            support_keys)
+                            trimmed_keys(support_keys))
