@@ -634,9 +634,10 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                     elif a1 == 1.0:  # sparsemax: p = 1 + w, u = 1
                         p = 1.0 + w
                         u = 1.0
-                    else:
-                        p = math.exp(math.log1p(w) / a1)
-                        u = math.exp(a2 * math.log(p))
+                    else:  # log p = log1p(w) / a1 and u = exp(a2 log p), from one log1p
+                        lp = math.log1p(w) / a1
+                        p = math.exp(lp)
+                        u = math.exp(a2 * lp)
                     if p > 0.0:
                         idx[r, m] = ci[c]
                         pb[r, m] = p
