@@ -49,10 +49,11 @@ class AttentionInfo:
         as the row solvers write it: theta cannot resolve the support's edge there.
     alpha : float, the alpha of the call, or with alphas that differ between query heads
         the tuple of them, one float per head (checked by :func:`attention_vjp`).
-    support_keys : int32 (B, Hq, Nq, 64) or None: the numba backend's forward keeps each
+    support_keys : int32 (B, Hq, Nq, W) or None: the numba backend's forward keeps each
         row's support as key indices (ascending, then -1; -2, -1, ... on a row with more than
-        64), so that its backward computes the scores of those keys only, with no q.k
-        product and no search for the support; None from the other backends.
+        max(64, 2 Dv) keys), W the most a row holds, so that its backward computes the scores
+        of those keys only, with no q.k product and no search for the support; None from
+        the other backends.
 
     Pass the whole object to ``attention_vjp(..., info=info)``: it is the lossless
     residual of the forward (theta, the edge and the skewed output), so the backward

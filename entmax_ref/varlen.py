@@ -152,7 +152,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
         Also return an :class:`entmax_ref.AttentionInfo` whose per-row fields (tau,
         support, s, n and the residual theta, row_max, edge, edge_p) are shaped
         ``(total_q, Hq)`` (``skew``: ``(total_q, Hq, Dv)``; ``support_keys``, when the
-        backend keeps them: ``(total_q, Hq, 64)``); pass it whole to
+        backend keeps them: ``(total_q, Hq, W)``); pass it whole to
         :func:`attention_varlen_vjp` as ``info=`` (the lossless residual).
 
     Returns
