@@ -31,10 +31,10 @@ backward (``bwd_rows`` then ``bwd_scatter``)
     the candidates: the support's keys the forward kept (``AttentionForward.support_keys``,
     :func:`_store_keys`: up to :func:`keys_width` a row), whose exact scores are the only
     ones computed (a chunk whose rows all have them forms no score product and runs no
-    filter pass); else the filter against the forward's theta.  ``p_j = e_alpha(z_j - theta_i)`` with the
-    reference's formula (``exp(log1p(a1 y) / a1)``; with ``w = a1 y``, ``(1 + w)^2`` and
-    ``u = 1 + w`` at alpha = 1.5 and ``1 + w`` at alpha = 2, no transcendental call, as
-    exact) on them (alpha > 2: edge-relative
+    filter pass); else the filter against the forward's theta.  ``p_j = e_alpha(z_j - theta_i)`` and ``u_j =
+    p_j^(2 - alpha)`` as the row solvers' output pass forms them
+    (:func:`~.elementwise._p_u`: the reference's ``exp(log1p(a1 y) / a1)``, closed forms at
+    alpha = 1.5 and 2) on them (alpha > 2: edge-relative
     from the forward's row max, edge and edge probability, :func:`~.big_alpha._edge_p`, and dZ in
     the row VJP's overflow-free form, :func:`_dz_big`); the support is compacted
     (key, ``p``, ``u``), the skewed output recomputed from it when the caller has none,
@@ -103,7 +103,8 @@ from ..geometry import key_offset
 from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
 from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
-from .rows import _solve_default, _solver_scratch
+from .elementwise import _p_u
+from .rows import _kind, _solve_default, _solver_scratch
 
 #: The fewest support keys the forward keeps room for per row (``AttentionForward.support_keys``,
 #: int32; :func:`keys_width`); a row with a larger support has it found again by the
@@ -624,26 +625,15 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                     gs[m] = gx[c]
                     m += 1
         elif live:
+            kind = _kind(a1)
             for c in range(mc):
-                w = a1 * (zc[c] - t)
-                if w > -1.0:  # e_alpha(z - theta) > 0 (up to underflow, checked below)
-                    if a1 == 0.5:  # alpha = 1.5: p = (1 + w)^2, u = 1 + w, exact where w <= -0.5
-                        b1 = 1.0 + w
-                        p = b1 * b1
-                        u = b1
-                    elif a1 == 1.0:  # sparsemax: p = 1 + w, u = 1
-                        p = 1.0 + w
-                        u = 1.0
-                    else:  # log p = log1p(w) / a1 and u = exp(a2 log p), from one log1p
-                        lp = math.log1p(w) / a1
-                        p = math.exp(lp)
-                        u = math.exp(a2 * lp)
-                    if p > 0.0:
-                        idx[r, m] = ci[c]
-                        pb[r, m] = p
-                        ub[r, m] = u
-                        gs[m] = gx[c]
-                        m += 1
+                p, u = _p_u(zc[c] - t, a1, kind)  # the row solvers' e_alpha and p^(2 - alpha)
+                if p > 0.0:
+                    idx[r, m] = ci[c]
+                    pb[r, m] = p
+                    ub[r, m] = u
+                    gs[m] = gx[c]
+                    m += 1
         cnt[r] = m
         mref = 0  # the first entry of largest u (the reference point of ds)
         if big:
