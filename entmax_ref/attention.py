@@ -485,8 +485,8 @@ def _residual_from_info(info, prob: _Problem, shape: tuple):
         raise ValueError(f"info.skew must have shape {shape + (prob.v.shape[3],)}")
     keys = info.support_keys
     if keys is not None and (getattr(keys, "ndim", 0) != 4 or tuple(keys.shape)[:3] != shape
-                             or getattr(keys, "dtype", None) != np.int32):
-        raise ValueError(f"info.support_keys must be None or int32 of shape {shape} + (cap,), got "
+                             or keys.shape[3] < 1 or getattr(keys, "dtype", None) != np.int32):
+        raise ValueError(f"info.support_keys must be None or int32 of shape {shape} + (width >= 1,), got "
                          f"{getattr(keys, 'dtype', type(keys).__name__)} {tuple(getattr(keys, 'shape', ()))}")
     return AttentionResidual(info.theta, info.row_max, info.edge, info.edge_p, keys), skew
 

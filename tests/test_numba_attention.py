@@ -12,6 +12,7 @@ tests/test_attention.py, and results that do not change from run to run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numba
 import numpy as np
@@ -174,8 +175,6 @@ def _keys_of_dense(d, cap):
 
 
 def _without_keys(info):
-    import dataclasses
-
     return dataclasses.replace(info, support_keys=None)
 
 
@@ -272,8 +271,6 @@ def test_backward_with_support_keys_forms_no_score_product(monkeypatch):
             np.testing.assert_allclose(a, b_, rtol=0, atol=t)
         keys = info.support_keys.copy()
         keys[0, 1, 20, 0] = -2  # one row without keys: its chunk forms the product
-        import dataclasses
-
         with pytest.raises(AssertionError, match="score product"):
             er.attention_vjp(g_out, q, k, v, info=dataclasses.replace(info, support_keys=keys), **kw)
 
@@ -282,8 +279,6 @@ def test_support_keys_of_another_call_are_refused():
     """Keys that cannot be this call's support (out of order, not visible to the row) and
     keys of the wrong type or shape raise, naming support_keys; they are never read past
     the row's keys."""
-    import dataclasses
-
     rng, q, k, v = problem(2, B=1, Hq=2, Hkv=1, Nq=20, Nk=20, D=4, Dv=3, spread=2.5)
     kw = dict(alpha=1.5, causal=True, backend="numba")
     _, info = er.attention(q, k, v, return_info=True, **kw)
@@ -303,6 +298,6 @@ def test_support_keys_of_another_call_are_refused():
     for keys in (swapped, early, negative):
         with pytest.raises(ValueError, match="support_keys do not belong"):
             vjp(keys)
-    for keys in (info.support_keys.astype(np.int64), info.support_keys[..., :1, :]):
+    for keys in (info.support_keys.astype(np.int64), info.support_keys[..., :1, :], info.support_keys[..., :0]):
         with pytest.raises(ValueError, match="info.support_keys must be"):
             vjp(keys)

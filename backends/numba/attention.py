@@ -1160,14 +1160,11 @@ def trimmed_keys(keys):
     return keys if width == keys.shape[3] else np.ascontiguousarray(keys[..., :width])
 
 
-def _support_keys(res, B, Hq, Nq):
-    """The forward's support keys in ``res`` when they are this backend's (an int32 NumPy
-    array of shape (B, Hq, Nq, width)), else None."""
+def _support_keys(res):
+    """The forward's support keys in ``res`` when they are this backend's (a NumPy array;
+    the public layer checked dtype and shape), else None."""
     keys = getattr(res, "support_keys", None)
-    if (isinstance(keys, np.ndarray) and keys.dtype == np.int32 and keys.ndim == 4
-            and keys.shape[:3] == (B, Hq, Nq) and keys.shape[3] > 0):
-        return np.ascontiguousarray(keys)
-    return None
+    return np.ascontiguousarray(keys) if isinstance(keys, np.ndarray) else None
 
 
 def attention_backward(backend, do, q, k, v, res, skew, spec):
@@ -1206,7 +1203,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     dalpha = np.zeros((B, Hq, Nq), f64) if spec.alpha_grad else None
     no_dal = np.empty(0, f64)
     no_skew = np.empty((0, Dv), f64)
-    keys_all = _support_keys(res, B, Hq, Nq)
+    keys_all = _support_keys(res)
     all_stored = keys_all is not None and bool(np.all(keys_all[..., 0] != -2))
     no_keys = np.empty((0, 1), np.int32)
     no_g = np.empty((0, 0), np.float32)
@@ -1242,11 +1239,11 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     rs = _row_scale(spec, b, h0, group, i0, i1)
                     rows = group * nc
                     kc = no_keys if keys_all is None else np.ascontiguousarray(keys_all[sl]).reshape(rows, -1)
-                    stored = kc.shape[0] > 0 and bool(np.all(kc[:, 0] != -2))
+                    need = None if keys_all is None else kc[:, 0] == -2  # rows that find their support again
+                    stored = need is not None and not need.any()
                     if stored:  # every row has its support's keys: no product, no filter pass
                         g, err, filt = no_g, np.zeros(rows), True
                     else:  # the product of the rows without keys only
-                        need = None if kc.shape[0] == 0 else kc[:, 0] == -2
                         g, err, filt = _scores(state["filter"], q[sl], qc, kk_all, k32_all, kn, key_end, scale, rs,
                                                need)
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
