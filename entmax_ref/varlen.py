@@ -23,6 +23,7 @@ import numpy as np
 from . import _validate as V
 from .asentmax import _broadcast, _real, _reduce_to
 from .attention import AttentionGradients, AttentionInfo, _alpha_arg, attention, attention_vjp
+from .backends.numpy_attention import concat_keys
 
 __all__ = ["attention_varlen", "attention_varlen_vjp"]
 
@@ -189,7 +190,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
         skew = xp.zeros((P.total_q, P.Hq, P.Dv))
         resid = {"theta": xp.full((P.total_q, P.Hq), -np.inf), "row_max": xp.full((P.total_q, P.Hq), -np.inf),
                  "edge": xp.full((P.total_q, P.Hq), -np.inf), "edge_p": xp.zeros((P.total_q, P.Hq))}
-        keys = []  # each sequence's (rows, Hq, width) support keys while every forward keeps them
+        keys = []  # each sequence's (rows, Hq, width) support keys, in row order (None: kept none)
     for _, q0, q1, k0, k1 in P.sequences():
         res = attention(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
                         alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
@@ -205,25 +206,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
             skew[q0:q1] = info.skew[0].transpose(1, 0, 2)
             for name, field in resid.items():
                 field[q0:q1] = getattr(info, name)[0].T
-            if keys is not None:
-                keys = None if info.support_keys is None else keys + [(q0, info.support_keys[0].transpose(1, 0, 2))]
+            keys.append(None if info.support_keys is None else info.support_keys[0].transpose(1, 0, 2))
     if not return_info:
         return out
     return out, AttentionInfo(tau, support, s_info, n, skew, resid["theta"], resid["row_max"], resid["edge"],
-                              resid["edge_p"], P.info_alpha, _packed_keys(keys, P.total_q, P.Hq, xp))
-
-
-def _packed_keys(pieces, total_q: int, Hq: int, xp):
-    """The sequences' support keys ``[(q0, (n_s, Hq, width_s))]`` as one (total_q, Hq,
-    width) array (-1 where a row has fewer keys, and on rows of no sequence); None when
-    a sequence's forward kept none."""
-    if pieces is None:
-        return None
-    width = max([1] + [a.shape[2] for _, a in pieces])
-    keys = xp.full((total_q, Hq, width), -1, np.int32)
-    for q0, a in pieces:
-        keys[q0:q0 + a.shape[0], :, :a.shape[2]] = a
-    return keys
+                              resid["edge_p"], P.info_alpha, concat_keys(keys))
 
 
 def _sequence_info(info, q0: int, q1: int):
