@@ -161,27 +161,19 @@ def _score(gv, scale, s, has_s, slope, i_abs, j):
     return z
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, fastmath={"reassoc", "contract"})
 def _dot(qc, r, kk, j):
-    """q_r . k_j (``qc[r] . kk[j]``; the backward's dO_r . v_j too) in float64 with four
-    partial sums (any order is as exact as BLAS's, and four chains are not one serial
-    chain of D additions)."""
-    D = qc.shape[1]
-    a0 = 0.0
-    a1 = 0.0
-    a2 = 0.0
-    a3 = 0.0
-    d = 0
-    while d + 4 <= D:
-        a0 += qc[r, d] * kk[j, d]
-        a1 += qc[r, d + 1] * kk[j, d + 1]
-        a2 += qc[r, d + 2] * kk[j, d + 2]
-        a3 += qc[r, d + 3] * kk[j, d + 3]
-        d += 4
-    while d < D:
-        a0 += qc[r, d] * kk[j, d]
-        d += 1
-    return (a0 + a1) + (a2 + a3)
+    """q_r . k_j (``qc[r] . kk[j]``; the backward's dO_r . v_j too) in float64, summed in
+    the order the compiler vectorises (``fastmath`` reassociation and fused multiply-adds:
+    any order is as exact as BLAS's, and vector lanes are not one serial chain of D
+    additions; twice as fast as four explicit partial sums).  ``kk`` is float64 or the
+    float32 input itself (converted exactly).  The order depends on the argument types
+    and the machine only, so every driver passes K (and V) in the input's precision:
+    the chunked forward, the decoding path and the backward then get the same bits."""
+    a = 0.0
+    for d in range(qc.shape[1]):
+        a += qc[r, d] * kk[j, d]
+    return a
 
 
 @njit(cache=CACHE)
@@ -734,7 +726,7 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
     for d in range(dv):
         delta += doc[r, d] * sk[d]
     for c in range(m):
-        gd[c] = _dot(doc, r, vv, idx[r, c])  # four partial sums: not one serial chain of Dv adds
+        gd[c] = _dot(doc, r, vv, idx[r, c])
     return delta
 
 
@@ -1003,13 +995,23 @@ def _score_error(qc, kmax, scale, rs):
 
 
 def _head_keys(k, b, hk):
-    """One kv-head's keys as both drivers use them: float64 and float32 copies and the
-    float64 key norms (a float32 overflow only turns the filter off)."""
+    """One kv-head's keys as both drivers use them: float64 and float32 copies, the keys in
+    the input's precision (what the row kernels read: the float32 input itself, not a
+    float64 copy of twice the size, and the same array type the decoding path passes, so
+    that :func:`_dot` rounds the same way in both) and the float64 key norms (a float32
+    overflow only turns the filter off)."""
     kk_all = np.ascontiguousarray(k[b, hk], np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         k32_all = np.ascontiguousarray(k[b, hk], np.float32)
         kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
-    return kk_all, k32_all, kn
+    kx_all = k32_all if k.dtype == np.float32 else kk_all
+    return kk_all, k32_all, kx_all, kn
+
+
+def _head_values(v, b, hv):
+    """One kv-head's values as the row kernels read them: in the input's precision (the
+    float32 input is converted exactly where it is read; see :func:`_head_keys`)."""
+    return _writable(np.ascontiguousarray(v[b, hv]))
 
 
 def _scores(filt, qsl, qc, kk_all, k32_all, kn, key_end, scale, rs, need=None):
@@ -1082,7 +1084,7 @@ def attention_forward(backend, q, k, v, spec):
     def work(slot, item, probe=False):
         b, hk, i0, i1, key_end = item
         h0 = hk * group
-        kk_all, k32_all, kn, vv_all = heads[b, hk]
+        kk_all, k32_all, kx_all, kn, vv_all = heads[b, hk]
         nc = i1 - i0
         qsl = q[b, h0:h0 + group, i0:i1]
         qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
@@ -1101,7 +1103,7 @@ def attention_forward(backend, q, k, v, spec):
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
         kc = np.empty((rows, support_keys.shape[3]), np.int32)
-        fwd_rows(g, filt, qc, kk_all[:key_end], err, nc, i0, offset, causal, scale, rs,
+        fwd_rows(g, filt, qc, kx_all[:key_end], err, nc, i0, offset, causal, scale, rs,
                  _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad,
                  kc)
         if bad.any():
@@ -1134,7 +1136,7 @@ def attention_forward(backend, q, k, v, spec):
             heads.clear()
             items = []
             for b, hk in batch:
-                heads[b, hk] = _head_keys(k, b, hk) + (np.ascontiguousarray(v[b, hk], f64),)
+                heads[b, hk] = _head_keys(k, b, hk) + (_head_values(v, b, hk),)
                 items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
             items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
@@ -1219,8 +1221,8 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
             items = _head_items(spec, b, Nq, Nk, group)
             for hk in range(Hkv):
                 h0 = hk * group
-                kk_all, k32_all, kn = _head_keys(k, b, hk)
-                vv_all = np.ascontiguousarray(v[b, hk], f64)
+                kk_all, k32_all, kx_all, kn = _head_keys(k, b, hk)
+                vv_all = _head_values(v, b, hk)
                 slopes = _group_slopes(spec, h0, group)
                 accs = [(dk[b, hk], dv[b, hk])]
                 for dk_w, dv_w in extra:
@@ -1228,14 +1230,14 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     dv_w[:] = 0.0
                     accs.append((dk_w, dv_w))
 
-                def work(slot, item, probe=False, b=b, h0=h0, kk_all=kk_all, vv_all=vv_all, k32_all=k32_all,
-                         kn=kn, slopes=slopes, accs=accs, in_order=_InOrder()):
+                def work(slot, item, probe=False, b=b, h0=h0, kk_all=kk_all, kx_all=kx_all, vv_all=vv_all,
+                         k32_all=k32_all, kn=kn, slopes=slopes, accs=accs, in_order=_InOrder()):
                     n, (i0, i1, key_end) = item
                     nc = i1 - i0
                     sl = (b, slice(h0, h0 + group), slice(i0, i1))
                     qc = np.ascontiguousarray(np.asarray(q[sl], f64).reshape(-1, D))
                     doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
-                    kk, vv = kk_all[:key_end], vv_all[:key_end]
+                    kk, vv = kx_all[:key_end], vv_all[:key_end]
                     rs = _row_scale(spec, b, h0, group, i0, i1)
                     rows = group * nc
                     kc = no_keys if keys_all is None else np.ascontiguousarray(keys_all[sl]).reshape(rows, -1)
