@@ -301,3 +301,25 @@ def test_support_keys_of_another_call_are_refused():
     for keys in (info.support_keys.astype(np.int64), info.support_keys[..., :1, :], info.support_keys[..., :0]):
         with pytest.raises(ValueError, match="info.support_keys must be"):
             vjp(keys)
+
+
+def test_range_pass_extrema_and_nan_count():
+    """The filter's range pass (integer extrema of the float32 scores) gives NumPy's min
+    and max, signed zeros and infinities included, counts NaN, and (inf, -inf) when empty."""
+    g = np.random.default_rng(7).standard_normal((5, 300)).astype(np.float32)
+    g[1, 10], g[1, 200] = -np.inf, np.inf
+    g[2] = -1.0
+    g[2, 5], g[2, 6] = -0.0, 0.0
+    g[3, 17] = np.nan
+    g[4] = -g[4] ** 2 - 1.0  # all negative
+    for r in range(5):
+        for j0, j1 in [(0, 300), (7, 8), (3, 299), (11, 150)]:
+            lo, hi, nan = nattn._g_range(g, r, j0, j1)
+            seg = g[r, j0:j1]
+            assert nan == np.isnan(seg).sum()
+            if nan == 0:
+                assert (lo, hi) == (seg.min(), seg.max())
+                assert np.float32(lo).dtype == np.float32
+    lo, hi, nan = nattn._g_range(g, 2, 4, 7)
+    assert (lo, hi, nan) == (-1.0, 0.0, 0) and not np.signbit(hi)
+    assert nattn._g_range(g, 0, 5, 5) == (np.inf, -np.inf, 0)

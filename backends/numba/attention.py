@@ -96,7 +96,9 @@ import threading
 
 import numba
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from . import CACHE
 from ..geometry import key_offset
@@ -330,37 +332,57 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
     return n, nonfinite == 0
 
 
+@intrinsic
+def _sortable(typingctx, x):
+    """The integer of float ``x``'s width whose signed order is the order of the floats
+    (NaN aside): the bits, with those below the sign flipped for a negative ``x`` (``-0``
+    sorts just below ``+0``).  Integer extrema vectorise where float ones, with their NaN
+    rules, do not."""
+    if x not in (types.float32, types.float64):
+        return None
+    w = x.bitwidth
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(w)
+        b = builder.bitcast(args[0], ity)
+        sign = builder.ashr(b, ir.Constant(ity, w - 1))
+        return builder.xor(b, builder.and_(sign, ir.Constant(ity, (1 << (w - 1)) - 1)))
+
+    return (types.int32 if w == 32 else types.int64)(x), codegen
+
+
+@intrinsic
+def _unsortable(typingctx, s):
+    """The float whose :func:`_sortable` is ``s`` (the same flip undoes it)."""
+    if s not in (types.int32, types.int64):
+        return None
+    w = s.bitwidth
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(w)
+        sign = builder.ashr(args[0], ir.Constant(ity, w - 1))
+        b = builder.xor(args[0], builder.and_(sign, ir.Constant(ity, (1 << (w - 1)) - 1)))
+        return builder.bitcast(b, ir.FloatType() if w == 32 else ir.DoubleType())
+
+    return (types.float32 if w == 32 else types.float64)(s), codegen
+
+
 @njit(cache=CACHE)
 def _g_range(g, r, j0, j1):
-    """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` (four running extrema each: no
-    serial dependency)."""
-    inf = np.float32(np.inf)
-    l0 = l1 = l2 = l3 = inf
-    h0 = h1 = h2 = h3 = -inf
+    """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` ((inf, -inf, 0) when empty): the
+    extrema on :func:`_sortable` integers, a loop LLVM vectorises (a NaN makes them
+    meaningless, and the caller then checks the row exactly)."""
+    if j1 <= j0:
+        return np.float32(np.inf), np.float32(-np.inf), 0
+    lo = hi = _sortable(g[r, j0])
     nan = 0
-    j = j0
-    while j + 4 <= j1:
-        x0 = g[r, j]
-        x1 = g[r, j + 1]
-        x2 = g[r, j + 2]
-        x3 = g[r, j + 3]
-        nan += (x0 != x0) + (x1 != x1) + (x2 != x2) + (x3 != x3)
-        l0 = min(l0, x0)
-        l1 = min(l1, x1)
-        l2 = min(l2, x2)
-        l3 = min(l3, x3)
-        h0 = max(h0, x0)
-        h1 = max(h1, x1)
-        h2 = max(h2, x2)
-        h3 = max(h3, x3)
-        j += 4
-    while j < j1:
-        x0 = g[r, j]
-        nan += x0 != x0
-        l0 = min(l0, x0)
-        h0 = max(h0, x0)
-        j += 1
-    return min(min(l0, l1), min(l2, l3)), max(max(h0, h1), max(h2, h3)), nan
+    for j in range(j0, j1):
+        x = g[r, j]
+        nan += x != x
+        b = _sortable(x)
+        lo = min(lo, b)
+        hi = max(hi, b)
+    return _unsortable(lo), _unsortable(hi), nan
 
 
 @njit(cache=CACHE)
