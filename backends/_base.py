@@ -46,6 +46,13 @@ class AttentionSpec:
     ``alpha_grad`` the backward also returns dL/dalpha of every row.  A backend that
     cannot honour ``head_alpha``, ``key_mask`` or ``alpha_grad`` raises a ValueError
     saying so (never silently ignores them).
+
+    ``check_finite`` is the public ``check_finite`` of the call.  On (the default), a
+    backend may scan k and v for NaN/inf in its own forward pass (see
+    :class:`NonFiniteInput`); off, the caller promised clean q, k, v and no backend scans
+    them: a backend then need not read v off the support.  Either way a non-finite score
+    (q.k with a NaN/inf entry) is still the overflow ValueError, as for finite q, k whose
+    scores overflow.
     """
 
     alpha: float
@@ -58,12 +65,15 @@ class AttentionSpec:
     head_alpha: Any = None  #: (Hq,) float64 numpy array (values >= 1) or None: alpha per query head
     key_mask: Any = None  #: (B, Nk) bool numpy array or None: True where a key may be attended
     alpha_grad: bool = False  #: the backward also computes dL/dalpha per row (AttentionGrads.dalpha)
+    check_finite: bool = True  #: False: no NaN/inf scan of q, k, v anywhere (the caller's promise)
 
 
 class NonFiniteInput(ValueError):
     """Raised by a backend's ``attention_forward`` that scans k and v itself (it has an
     ``attention_scans_inputs(q, k, v, spec)`` method that returned True for the call, so
-    the public layer skipped its own scan of them) when it finds a NaN or infinite entry,
+    the public layer skipped its own scan of them; the public layer asks only when
+    ``spec.check_finite`` is on, and the method must return False when it is off) when
+    it finds a NaN or infinite entry,
     and by a backend's ``entmax_forward_scanned(x, alpha, method)`` (``entmax_forward``
     that scans x for NaN and +inf in its own row pass; the public layer calls it instead
     when it has one and ``check_finite`` is on); the public layer then scans the input to

@@ -115,19 +115,21 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, alpha: float | ArrayL
               causal: bool = ..., key_lengths: ArrayLike | None = ..., alibi_slopes: ArrayLike | None = ...,
               beta: ArrayLike | None = ..., gamma: ArrayLike | None = ..., delta: ArrayLike = ...,
               offset: ArrayLike = ..., chunk: int | None = ..., return_info: Literal[False] = ...,
-              backend: BackendArg = ..., key_padding_mask: ArrayLike | None = ...) -> Array: ...
+              backend: BackendArg = ..., key_padding_mask: ArrayLike | None = ...,
+              check_finite: bool = ...) -> Array: ...
 @overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, alpha: float | ArrayLike = ..., scale: float | None = ...,
               causal: bool = ..., key_lengths: ArrayLike | None = ..., alibi_slopes: ArrayLike | None = ...,
               beta: ArrayLike | None = ..., gamma: ArrayLike | None = ..., delta: ArrayLike = ...,
               offset: ArrayLike = ..., chunk: int | None = ..., return_info: Literal[True],
-              backend: BackendArg = ..., key_padding_mask: ArrayLike | None = ...) -> tuple[Array, AttentionInfo]: ...
+              backend: BackendArg = ..., key_padding_mask: ArrayLike | None = ...,
+              check_finite: bool = ...) -> tuple[Array, AttentionInfo]: ...
 def attention_vjp(grad_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, *, info: AttentionInfo | None = ...,
                   out: ArrayLike | None = ..., tau: ArrayLike | None = ..., alpha: float | ArrayLike = ...,
                   scale: float | None = ..., causal: bool = ..., key_lengths: ArrayLike | None = ...,
                   alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ..., gamma: ArrayLike | None = ...,
                   delta: ArrayLike = ..., offset: ArrayLike = ..., chunk: int | None = ..., backend: BackendArg = ...,
-                  key_padding_mask: ArrayLike | None = ...) -> AttentionGradients: ...
+                  key_padding_mask: ArrayLike | None = ..., check_finite: bool = ...) -> AttentionGradients: ...
 def keys_visible(nq: int, nk: int, *, causal: bool = ..., key_lengths: ArrayLike | None = ...,
                  batch: int = ..., key_padding_mask: ArrayLike | None = ...) -> NDArray[np.int64]: ...
 @overload
@@ -135,19 +137,22 @@ def attention_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
                      alpha: float | ArrayLike = ..., scale: float | None = ..., causal: bool = ...,
                      alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ..., gamma: ArrayLike | None = ...,
                      delta: ArrayLike = ..., offset: ArrayLike = ..., chunk: int | None = ...,
-                     return_info: Literal[False] = ..., backend: BackendArg = ...) -> Array: ...
+                     return_info: Literal[False] = ..., backend: BackendArg = ...,
+                     check_finite: bool = ...) -> Array: ...
 @overload
 def attention_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *,
                      alpha: float | ArrayLike = ..., scale: float | None = ..., causal: bool = ...,
                      alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ..., gamma: ArrayLike | None = ...,
                      delta: ArrayLike = ..., offset: ArrayLike = ..., chunk: int | None = ...,
-                     return_info: Literal[True], backend: BackendArg = ...) -> tuple[Array, AttentionInfo]: ...
+                     return_info: Literal[True], backend: BackendArg = ...,
+                     check_finite: bool = ...) -> tuple[Array, AttentionInfo]: ...
 def attention_varlen_vjp(grad_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
                          cu_seqlens_k: ArrayLike, *, info: AttentionInfo | None = ..., out: ArrayLike | None = ...,
                          tau: ArrayLike | None = ..., alpha: float | ArrayLike = ..., scale: float | None = ...,
                          causal: bool = ..., alibi_slopes: ArrayLike | None = ..., beta: ArrayLike | None = ...,
                          gamma: ArrayLike | None = ..., delta: ArrayLike = ..., offset: ArrayLike = ...,
-                         chunk: int | None = ..., backend: BackendArg = ...) -> AttentionGradients: ...
+                         chunk: int | None = ..., backend: BackendArg = ...,
+                         check_finite: bool = ...) -> AttentionGradients: ...
 
 # diagnostics
 def normalized_entropy(p: ArrayLike, *, n: ArrayLike | None = ..., scores: ArrayLike | None = ...,

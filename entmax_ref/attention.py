@@ -252,8 +252,9 @@ def _key_mask_arg(mask: Any, B: int, Nk: int, k_shape: tuple) -> np.ndarray | No
 
 
 def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-             chunk, backend, key_padding_mask=None, forward=False) -> _Problem:
-    q, cq, oq = _tensor(q, "q", 4)
+             chunk, backend, key_padding_mask=None, forward=False, check_finite=True) -> _Problem:
+    check_finite = bool(check_finite)  # truthiness, as the row transforms take it
+    q, cq, oq = _tensor(q, "q", 4, finite=check_finite)
     k, ck, ok = _tensor(k, "k", 4, finite=False)  # scanned last (or by the backend's forward)
     v, cv, ov = _tensor(v, "v", 4, finite=False)
     B, Hq, Nq, D = q.shape
@@ -332,7 +333,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         be = _ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
                          alibi_slopes=slopes, row_scale=row_scale, chunk=chunk, head_alpha=head_alpha,
-                         key_mask=key_mask)
+                         key_mask=key_mask, check_finite=check_finite)
 
     def canon(x):
         return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
@@ -340,10 +341,12 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     alpha_b = a if head_alpha is None else xp.asarray(head_alpha[None, :, None])
     qc, kc, vc = canon(q), canon(k), canon(v)
     # a forward that reads every entry of k and v anyway (the numba decoding path) scans
-    # them itself: one pass over the key cache instead of two
-    scans = getattr(be, "attention_scans_inputs", None) if forward and not isinstance(be, _ShapeGuard) else None
+    # them itself: one pass over the key cache instead of two.  check_finite=False: no
+    # scan at all, and the backend is not asked (spec.check_finite tells it not to scan)
+    scans = (getattr(be, "attention_scans_inputs", None)
+             if check_finite and forward and not isinstance(be, _ShapeGuard) else None)
     unscanned = (k, v) if scans is not None and scans(qc, kc, vc, spec) else ()
-    if not unscanned:
+    if check_finite and not unscanned:
         V.check_finite(k, "k", allow_neg_inf=False)
         V.check_finite(v, "v", allow_neg_inf=False)
     return _Problem(qc, kc, vc, spec, be, xp.ascontiguousarray(n), s_info, params,
@@ -353,7 +356,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
 @public
 def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, alibi_slopes=None,
               beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, return_info=False, backend=None,
-              key_padding_mask=None):
+              key_padding_mask=None, check_finite=True):
     """alpha-entmax attention ``o_i = sum_j entmax(z_i)_j v_j``, exact, in query chunks.
 
     ``z_ij = s_i * scale * (q_i . k_j) + bias_ij`` over the keys row i may attend:
@@ -401,6 +404,13 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
         Also return :class:`AttentionInfo` (tau, support, s, n, skewed output).
     backend : str or None
         See :func:`entmax_ref.use_backend`.
+    check_finite : bool
+        Reject NaN and +-inf in q, k and v (ValueError naming the first).  Turn off only
+        for speed on inputs known to be clean: nothing then scans q, k and v, and the
+        numba backend's decoding path (a few queries over a long key cache) reads v on
+        each row's support only instead of all of it.  What a non-finite entry does then
+        is in the Notes.  alpha, scale, key_lengths, key_padding_mask, alibi_slopes,
+        beta, gamma, delta and offset are checked either way.
 
     Returns
     -------
@@ -410,13 +420,33 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
 
     Raises
     ------
-    ValueError: shape mismatches (naming the shapes), NaN/inf in q, k, v, alibi_slopes,
-    beta, gamma, delta, alpha < 1 or an alpha array not of shape () or (Hq,), key_lengths
-    out of [0, Nk], a key_padding_mask not bool of shape (B, Nk), beta/gamma not
-    broadcastable to (B, Hq, Nq), beta without gamma, log(n + offset) <= 0 on a row with
-    n > 0 visible keys, a scale that overflows (naming beta, gamma, delta and the row),
-    scores that overflow.  Degenerate shapes (head dim 0, value dim 0, no query rows)
-    have exact answers (docs/conventions.md).
+    ValueError: shape mismatches (naming the shapes), NaN/inf in q, k, v (with
+    ``check_finite``), alibi_slopes, beta, gamma, delta, alpha < 1 or an alpha array not
+    of shape () or (Hq,), key_lengths out of [0, Nk], a key_padding_mask not bool of
+    shape (B, Nk), beta/gamma not broadcastable to (B, Hq, Nq), beta without gamma,
+    log(n + offset) <= 0 on a row with n > 0 visible keys, a scale that overflows (naming
+    beta, gamma, delta and the row), scores that overflow.  Degenerate shapes (head dim
+    0, value dim 0, no query rows) have exact answers (docs/conventions.md).
+
+    Notes
+    -----
+    With ``check_finite=False`` a NaN or infinite entry of q, k or v is a broken promise
+    of the caller, and what it does is specified only this far (numpy and numba
+    backends; docs/attention.md has the details):
+
+    * in q, or in a key that the scores read (any key that some query may attend): the
+      ValueError "attention scores overflowed (non-finite s * scale * q.k + bias)", as
+      for finite scores that overflow; -inf is no mask there.  An entry that no score
+      reads (the q of a row that sees no key, a key masked by ``key_lengths`` or
+      ``key_padding_mask``) may be ignored instead;
+    * in v, at key j: info is unchanged except ``info.skew``, and the output and skewed
+      output of every row whose support holds key j are NaN or infinite.  The other rows
+      are the clean input's, bit for bit, on the numba backend (chunked and decoding
+      paths read v on the support only); the numpy reference forms ``p @ v`` over each
+      query chunk's keys, so they may be NaN there too.
+
+    No call hangs or reads out of bounds, and no entry of the result is finite but
+    different from the clean input's.
 
     Examples
     --------
@@ -432,7 +462,7 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     [[[[0.1693, 0.8307]]]]
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend, key_padding_mask, forward=True)
+                    chunk, backend, key_padding_mask, forward=True, check_finite=check_finite)
     try:
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
     except NonFiniteInput:
@@ -515,7 +545,7 @@ def _check_tau(tau, prob: _Problem, shape: tuple):
 @public
 def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5, scale=None, causal=False,
                   key_lengths=None, alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0,
-                  chunk=None, backend=None, key_padding_mask=None):
+                  chunk=None, backend=None, key_padding_mask=None, check_finite=True):
     """Gradients of a loss through :func:`attention`, given ``grad_out = dL/dout``.
 
     Takes the same keyword arguments as :func:`attention`.  The residual of the forward
@@ -553,6 +583,23 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     the output, so no per-chunk recomputation of it is needed.  A row with nothing to
     attend contributes nothing.
 
+    ``check_finite`` (default True) rejects NaN and +-inf in q, k, v and grad_out
+    (ValueError naming the first).  Turn it off only for speed on inputs known to be
+    clean; ``out`` and ``tau`` are checked either way.  Off, a non-finite entry does what
+    it does in :func:`attention` (whose forward runs first when neither ``info`` nor
+    ``tau`` is given), and in the backward:
+
+    * in q or k: the overflow ValueError where a score reads it.  The numba backward
+      given ``info`` scores only the forward's support keys, so an entry of k off every
+      row's support is not read (the gradients are then the clean input's);
+    * in v or grad_out: it reaches the gradients as NaN or infinite entries (a row i of
+      grad_out: at least dv of row i's support keys); which entries is unspecified
+      beyond that (numba works on the support only; numpy's dense products over each
+      query chunk's keys spread it wider).
+
+    No call hangs or reads out of bounds, and no gradient entry is finite but different
+    from the clean input's.
+
     Returns
     -------
     AttentionGradients(dq, dk, dv, dbeta, dgamma, ddelta, dalpha); dbeta, dgamma, ddelta
@@ -562,7 +609,8 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     Raises
     ------
     ValueError: everything :func:`attention` rejects, and grad_out / out / tau of the
-    wrong shape or with NaN (tau may be -inf only on rows with nothing to attend), both
+    wrong shape or with NaN (grad_out: with ``check_finite``; tau may be -inf only on
+    rows with nothing to attend), both
     ``info`` and ``tau``, an ``info`` from a forward with another alpha, other masks or
     other shapes.  TypeError: ``info`` that is not an :class:`AttentionInfo`.
 
@@ -579,10 +627,10 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     ([[[[0.0]]]], [[[[0.0, 0.0], [1.0, 1.0]]]])
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend, key_padding_mask)
+                    chunk, backend, key_padding_mask, check_finite=check_finite)
     B, Hq, Nq, _ = prob.q.shape
     Dv = prob.v.shape[3]
-    do, cdo, _ = _tensor(grad_out, "grad_out", 4)
+    do, cdo, _ = _tensor(grad_out, "grad_out", 4, finite=prob.spec.check_finite)
     if tuple(do.shape) != (B, Hq, Nq, Dv):
         raise ValueError(f"grad_out must have the output's shape {(B, Hq, Nq, Dv)}, got {tuple(do.shape)}")
     # kept in its own precision: the backend accumulates in float64 whatever it gets

@@ -120,7 +120,7 @@ class _Packed:
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=None, causal=False,
                      alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None,
-                     return_info=False, backend=None):
+                     return_info=False, backend=None, check_finite=True):
     """alpha-entmax attention of a packed batch of variable-length sequences.
 
     Sequence ``s`` has the queries ``q[cu_seqlens_q[s]:cu_seqlens_q[s+1]]`` and the keys and
@@ -146,6 +146,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
         As in :func:`entmax_ref.attention` (one value per query head allowed).
     scale, alibi_slopes, offset, chunk, backend
         As in :func:`entmax_ref.attention`.
+    check_finite : bool
+        Reject NaN and +-inf in q, k and v (ValueError naming the first, by its index in
+        the sequence's ``(1, H, N_s, d)`` slice).  Turn off only for speed on inputs
+        known to be clean; a non-finite entry then does what it does in
+        :func:`entmax_ref.attention` with ``check_finite=False``, per sequence.  The keys
+        of a sequence without queries are never read, whatever ``check_finite``.
     beta, gamma, delta : array_like or None
         ASEntmax parameters, broadcast (NumPy rules) against ``(total_q, Hq)``: per head
         shape ``(Hq,)``, per token and head ``(total_q, Hq)``.
@@ -194,7 +200,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     for _, q0, q1, k0, k1 in P.sequences():
         res = attention(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
                         alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
-                        chunk=chunk, return_info=return_info, backend=backend,
+                        chunk=chunk, return_info=return_info, backend=backend, check_finite=check_finite,
                         **P.scale_params(q0, q1, beta, gamma, delta))
         o, info = res if return_info else (res, None)
         out[q0:q1] = o[0].transpose(1, 0, 2)
@@ -231,7 +237,7 @@ def _sequence_info(info, q0: int, q1: int):
 
 def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=None, out=None, tau=None, alpha=1.5,
                          scale=None, causal=False, alibi_slopes=None, beta=None, gamma=None, delta=1.0,
-                         offset=1.0, chunk=None, backend=None):
+                         offset=1.0, chunk=None, backend=None, check_finite=True):
     """Gradients through :func:`attention_varlen`, given ``grad_out = dL/dout``
     (total_q, Hq, Dv).
 
@@ -240,7 +246,10 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
     ``attention_varlen(..., return_info=True)``, recommended: the lossless residual), or
     ``out`` and ``tau`` (the forward's output and ``info.tau``, packed as (total_q, Hq,
     Dv) and (total_q, Hq)), are passed on per sequence, with the meaning they have there.
-    A sequence's keys get gradient only from its own queries.
+    A sequence's keys get gradient only from its own queries.  ``check_finite`` (default
+    True) rejects NaN and +-inf in q, k, v and grad_out; off, a non-finite entry does
+    what it does in :func:`entmax_ref.attention_vjp` with ``check_finite=False``, per
+    sequence.
 
     Returns
     -------
@@ -304,7 +313,7 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
                           tau=None if tau is None else tau[q0:q1].T[None],
                           info=None if info is None else _sequence_info(info, q0, q1),
                           alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
-                          chunk=chunk, backend=backend, **kw)
+                          chunk=chunk, backend=backend, check_finite=check_finite, **kw)
         dq[q0:q1] = g.dq[0].transpose(1, 0, 2)
         dk[k0:k1] = g.dk[0].transpose(1, 0, 2)
         dv[k0:k1] = g.dv[0].transpose(1, 0, 2)

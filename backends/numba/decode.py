@@ -13,6 +13,9 @@ phase 1 (per block of keys, on every worker)
     loop vectorises), stored as float32; the row maximum of the approximate scores
     ``z(g)`` over the block, a count of non-finite or huge ones, and the largest key norm
     ``||k_j||^2`` (float64, from the exact float64 squares).  K is read once, in place.
+    When the call scans its inputs (:func:`scans_inputs`: ``check_finite`` on) the block's
+    V rows are summed too, to detect a NaN/inf entry; with ``check_finite=False`` V is
+    not read here at all (phase 2 reads it on the support only).
 
 phase 2 (per row)
     the rigorous bound ``err`` of :func:`entmax_ref.backends.numba.attention._score_error`
@@ -247,8 +250,10 @@ def eligible(q, k, v, spec) -> bool:
 def scans_inputs(q, k, v, spec) -> bool:
     """Whether :func:`decode_forward` reads every entry of k and v, and raises
     :class:`~entmax_ref.backends._base.NonFiniteInput` on a NaN or infinite one (then the
-    public layer need not scan them first): decoding problems without key lengths."""
-    return eligible(q, k, v, spec) and spec.key_lengths is None
+    public layer need not scan them first): decoding problems without key lengths, when
+    ``spec.check_finite`` is on.  With it off nothing is scanned: phase 1 reads K (for the
+    scores) but not V, and phase 2 reads V on the support only."""
+    return bool(spec.check_finite) and eligible(q, k, v, spec) and spec.key_lengths is None
 
 
 def _row_geometry(spec, b, Nq, Nk, group):
@@ -281,7 +286,10 @@ def decode_forward(q, k, v, spec):
     support_keys = empty_support_keys(B, Hq, Nq, Dv)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
-    scan = scans_inputs(q, k, v, spec)  # every key is read: scan k and v for NaN/inf too
+    # check_finite on: every key is read, so scan k and v for NaN/inf too.  Off: V is read
+    # on the support only; a NaN/inf in K still makes its scores suspect (phase 2 then
+    # takes the row exactly and raises the overflow error)
+    scan = scans_inputs(q, k, v, spec)
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     step = max(1, BLOCK_BYTES // (4 * R * Nk + 1))
