@@ -223,11 +223,13 @@ def asentmax_scale_vjp(grad_s, n, beta, gamma, delta=1.0, offset=1.0):
     return _scale_vjp(grad_s, n, beta, gamma, delta, offset)
 
 
-def _scale_vjp(grad_s, n, beta, gamma, delta, offset, live=None, what="n at index"):
+def _scale_vjp(grad_s, n, beta, gamma, delta, offset, live=None, what="n at index", finite=True):
+    """``finite=False``: grad_s is not checked for NaN/inf (attention_vjp with
+    ``check_finite=False``, where a non-finite input reaches the scale's gradient)."""
     n, beta, gamma, delta, log_n, use = _scale_parts(n, beta, gamma, delta, offset, live, what)
     _scale_of(n, beta, gamma, delta, log_n, use, what)
     xp = V.namespace(log_n)
-    g = _real(grad_s, "grad_s", xp)
+    g = _real(grad_s, "grad_s", xp) if finite else xp.asarray(grad_s).astype(np.float64)
     shape = _broadcast({"grad_s": g, "n": n, "beta": beta, "gamma": gamma, "delta": delta})
     g = xp.where(xp.broadcast_to(use, shape), xp.broadcast_to(g, shape), 0.0)
     power = log_n ** gamma

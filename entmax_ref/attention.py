@@ -669,5 +669,6 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     xp = V.namespace(prob.n)
     ds = xp.where(live, grads.drow_scale.astype(np.float64, copy=False), 0.0)
     p = prob.params
-    sg = _scale_vjp(ds, prob.n, p["beta"], p["gamma"], p["delta"], p["offset"], live, "query row (b, h, i) =")
+    sg = _scale_vjp(ds, prob.n, p["beta"], p["gamma"], p["delta"], p["offset"], live, "query row (b, h, i) =",
+                    finite=prob.spec.check_finite)  # unchecked input may reach ds: NaN in dbeta, not an error
     return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta, dalpha)
