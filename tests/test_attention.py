@@ -618,6 +618,200 @@ def test_bad_input_raises_value_errors_naming_shapes():
         _attention(q * 1e200, k * 1e200, v)
 
 
+# --------------------------------------------------------------------------- check_finite
+@pytest.fixture
+def fixed_order(backend):
+    """The backend, with numba on one thread: its chunked forward picks the float32 filter
+    or the float64 product per chunk from what its worker threads finished first, which
+    moves results by an ulp from run to run (tests/test_varlen.py's ``deterministic``);
+    with one thread two calls on the same input are bit-identical."""
+    if backend != "numba":
+        yield backend
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield backend
+    finally:
+        numba.set_num_threads(before)
+
+
+def _cpu_only(backend):
+    """Tests that pass an AttentionInfo or compare NaN placement: NumPy data on the CPU engines."""
+    if backend not in ("numpy", "numba"):
+        pytest.skip(f"{backend}: the CPU engines' check_finite=False semantics")
+
+
+def _same_info(a, b):
+    import dataclasses
+
+    for f in dataclasses.fields(er.AttentionInfo):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        assert (x is None) == (y is None), f.name
+        if x is not None:
+            np.testing.assert_array_equal(x, y, err_msg=f.name)
+
+
+def _cf_problem(seed, alpha, scaling):
+    rng, q, k, v = problem(seed, B=2, Hq=4, Hkv=2, Nq=6, Nk=9, D=3, Dv=2)
+    kw = dict(alpha=alpha, causal=True, key_lengths=[9, 6], alibi_slopes=[0.5, 0.0, 0.25, 0.0])
+    if scaling:
+        kw.update(beta=rng.uniform(0.2, 1.0, (4, 1)), gamma=rng.uniform(-1, 1, (4, 6)), delta=np.array(0.8))
+    return rng, q, k, v, kw
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 3.0])
+@pytest.mark.parametrize("scaling", [False, True], ids=["plain", "asentmax"])
+def test_check_finite_off_is_bit_identical_on_clean_input(fixed_order, alpha, scaling):
+    """check_finite only decides whether q, k, v (and grad_out) are scanned: on clean
+    input the outputs, every field of info and every gradient are the same bits."""
+    backend = fixed_order
+    rng, q, k, v, kw = _cf_problem(40, alpha, scaling)
+    out, info = _attention(q, k, v, return_info=True, backend=backend, **kw)
+    out2, info2 = _attention(q, k, v, return_info=True, backend=backend, check_finite=False, **kw)
+    np.testing.assert_array_equal(out, out2)
+    _same_info(info, info2)
+    g_out = rng.standard_normal(out.shape)
+    paths = [({}, {}), (dict(tau=info.tau, out=out), dict(tau=info2.tau, out=out2))]
+    if backend in ("numpy", "numba"):  # the info residual, as NumPy arrays
+        paths.append((dict(info=info), dict(info=info2)))
+    for on, off in paths:
+        g = _attention_vjp(g_out, q, k, v, backend=backend, **kw, **on)
+        g2 = _attention_vjp(g_out, q, k, v, backend=backend, check_finite=False, **kw, **off)
+        for name, a, b_ in zip(g._fields, g, g2):
+            assert (a is None) == (b_ is None), name
+            if a is not None:
+                np.testing.assert_array_equal(a, b_, err_msg=f"{name} {sorted(on)}")
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v", "grad_out"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_check_finite_on_names_the_entry(backend, where, bad):
+    _, q, k, v = problem(41, B=2, Hq=4, Hkv=2, Nq=3, Nk=5, D=3, Dv=2)
+    g_out = np.ones((2, 4, 3, 2))
+    arrs = dict(q=q, k=k, v=v, grad_out=g_out)
+    arrs[where] = arrs[where].copy()
+    arrs[where][1, 1, 2, 1] = bad
+    match = rf"{where} contains 1 NaN or infinite value; the first is {where}\[1, 1, 2, 1\]"
+    if where != "grad_out":
+        with pytest.raises(ValueError, match=match):
+            _attention(arrs["q"], arrs["k"], arrs["v"], backend=backend)
+        with pytest.raises(ValueError, match=match):
+            _attention(arrs["q"], arrs["k"], arrs["v"], backend=backend, check_finite=True)
+    with pytest.raises(ValueError, match=match):
+        _attention_vjp(arrs["grad_out"], arrs["q"], arrs["k"], arrs["v"], backend=backend)
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_check_finite_off_nonfinite_q_or_k_is_the_overflow_error(backend, where, bad):
+    """Unscanned, a NaN/inf in q or in a key some query attends makes scores non-finite:
+    the overflow error (-inf is no mask there), forward and backward."""
+    rng, q, k, v = problem(42, B=2, Hq=4, Hkv=2, Nq=3, Nk=5, D=3, Dv=2)
+    arr = q if where == "q" else k
+    arr[1, 1, 2 if where == "q" else 0, 1] = bad  # key 0: visible to every query
+    g_out = rng.standard_normal((2, 4, 3, 2))
+    for causal in (False, True):
+        with pytest.raises(ValueError, match="attention scores overflowed"):
+            _attention(q, k, v, causal=causal, backend=backend, check_finite=False)
+        with pytest.raises(ValueError, match="attention scores overflowed"):
+            _attention_vjp(g_out, q, k, v, causal=causal, backend=backend, check_finite=False)
+
+
+def _holders(backend, q, k, v, kw, b, hk, j):
+    """(B, Hq, Nq) bool: the rows whose support holds key j of kv-head hk in batch b, from
+    the backend's own clean forward with v = the indicator of that key (out = p_ij)."""
+    e = np.zeros(v.shape[:3] + (1,))
+    e[b, hk, j, 0] = 1.0
+    return _attention(q, k, e, backend=backend, **kw)[..., 0] > 0
+
+
+def _no_skew(info):
+    import dataclasses
+
+    return dataclasses.replace(info, skew=None)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 3.0])
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+def test_check_finite_off_nonfinite_v_reaches_only_the_rows_that_need_it(fixed_order, alpha, bad):
+    """Unscanned, a NaN/inf in v at key j: info unchanged but for the skewed output; the
+    rows whose support holds j are non-finite (output and skew); every other entry is
+    non-finite or the clean bits, and on numba (support-only output) the clean bits."""
+    backend = fixed_order
+    _cpu_only(backend)
+    rng, q, k, v, kw = _cf_problem(43, alpha, False)
+    out, info = _attention(q, k, v, return_info=True, backend=backend, **kw)
+    for j in (0, 3):
+        holds = _holders(backend, q, k, v, kw, 1, 1, j)
+        assert holds.any()
+        vb = v.copy()
+        vb[1, 1, j, 1] = bad
+        with np.errstate(invalid="ignore"):  # numpy: 0 * inf in p @ v may warn (the caller's broken promise)
+            out2, info2 = _attention(q, k, vb, return_info=True, backend=backend, check_finite=False, **kw)
+        _same_info(_no_skew(info), _no_skew(info2))
+        for got, clean in ((out2, out), (info2.skew, info.skew)):
+            bad_rows = ~np.isfinite(got).all(-1)
+            assert np.all(bad_rows[holds])
+            assert np.all(~np.isfinite(got) | (got == clean))
+            if backend == "numba":
+                assert np.array_equal(bad_rows, holds)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 3.0])
+@pytest.mark.parametrize("where", ["v", "grad_out"])
+@pytest.mark.parametrize("path", ["recompute", "info"])
+def test_check_finite_off_nonfinite_v_or_grad_out_in_the_gradients(fixed_order, alpha, where, path):
+    """Unscanned, a NaN in v or grad_out reaches the gradients as non-finite entries (a
+    row i of grad_out: at least dv of row i's support keys), and no gradient entry is
+    finite but different from the clean input's."""
+    backend = fixed_order
+    _cpu_only(backend)
+    rng, q, k, v, kw = _cf_problem(44, alpha, True)
+    g_out = rng.standard_normal((2, 4, 6, 2))
+    out, info = _attention(q, k, v, return_info=True, backend=backend, **kw)
+    extra = dict(info=info) if path == "info" else {}
+    clean = _attention_vjp(g_out, q, k, v, backend=backend, **kw, **extra)
+    vb, gb = v.copy(), g_out.copy()
+    if where == "v":
+        vb[1, 1, 2, 0] = np.nan
+    else:
+        gb[1, 2, 4, 0] = np.nan  # batch 1, query head 2 (kv-head 1), query 4
+    g = _attention_vjp(gb, q, k, vb, backend=backend, check_finite=False, **kw, **extra)
+    assert not all(np.isfinite(a).all() for a in g[:3])
+    for name, a, c in zip(g._fields, g, clean):
+        if a is not None:
+            assert np.all(~np.isfinite(a) | (a == c)), name
+    if where == "grad_out":  # dv of the support keys of row (1, 2, 4)
+        support = [j for j in range(v.shape[2]) if _holders(backend, q, k, v, kw, 1, 1, j)[1, 2, 4]]
+        assert support and all(np.isnan(g.dv[1, 1, j, 0]) for j in support)
+
+def test_check_finite_off_numba_backward_from_info_reads_k_on_the_support_only(fixed_order):
+    """The numba backward given info scores the forward's support keys only: unscanned, a
+    NaN in k off every row's support is not read (the clean gradients, bit for bit),
+    while the forward, which scores every visible key, raises the overflow error."""
+    backend = fixed_order
+    if backend != "numba":
+        pytest.skip("the numba backward's support keys")
+    rng, q, k, v = problem(45, B=1, Hq=2, Hkv=1, Nq=2, Nk=12, D=3, Dv=2, spread=3.0)
+    kw = dict(alpha=1.5, causal=True)
+    out, info = _attention(q, k, v, return_info=True, backend=backend, **kw)
+    g_out = rng.standard_normal(out.shape)
+    clean = _attention_vjp(g_out, q, k, v, info=info, backend=backend, **kw)
+    off = [j for j in range(11) if not _holders(backend, q, k, v, kw, 0, 0, j).any()]  # both queries see 0..10
+    assert off
+    kb = k.copy()
+    kb[0, 0, off[0], 0] = np.nan
+    g = _attention_vjp(g_out, q, kb, v, info=info, backend=backend, check_finite=False, **kw)
+    for name, a, c in zip(g._fields, g, clean):
+        if a is not None:
+            np.testing.assert_array_equal(a, c, err_msg=name)
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        _attention(q, kb, v, backend=backend, check_finite=False, **kw)
+
+
 # --------------------------------------------------------------------------- peer: PyTorch autograd
 def _peer():
     try:

@@ -203,3 +203,106 @@ def test_decode_degenerate_shapes_still_scan_k_and_v(taken):
     with pytest.raises(ValueError, match=r"k contains 1 NaN"):
         er.attention(q[:, :, :0], k, v, backend="numba")
     assert not taken
+
+
+# --------------------------------------------------------------------------- check_finite=False
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the calls that take the decoding path, at its real thresholds."""
+    calls = []
+    real = dec.decode_forward
+
+    def wrapped(*a):
+        calls.append(a[0].shape)
+        return real(*a)
+
+    monkeypatch.setattr(dec, "decode_forward", wrapped)
+    return calls
+
+
+def _same_residual(a, b):
+    _same_forward(a, b)
+    for name in ("skew", "row_max", "edge", "edge_p", "theta"):
+        np.testing.assert_array_equal(getattr(a[1], name), getattr(b[1], name), err_msg=name)
+
+
+@pytest.mark.parametrize("nq,nk", [(1, 2048), (4, 2048), (16, 8192)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_decode_check_finite_off_is_bit_identical_on_clean_input(spy, nq, nk, dtype):
+    """At the path's real thresholds (Nq <= 16, 2048 keys per 4 queries): skipping the
+    scan of V changes no bit of the output, the residual or the gradients."""
+    rng, q, k, v = problem(20 + nq, B=1, Hq=2, Hkv=1, Nq=nq, Nk=nk, D=8, Dv=4, dtype=dtype, spread=2.0)
+    kw = dict(alpha=1.5, causal=True, backend="numba")
+    on = er.attention(q, k, v, return_info=True, **kw)
+    off = er.attention(q, k, v, return_info=True, check_finite=False, **kw)
+    assert len(spy) == 2  # both took the decoding path
+    _same_residual(on, off)
+    g_out = rng.standard_normal(on[0].shape).astype(dtype)
+    g = er.attention_vjp(g_out, q, k, v, info=on[1], **kw)
+    g2 = er.attention_vjp(g_out, q, k, v, info=off[1], check_finite=False, **kw)
+    for name, a, b_ in zip(("dq", "dk", "dv"), g, g2):
+        np.testing.assert_array_equal(a, b_, err_msg=name)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_decode_check_finite_off_reads_v_on_the_support_only(taken, monkeypatch, bad):
+    """Without the scan the decoding path reads V only on each row's support (and the
+    public layer does not ask the backend to scan): a NaN/inf in every entry of v off
+    every row's support leaves the output and info the clean run's bits; one at a key in
+    the support of some rows makes exactly those rows non-finite, the others clean."""
+    from dataclasses import replace
+
+    from entmax_ref.backends.numba_backend import NumbaBackend
+
+    asked = []
+    hook = NumbaBackend.attention_scans_inputs
+    monkeypatch.setattr(NumbaBackend, "attention_scans_inputs",
+                        lambda self, *a: asked.append(a[3].check_finite) or hook(self, *a))
+    rng, q, k, v = problem(18, B=1, Hq=4, Hkv=2, Nq=2, Nk=3000, D=4, Dv=3, spread=2.5)
+    kw = dict(alpha=1.5, backend="numba")
+    out, info = er.attention(q, k, v, return_info=True, **kw)
+    assert asked == [True] and len(taken) == 1
+    keys = info.support_keys[0]  # (Hq, Nq, W): every row's support, listed
+    assert np.all(keys[..., 0] >= 0)
+    held = np.zeros((2, 3000), bool)  # per kv-head: a key some row's support holds
+    for hk in range(2):
+        kk = keys[2 * hk:2 * hk + 2]
+        held[hk, kk[kk >= 0]] = True
+    assert held.sum() < 0.1 * held.size
+    vb = v.copy()
+    vb[0][~held] = bad
+    off = er.attention(q, k, vb, return_info=True, check_finite=False, **kw)
+    assert asked == [True] and len(taken) == 2  # not asked again; decoded
+    _same_residual((out, info), off)
+    with pytest.raises(ValueError, match=r"v contains \d+ NaN or infinite values"):
+        er.attention(q, k, vb, **kw)  # checked: named, as before
+    spec = replace(_spec_of(q), check_finite=False)
+    assert not dec.scans_inputs(q, k, v, spec) and dec.scans_inputs(q, k, v, replace(spec, check_finite=True))
+    j = int(keys[1, 1, 0])  # a key of kv-head 0 in the support of query head 1's row 1
+    vb = v.copy()
+    vb[0, 0, j, 2] = bad
+    out3 = er.attention(q, k, vb, check_finite=False, **kw)
+    holds = np.zeros((4, 2), bool)
+    holds[:2] = (keys[:2] == j).any(-1)
+    assert holds[1, 1] and not holds.all()
+    assert np.array_equal(~np.isfinite(out3[0]).all(-1), holds)
+    np.testing.assert_array_equal(out3[0][~holds], out[0][~holds])
+
+
+def _spec_of(q):
+    from entmax_ref.backends._base import AttentionSpec
+
+    return AttentionSpec(alpha=1.5, scale=1.0 / np.sqrt(q.shape[3]))
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_decode_check_finite_off_nonfinite_q_or_k_is_the_overflow_error(taken, where, bad):
+    """Unscanned, K is still read for the scores: a NaN/inf in k (or q) makes its rows
+    suspect, the exact pass finds the non-finite score and raises the overflow error."""
+    rng, q, k, v = problem(19, B=1, Hq=2, Hkv=1, Nq=1, Nk=500, D=3, Dv=2)
+    arr = q if where == "q" else k
+    arr[0, 0, 0 if where == "q" else 321, 1] = bad
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        er.attention(q, k, v, backend="numba", check_finite=False)
+    assert taken

@@ -260,3 +260,59 @@ def test_bad_input_names_argument_and_expected_shape():
         er.attention_varlen_vjp(g_out, q, k, v, cq, ck, info=info, alpha=1.5)
     with pytest.raises(TypeError, match="AttentionInfo"):
         er.attention_varlen_vjp(g_out, q, k, v, cq, ck, info=info.tau, alpha=3.0)
+
+
+@pytest.mark.parametrize("cfg", ["plain", "alpha_per_head", "asentmax_token"])
+def test_check_finite_off_is_bit_identical_on_clean_input(deterministic, cfg):
+    """check_finite reaches every sequence's er.attention call and decides only whether
+    q, k, v (and grad_out) are scanned: on clean input the same bits, forward and backward."""
+    import dataclasses
+
+    backend = deterministic
+    rng, q, k, v, cq, ck = packed(7)
+    kw = _kwargs(CONFIGS[cfg], rng, len(q), 4)
+    out, info = er.attention_varlen(q, k, v, cq, ck, return_info=True, backend=backend, **kw)
+    out2, info2 = er.attention_varlen(q, k, v, cq, ck, return_info=True, backend=backend, check_finite=False, **kw)
+    np.testing.assert_array_equal(out, out2)
+    for f in dataclasses.fields(er.AttentionInfo):
+        a, b_ = getattr(info, f.name), getattr(info2, f.name)
+        assert (a is None) == (b_ is None), f.name
+        if a is not None:
+            np.testing.assert_array_equal(a, b_, err_msg=f.name)
+    g_out = rng.standard_normal((len(q), 4, 2))
+    g = er.attention_varlen_vjp(g_out, q, k, v, cq, ck, info=info, backend=backend, **kw)
+    g2 = er.attention_varlen_vjp(g_out, q, k, v, cq, ck, info=info2, backend=backend, check_finite=False, **kw)
+    for name, a, b_ in zip(g._fields, g, g2):
+        assert (a is None) == (b_ is None), name
+        if a is not None:
+            np.testing.assert_array_equal(a, b_, err_msg=name)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v", "grad_out"])
+def test_check_finite_on_and_off_with_a_nan(backend, where):
+    """A NaN in sequence 1 (queries 3..6, keys 5..8): checked, the ValueError naming the
+    array; unchecked, the overflow error for q and k, non-finite results for v and grad_out."""
+    rng, q, k, v, cq, ck = packed(8)
+    g_out = rng.standard_normal((len(q), 4, 2))
+    arrs = dict(q=q, k=k, v=v, grad_out=g_out)
+    arrs[where][{"q": 4, "k": 6, "v": 6, "grad_out": 4}[where], 1, 0] = np.nan
+    q, k, v, g_out = arrs["q"], arrs["k"], arrs["v"], arrs["grad_out"]
+    named = rf"{where} contains 1 NaN or infinite value"
+    if where != "grad_out":
+        with pytest.raises(ValueError, match=named):
+            er.attention_varlen(q, k, v, cq, ck, backend=backend)
+    with pytest.raises(ValueError, match=named):
+        er.attention_varlen_vjp(g_out, q, k, v, cq, ck, backend=backend)
+    if where in ("q", "k"):
+        with pytest.raises(ValueError, match="attention scores overflowed"):
+            er.attention_varlen(q, k, v, cq, ck, backend=backend, check_finite=False)
+        with pytest.raises(ValueError, match="attention scores overflowed"):
+            er.attention_varlen_vjp(g_out, q, k, v, cq, ck, backend=backend, check_finite=False)
+        return
+    out = er.attention_varlen(q, k, v, cq, ck, backend=backend, check_finite=False)
+    g = er.attention_varlen_vjp(g_out, q, k, v, cq, ck, backend=backend, check_finite=False)
+    if where == "v":  # key 6's value reaches the outputs of the sequence's rows that hold it
+        assert not np.isfinite(out[3:7]).all() and np.isfinite(np.delete(out, np.s_[3:7], axis=0)).all()
+    assert not np.isfinite(g.dv[5:9]).all() if where == "grad_out" else not np.isfinite(g.dq[3:7]).all()
+    for a in (g.dq, g.dk, g.dv):  # the other sequences never see it
+        assert np.isfinite(np.delete(a, np.s_[3:7] if a is g.dq else np.s_[5:9], axis=0)).all()
