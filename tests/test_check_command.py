@@ -187,6 +187,32 @@ def test_bench_without_peers_names_the_extra(monkeypatch, capsys):
     assert 'pip install "entmax-ref[bench]"' in capsys.readouterr().err
 
 
+@pytest.mark.numba
+def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch):
+    """The decoding case as a user calls it (checked) and with check_finite=False, each
+    against SDPA with the same target, in the table and the --json output (tiny sizes)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("entmax")
+    import numba
+
+    from entmax_ref import bench
+
+    monkeypatch.setattr(bench, "GAP", bench.GAP)  # main() sets it from --gap
+    threads = numba.get_num_threads(), torch.get_num_threads()
+    path = tmp_path / "bench.json"
+    try:
+        assert bench.main(["--attention-only", "--no-eager", "--quick", "--attention-n", "32", "--decode-keys", "64",
+                           "--gap", "0", "--json", str(path)]) == 0
+    finally:
+        numba.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
+    rows = {r["case"]: r for r in json.loads(path.read_text())["results"]}
+    case = "decoding 1 query x 64 keys H=8 D=64 float32 alpha=1.5"
+    for name in (case, case + " check_finite=False"):
+        assert rows[name]["target"] == "<= 0.8x SDPA time" and rows[name]["baseline"] == "torch SDPA (softmax)"
+        assert rows[name]["time_ratio"] > 0 and rows[name]["met"] == (rows[name]["time_ratio"] <= 0.8)
+
+
 def _rows(report):
     return [(r.op, r.impl, r.dtype, r.verdict, r.max_abs, r.max_ulps, r.props_passed, r.props_total, r.peer)
             for r in report.rows]
