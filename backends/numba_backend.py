@@ -35,8 +35,9 @@ key-sliced problem, a mask with holes (and the backward with a softmax head) the
 driver with the compiled row solver.  Decoding (a few queries per head over a long key
 cache, :mod:`entmax_ref.backends.numba.decode`) splits each kv-head's keys across the
 workers instead: the float32 filter scores of every key in place (no float64 copy of K or
-V, no BLAS), with the NaN/inf scan of K and V that the public layer then skips, and per row
-the same exact solve on the candidates and the output from V on the support only.
+V, no BLAS), with the NaN/inf scan of K and V that the public layer then skips (none with
+``check_finite=False``: V is then read on the support only), and per row the same exact
+solve on the candidates and the output from V on the support only.
 
 Threads: no kernel of this backend is a ``parallel=True`` (``prange``) kernel, so no
 parallel region is ever launched on numba's threading layer and concurrent calls from
@@ -217,7 +218,8 @@ class NumbaBackend:
     def attention_scans_inputs(self, q, k, v, spec: AttentionSpec) -> bool:
         """Whether :meth:`attention_forward` reads every entry of k and v (the decoding path
         of :mod:`entmax_ref.backends.numba.decode`) and raises
-        :class:`~entmax_ref.backends._base.NonFiniteInput` on a NaN or infinite one."""
+        :class:`~entmax_ref.backends._base.NonFiniteInput` on a NaN or infinite one; False
+        when ``spec.check_finite`` is off (the public layer then does not ask)."""
         from .numba.decode import scans_inputs
 
         return scans_inputs(q, k, v, spec)
