@@ -326,12 +326,14 @@ class _Block:
         return z
 
 
-def empty_forward(B: int, Hq: int, Nq: int, Dv: int) -> AttentionForward:
-    """The arrays a chunked forward fills, as a row that sees no key leaves them: out and
-    skew 0 ((B, Hq, Nq, Dv) float64), theta, row_max and edge -inf, support and edge_p 0
-    ((B, Hq, Nq)), no support keys; the fields of :class:`~entmax_ref.backends._base.AttentionForward`."""
+def empty_forward(B: int, Hq: int, Nq: int, Dv: int, out_dtype=_F64) -> AttentionForward:
+    """The arrays a chunked forward fills, as a row that sees no key leaves them: out
+    (``out_dtype``: a driver whose chunks are float64 scratch gives q's dtype, so that no
+    float64 copy of the whole output is made and converted) and skew 0 ((B, Hq, Nq, Dv);
+    skew float64), theta, row_max and edge -inf, support and edge_p 0 ((B, Hq, Nq)), no
+    support keys; the fields of :class:`~entmax_ref.backends._base.AttentionForward`."""
     rows = (B, Hq, Nq)
-    return AttentionForward(np.zeros(rows + (Dv,), _F64), np.full(rows, -np.inf), np.zeros(rows, np.int64),
+    return AttentionForward(np.zeros(rows + (Dv,), out_dtype), np.full(rows, -np.inf), np.zeros(rows, np.int64),
                             np.zeros(rows + (Dv,), _F64), np.full(rows, -np.inf), np.full(rows, -np.inf),
                             np.zeros(rows, _F64))
 

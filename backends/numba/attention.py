@@ -1096,7 +1096,7 @@ def attention_forward(backend, q, k, v, spec):
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = key_offset(Nq, Nk)
-    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype)
     support_keys = empty_support_keys(B, Hq, Nq, Dv)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
@@ -1162,7 +1162,7 @@ def attention_forward(backend, q, k, v, spec):
                 items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
             items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
-    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p,
+    return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
                             trimmed_keys(support_keys))
 
 

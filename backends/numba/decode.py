@@ -282,7 +282,7 @@ def decode_forward(q, k, v, spec):
     R = group * Nq
     offset = key_offset(Nq, Nk)
     scale = float(spec.scale)
-    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype)
     support_keys = empty_support_keys(B, Hq, Nq, Dv)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
@@ -365,5 +365,5 @@ def decode_forward(q, k, v, spec):
             edge[sl] = ce.reshape(group, Nq)
             edge_p[sl] = qe.reshape(group, Nq)
             support_keys[sl] = hd["keys"].reshape(group, Nq, -1)
-    return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p,
+    return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
                             trimmed_keys(support_keys))
