@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from . import CACHE
 from .elementwise import _K_15, _K_SPARSE, _LB_MARGIN, _alive
@@ -124,33 +125,104 @@ def _row_max(x):
     return _lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))
 
 
+#: rows of at least this many entries are gathered through a bit mask (:func:`_mask_alive`);
+#: below it the mask's scratch costs more than it saves
+MASK_MIN = 256
+
+
+@njit(cache=CACHE)
+def _mask_alive(x, m, a1, kind, lo, words):
+    """Bit ``t`` of ``words[w]`` is whether entry ``64 w + t`` is alive at ``lo`` (the test of
+    :func:`_gather_alive`), for ``w < words.shape[0]``.  The tests of a word are a loop with
+    no store but the word's, which LLVM vectorises (a compare and a bit pack per 4 or 8
+    entries), where storing every entry costs a store and a dependent index a cycle each."""
+    for w in range(words.shape[0]):
+        xb = x[64 * w:64 * (w + 1)]
+        b = np.uint64(0)
+        if kind == _K_SPARSE:
+            for t in range(64):
+                y = np.float64(xb[t]) - m
+                b |= np.uint64(1.0 + (y - lo) > 0.0) << np.uint64(t)
+        elif kind == _K_15:
+            for t in range(64):
+                y = np.float64(xb[t]) - m
+                b |= np.uint64(1.0 + 0.5 * (y - lo) > 0.0) << np.uint64(t)
+        else:
+            for t in range(64):
+                y = np.float64(xb[t]) - m
+                b |= np.uint64(_alive(y - lo, a1, kind)) << np.uint64(t)
+        words[w] = b
+
+
+@njit(cache=CACHE)
+def _unpack(x, m, words, dst, idx):
+    """The entries whose bits are set in ``words``, in row order: ``dst[k] = x - m`` (and
+    ``idx[k]`` their columns when ``idx`` is not empty), one step per set bit (a few percent
+    of a normal row).  Returns the count."""
+    cols = idx.shape[0] > 0
+    k = 0
+    for w in range(words.shape[0]):
+        b = words[w]
+        while b != np.uint64(0):
+            i = 64 * w + trailing_zeros(b)
+            dst[k] = np.float64(x[i]) - m
+            if cols:
+                idx[k] = i
+            k += 1
+            b &= b - np.uint64(1)
+    return k
+
+
+@njit(cache=CACHE)
+def _set_bits(words, idx):
+    """The positions ``64 w + t`` of the set bits of ``words`` into ``idx``, ascending (the
+    attention filter's keys); returns their count."""
+    k = 0
+    for w in range(words.shape[0]):
+        b = words[w]
+        while b != np.uint64(0):
+            idx[k] = 64 * w + trailing_zeros(b)
+            k += 1
+            b &= b - np.uint64(1)
+    return k
+
+
 @njit(cache=CACHE)
 def _gather_alive(x, m, a1, kind, lo, dst):
     """Gather into ``dst``, in row order, the ``y = x - m`` alive at ``lo`` (the test of
-    :func:`_alive`, written out per kind), for a row whose maximum m is known.  The loop has no
-    branch on the data: every entry is stored at ``dst[k]`` and ``k`` advances by the test's
-    outcome, so the next entry overwrites a dead one (``k <= i`` at every store, so ``dst``
-    of the row's length suffices).  With a few percent of the row alive, a branch on the test
-    would be mispredicted at nearly every hit; this costs about 2 cycles an entry.  The
-    1 < alpha < 2 solver calls it for its bound's candidates (1.5-entmax or sparsemax at 0:
-    their test implies the window test ``a1 y > -1``, rounding being monotone and ``a1 <
-    a1b``), so the sets are those that gathering the window and filtering it give; its
-    candidates above the bound come from :func:`.gen._gather_gen`, for which the general
-    branch here is the tests' reference.  Returns the count."""
+    :func:`_alive`, written out per kind), for a row whose maximum m is known.  Long rows
+    (``MASK_MIN`` entries or more) build a bit mask of the test first (:func:`_mask_alive`)
+    and then visit only the set bits (:func:`_unpack`): about three times faster than one
+    pass over a normal row.  The rest of the row (and every short one) is a loop with no
+    branch on the data: every entry is stored at ``dst[k]`` and ``k`` advances by the
+    test's outcome, so the next entry overwrites a dead one (``k <= i`` at every store, so
+    ``dst`` of the row's length suffices).  With a few percent of the row alive, a branch
+    on the test would be mispredicted at nearly every hit.  The 1 < alpha < 2 solver
+    calls it for its bound's candidates (1.5-entmax or sparsemax at 0: their test implies
+    the window test ``a1 y > -1``, rounding being monotone and ``a1 < a1b``), so the sets
+    are those that gathering the window and filtering it give; its candidates above the
+    bound come from :func:`.gen._gather_gen`, for which the general branch here is the
+    tests' reference.  Returns the count."""
     n = x.shape[0]
     k = 0
+    i0 = 0
+    if n >= MASK_MIN:
+        words = np.empty(n // 64, np.uint64)
+        _mask_alive(x, m, a1, kind, lo, words)
+        k = _unpack(x, m, words, dst, np.empty(0, np.int64))
+        i0 = 64 * words.shape[0]
     if kind == _K_SPARSE:
-        for i in range(n):
+        for i in range(i0, n):
             y = np.float64(x[i]) - m
             dst[k] = y
             k += 1.0 + (y - lo) > 0.0
     elif kind == _K_15:
-        for i in range(n):
+        for i in range(i0, n):
             y = np.float64(x[i]) - m
             dst[k] = y
             k += 1.0 + 0.5 * (y - lo) > 0.0
     else:
-        for i in range(n):
+        for i in range(i0, n):
             y = np.float64(x[i]) - m
             dst[k] = y
             k += _alive(y - lo, a1, kind)
