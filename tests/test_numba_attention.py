@@ -323,3 +323,21 @@ def test_range_pass_extrema_and_nan_count():
     lo, hi, nan = nattn._g_range(g, 2, 4, 7)
     assert (lo, hi, nan) == (-1.0, 0.0, 0) and not np.signbit(hi)
     assert nattn._g_range(g, 0, 5, 5) == (np.inf, -np.inf, 0)
+
+
+def test_filter_keys_above_the_line():
+    """The filter's keys above the float32 line (a bit mask and its set bits for a long row,
+    a branch-free pass for the rest) are NumPy's, ascending, at lengths around the mask's
+    64-key words and its minimum row."""
+    from entmax_ref.backends.numba.candidates import MASK_MIN
+
+    rng = np.random.default_rng(11)
+    g = rng.standard_normal((3, 2 * MASK_MIN + 131)).astype(np.float32)
+    g[1, ::7] = np.inf
+    g[2] = 0.5  # every key right at the line, then above it
+    for r, gc in [(0, 1.2), (0, -5.0), (0, 9.0), (1, 3.0), (2, 0.5), (2, np.nextafter(np.float32(0.5), -1))]:
+        gc = np.float32(gc)
+        for n in (0, 1, 63, 64, MASK_MIN - 1, MASK_MIN, MASK_MIN + 65, g.shape[1]):
+            idx = np.full(g.shape[1], -7, np.int64)
+            m = nattn._above(g, r, n, gc, idx)
+            np.testing.assert_array_equal(idx[:m], np.flatnonzero(g[r, :n] > gc))

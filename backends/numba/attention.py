@@ -101,6 +101,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import CACHE
+from .candidates import MASK_MIN, _set_bits
 from ..geometry import key_offset
 from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
@@ -394,6 +395,30 @@ def _g_cut(cut, scale, s):
 
 
 @njit(cache=CACHE)
+def _above(g, r, n, gc, idx):
+    """The keys ``j < n`` with ``g[r, j] > gc`` into ``idx``, ascending; returns their count.
+    As the row solvers' gathers (:func:`.candidates._gather_alive`): for a long row a bit
+    mask of the test (a loop LLVM vectorises) and then its set bits only, and a pass with
+    no branch on the data (every key stored, the count advanced by the test) for the rest."""
+    m1 = 0
+    j0 = 0
+    if n >= MASK_MIN:
+        words = np.empty(n // 64, np.uint64)
+        for w in range(words.shape[0]):
+            gb = g[r, 64 * w:64 * (w + 1)]
+            b = np.uint64(0)
+            for t in range(64):
+                b |= np.uint64(gb[t] > gc) << np.uint64(t)
+            words[w] = b
+        m1 = _set_bits(words, idx)
+        j0 = 64 * words.shape[0]
+    for j in range(j0, n):
+        idx[m1] = j
+        m1 += g[r, j] > gc
+    return m1
+
+
+@njit(cache=CACHE)
 def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                      za, idx, zc, gx):
     """:func:`_candidates`, the same keys in the same order with the same scores, for the
@@ -423,10 +448,7 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     else:
         cut = _theta_cut(t, window, err)
     gc = _g_cut(cut, scale, s)
-    m1 = 0
-    for j in range(n):  # branch-free float32 pass
-        idx[m1] = j
-        m1 += g[r, j] > gc
+    m1 = _above(g, r, n, gc, idx)
     m = np.int64(0)
     for i in range(m1):  # the approximate float64 scores of the survivors, the exact cut
         j = idx[i]
