@@ -292,3 +292,31 @@ def test_scan_in_the_row_pass_raises_the_public_error(nb, alpha, method):
     rows[7, 5] = np.nan
     with pytest.raises(NonFiniteInput):
         nb.entmax_forward_scanned(rows, np.full(rows.shape[0], 1.5), method)
+
+
+def test_three_way_partition():
+    """The pivot solvers' three-way partition (two branch-free Lomuto passes): below, equal
+    to and above the pivot in that order, the same multiset, and the sums of ``y - v`` and
+    ``(y - v)^2`` above it, on sub-ranges with many ties and with a pivot at either end."""
+    from numba import njit
+
+    from entmax_ref.backends.numba.threshold import _partition3
+
+    part = njit(lambda c, lo, hi, v: _partition3(c, lo, hi, v))
+    rng = np.random.default_rng(5)
+    for n, lo, hi in [(1, 0, 1), (2, 0, 2), (50, 0, 50), (300, 17, 251), (300, 0, 300)]:
+        for ties in (False, True):
+            c = rng.standard_normal(n)
+            if ties:
+                c = np.round(c * 2) / 2
+            for v in (c[lo], c[lo:hi].min(), c[lo:hi].max(), np.median(c[lo:hi])):
+                d = c.copy()
+                lt, gt, s1, s2 = part(d, lo, hi, v)
+                seg = c[lo:hi]
+                np.testing.assert_array_equal(np.sort(d[lo:hi]), np.sort(seg))
+                np.testing.assert_array_equal(d[:lo], c[:lo])
+                np.testing.assert_array_equal(d[hi:], c[hi:])
+                assert lt - lo == (seg < v).sum() and gt - lt == (seg == v).sum()
+                assert np.all(d[lo:lt] < v) and np.all(d[lt:gt] == v) and np.all(d[gt:hi] > v)
+                above = seg[seg > v] - v
+                np.testing.assert_allclose([s1, s2], [above.sum(), (above ** 2).sum()], rtol=1e-13, atol=1e-300)

@@ -214,28 +214,28 @@ def _partition3(c, lo, hi, v):
     """Three-way partition of ``c[lo:hi]`` around ``v`` in place: returns ``(lt, gt, s1,
     s2)`` with ``c[lo:lt] < v``, ``c[lt:gt] == v``, ``c[gt:hi] > v``, and the sums of
     ``y - v`` and ``(y - v)^2`` over the entries above v (a caller that does not use
-    them pays nothing: the function is inlined and the dead sums removed)."""
+    them pays nothing: the function is inlined and the dead sums removed).  Two
+    Lomuto passes with no branch on the data (every entry is swapped, the boundary
+    advanced by the test): the entries below v to the front, then, among the rest, those
+    equal to v; a branch on the comparisons would be mispredicted about every other entry
+    of a random pivot's partition."""
     lt = lo
-    i = lo
-    gt = hi
     s1 = 0.0
     s2 = 0.0
-    while i < gt:
+    for i in range(lo, hi):
         y = c[i]
-        if y < v:
-            c[i] = c[lt]
-            c[lt] = y
-            lt += 1
-            i += 1
-        elif y > v:
-            gt -= 1
-            c[i] = c[gt]
-            c[gt] = y
-            e = y - v
-            s1 += e
-            s2 += e * e
-        else:
-            i += 1
+        e = max(y - v, 0.0)
+        s1 += e
+        s2 += e * e
+        c[i] = c[lt]
+        c[lt] = y
+        lt += y < v
+    gt = lt
+    for i in range(lt, hi):
+        y = c[i]
+        c[i] = c[gt]
+        c[gt] = y
+        gt += not (y > v)
     return lt, gt, s1, s2
 
 
