@@ -1,9 +1,9 @@
 """Decoding: a few queries over a long key cache, split over the keys across threads.
 
 The chunked forward of :mod:`entmax_ref.backends.numba.attention` parallelises over query
-chunks and copies each kv-head's K and V to float64 first; with one query (or a few) per
-head and tens of thousands of cached keys there is one chunk per head, and the copies and
-the float64 score block cost more than the attention itself.  This path computes the same
+chunks and copies each kv-head's K to float64 (and float32) first; with one query (or a
+few) per head and tens of thousands of cached keys there is one chunk per head, and the
+copies and the score block cost more than the attention itself.  This path computes the same
 quantities (the same float64 scores of every key that can carry mass, the same compiled
 row solver, the same residual) in two phases, with no float64 copy of K or V and no BLAS:
 
