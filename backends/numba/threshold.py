@@ -12,7 +12,7 @@ from numba import njit
 from ..constants import MAX_ITER
 from . import CACHE
 from .compensated import acc as _acc
-from .elementwise import _K_EXP, _K_GEN, _alive, _p_u
+from .elementwise import _K_EXP, _K_GEN, _TIE, _alive, _p_u
 
 
 @njit(cache=CACHE)
@@ -47,6 +47,13 @@ def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
     bisection when the step leaves the bracket or f did not change since ``f_prev``.
     Returns (done, A, lo, hi, flo, fhi): A is the next point, or the answer when done."""
     if f == 0.0:
+        return True, A, lo, hi, flo, fhi
+    if f == f_prev and abs(f) <= _TIE:
+        # the step changed nothing in f, and f is within its own rounding error of 0: A is
+        # a root to working precision.  (Bisecting the bracket from here, as the flat case
+        # below does, spent some 50 evaluations to move A by an ulp or two: a polished
+        # closed form whose f sits at +1.5 eps on both sides of an ulp step did this on
+        # 7% of 27-candidate attention rows, 8 evaluations a row on average instead of 1.3.)
         return True, A, lo, hi, flo, fhi
     if f > 0.0:
         lo = A
