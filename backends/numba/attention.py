@@ -1188,7 +1188,7 @@ def attention_forward(backend, q, k, v, spec):
             items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
-                            trimmed_keys(support_keys))
+                            trimmed_keys(support_keys, support))
 
 
 def keys_width(Dv):
@@ -1202,10 +1202,13 @@ def empty_support_keys(B, Hq, Nq, Dv):
     return np.full((B, Hq, Nq, keys_width(Dv)), -1, np.int32)
 
 
-def trimmed_keys(keys):
+def trimmed_keys(keys, support):
     """``keys`` cut to the most keys a row holds (at least one column): the keys of every
-    row that has them, and the -2 of those that do not."""
-    width = max(1, int((keys >= 0).sum(axis=-1).max(initial=0)))
+    row that has them, and the -2 of those that do not.  A row holds its ``support`` keys
+    when they fit (:func:`_store_keys`), none otherwise, so the width comes from the
+    support counts, not from a pass over the keys."""
+    fits = support[support <= keys.shape[3]]
+    width = max(1, int(fits.max(initial=0)))
     return keys if width == keys.shape[3] else np.ascontiguousarray(keys[..., :width])
 
 

@@ -366,4 +366,4 @@ def decode_forward(q, k, v, spec):
             edge_p[sl] = qe.reshape(group, Nq)
             support_keys[sl] = hd["keys"].reshape(group, Nq, -1)
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
-                            trimmed_keys(support_keys))
+                            trimmed_keys(support_keys, support))
