@@ -619,25 +619,6 @@ def test_bad_input_raises_value_errors_naming_shapes():
 
 
 # --------------------------------------------------------------------------- check_finite
-@pytest.fixture
-def fixed_order(backend):
-    """The backend, with numba on one thread: its chunked forward picks the float32 filter
-    or the float64 product per chunk from what its worker threads finished first, which
-    moves results by an ulp from run to run (tests/test_varlen.py's ``deterministic``);
-    with one thread two calls on the same input are bit-identical."""
-    if backend != "numba":
-        yield backend
-        return
-    import numba
-
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield backend
-    finally:
-        numba.set_num_threads(before)
-
-
 def _cpu_only(backend):
     """Tests that pass an AttentionInfo or compare NaN placement: NumPy data on the CPU engines."""
     if backend not in ("numpy", "numba"):
@@ -664,10 +645,9 @@ def _cf_problem(seed, alpha, scaling):
 
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 3.0])
 @pytest.mark.parametrize("scaling", [False, True], ids=["plain", "asentmax"])
-def test_check_finite_off_is_bit_identical_on_clean_input(fixed_order, alpha, scaling):
+def test_check_finite_off_is_bit_identical_on_clean_input(backend, alpha, scaling):
     """check_finite only decides whether q, k, v (and grad_out) are scanned: on clean
     input the outputs, every field of info and every gradient are the same bits."""
-    backend = fixed_order
     rng, q, k, v, kw = _cf_problem(40, alpha, scaling)
     out, info = _attention(q, k, v, return_info=True, backend=backend, **kw)
     out2, info2 = _attention(q, k, v, return_info=True, backend=backend, check_finite=False, **kw)
@@ -736,11 +716,10 @@ def _no_skew(info):
 
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 3.0])
 @pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
-def test_check_finite_off_nonfinite_v_reaches_only_the_rows_that_need_it(fixed_order, alpha, bad):
+def test_check_finite_off_nonfinite_v_reaches_only_the_rows_that_need_it(backend, alpha, bad):
     """Unscanned, a NaN/inf in v at key j: info unchanged but for the skewed output; the
     rows whose support holds j are non-finite (output and skew); every other entry is
     non-finite or the clean bits, and on numba (support-only output) the clean bits."""
-    backend = fixed_order
     _cpu_only(backend)
     rng, q, k, v, kw = _cf_problem(43, alpha, False)
     out, info = _attention(q, k, v, return_info=True, backend=backend, **kw)
@@ -763,11 +742,10 @@ def test_check_finite_off_nonfinite_v_reaches_only_the_rows_that_need_it(fixed_o
 @pytest.mark.parametrize("alpha", [1.5, 3.0])
 @pytest.mark.parametrize("where", ["v", "grad_out"])
 @pytest.mark.parametrize("path", ["recompute", "info"])
-def test_check_finite_off_nonfinite_v_or_grad_out_in_the_gradients(fixed_order, alpha, where, path):
+def test_check_finite_off_nonfinite_v_or_grad_out_in_the_gradients(backend, alpha, where, path):
     """Unscanned, a NaN in v or grad_out reaches the gradients as non-finite entries (a
     row i of grad_out: at least dv of row i's support keys), and no gradient entry is
     finite but different from the clean input's."""
-    backend = fixed_order
     _cpu_only(backend)
     rng, q, k, v, kw = _cf_problem(44, alpha, True)
     g_out = rng.standard_normal((2, 4, 6, 2))
@@ -788,11 +766,10 @@ def test_check_finite_off_nonfinite_v_or_grad_out_in_the_gradients(fixed_order, 
         support = [j for j in range(v.shape[2]) if _holders(backend, q, k, v, kw, 1, 1, j)[1, 2, 4]]
         assert support and all(np.isnan(g.dv[1, 1, j, 0]) for j in support)
 
-def test_check_finite_off_numba_backward_from_info_reads_k_on_the_support_only(fixed_order):
+def test_check_finite_off_numba_backward_from_info_reads_k_on_the_support_only(backend):
     """The numba backward given info scores the forward's support keys only: unscanned, a
     NaN in k off every row's support is not read (the clean gradients, bit for bit),
     while the forward, which scores every visible key, raises the overflow error."""
-    backend = fixed_order
     if backend != "numba":
         pytest.skip("the numba backward's support keys")
     rng, q, k, v = problem(45, B=1, Hq=2, Hkv=1, Nq=2, Nk=12, D=3, Dv=2, spread=3.0)

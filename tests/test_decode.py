@@ -26,18 +26,24 @@ dec = pytest.importorskip("entmax_ref.backends.numba.decode")
 
 
 @pytest.fixture
-def taken(monkeypatch):
-    """Small problems take the decoding path; ``taken`` counts the calls that did."""
-    monkeypatch.setattr(dec, "DECODE_MIN_KEYS", 16)
+def spy(monkeypatch):
+    """Counts the calls that take the decoding path, at its real thresholds."""
     calls = []
     real = dec.decode_forward
 
-    def spy(*a):
+    def wrapped(*a):
         calls.append(a[0].shape)
         return real(*a)
 
-    monkeypatch.setattr(dec, "decode_forward", spy)
+    monkeypatch.setattr(dec, "decode_forward", wrapped)
     return calls
+
+
+@pytest.fixture
+def taken(monkeypatch, spy):
+    """Small problems take the decoding path; ``taken`` counts the calls that did."""
+    monkeypatch.setattr(dec, "DECODE_MIN_KEYS", 16)
+    return spy
 
 
 @pytest.fixture(params=[(1, 8192), (2, 64)], ids=["1thread", "2threads-blocks"])
@@ -206,20 +212,6 @@ def test_decode_degenerate_shapes_still_scan_k_and_v(taken):
 
 
 # --------------------------------------------------------------------------- check_finite=False
-@pytest.fixture
-def spy(monkeypatch):
-    """Counts the calls that take the decoding path, at its real thresholds."""
-    calls = []
-    real = dec.decode_forward
-
-    def wrapped(*a):
-        calls.append(a[0].shape)
-        return real(*a)
-
-    monkeypatch.setattr(dec, "decode_forward", wrapped)
-    return calls
-
-
 def _same_residual(a, b):
     _same_forward(a, b)
     for name in ("skew", "row_max", "edge", "edge_p", "theta"):
