@@ -114,12 +114,12 @@ def _qkv(nq, nk, spread=1.0):
 
 
 def _attention(dt):
-    """The fused forward with the float32 filter's scores (alpha > 1) and with float64
-    scores (alpha = 1, and any chunk where the filter is off): its two specializations
-    (the attention kernels compute in float64 whatever the input dtype)."""
+    """The fused forward with the float32 filter's scores (alpha > 1; its kernels read K
+    and V in the input dtype) and with float64 scores (alpha = 1, and any chunk where the
+    filter is off; float64 K and V whatever the input dtype)."""
     import entmax_ref as er
 
-    q, k, v = _qkv(4, 8)
+    q, k, v = (a.astype(dt) for a in _qkv(4, 8))
     er.attention(q, k, v, alpha=1.5, backend="numba")
     er.attention(q, k, v, alpha=1.0, backend="numba")
 
@@ -131,6 +131,7 @@ def _attention_vjp(dt):
     from entmax_ref.backends.numba import attention as _att
 
     for q, k, v in (_qkv(4, 8), _qkv(2, 64, spread=20.0)):
+        q, k, v = (a.astype(dt) for a in (q, k, v))
         o, info = er.attention(q, k, v, alpha=1.5, backend="numpy", return_info=True)
         er.attention_vjp(np.ones_like(o), q, k, v, out=o, tau=info.tau, alpha=1.5, backend="numba")
     saved = _att.FILTER_FRACTION
@@ -151,8 +152,7 @@ def _decode(dt):
     er.attention(q, k, v, alpha=1.5, backend="numba")
 
 
-#: unit name -> (what it compiles, the call that compiles it for one dtype); attention
-#: units are dtype-independent (one compile whatever the dtype list)
+#: unit name -> (what it compiles, the call that compiles it for one dtype)
 UNITS: dict[str, tuple[str, Callable[[str], None]]] = {
     "softmax": ("entmax forward, alpha = 1", _rows(1.0)),
     "sparsemax": ("entmax forward, alpha = 2", _rows(2.0)),
@@ -172,7 +172,6 @@ UNITS: dict[str, tuple[str, Callable[[str], None]]] = {
     "attention_vjp": ("attention backward (float32-filtered and float64 scores)", _attention_vjp),
     "decode": ("attention forward, decoding (few queries over a long key cache)", _decode),
 }
-_DTYPE_FREE = {"attention", "attention_vjp"}
 
 #: the units ``entmax-ref check`` runs (everything but the mixed-alpha solver, the alpha
 #: VJPs and the decoding path, which check does not call)
@@ -200,6 +199,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 _COST: dict[tuple[str, str], float] = {
     ("attention", "float64"): 18.1, ("entmax_any", "float64"): 12.6, ("entmax", "float64"): 10.5,
     ("attention_vjp", "float64"): 9.5, ("decode", "float64"): 8.8, ("entmax_any", "float32"): 7.8,
+    ("attention", "float32"): 7.7, ("attention_vjp", "float32"): 4.9,
     ("decode", "float32"): 7.4, ("entmax", "float32"): 6.8, ("entmax_big", "float64"): 5.8,
     ("softmax", "float64"): 3.7, ("budget", "float64"): 3.4, ("softmax", "float32"): 3.0,
     ("sparsemax", "float32"): 3.0, ("sparsemax", "float64"): 2.9, ("budget", "float32"): 2.7,
@@ -221,7 +221,7 @@ def _units_dtypes(units: Iterable[str], dtypes: Iterable[str]) -> list[tuple[str
     for u in units:
         if u not in UNITS:
             raise ValueError(f"ops: unknown unit {u!r}; choose from {', '.join(UNITS)}")
-        out.append((u, ("float64",) if u in _DTYPE_FREE else dtypes))
+        out.append((u, dtypes))
     return out
 
 
@@ -231,9 +231,9 @@ def _task_needs(task: Task) -> list[Task]:
     safe either way, under :func:`.numba._cache.file_lock`), and the tasks of the units it
     needs in its dtype and in float64."""
     unit, dt = task
-    out = [(unit, "float64")] if dt != "float64" and unit not in _DTYPE_FREE else []
+    out = [(unit, "float64")] if dt != "float64" else []
     for v in _NEEDS.get(unit, ()):
-        out += [(v, "float64")] + ([(v, dt)] if dt != "float64" and v not in _DTYPE_FREE else [])
+        out += [(v, "float64")] + ([(v, dt)] if dt != "float64" else [])
     return out
 
 

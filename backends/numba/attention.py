@@ -1061,6 +1061,30 @@ def _head_values(v, b, hv):
     return _writable(np.ascontiguousarray(v[b, hv]))
 
 
+class _Head:
+    """One kv-head's K and V for the drivers' chunks (:func:`_head_keys`,
+    :func:`_head_values`), and the pair a chunk's kernel reads (:meth:`rows`)."""
+
+    def __init__(self, k, v, b, hk):
+        self.kk, self.k32, self.kx, self.kn = _head_keys(k, b, hk)
+        self.vx = _head_values(v, b, hk)
+        self.v64 = None
+        self.lock = threading.Lock()
+
+    def rows(self, filt, key_end):
+        """(K, V) up to ``key_end`` for a chunk's kernel: in the input's precision with the
+        float32 filter (the exact dot products then round as the decoding path's); with
+        the float64 product, whose rows the kernel scores from the product itself, the
+        float64 copies, so that a float32 input compiles no kernel variant beyond the
+        float64 input's (the values are the same: float32 converts exactly)."""
+        if filt or self.kx is self.kk:
+            return self.kx[:key_end], self.vx[:key_end]
+        with self.lock:
+            if self.v64 is None:
+                self.v64 = np.ascontiguousarray(self.vx, np.float64)
+        return self.kk[:key_end], self.v64[:key_end]
+
+
 def _scores(filt, qsl, qc, kk_all, k32_all, kn, key_end, scale, rs, need=None):
     """A chunk's score block for the row kernels: with ``filt`` (the float32 filter is on
     and may be used for this chunk) and a finite error bound, the float32 product of the
@@ -1131,14 +1155,15 @@ def attention_forward(backend, q, k, v, spec):
     def work(slot, item, probe=False):
         b, hk, i0, i1, key_end = item
         h0 = hk * group
-        kk_all, k32_all, kx_all, kn, vv_all = heads[b, hk]
+        head = heads[b, hk]
         nc = i1 - i0
         qsl = q[b, h0:h0 + group, i0:i1]
         qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
         rs = _row_scale(spec, b, h0, group, i0, i1)
         alphas = _group_alphas(spec, h0, group)
-        g, err, filt = _scores(state["filter"] and bool(np.all(alphas > 1.0)), qsl, qc, kk_all, k32_all, kn,
-                               key_end, scale, rs)
+        g, err, filt = _scores(state["filter"] and bool(np.all(alphas > 1.0)), qsl, qc, head.kk, head.k32,
+                               head.kn, key_end, scale, rs)
+        kk, vv = head.rows(filt, key_end)
         rows = g.shape[0]
         o = np.empty((rows, Dv), f64)
         sk = np.empty((rows, Dv), f64)
@@ -1150,9 +1175,8 @@ def attention_forward(backend, q, k, v, spec):
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
         kc = np.empty((rows, support_keys.shape[3]), np.int32)
-        fwd_rows(g, filt, qc, kx_all[:key_end], err, nc, i0, offset, causal, scale, rs,
-                 _group_slopes(spec, h0, group), alphas, vv_all[:key_end], o, sk, th, sup, rm, ce, qe, ncand, bad,
-                 kc)
+        fwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, rs, _group_slopes(spec, h0, group), alphas,
+                 vv, o, sk, th, sup, rm, ce, qe, ncand, bad, kc)
         if bad.any():
             raise ValueError(_OVERFLOW)
         if probe and filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
@@ -1183,7 +1207,7 @@ def attention_forward(backend, q, k, v, spec):
             heads.clear()
             items = []
             for b, hk in batch:
-                heads[b, hk] = _head_keys(k, b, hk) + (_head_values(v, b, hk),)
+                heads[b, hk] = _Head(k, v, b, hk)
                 items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
             items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
@@ -1271,8 +1295,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
             items = _head_items(spec, b, Nq, Nk, group)
             for hk in range(Hkv):
                 h0 = hk * group
-                kk_all, k32_all, kx_all, kn = _head_keys(k, b, hk)
-                vv_all = _head_values(v, b, hk)
+                head = _Head(k, v, b, hk)
                 slopes = _group_slopes(spec, h0, group)
                 accs = [(dk[b, hk], dv[b, hk])]
                 for dk_w, dv_w in extra:
@@ -1280,14 +1303,13 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     dv_w[:] = 0.0
                     accs.append((dk_w, dv_w))
 
-                def work(slot, item, probe=False, b=b, h0=h0, kk_all=kk_all, kx_all=kx_all, vv_all=vv_all,
-                         k32_all=k32_all, kn=kn, slopes=slopes, accs=accs, in_order=_InOrder()):
+                def work(slot, item, probe=False, b=b, h0=h0, head=head, slopes=slopes, accs=accs,
+                         in_order=_InOrder()):
                     n, (i0, i1, key_end) = item
                     nc = i1 - i0
                     sl = (b, slice(h0, h0 + group), slice(i0, i1))
                     qc = np.ascontiguousarray(np.asarray(q[sl], f64).reshape(-1, D))
                     doc = np.ascontiguousarray(np.asarray(do[sl], f64).reshape(-1, Dv))
-                    kk, vv = kx_all[:key_end], vv_all[:key_end]
                     rs = _row_scale(spec, b, h0, group, i0, i1)
                     rows = group * nc
                     kc = no_keys if keys_all is None else np.ascontiguousarray(keys_all[sl]).reshape(rows, -1)
@@ -1296,8 +1318,9 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     if stored:  # every row has its support's keys: no product, no filter pass
                         g, err, filt = no_g, np.zeros(rows), True
                     else:  # the product of the rows without keys only
-                        g, err, filt = _scores(state["filter"], q[sl], qc, kk_all, k32_all, kn, key_end, scale, rs,
-                                               need)
+                        g, err, filt = _scores(state["filter"], q[sl], qc, head.kk, head.k32, head.kn, key_end, scale,
+                                               rs, need)
+                    kk, vv = head.rows(filt, key_end)
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
                     if resid is None:
                         rm = ce = qe = th  # not read for alpha <= 2
