@@ -184,11 +184,10 @@ def _theta_lower(zc, m, L, a1):
     """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
     that can carry mass is among them).  For alpha <= 2 the mass ``f(A) = sum_j
     [1 + a1 (z_j - L - A)]_+^(1/a1) - 1`` is convex and decreasing in A, so Newton's
-    iterates from A = 0 (where f >= 0) increase and stay below the root; four steps (at
-    alpha 1.5 on the bench's causal forward, a fourth step's tighter bound saves more
-    exact dot products and solver work than it costs: 238-240 against 250-260 ms of row
-    kernels on one thread; a fifth costs more than it saves), then a relative margin for
-    rounding.  For alpha > 2 (f not convex): L itself."""
+    iterates from A = 0 (where f >= 0) increase and stay below the root; four steps (a
+    tighter bound saves more exact dot products and solver work than a step costs, up to
+    the fourth: docs/performance.md, session 11), then a relative margin for rounding.
+    For alpha > 2 (f not convex): L itself."""
     A = 0.0
     if a1 <= 1.0:
         for _ in range(4):
@@ -1041,34 +1040,22 @@ def _score_error(qc, kmax, scale, rs):
             2.0 * scale * s * (gam * qn * kmax + D * 2.0**-140 * (1.0 + qn + kmax)), np.float64)
 
 
-def _head_keys(k, b, hk):
-    """One kv-head's keys as both drivers use them: float64 and float32 copies, the keys in
-    the input's precision (what the row kernels read: the float32 input itself, not a
-    float64 copy of twice the size, and the same array type the decoding path passes, so
-    that :func:`_dot` rounds the same way in both) and the float64 key norms (a float32
-    overflow only turns the filter off)."""
-    kk_all = np.ascontiguousarray(k[b, hk], np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        k32_all = np.ascontiguousarray(k[b, hk], np.float32)
-        kn = np.sqrt(np.einsum("jd,jd->j", kk_all, kk_all))
-    kx_all = k32_all if k.dtype == np.float32 else kk_all
-    return kk_all, k32_all, kx_all, kn
-
-
-def _head_values(v, b, hv):
-    """One kv-head's values as the row kernels read them: in the input's precision (the
-    float32 input is converted exactly where it is read; see :func:`_head_keys`)."""
-    return _writable(np.ascontiguousarray(v[b, hv]))
-
-
 class _Head:
-    """One kv-head's K and V for the drivers' chunks (:func:`_head_keys`,
-    :func:`_head_values`), and the pair a chunk's kernel reads (:meth:`rows`)."""
+    """One kv-head's K and V as the drivers' chunks use them: float64 (``kk``) and float32
+    (``k32``, the filter product's) keys, the keys and values in the input's precision
+    (``kx``, ``vx``: what the filtered chunks' kernels read, the same arrays the decoding
+    path passes, so that :func:`_dot` rounds the same way in both; the float32 input is
+    converted exactly where it is read) and the float64 key norms ``kn`` (a float32
+    overflow only turns the filter off); :meth:`rows` gives a chunk's pair."""
 
     def __init__(self, k, v, b, hk):
-        self.kk, self.k32, self.kx, self.kn = _head_keys(k, b, hk)
-        self.vx = _head_values(v, b, hk)
-        self.v64 = None
+        self.kk = np.ascontiguousarray(k[b, hk], np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.k32 = np.ascontiguousarray(k[b, hk], np.float32)
+            self.kn = np.sqrt(np.einsum("jd,jd->j", self.kk, self.kk))
+        self.kx = self.k32 if k.dtype == np.float32 else self.kk
+        self.vx = _writable(np.ascontiguousarray(v[b, hk]))
+        self.v64 = None  # the float64 copy of vx, made by the first chunk that needs it
         self.lock = threading.Lock()
 
     def rows(self, filt, key_end):
