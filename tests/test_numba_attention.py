@@ -319,7 +319,6 @@ def test_range_pass_extrema_and_nan_count():
             assert nan == np.isnan(seg).sum()
             if nan == 0:
                 assert (lo, hi) == (seg.min(), seg.max())
-                assert np.float32(lo).dtype == np.float32
     lo, hi, nan = nattn._g_range(g, 2, 4, 7)
     assert (lo, hi, nan) == (-1.0, 0.0, 0) and not np.signbit(hi)
     assert nattn._g_range(g, 0, 5, 5) == (np.inf, -np.inf, 0)
