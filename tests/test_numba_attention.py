@@ -338,5 +338,5 @@ def test_filter_keys_above_the_line():
         gc = np.float32(gc)
         for n in (0, 1, 63, 64, MASK_MIN - 1, MASK_MIN, MASK_MIN + 65, g.shape[1]):
             idx = np.full(g.shape[1], -7, np.int64)
-            m = nattn._above(g, r, n, gc, idx)
+            m = nattn._above(g, r, n, gc, idx, np.empty(g.shape[1]))
             np.testing.assert_array_equal(idx[:m], np.flatnonzero(g[r, :n] > gc))

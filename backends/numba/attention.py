@@ -397,15 +397,16 @@ def _g_cut(cut, scale, s):
 
 
 @njit(cache=CACHE)
-def _above(g, r, n, gc, idx):
+def _above(g, r, n, gc, idx, scratch):
     """The keys ``j < n`` with ``g[r, j] > gc`` into ``idx``, ascending; returns their count.
     As the row solvers' gathers (:func:`.candidates._gather_alive`): for a long row a bit
-    mask of the test (a loop LLVM vectorises) and then its set bits only, and a pass with
-    no branch on the data (every key stored, the count advanced by the test) for the rest."""
+    mask of the test (a loop LLVM vectorises; its words in ``scratch``, float64 of at least
+    ``n // 64`` entries, free at this point) and then its set bits only, and a pass with no
+    branch on the data (every key stored, the count advanced by the test) for the rest."""
     m1 = 0
     j0 = 0
     if n >= MASK_MIN:
-        words = np.empty(n // 64, np.uint64)
+        words = scratch[:n // 64].view(np.uint64)
         for w in range(words.shape[0]):
             gb = g[r, 64 * w:64 * (w + 1)]
             b = np.uint64(0)
@@ -450,7 +451,7 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     else:
         cut = _theta_cut(t, window, err)
     gc = _g_cut(cut, scale, s)
-    m1 = _above(g, r, n, gc, idx)
+    m1 = _above(g, r, n, gc, idx, za)  # za is free on this path
     m = np.int64(0)
     for i in range(m1):  # the approximate float64 scores of the survivors, the exact cut
         j = idx[i]
