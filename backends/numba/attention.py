@@ -179,7 +179,7 @@ def _dot(qc, r, kk, j):
     return a
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, fastmath={"reassoc", "contract"})
 def _theta_lower(zc, m, L, a1):
     """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
     that can carry mass is among them).  For alpha <= 2 the mass ``f(A) = sum_j
@@ -187,6 +187,8 @@ def _theta_lower(zc, m, L, a1):
     iterates from A = 0 (where f >= 0) increase and stay below the root; four steps (a
     tighter bound saves more exact dot products and solver work than a step costs, up to
     the fourth: docs/performance.md, session 11), then a relative margin for rounding.
+    The sums may be taken in any order (``fastmath`` reassociation: LLVM then vectorises
+    them, 3x faster): that changes their last bits, far inside the margin.
     For alpha > 2 (f not convex): L itself."""
     A = 0.0
     if a1 <= 1.0:
@@ -374,13 +376,16 @@ def _unsortable(typingctx, s):
 def _g_range(g, r, j0, j1):
     """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` ((inf, -inf, 0) when empty): the
     extrema on :func:`_sortable` integers, a loop LLVM vectorises (a NaN makes them
-    meaningless, and the caller then checks the row exactly)."""
+    meaningless, and the caller then checks the row exactly).  The loop runs over a slice
+    of the row: its index then provably needs no wraparound test for a negative start,
+    which with a run-time ``j0`` made the loop 2.4x slower."""
     if j1 <= j0:
         return np.float32(np.inf), np.float32(-np.inf), 0
-    lo = hi = _sortable(g[r, j0])
+    row = g[r, j0:j1]
+    lo = hi = _sortable(row[0])
     nan = 0
-    for j in range(j0, j1):
-        x = g[r, j]
+    for j in range(row.shape[0]):
+        x = row[j]
         nan += x != x
         b = _sortable(x)
         lo = min(lo, b)
