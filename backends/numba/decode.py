@@ -227,7 +227,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
             pc = np.empty(idx.shape[0], np.float64)
             c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-        _row_result(r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
+        _row_result(r, r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
                     out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys)
 
 
