@@ -10,7 +10,7 @@ operation); only the organisation of the work differs.
 Scores.  For alpha > 1 a row's support lies within ``W = 1/(alpha - 1)`` of its
 threshold (``p_j > 0`` only if ``z_j > theta - W``), so most keys carry nothing.  Per
 chunk, one *float32* BLAS product ``g32 = q.k`` serves as a filter: with the rigorous
-bound ``|z(g32) - z| <= err_i`` (:func:`_score_error`; Higham's ``gamma_{D+3} ||q|| ||k||``
+bound ``|z(g32) - z| <= err_i`` (:func:`score_errors`; Higham's ``gamma_{D+3} ||q|| ||k||``
 scaled by ``scale |s_i|``), a key whose approximate score is below ``theta_lb - W -
 2 err`` (``theta_lb`` a lower bound of the threshold: four Newton steps, from the left,
 on the approximate scores, :func:`_theta_lower`) certainly has ``p = 0``; the other keys
@@ -236,7 +236,7 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
 
     ``filt = False``: ``g`` holds the float64 q.k; every visible key is a candidate.
     ``filt = True``: ``g`` holds a float32 q.k, within ``err`` of the exact score after
-    :func:`_score` (a rigorous bound, see :func:`_score_error`).  A key whose exact score
+    :func:`_score` (a rigorous bound, see :func:`score_errors`).  A key whose exact score
     is at most ``m - window`` (``m`` the row maximum: forward, ``use_max``) or
     ``t - window`` (``t = theta``: backward) gets ``p = 0`` exactly; it is dropped when
     even its approximate score plus the error cannot reach that line.  The exact score of
@@ -523,71 +523,78 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed):
 
 
 @njit(cache=CACHE)
-def _store_keys(r, m, pc, idx, keys):
-    """Row r's support keys into ``keys[r]`` (:func:`keys_width` wide): the keys of the
+def _store_keys(m, pc, idx, row):
+    """A row's support keys into ``row`` (:func:`keys_width` wide): the keys of the
     candidates with ``p > 0`` in candidate (ascending key) order, then -1; -2 and then -1
     when there are more than fit (the backward finds that row's support again)."""
-    cap = keys.shape[1]
+    cap = row.shape[0]
     t = 0
     for ci in range(m):
         if pc[ci] > 0.0:
             if t == cap:
-                keys[r, 0] = -2
+                row[0] = -2
                 t = 1
                 break
-            keys[r, t] = idx[ci]
+            row[t] = idx[ci]
             t += 1
     for c in range(t, cap):
-        keys[r, c] = -1
+        row[c] = -1
 
 
 @njit(cache=CACHE)
-def _row_result(r, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
+def _row_result(r, b, hq, i, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
                 out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys):
-    """Everything one forward row writes into row ``r`` of the outputs, from its ``m``
-    candidates (``ok``: its scores were finite): the flags, then (:func:`_solve_weigh`,
-    seeded with ``seed``, the row's index in its chunk) theta, the
-    support, the residual (and the support's keys, :func:`_store_keys`) and the output
-    rows; a row without candidates, or with overflowed scores, attends nothing.  Shared
-    by the chunked forward and the decoding path, so both write the same bits."""
+    """Everything one forward row writes, from its ``m`` candidates (``ok``: its scores
+    were finite): row ``r`` of the caller's float64 ``out`` (the driver converts it to
+    q's dtype) and flags ``bad``, ``ncand``; then (:func:`_solve_weigh`, seeded with
+    ``seed``, the row's index in its chunk) theta, the support, the residual, the skewed
+    output (the output itself at alpha = 1, as the reference has it) and the support's
+    keys (:func:`_store_keys`) straight into their place ``[b, hq, i]`` of the forward's
+    arrays.  A row without candidates, or with overflowed scores, attends nothing.
+    Shared by the chunked forward and the decoding path, so both write the same bits."""
     bad[r] = 0 if ok else 1
     ncand[r] = m
     for d in range(o.shape[0]):
         o[d] = 0.0
         sk[d] = 0.0
-    rmax[r] = -np.inf
-    edge[r] = -np.inf
-    edge_p[r] = 0.0
-    if m == 0 or not ok:
-        theta[r] = -np.inf
-        support[r] = 0
-    else:
+    L = -np.inf
+    ce = -np.inf
+    qe = 0.0
+    th = -np.inf
+    cnt = np.int64(0)
+    if m > 0 and ok:
         th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed)
-        theta[r] = th
-        support[r] = cnt
-        if cnt > 0:  # the residual: the row maximum (the solver's m) and the support's edge
-            rmax[r] = L
-            edge[r] = ce
-            edge_p[r] = qe
-    _store_keys(r, m if (ok and support[r] > 0) else np.int64(0), pc, idx, keys)
+        if cnt == 0:  # the residual (the row maximum, the support's edge) of a row with a support only
+            L = -np.inf
+            ce = -np.inf
+            qe = 0.0
+    theta[b, hq, i] = th
+    support[b, hq, i] = cnt
+    rmax[b, hq, i] = L
+    edge[b, hq, i] = ce
+    edge_p[b, hq, i] = qe
+    _store_keys(m if cnt > 0 else np.int64(0), pc, idx, keys[b, hq, i])
+    src = o if a1 == 0.0 else sk
     for d in range(o.shape[0]):
         out[r, d] = o[d]
-        skew[r, d] = sk[d]
+        skew[b, hq, i, d] = src[d]
 
 
 @njit(nogil=True, cache=CACHE)
-def fwd_rows(g, r0, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
+def fwd_rows(g, r0, filt, qc, kk, err, b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
              out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys):
     """Fused forward of rows ``r0 .. r0 + rows - 1`` of a chunk (all of it, or a block of
     it: see :data:`FILTER_BLOCK_BYTES`): ``g`` (rows, key_end) is their q.k (float64, or
     float32 as a filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score
     error bound; ``row_scale`` (the chunk's rows,) or empty; ``slopes`` and ``alphas``
     (group,) float64 (per query head of the group; ``filt`` needs every alpha > 1).
-    ``qc``, ``err`` and the outputs hold these rows only.  Writes ``out``,
-    ``skew`` (rows, Dv), ``theta``, ``support``, the residual ``rmax``, ``edge``,
-    ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p), ``ncand``
-    (candidates) per row, ``bad[r] = 1`` for a row whose scores overflowed, and ``keys``
-    (rows, :func:`keys_width`) the support's keys (:func:`_store_keys`).  For
+    ``qc``, ``err``, ``out`` (float64, rows x Dv), ``ncand`` (candidates) and ``bad``
+    (1 for a row whose scores overflowed) hold these rows only.  The chunk's query heads
+    are ``h0 .. h0 + group - 1`` of batch ``b``, its queries ``i0 .. i0 + nc - 1``; each
+    row writes ``skew``, ``theta``, ``support``, the residual ``rmax``, ``edge``,
+    ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p) and ``keys``
+    (the support's keys, :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...)
+    arrays (:func:`_row_result`).  For
     alpha > 2 the skewed output is formed from ``w = u / max u`` (u overflows at the
     support's edge; the factor cancels in the ratio)."""
     rows, key_end = g.shape
@@ -599,11 +606,12 @@ def fwd_rows(g, r0, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale,
     o = np.empty(dv, np.float64)
     sk = np.empty(dv, np.float64)
     for r in range(rows):
-        h, i_abs, n, a1, a2, big, window, s = _row_params(r0 + r, nc, i0, offset, key_end, causal, alphas,
+        rc = r0 + r
+        h, i_abs, n, a1, a2, big, window, s = _row_params(rc, nc, i0, offset, key_end, causal, alphas,
                                                           row_scale, has_s)
         m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
                                  np.bool_(True), 0.0, za, idx, zc, gx)
-        _row_result(r, r0 + r, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
+        _row_result(r, b, h0 + h, i0 + (rc - h * nc), rc, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
                     out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys)
 
 
@@ -1032,21 +1040,33 @@ def _row_scale(spec, b, h0, group, i0, i1):
 _U32 = 2.0**-24
 
 
-def _score_error(qc, kmax, scale, rs):
-    """Per-row bound on |z(float32 q.k) - z(exact q.k)| for the float32 filter.
+@njit(cache=CACHE)
+def score_errors(qc, kmax, scale, rs, err):
+    """Per-row bound ``err[r]`` on |z(float32 q.k) - z(exact q.k)| for the float32 filter;
+    returns whether every bound is below 1e290 (a larger one, or NaN, turns the filter
+    off for the rows' chunk).
 
     The float32 product sums D products of the float32-rounded q, k in some order, so
     (Higham, Thm 3.1 with the input roundings) ``|fl32(q.k) - q.k| <= gamma_{D+3}
-    sum_d |q_d k_d| <= gamma_{D+3} ||q|| ||k||`` (Cauchy-Schwarz); z scales it by
-    ``scale |s|``.  A factor 2 covers the float64 rounding of the norms and of z, and an
+    sum_d |q_d k_d| <= gamma_{D+3} ||q|| ||k||`` (Cauchy-Schwarz, ``kmax`` the largest
+    key norm); z scales it by ``scale |s|`` (``rs``: the rows' ASEntmax scales, or
+    empty).  A factor 2 covers the float64 rounding of the norms and of z, and an
     absolute term float32 underflow (subnormal inputs and products)."""
-    D = qc.shape[1]
+    R, D = qc.shape
     gam = (D + 3) * _U32 / (1.0 - (D + 3) * _U32)
-    qn = np.sqrt(np.einsum("rd,rd->r", qc, qc))
-    s = 1.0 if rs.shape[0] == 0 else np.abs(rs)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.ascontiguousarray(
-            2.0 * scale * s * (gam * qn * kmax + D * 2.0**-140 * (1.0 + qn + kmax)), np.float64)
+    has_s = rs.shape[0] > 0
+    small = D * 2.0**-140
+    fits = True
+    for r in range(R):
+        a = 0.0
+        for d in range(D):
+            a += qc[r, d] * qc[r, d]
+        qn = math.sqrt(a)
+        s = abs(rs[r]) if has_s else 1.0
+        e = 2.0 * scale * s * (gam * qn * kmax + small * (1.0 + qn + kmax))
+        err[r] = e
+        fits = fits and e < 1e290
+    return fits
 
 
 class _Head:
@@ -1086,9 +1106,8 @@ def _filter_bound(filt, qc, kn, key_end, scale, rs):
     used for this chunk; and the error bound is finite) and the per-row bound (zeros
     without the filter)."""
     if filt:
-        with np.errstate(over="ignore", invalid="ignore"):
-            err = _score_error(qc, float(kn[:key_end].max()), scale, rs)
-        if np.all(err < 1e290):
+        err = np.empty(qc.shape[0])
+        if score_errors(qc, float(kn[:key_end].max()), scale, rs, err):
             return True, err
     return False, np.zeros(qc.shape[0])
 
@@ -1177,53 +1196,31 @@ def attention_forward(backend, q, k, v, spec):
                                   rs)
         kk, vv = head.rows(filt, key_end)
         rows = qc.shape[0]
-        o = np.empty((rows, Dv), f64)
-        sk = np.empty((rows, Dv), f64)
-        th = np.empty(rows, f64)
-        sup = np.empty(rows, np.int64)
-        rm = np.empty(rows, f64)
-        ce = np.empty(rows, f64)
-        qe = np.empty(rows, f64)
+        o = np.empty((rows, Dv), f64)  # the output rows in float64; the rest goes to its place
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
-        kc = np.empty((rows, support_keys.shape[3]), np.int32)
         slopes = _group_slopes(spec, h0, group)
-        per_row = (qc, err, o, sk, th, sup, rm, ce, qe, ncand, bad, kc)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
             k32t = head.k32[:key_end].T
             step = max(1, min(rows, FILTER_BLOCK_BYTES // (4 * key_end)))
             buf = np.empty(step * key_end, np.float32)
-            blocks = [(a, min(rows, a + step)) for a in range(0, rows, step)]
         else:
-            blocks = [(0, rows)]
-        for a, e in blocks:
+            step = rows
+        for a in range(0, rows, step):
+            e = min(rows, a + step)
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the kernel's to report
                 if filt:
                     g = np.matmul(q32[a:e], k32t, out=buf[:(e - a) * key_end].reshape(e - a, key_end))
                 else:
                     g = _product(qc, head.kk[:key_end], None)
-            bq, berr, bo, bsk, bth, bsup, brm, bce, bqe, bnc, bbad, bkc = (x[a:e] for x in per_row)
-            fwd_rows(g, a, filt, bq, kk, berr, nc, i0, offset, causal, scale, rs, slopes, alphas, vv,
-                     bo, bsk, bth, bsup, brm, bce, bqe, bnc, bbad, bkc)
+            fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], b, h0, nc, i0, offset, causal, scale, rs, slopes, alphas,
+                     vv, o[a:e], skew, theta, support, row_max, edge, edge_p, ncand[a:e], bad[a:e], support_keys)
         if bad.any():
             raise ValueError(_OVERFLOW)
         if probe and filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
             state["filter"] = False
-        softmax_rows = np.repeat(alphas == 1.0, nc)
-        if softmax_rows.all():
-            sk = o
-        elif softmax_rows.any():  # the skewed output of a softmax row is its output
-            sk[softmax_rows] = o[softmax_rows]
-        shape = (group, nc)
-        out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
-        skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
-        theta[b, h0:h0 + group, i0:i1] = th.reshape(shape)
-        support[b, h0:h0 + group, i0:i1] = sup.reshape(shape)
-        row_max[b, h0:h0 + group, i0:i1] = rm.reshape(shape)
-        edge[b, h0:h0 + group, i0:i1] = ce.reshape(shape)
-        edge_p[b, h0:h0 + group, i0:i1] = qe.reshape(shape)
-        support_keys[b, h0:h0 + group, i0:i1] = kc.reshape(shape + (-1,))
+        out[b, h0:h0 + group, i0:i1] = o.reshape(group, nc, Dv)
 
     # kv-heads in batches whose copies take at most HEAD_BYTES; the chunks of a batch run
     # in one parallel region (largest first), so that no worker idles at a head's end

@@ -18,7 +18,7 @@ phase 1 (per block of keys, on every worker)
     not read here at all (phase 2 reads it on the support only).
 
 phase 2 (per row)
-    the rigorous bound ``err`` of :func:`entmax_ref.backends.numba.attention._score_error`
+    the rigorous bound ``err`` of :func:`entmax_ref.backends.numba.attention.score_errors`
     (``gamma_{D+3} ||q|| max ||k||``, float32 unit roundoff whatever the input) makes the
     float32 scores a filter, exactly as in the chunked forward's ``_candidates``: keys
     within ``window + 3 err`` of the row maximum (into a buffer, shared by the rows of a
@@ -58,7 +58,7 @@ from numba import njit
 from . import CACHE
 from ..geometry import key_offset
 from .attention import (_OVERFLOW, _dot, _group_alphas, _group_slopes, _max_cut, _row_result,
-                        _row_scale, _run_parallel, _score, _score_error, _theta_cut, _theta_lower, _writable,
+                        _row_scale, _run_parallel, _score, _theta_cut, score_errors, _theta_lower, _writable,
                         empty_support_keys, trimmed_keys)
 from .rows import _solver_scratch
 
@@ -161,12 +161,13 @@ def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
 
 
 @njit(nogil=True, cache=CACHE)
-def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale, slopes, alphas, lmax, suspect,
-                err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys):
-    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring): ``lmax``
-    and ``suspect`` (rows,) are phase 1's over all blocks, ``err`` (rows,) the score error
-    bound; writes the outputs as :func:`entmax_ref.backends.numba.attention.fwd_rows`
-    does (``ncand``: exact dot products per row)."""
+def decode_rows(g, qc, kf, vf, r0, r1, b, h0, nq, nvis, nchk, offset, scale, row_scale, slopes, alphas, lmax,
+                suspect, err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys):
+    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring), the
+    query heads ``h0 ..`` of batch ``b``: ``lmax`` and ``suspect`` (rows,) are phase 1's
+    over all blocks, ``err`` (rows,) the score error bound; writes the outputs as
+    :func:`entmax_ref.backends.numba.attention.fwd_rows` does (``out``, ``ncand``: exact
+    dot products, and ``bad`` per row of the kv-head; the rest into the forward's arrays)."""
     dv = vf.shape[1]
     has_s = row_scale.shape[0] > 0
     cap = KEY_BUDGET
@@ -227,7 +228,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, nq, nvis, nchk, offset, scale, row_scale,
             pc = np.empty(idx.shape[0], np.float64)
             c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-        _row_result(r, r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
+        _row_result(r, b, h0 + h, r - h * nq, r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
                     out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys)
 
 
@@ -332,38 +333,26 @@ def decode_forward(q, k, v, spec):
             hd["qc"] = np.ascontiguousarray(hd["qf"], f64)
             with np.errstate(over="ignore", invalid="ignore"):
                 kmax = math.sqrt(float(np.max(hd["kn"])))
-                hd["err"] = _score_error(hd["qc"], kmax, scale, hd["rs"])
+                hd["err"] = np.empty(R)
+                score_errors(hd["qc"], kmax, scale, hd["rs"], hd["err"])
             hd["err"][~np.isfinite(hd["err"])] = np.inf
-            hd["out"] = [np.empty((R, Dv), f64), np.empty((R, Dv), f64), np.empty(R, f64), np.empty(R, np.int64)]
-            hd["out"] += [np.empty(R, f64) for _ in range(3)]
+            hd["out"] = np.empty((R, Dv), f64)
             hd["lrow"] = np.ascontiguousarray(hd["lmax"].max(axis=1))
             hd["srow"] = np.ascontiguousarray(hd["suspect"].sum(axis=1))
             hd["ncand"] = np.empty(R, np.int64)
             hd["bad"] = np.zeros(R, np.int8)
-            hd["keys"] = np.empty((R, support_keys.shape[3]), np.int32)
             items += [(hd, r0, min(R, r0 + per)) for r0 in range(0, R, per)]
 
         def phase2(slot, item):
             hd, r0, r1 = item
-            o, sk, th, sup, rm, ce, qe = hd["out"]
-            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, Nq, hd["nvis"], hd["nchk"], offset, scale,
-                        hd["rs"], hd["slopes"], hd["alphas"], hd["lrow"], hd["srow"], hd["err"], o, sk, th, sup, rm,
-                        ce, qe, hd["ncand"], hd["bad"], hd["keys"])
+            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, hd["b"], hd["h0"], Nq, hd["nvis"], hd["nchk"],
+                        offset, scale, hd["rs"], hd["slopes"], hd["alphas"], hd["lrow"], hd["srow"], hd["err"],
+                        hd["out"], skew, theta, support, row_max, edge, edge_p, hd["ncand"], hd["bad"], support_keys)
 
         _run_parallel(items, phase2, workers)
         for hd in heads:
             if hd["bad"].any():
                 raise ValueError(_OVERFLOW)
-            b, h0 = hd["b"], hd["h0"]
-            o, sk, th, sup, rm, ce, qe = hd["out"]
-            sl = (b, slice(h0, h0 + group))
-            out[sl] = o.reshape(group, Nq, Dv)
-            skew[sl] = sk.reshape(group, Nq, Dv)
-            theta[sl] = th.reshape(group, Nq)
-            support[sl] = sup.reshape(group, Nq)
-            row_max[sl] = rm.reshape(group, Nq)
-            edge[sl] = ce.reshape(group, Nq)
-            edge_p[sl] = qe.reshape(group, Nq)
-            support_keys[sl] = hd["keys"].reshape(group, Nq, -1)
+            out[hd["b"], hd["h0"]:hd["h0"] + group] = hd["out"].reshape(group, Nq, Dv)
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
                             trimmed_keys(support_keys, support))
