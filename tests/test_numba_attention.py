@@ -127,9 +127,10 @@ def test_filter_on_long_rows(scores, alpha):
 @pytest.mark.parametrize("alpha", [1.5, 3.0])
 def test_filter_product_in_blocks(monkeypatch, alpha):
     """The forward forms the float32 filter product a few rows at a time
-    (``FILTER_BLOCK_BYTES``) and runs the row kernel on each block: blocks of 3 rows
-    (across the heads of a GQA group, with ALiBi and an ASEntmax scale) give the dense
-    formula's answer and the bits of one block per chunk, the support keys included."""
+    (``FILTER_BLOCK_BYTES``), up to the last key the block's rows see, and runs the row
+    kernel on each block: blocks of 3 rows (across the heads of a GQA group, with ALiBi
+    and an ASEntmax scale) give the dense formula's answer and the bits of one block per
+    chunk, the support keys included."""
     rng, q, k, v = problem(int(alpha * 7), B=1, Hq=4, Hkv=2, Nq=40, Nk=400, D=8, Dv=4, spread=1.0)
     kw = dict(causal=True, alibi_slopes=[0.01, 0.0, 0.0, 0.02], beta=rng.uniform(0.5, 1.5, (4, 1)), gamma=1.0,
               chunk=16)
@@ -137,10 +138,13 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
     whole = er.attention(q, k, v, alpha=alpha, return_info=True, backend="numba", **kw)
     calls = []
     kernel = nattn.fwd_rows
-    monkeypatch.setattr(nattn, "fwd_rows", lambda g, r0, *a: (calls.append(g.shape[0]), kernel(g, r0, *a)))
+    monkeypatch.setattr(nattn, "fwd_rows", lambda g, r0, *a: (calls.append(g.shape), kernel(g, r0, *a)))
     monkeypatch.setattr(nattn, "FILTER_BLOCK_BYTES", 4 * 400 * 3)
     out, info, _ = check_against_dense("numba", q, k, v, alpha, **kw)
-    assert max(calls) == 3 and sum(calls) == 4 * 40  # every row, in blocks of 3 (the last shorter)
+    rows, widths = zip(*calls)
+    assert max(rows) == 3 and sum(rows) == 4 * 40  # every row, in blocks of 3 (the last shorter)
+    # causal: a block's product stops at its last query's keys (360 + i + 1 for query i)
+    assert min(widths) == 363 and max(widths) == 400
     np.testing.assert_array_equal(out, whole[0])
     for field in ("tau", "support", "support_keys", "row_max", "edge", "edge_p", "skew"):
         np.testing.assert_array_equal(getattr(info, field), getattr(whole[1], field), err_msg=field)

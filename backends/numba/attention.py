@@ -102,7 +102,7 @@ from numba.extending import intrinsic
 
 from . import CACHE
 from .candidates import MASK_MIN, _set_bits
-from ..geometry import key_offset
+from ..geometry import key_offset, visible_keys_end
 from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
 from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
@@ -1146,7 +1146,9 @@ FILTER_FRACTION = 0.25
 #: runs the row kernel on it block by block, so that the scores the kernel reads are
 #: still in the core's cache (L2: 1 MiB on the bench machine) rather than in memory.
 #: The blocks change nothing in the results (the filter only selects candidates; the
-#: pivots keep their seed, the row's index in the chunk).
+#: pivots keep their seed, the row's index in the chunk).  With a causal mask a block's
+#: product stops at the last key its rows see, so the scores of masked keys are checked
+#: for overflow up to the block's last visible key, not the chunk's (docs/attention.md).
 FILTER_BLOCK_BYTES = 2**20
 
 
@@ -1211,7 +1213,12 @@ def attention_forward(backend, q, k, v, spec):
             e = min(rows, a + step)
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the kernel's to report
                 if filt:
-                    g = np.matmul(q32[a:e], k32t, out=buf[:(e - a) * key_end].reshape(e - a, key_end))
+                    # the keys the block's rows see: with a causal mask, up to its last query's
+                    # (when the block lies within one query head)
+                    kend = key_end
+                    if causal and a // nc == (e - 1) // nc:
+                        kend = min(key_end, visible_keys_end(i0 + (e - 1) % nc + 1, offset, key_end, True))
+                    g = np.matmul(q32[a:e], k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
                 else:
                     g = _product(qc, head.kk[:key_end], None)
             fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], b, h0, nc, i0, offset, causal, scale, rs, slopes, alphas,
