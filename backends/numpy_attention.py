@@ -326,16 +326,25 @@ class _Block:
         return z
 
 
-def empty_forward(B: int, Hq: int, Nq: int, Dv: int, out_dtype=_F64) -> AttentionForward:
+def empty_forward(B: int, Hq: int, Nq: int, Dv: int, out_dtype=_F64, blank=None) -> AttentionForward:
     """The arrays a chunked forward fills, as a row that sees no key leaves them: out
     (``out_dtype``: a driver whose chunks are float64 scratch gives q's dtype, so that no
     float64 copy of the whole output is made and converted) and skew 0 ((B, Hq, Nq, Dv);
     skew float64), theta, row_max and edge -inf, support and edge_p 0 ((B, Hq, Nq)), no
-    support keys; the fields of :class:`~entmax_ref.backends._base.AttentionForward`."""
+    support keys; the fields of :class:`~entmax_ref.backends._base.AttentionForward`.
+
+    ``blank`` ((B, Hq, Nq) bool), for a driver that writes out and skew on every other
+    row itself: only those rows are zeroed (the rest of the two large arrays is left
+    uninitialised, its memory first touched by the driver's workers)."""
     rows = (B, Hq, Nq)
-    return AttentionForward(np.zeros(rows + (Dv,), out_dtype), np.full(rows, -np.inf), np.zeros(rows, np.int64),
-                            np.zeros(rows + (Dv,), _F64), np.full(rows, -np.inf), np.full(rows, -np.inf),
-                            np.zeros(rows, _F64))
+    if blank is None:
+        out, skew = np.zeros(rows + (Dv,), out_dtype), np.zeros(rows + (Dv,), _F64)
+    else:
+        out, skew = np.empty(rows + (Dv,), out_dtype), np.empty(rows + (Dv,), _F64)
+        out[blank] = 0
+        skew[blank] = 0.0
+    return AttentionForward(out, np.full(rows, -np.inf), np.zeros(rows, np.int64), skew, np.full(rows, -np.inf),
+                            np.full(rows, -np.inf), np.zeros(rows, _F64))
 
 
 def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,

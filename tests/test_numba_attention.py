@@ -150,6 +150,18 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
         np.testing.assert_array_equal(getattr(info, field), getattr(whole[1], field), err_msg=field)
 
 
+def test_rows_that_see_no_key_are_blank():
+    """The forward's large arrays start uninitialised (the kernels write every row they
+    run); a row that no chunk runs (causal with more queries than keys, a batch of length
+    0) is the blank row: output and skewed output 0, no support keys, theta -inf."""
+    rng, q, k, v = problem(3, B=2, Hq=4, Hkv=2, Nq=90, Nk=60, D=8, Dv=4)
+    out, info, _ = check_against_dense("numba", q, k, v, 1.5, causal=True, key_lengths=[60, 0], chunk=16)
+    dead = info.n == 0
+    assert dead[0].sum() == 4 * 30 and dead[1].all()
+    assert np.all(out[dead] == 0) and np.all(info.skew[dead] == 0) and np.all(info.support_keys[dead] == -1)
+    assert np.all(np.isneginf(info.theta[dead])) and np.all(info.support[dead] == 0)
+
+
 @pytest.mark.parametrize("alpha", [1.25, 1.5, 3.0])
 def test_bitwise_reproducible(path, alpha):
     """The same call gives the same bits every time: the forward and dQ whatever the thread

@@ -1070,22 +1070,31 @@ def score_errors(qc, kmax, scale, rs, err):
 
 
 class _Head:
-    """One kv-head's K and V as the drivers' chunks use them: float64 (``kk``) and float32
-    (``k32``, the filter product's) keys, the keys and values in the input's precision
-    (``kx``, ``vx``: what the filtered chunks' kernels read, the same arrays the decoding
-    path passes, so that :func:`_dot` rounds the same way in both; the float32 input is
-    converted exactly where it is read) and the float64 key norms ``kn`` (a float32
-    overflow only turns the filter off); :meth:`rows` gives a chunk's pair."""
+    """One kv-head's K and V as the drivers' chunks use them: float32 keys (``k32``, the
+    filter product's), the keys and values in the input's precision (``kx``, ``vx``:
+    what the filtered chunks' kernels read, the same arrays the decoding path passes, so
+    that :func:`_dot` rounds the same way in both; the float32 input is converted
+    exactly where it is read), the float64 key norms ``kn`` (a float32 overflow only
+    turns the filter off) and, made by the first chunk that needs them (the float64
+    product), the float64 keys ``kk`` and values; :meth:`rows` gives a chunk's pair."""
 
     def __init__(self, k, v, b, hk):
-        self.kk = np.ascontiguousarray(k[b, hk], np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
             self.k32 = np.ascontiguousarray(k[b, hk], np.float32)
-            self.kn = np.sqrt(np.einsum("jd,jd->j", self.kk, self.kk))
-        self.kx = self.k32 if k.dtype == np.float32 else self.kk
+            self.kn = np.sqrt(np.einsum("jd,jd->j", k[b, hk], k[b, hk], dtype=np.float64))
+        self.kx = _writable(np.ascontiguousarray(k[b, hk]))
         self.vx = _writable(np.ascontiguousarray(v[b, hk]))
-        self.v64 = None  # the float64 copy of vx, made by the first chunk that needs it
+        self._kk = self.kx if k.dtype == np.float64 else None
+        self._v64 = self.vx if v.dtype == np.float64 else None
         self.lock = threading.Lock()
+
+    @property
+    def kk(self):
+        """The float64 keys (a copy of a float32 input, made once)."""
+        with self.lock:
+            if self._kk is None:
+                self._kk = np.ascontiguousarray(self.kx, np.float64)
+        return self._kk
 
     def rows(self, filt, key_end):
         """(K, V) up to ``key_end`` for a chunk's kernel: in the input's precision with the
@@ -1093,12 +1102,13 @@ class _Head:
         the float64 product, whose rows the kernel scores from the product itself, the
         float64 copies, so that a float32 input compiles no kernel variant beyond the
         float64 input's (the values are the same: float32 converts exactly)."""
-        if filt or self.kx is self.kk:
+        if filt:
             return self.kx[:key_end], self.vx[:key_end]
+        kk = self.kk
         with self.lock:
-            if self.v64 is None:
-                self.v64 = np.ascontiguousarray(self.vx, np.float64)
-        return self.kk[:key_end], self.v64[:key_end]
+            if self._v64 is None:
+                self._v64 = np.ascontiguousarray(self.vx, np.float64)
+        return kk[:key_end], self._v64[:key_end]
 
 
 def _filter_bound(filt, qc, kn, key_end, scale, rs):
@@ -1178,8 +1188,13 @@ def attention_forward(backend, q, k, v, spec):
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = key_offset(Nq, Nk)
-    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype)
-    support_keys = empty_support_keys(B, Hq, Nq, Dv)
+    bounds = [_head_items(spec, b, Nq, Nk, group) for b in range(B)]  # the chunks of each batch
+    blank = np.ones((B, Hq, Nq), bool)  # the rows no chunk runs
+    for b, chunks in enumerate(bounds):
+        for i0, i1, _ in chunks:
+            blank[b, :, i0:i1] = False
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype, blank)
+    support_keys = empty_support_keys(B, Hq, Nq, Dv, blank)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -1241,7 +1256,7 @@ def attention_forward(backend, q, k, v, spec):
             items = []
             for b, hk in batch:
                 heads[b, hk] = _Head(k, v, b, hk)
-                items += [(b, hk) + it for it in _head_items(spec, b, Nq, Nk, group)]
+                items += [(b, hk) + it for it in bounds[b]]
             items.sort(key=lambda t: -_chunk_cost(*t[2:]))
             _run_chunks(items, work, workers)
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
@@ -1254,9 +1269,15 @@ def keys_width(Dv):
     return max(SUPPORT_KEYS, 2 * Dv)
 
 
-def empty_support_keys(B, Hq, Nq, Dv):
-    """The forward's ``support_keys`` as a row that sees no key leaves them (all -1)."""
-    return np.full((B, Hq, Nq, keys_width(Dv)), -1, np.int32)
+def empty_support_keys(B, Hq, Nq, Dv, blank=None):
+    """The forward's ``support_keys`` as a row that sees no key leaves them (all -1); with
+    ``blank`` ((B, Hq, Nq) bool) those rows only, the others left for the kernels to
+    write (as :func:`~entmax_ref.backends.numpy_attention.empty_forward`)."""
+    if blank is None:
+        return np.full((B, Hq, Nq, keys_width(Dv)), -1, np.int32)
+    keys = np.empty((B, Hq, Nq, keys_width(Dv)), np.int32)
+    keys[blank] = -1
+    return keys
 
 
 def trimmed_keys(keys, support):
