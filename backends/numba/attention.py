@@ -20,12 +20,16 @@ the whole row (the others contribute exactly 0 at every threshold at or above it
 row whose float32 scores are not finite or huge, alpha = 1 (no window), and chunks where
 the candidates exceed :data:`FILTER_FRACTION` of the keys use a float64 BLAS product
 instead.  The reference's overflow check (any non-finite score in the block raises) is
-kept: exactly where the float32 scores are suspect.
+kept: exactly where the float32 scores are suspect.  The forward forms the float32 product
+a block of a chunk's rows at a time (:data:`FILTER_BLOCK_BYTES`), up to the last key the
+block's rows see, and runs ``fwd_rows`` on each block while its scores are in cache.
 
 forward (``fwd_rows``, per row)
     candidates and exact scores; the compiled row solver of
     :mod:`entmax_ref.backends.numba.rows`; then ``o_i = sum_{p_ij > 0} p_ij v_j`` and the
-    skewed output ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``).
+    skewed output ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``).  The row's
+    residual goes straight into the forward's arrays (:func:`_row_result`); only ``o_i``
+    passes through a float64 scratch row, which the driver converts to q's dtype.
 
 backward (``bwd_rows`` then ``bwd_scatter``)
     the candidates: the support's keys the forward kept (``AttentionForward.support_keys``,
