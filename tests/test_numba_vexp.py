@@ -278,3 +278,58 @@ def test_gen_gather_with_columns_is_the_gen_candidate_set(dtype, a1):
             assert k2 == keep.sum()
             np.testing.assert_array_equal(c[:k2], c2)
             np.testing.assert_array_equal(idx[:k2], i2)
+
+
+def test_rough_exp_and_log1p_within_their_stated_bounds():
+    """The rough pair of the 1 < alpha < 2 Newton's early steps (``backends/numba/gen.py``):
+    ``vexp_rough`` within 1e-8 relative on [-708, 0], ``vlog1p_rough`` within ``1e-9
+    |log1p(w)| + 2^-53 / (1 + w)`` on (-1, 0], against 50-digit mpmath on sweeps with the
+    reduction's switch points (one term fewer in the log's series fails the bound: 2e-9 of
+    the log at the switch)."""
+    from entmax_ref.backends.numba.vexp import vexp_rough_array, vlog1p_rough_array
+
+    rng = np.random.default_rng(11)
+    d = np.concatenate([-np.logspace(-300, math.log10(708.0), 3000), rng.uniform(-30.0, 0.0, 3000),
+                        np.array([0.0, -0.0, -708.0, -math.log(2) / 2, -math.log(2) * 1.5])])
+    got = np.empty_like(d)
+    vexp_rough_array(d, got)
+    s2 = math.sqrt(2.0)
+    edges = np.array([s2 / 2 - 1, -0.5, -0.25, -1.0 + 2.0 ** -53, -2.0 ** -60])
+    w = np.concatenate([-1.0 + np.logspace(-16, 0, 3000)[:-1], -np.logspace(-300, 0, 3000)[:-1],
+                        rng.uniform(-1.0, 0.0, 3000), edges, np.nextafter(edges, 0.0), [0.0]])
+    w = w[(w > -1.0) & (w <= 0.0)]
+    lg = np.empty_like(w)
+    vlog1p_rough_array(w, lg)
+    worst_e = worst_l = 0.0
+    with mp.workdps(50):
+        for g, v in zip(got, d):
+            e = mp.exp(mp.mpf(float(v)))
+            worst_e = max(worst_e, float(abs(mp.mpf(float(g)) - e) / e))
+        for g, v in zip(lg, w):
+            e = mp.log1p(mp.mpf(float(v)))
+            bound = 1e-9 * abs(e) + mp.mpf(2) ** -53 / (1 + mp.mpf(float(v)))
+            worst_l = max(worst_l, float(abs(mp.mpf(float(g)) - e) / bound))
+    assert worst_e < 1e-8, worst_e
+    assert worst_l < 1.0, worst_l
+
+
+@pytest.mark.parametrize("a1", [1e-6, 0.1, 0.33, 0.75, 0.99])
+def test_rough_mass_within_its_bound_of_the_exact_one(a1):
+    """``_f_gen_rough`` (Newton's early steps) against the compensated ``_f_gen`` on
+    candidate sets of normal rows at thresholds from the 1.5-entmax bound to past the root:
+    f within 4e-8 (1 + |f|) + 1e-15, so that f > ROUGH_F is certainly positive."""
+    from entmax_ref.backends.numba.gen import GL, ROUGH_F, _f_gen, _f_gen_rough
+
+    rng = np.random.default_rng(int(a1 * 1e6))
+    for scale in (0.3, 1.0, 5.0):
+        y = rng.standard_normal(600) * scale
+        y = np.sort(y - y.max())[::-1].copy()
+        y = y[a1 * y > -1.0]
+        buf, lanes = np.empty((2, y.size)), np.empty((3, GL))
+        for A in np.linspace(0.0, 1.5 / a1 if a1 < 0.5 else 3.0, 25):
+            f, fp = _f_gen(y, y.size, a1, A, buf, lanes)
+            fr, fpr = _f_gen_rough(y, y.size, a1, A, buf, lanes)
+            assert abs(fr - f) <= 4e-8 * (1.0 + abs(f)) + 1e-15, (scale, A, f, fr)
+            assert abs(fpr - fp) <= 4e-8 * (1.0 + abs(fp)) + 1e-15
+            if fr > ROUGH_F:
+                assert f > 0.0

@@ -13,7 +13,12 @@ array alone (units as in :mod:`.rows`):
   sum, whatever the order);
 * the safeguarded Newton iteration of :func:`.threshold._newton` on ``phi``, step for step
   (same bracket, same fallbacks, same stopping rules), dropping the candidates that are zero
-  at the lower bound as it grows;
+  at the lower bound as it grows.  Its early steps, while f is far above 0, evaluate f
+  with :func:`.vexp.vlog1p_rough` and :func:`.vexp.vexp_rough` (about 3e-8 relative, two
+  divisions a candidate instead of four: the first two evaluations run on every candidate
+  and were half the work); they move the iterate and the lower end of the bracket only
+  where the rough f is certainly positive, and the exact iteration finishes
+  (:func:`_newton_gen`);
 * the output pass (:func:`_output_gen`): the row is zero-filled (a vectorised store) and the
   probabilities of the candidates, computed by the same vectorised map, are written at their
   indices; an entry off the candidates is zero at every ``A >= lo``.
@@ -26,6 +31,8 @@ at most, well inside the accuracy contract (``tests/test_numba_rows.py``,
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -35,10 +42,19 @@ from .compensated import acc, merge_lanes, two_sum
 from .candidates import MASK_MIN, _mask_alive, _unpack
 from .elementwise import _K_GEN, _alive, _bound_above
 from .threshold import _newton_step
-from .vexp import _div, vexp, vlog1p
+from .vexp import _div, vexp, vexp_rough, vlog1p, vlog1p_rough
 
 #: lanes of the candidate sums (two AVX2 registers of float64 per accumulator)
 GL = 8
+
+#: Newton's early steps use the rough functions while their f is above ROUGH_F (there it
+#: is certainly positive: its error is below 1e-7 (1 + f)), and the next evaluation is
+#: exact once f falls below ROUGH_SWITCH (Newton's next f is then about f^2 or less)
+ROUGH_F = 1e-3
+ROUGH_SWITCH = 0.05
+#: below this a1 the rounding of 1 + w, divided by a1, would dominate the rough p's error:
+#: the iteration is exact throughout
+ROUGH_MIN_A1 = 1e-6
 
 
 @njit(inline="always", cache=CACHE)
@@ -86,6 +102,54 @@ def _f_gen(c, k, a1, A, buf, lanes):
     return (s - 1.0) + comp, su
 
 
+@njit(inline="always", cache=CACHE)
+def _pu_gen_rough(y, A, a1, inv_a1):
+    """:func:`_pu_gen` with :func:`.vexp.vlog1p_rough` and :func:`.vexp.vexp_rough` (and a
+    product by ``1 / a1`` for the division).  For ``a1 >= ROUGH_MIN_A1``, ``p`` is within
+    3e-8 relative where ``p > 1e-9``: ``log p`` is then above -21, so the log's 1e-9
+    relative error moves it by at most 2.1e-8, the rounding of ``1 + w`` (over ``a1``) by
+    at most 1.1e-10, and the exponential adds 7.7e-9.  Below 1e-9 a term's error is a
+    small multiple of itself."""
+    w = a1 * (y - A)
+    alive = w > -1.0
+    t = w if alive else 0.0
+    p = vexp_rough(vlog1p_rough(t) * inv_a1)
+    u = _div(p, 1.0 + t)
+    return (p if alive else 0.0), (u if alive else 0.0)
+
+
+@njit(cache=CACHE)
+def _f_gen_rough(c, k, a1, A, buf, lanes):
+    """:func:`_f_gen` with :func:`_pu_gen_rough` and plain lane sums: ``f`` within about
+    4e-8 (1 + f) (the terms' errors; the sums' rounding is k eps (1 + f)), for Newton's
+    early steps only."""
+    P = buf[0]
+    Q = buf[1]
+    inv_a1 = 1.0 / a1
+    for i in range(k):
+        P[i], Q[i] = _pu_gen_rough(c[i], A, a1, inv_a1)
+    L = lanes.shape[1]
+    lanes[:2] = 0.0
+    S = lanes[0]
+    U = lanes[1]
+    nb = k // L
+    for b in range(nb):
+        pb = P[b * L:(b + 1) * L]
+        qb = Q[b * L:(b + 1) * L]
+        for j in range(L):
+            S[j] += pb[j]
+            U[j] += qb[j]
+    s = 0.0
+    su = 0.0
+    for j in range(L):
+        s += S[j]
+        su += U[j]
+    for i in range(nb * L, k):
+        s += P[i]
+        su += Q[i]
+    return s - 1.0, su
+
+
 @njit(cache=CACHE)
 def _compact_gen(c, idx, k, a1, lo):
     """Keep, in order, the candidates of ``c[:k]`` (and their indices) alive at ``lo``; the
@@ -123,13 +187,34 @@ def _gather_gen(x, m, a1, lo, c, idx):
 
 @njit(cache=CACHE)
 def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
-    """:func:`.threshold._newton` for ``_K_GEN`` on the compacted candidates (the same
-    iteration; see :mod:`.rows`).  Returns (A, evaluations, converged, k)."""
-    flo = np.inf  # |f| at lo / hi once evaluated there
+    """:func:`.threshold._newton` for ``_K_GEN`` on the compacted candidates (see
+    :mod:`.rows`), after early steps with rough evaluations: while the rough f is above
+    :data:`ROUGH_F` (so f > 0 certainly, and A is a lower bound of the root: the bracket
+    and the compaction move there) Newton steps on phi from it, until one lands where f
+    is small (:data:`ROUGH_SWITCH`), leaves the bracket, or the rough f is not clearly
+    positive; then the exact safeguarded iteration from there, whose stopping rules give
+    the answer.  Returns (A, evaluations of either kind, converged, k)."""
+    flo = np.inf  # |f| at lo / hi once evaluated there (exactly)
     fhi = np.inf
     last_lo = lo  # lower bound at which c was last filtered
     f_prev = np.nan
     it = 0
+    while it < MAX_ITER and a1 >= ROUGH_MIN_A1:
+        if lo > last_lo:
+            k = _compact_gen(c, idx, k, a1, lo)
+            last_lo = lo
+        f, fp = _f_gen_rough(c, k, a1, A, buf, lanes)
+        it += 1
+        if not (f > ROUGH_F and fp > 0.0):
+            break  # the exact iteration evaluates A again
+        lo = A
+        ls = math.log1p(f)  # the step of _newton_step on phi
+        An = A + (math.expm1(a1 * ls) / a1) / (math.exp((a1 - 1.0) * ls) * fp)
+        if not (An > A and An < hi):
+            break
+        A = An
+        if f < ROUGH_SWITCH:
+            break
     while it < MAX_ITER:
         if lo > last_lo:
             k = _compact_gen(c, idx, k, a1, lo)

@@ -208,6 +208,76 @@ def vlog1p(w):
     return e * _LN2_HI + (f - (hfsq - (s * (hfsq + r) + (e * _LN2_LO + _div(c, u)))))
 
 
+_LN2 = 0.6931471805599453
+# exp(r) = sum_{j <= 7} r^j / j! on |r| <= ln2 / 2: the first term left out is below
+# 0.3466^8 / 8! * e^0.3466 = 7.7e-9 of the result
+_E7 = (1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5)
+
+
+@njit(inline="always", cache=CACHE)
+def vexp_rough(d):
+    """``exp(d)`` for a float64 ``d <= 0``, within 1e-8 relative, for ``d >= -708`` (below it,
+    ``exp(-708)``: about 3e-308, for the callers' purpose 0): :func:`vexp`'s range reduction
+    with one float64 ln2 and a degree-7 Taylor polynomial, no subnormal results.  For the
+    early Newton steps of :mod:`.gen`, whose values only move the iterate while f is
+    certainly positive; never for a result."""
+    if d < -708.0:  # selects, not branches (a NaN passes through)
+        d = -708.0
+    if d > 0.0:
+        d = 0.0
+    kd = _fmuladd(d, _INV_LN2, _SHIFT)
+    kf = kd - _SHIFT
+    r = _fmuladd(kf, -_LN2, d)  # |kf ln2 rounding| <= 1022 * 2^-53: 1e-13 of r's range
+    e = _fmuladd(_E7[0], r, _E7[1])
+    e = _fmuladd(e, r, _E7[2])
+    e = _fmuladd(e, r, _E7[3])
+    e = _fmuladd(e, r, _E7[4])
+    e = _fmuladd(e, r, _E7[5])
+    e = _fmuladd(e, r, 1.0)
+    e = _fmuladd(e, r, 1.0)
+    return e * _from_bits((_bits(kd) - _SHIFT_BITS + 1023) << 52)  # k >= -1022: a normal 2^k
+
+
+@njit(inline="always", cache=CACHE)
+def vlog1p_rough(w):
+    """``log1p(w)`` for a float64 ``-1 < w <= 0`` within ``1e-9 |log1p(w)| + 2^-53 / (1 + w)``:
+    :func:`vlog1p` without the rounding correction of ``1 + w`` and with five terms of
+    the series (the first left out, ``2 s^13 / 13``, is below 2.1e-11 at ``|s| <=
+    0.1716``: 6e-11 of the log there).  For the early Newton steps of :mod:`.gen` (see
+    :func:`vexp_rough`)."""
+    u = 1.0 + w
+    eb = _bits(u) & _EXP_BITS
+    e = _from_bits(_exponent_field(eb) | _TWO52_BITS) - 4503599627371519.0  # 2^52 + 1023
+    m = u * _from_bits(_EXP_FLIP - eb)
+    if m > _SQRT2:
+        m = 0.5 * m
+        e = e + 1.0
+    f = m - 1.0
+    s = _div(f, 2.0 + f)
+    z = s * s
+    r = _fmuladd(_R5, z, _R4)
+    r = _fmuladd(r, z, _R3)
+    r = _fmuladd(r, z, _R2)
+    r = _fmuladd(r, z, _R1)
+    r = r * z
+    hfsq = 0.5 * f * f
+    return e * _LN2 + (f - (hfsq - s * (hfsq + r)))
+
+
+@njit(cache=CACHE)
+def vexp_rough_array(d, out):
+    """``out[i] = vexp_rough(d[i])`` (for the tests)."""
+    for i in range(d.shape[0]):
+        out[i] = vexp_rough(np.float64(d[i]))
+
+
+@njit(cache=CACHE)
+def vlog1p_rough_array(w, out):
+    """``out[i] = vlog1p_rough(w[i])`` (for the tests)."""
+    for i in range(w.shape[0]):
+        out[i] = vlog1p_rough(np.float64(w[i]))
+
+
 @njit(cache=CACHE)
 def vlog1p_array(w, out):
     """``out[i] = vlog1p(w[i])`` (for the tests and the benchmarks)."""
