@@ -69,16 +69,13 @@ def _pu_gen(y, A, a1):
     return (p if alive else 0.0), (u if alive else 0.0)
 
 
-@njit(cache=CACHE)
-def _f_gen(c, k, a1, A, buf, lanes):
-    """``f(A) = sum p - 1`` (compensated) and ``sum u`` over ``c[:k]``: the ``p`` and ``u`` in
-    one vectorised loop into ``buf`` (float64, shape (2, >= k)), then their sums in the
-    ``lanes`` (float64 scratch of shape (3, L)): one TwoSum lane per position in a block of
-    ``L`` consecutive entries."""
-    P = buf[0]
-    Q = buf[1]
-    for i in range(k):
-        P[i], Q[i] = _pu_gen(c[i], A, a1)
+@njit(inline="always", cache=CACHE)
+def _mass(P, Q, k, lanes, exact):
+    """``(sum P[:k] - 1, sum Q[:k])`` in ``L`` lanes, one per position in a block of ``L``
+    consecutive entries (``lanes``: float64 scratch of shape (3, L)); with ``exact`` (a
+    run-time bool) the first is compensated: a TwoSum lane each, merged with Neumaier's
+    step (the rough evaluations, whose terms carry 3e-8 errors, skip it: 40% of their
+    saving otherwise)."""
     L = lanes.shape[1]
     lanes[:3] = 0.0
     S = lanes[0]
@@ -89,8 +86,11 @@ def _f_gen(c, k, a1, A, buf, lanes):
         pb = P[b * L:(b + 1) * L]
         qb = Q[b * L:(b + 1) * L]
         for j in range(L):
-            S[j], err = two_sum(S[j], pb[j])
-            C[j] += err
+            if exact:
+                S[j], err = two_sum(S[j], pb[j])
+                C[j] += err
+            else:
+                S[j] += pb[j]
             U[j] += qb[j]
     s, comp = merge_lanes(S, C, L)
     su = 0.0
@@ -100,6 +100,18 @@ def _f_gen(c, k, a1, A, buf, lanes):
         s, comp = acc(s, comp, P[i])
         su += Q[i]
     return (s - 1.0) + comp, su
+
+
+@njit(cache=CACHE)
+def _f_gen(c, k, a1, A, buf, lanes):
+    """``f(A) = sum p - 1`` (compensated) and ``sum u`` over ``c[:k]``: the ``p`` and ``u`` in
+    one vectorised loop into ``buf`` (float64, shape (2, >= k)), then their sums
+    (:func:`_mass`)."""
+    P = buf[0]
+    Q = buf[1]
+    for i in range(k):
+        P[i], Q[i] = _pu_gen(c[i], A, a1)
+    return _mass(P, Q, k, lanes, np.bool_(True))
 
 
 @njit(inline="always", cache=CACHE)
@@ -120,34 +132,14 @@ def _pu_gen_rough(y, A, a1, inv_a1):
 
 @njit(cache=CACHE)
 def _f_gen_rough(c, k, a1, A, buf, lanes):
-    """:func:`_f_gen` with :func:`_pu_gen_rough` and plain lane sums: ``f`` within about
-    4e-8 (1 + f) (the terms' errors; the sums' rounding is k eps (1 + f)), for Newton's
-    early steps only."""
+    """:func:`_f_gen` with :func:`_pu_gen_rough`: ``f`` within about 4e-8 (1 + f) (the
+    terms' errors), for Newton's early steps only."""
     P = buf[0]
     Q = buf[1]
     inv_a1 = 1.0 / a1
     for i in range(k):
         P[i], Q[i] = _pu_gen_rough(c[i], A, a1, inv_a1)
-    L = lanes.shape[1]
-    lanes[:2] = 0.0
-    S = lanes[0]
-    U = lanes[1]
-    nb = k // L
-    for b in range(nb):
-        pb = P[b * L:(b + 1) * L]
-        qb = Q[b * L:(b + 1) * L]
-        for j in range(L):
-            S[j] += pb[j]
-            U[j] += qb[j]
-    s = 0.0
-    su = 0.0
-    for j in range(L):
-        s += S[j]
-        su += U[j]
-    for i in range(nb * L, k):
-        s += P[i]
-        su += Q[i]
-    return s - 1.0, su
+    return _mass(P, Q, k, lanes, np.bool_(False))
 
 
 @njit(cache=CACHE)

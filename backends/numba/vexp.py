@@ -170,6 +170,21 @@ _R1, _R2, _R3, _R4, _R5, _R6, _R7, _R8, _R9, _R10 = _R
 
 
 @njit(inline="always", cache=CACHE)
+def _log_reduce(u):
+    """``log(u) = e ln2 + log(1 + f)`` for a normal ``u > 0``: ``u = 2^e m`` with ``m`` in
+    ``[sqrt(2)/2, sqrt(2))`` read from the bits, ``f = m - 1`` (exact), and ``s = f / (2 +
+    f)``, so that ``log(1 + f) = 2 atanh(s)``.  Returns (e, f, s)."""
+    eb = _bits(u) & _EXP_BITS
+    e = _from_bits(_exponent_field(eb) | _TWO52_BITS) - 4503599627371519.0  # 2^52 + 1023
+    m = u * _from_bits(_EXP_FLIP - eb)  # u / 2^e, in [1, 2), exact
+    if m > _SQRT2:
+        m = 0.5 * m
+        e = e + 1.0
+    f = m - 1.0  # exact
+    return e, f, _div(f, 2.0 + f)
+
+
+@njit(inline="always", cache=CACHE)
 def vlog1p(w):
     """``log1p(w)`` for a float64 ``w > -1`` (under 0.8 ulp), as vectorisable arithmetic.
 
@@ -185,14 +200,7 @@ def vlog1p(w):
         c = w - (u - 1.0)
     else:
         c = 1.0 - (u - w)
-    eb = _bits(u) & _EXP_BITS
-    e = _from_bits(_exponent_field(eb) | _TWO52_BITS) - 4503599627371519.0  # 2^52 + 1023
-    m = u * _from_bits(_EXP_FLIP - eb)  # u / 2^e, in [1, 2), exact
-    if m > _SQRT2:
-        m = 0.5 * m
-        e = e + 1.0
-    f = m - 1.0  # exact
-    s = _div(f, 2.0 + f)
+    e, f, s = _log_reduce(u)
     z = s * s
     r = _fmuladd(_R10, z, _R9)
     r = _fmuladd(r, z, _R8)
@@ -245,15 +253,7 @@ def vlog1p_rough(w):
     the series (the first left out, ``2 s^13 / 13``, is below 2.1e-11 at ``|s| <=
     0.1716``: 6e-11 of the log there).  For the early Newton steps of :mod:`.gen` (see
     :func:`vexp_rough`)."""
-    u = 1.0 + w
-    eb = _bits(u) & _EXP_BITS
-    e = _from_bits(_exponent_field(eb) | _TWO52_BITS) - 4503599627371519.0  # 2^52 + 1023
-    m = u * _from_bits(_EXP_FLIP - eb)
-    if m > _SQRT2:
-        m = 0.5 * m
-        e = e + 1.0
-    f = m - 1.0
-    s = _div(f, 2.0 + f)
+    e, f, s = _log_reduce(1.0 + w)
     z = s * s
     r = _fmuladd(_R5, z, _R4)
     r = _fmuladd(r, z, _R3)
@@ -262,20 +262,6 @@ def vlog1p_rough(w):
     r = r * z
     hfsq = 0.5 * f * f
     return e * _LN2 + (f - (hfsq - s * (hfsq + r)))
-
-
-@njit(cache=CACHE)
-def vexp_rough_array(d, out):
-    """``out[i] = vexp_rough(d[i])`` (for the tests)."""
-    for i in range(d.shape[0]):
-        out[i] = vexp_rough(np.float64(d[i]))
-
-
-@njit(cache=CACHE)
-def vlog1p_rough_array(w, out):
-    """``out[i] = vlog1p_rough(w[i])`` (for the tests)."""
-    for i in range(w.shape[0]):
-        out[i] = vlog1p_rough(np.float64(w[i]))
 
 
 @njit(cache=CACHE)
