@@ -1126,19 +1126,20 @@ def _filter_bound(filt, qc, kn, key_end, scale, rs):
     return False, np.zeros(qc.shape[0])
 
 
-def _scores(filt, qsl, qc, kk_all, k32_all, kn, key_end, scale, rs, need=None):
+def _scores(filt, qsl, qc, head, key_end, scale, rs, need=None):
     """A chunk's score block for the row kernels: with ``filt`` (see :func:`_filter_bound`)
-    the float32 product of the chunk's queries ``qsl`` with the keys and its per-row error
-    bound; else the float64 product of ``qc`` (``qsl`` as float64 rows) and a zero bound.
+    the float32 product of the chunk's queries ``qsl`` with the keys of ``head`` (a
+    :class:`_Head`) and its per-row error bound; else the float64 product of ``qc``
+    (``qsl`` as float64 rows) and a zero bound (only this makes the float64 keys).
     With ``need`` (a bool mask of the rows) only those rows of the block are formed (the
     others are left unwritten: their kernel rows do not read them).  Returns (g, err,
     filt)."""
-    filt, err = _filter_bound(filt, qc, kn, key_end, scale, rs)
+    filt, err = _filter_bound(filt, qc, head.kn, key_end, scale, rs)
     with np.errstate(over="ignore", invalid="ignore"):
         if filt:
-            g = _product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), k32_all[:key_end], need)
+            g = _product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), head.k32[:key_end], need)
         else:
-            g = _product(qc, kk_all[:key_end], need)
+            g = _product(qc, head.kk[:key_end], need)
     return g, err, filt
 
 
@@ -1239,7 +1240,7 @@ def attention_forward(backend, q, k, v, spec):
                         kend = min(key_end, visible_keys_end(i0 + (e - 1) % nc + 1, offset, key_end, True))
                     g = np.matmul(q32[a:e], k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
                 else:
-                    g = _product(qc, head.kk[:key_end], None)
+                    g = _product(qc, kk, None)  # head.rows gave the float64 keys
             fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], b, h0, nc, i0, offset, causal, scale, rs, slopes, alphas,
                      vv, o[a:e], skew, theta, support, row_max, edge, edge_p, ncand[a:e], bad[a:e], support_keys)
         if bad.any():
@@ -1376,8 +1377,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                     if stored:  # every row has its support's keys: no product, no filter pass
                         g, err, filt = no_g, np.zeros(rows), True
                     else:  # the product of the rows without keys only
-                        g, err, filt = _scores(state["filter"], q[sl], qc, head.kk, head.k32, head.kn, key_end, scale,
-                                               rs, need)
+                        g, err, filt = _scores(state["filter"], q[sl], qc, head, key_end, scale, rs, need)
                     kk, vv = head.rows(filt, key_end)
                     th = np.ascontiguousarray(np.asarray(theta[sl], f64).reshape(-1))
                     if resid is None:

@@ -31,8 +31,6 @@ at most, well inside the accuracy contract (``tests/test_numba_rows.py``,
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
@@ -41,7 +39,7 @@ from . import CACHE
 from .compensated import acc, merge_lanes, two_sum
 from .candidates import MASK_MIN, _mask_alive, _unpack
 from .elementwise import _K_GEN, _alive, _bound_above
-from .threshold import _newton_step
+from .threshold import _newton_step, _phi_step
 from .vexp import _div, vexp, vexp_rough, vlog1p, vlog1p_rough
 
 #: lanes of the candidate sums (two AVX2 registers of float64 per accumulator)
@@ -200,8 +198,7 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
         if not (f > ROUGH_F and fp > 0.0):
             break  # the exact iteration evaluates A again
         lo = A
-        ls = math.log1p(f)  # the step of _newton_step on phi
-        An = A + (math.expm1(a1 * ls) / a1) / (math.exp((a1 - 1.0) * ls) * fp)
+        An = _phi_step(A, f, fp, a1)
         if not (An > A and An < hi):
             break
         A = An

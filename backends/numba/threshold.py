@@ -39,6 +39,17 @@ def _f_eval(c, k, a1, kind, A, lo, compact):
     return (s - 1.0) + comp, su, j
 
 
+@njit(inline="always", cache=CACHE)
+def _phi_step(A, f, fp, a1):
+    """Newton's step on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0) from A, given
+    ``f(A)`` and ``fp = -f'(A)``: phi is the (1/a1)-norm of the [1 + a1 (y - A)]_+, convex
+    and nearly linear (exactly linear for a constant row, and for softmax), so the steps
+    from the left are monotone and far fewer than on f."""
+    ls = math.log1p(f)
+    phi = math.expm1(a1 * ls) / a1 if a1 > 0.0 else ls
+    return A + phi / (math.exp((a1 - 1.0) * ls) * fp)
+
+
 @njit(cache=CACHE)
 def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
     """One step of the safeguarded Newton iteration, after ``f(A)`` and ``fp = -f'(A)``:
@@ -63,13 +74,7 @@ def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
         fhi = -f
     if fp > 0.0 and f > -1.0:
         if on_phi:
-            # Newton on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0): the
-            # (1/a1)-norm of the [1 + a1 (y - A)]_+, convex and nearly linear (exactly
-            # linear for a constant row, and for softmax), so the steps from the left
-            # are monotone and far fewer than on f.
-            ls = math.log1p(f)
-            phi = math.expm1(a1 * ls) / a1 if a1 > 0.0 else ls
-            An = A + phi / (math.exp((a1 - 1.0) * ls) * fp)
+            An = _phi_step(A, f, fp, a1)
         else:
             An = A + f / fp
     else:
