@@ -1160,6 +1160,7 @@ FILTER_FRACTION = 0.25
 #: Bytes of a chunk's float32 filter product formed at a time: the forward forms it and
 #: runs the row kernel on it block by block, so that the scores the kernel reads are
 #: still in the core's cache (L2: 1 MiB on the bench machine) rather than in memory.
+#: A block has at least D rows (each block reads the keys once).
 #: The blocks change nothing in the results (the filter only selects candidates; the
 #: pivots keep their seed, the row's index in the chunk).  With a causal mask a block's
 #: product stops at the last key its rows see, so the scores of masked keys are checked
@@ -1225,7 +1226,10 @@ def attention_forward(backend, q, k, v, spec):
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
             k32t = head.k32[:key_end].T
-            step = max(1, min(rows, FILTER_BLOCK_BYTES // (4 * key_end)))
+            # at least D rows: a block reads the keys once (D floats a key), and fewer rows
+            # than D would read more bytes of K than they write scores (N = 65,536: 16-row
+            # chunks, whose 4-row blocks read 4x the keys and took 4x the forward's time)
+            step = max(1, min(rows, max(FILTER_BLOCK_BYTES // (4 * key_end), D)))
             buf = np.empty(step * key_end, np.float32)
         else:
             step = rows
