@@ -79,6 +79,26 @@ def test_vexp_below_one_ulp_against_mpmath(vexp_array):
     assert err[normal].max() < 0.8
 
 
+
+def test_vexp_neg_is_vexp_on_its_range():
+    """``vexp_neg`` (the softmax pass's exponential) gives vexp's bits on [VEXP_NEG_MIN, 0],
+    and below it a normal number that is not exp(d), which the pass recomputes."""
+    from entmax_ref.backends.numba.vexp import VEXP_NEG_MIN, vexp_array, vexp_neg_array
+
+    rng = np.random.default_rng(7)
+    d = -np.concatenate([_sweep(rng, 4000), rng.uniform(-10, 0, 100_000)])
+    d = d[(d >= VEXP_NEG_MIN) & (d <= 0.0)]
+    d = np.concatenate([d, [VEXP_NEG_MIN, 0.0, -0.0, np.nan]])
+    got, want = np.empty_like(d), np.empty_like(d)
+    vexp_neg_array(d, got)
+    vexp_array(d, want)
+    np.testing.assert_array_equal(got, want)
+    below = np.array([np.nextafter(VEXP_NEG_MIN, -np.inf), -745.0, -1e300, -np.inf])
+    got = np.empty_like(below)
+    vexp_neg_array(below, got)
+    assert np.all(got == math.exp(VEXP_NEG_MIN))
+
+
 def test_vexp_agrees_with_libm_on_a_million_points(vexp_array):
     """Against math.exp (itself within 1 ulp) on a dense grid of the softmax range: at most
     one ulp apart, and equal on the large majority of points."""

@@ -2,7 +2,8 @@
 
 Every pass over the row is a loop that LLVM vectorises (AVX2: 4 float64 lanes): the
 maximum (:func:`.candidates._lane_max`), ``e_i = exp(x_i - m)`` with the straight-line
-:func:`.vexp.vexp` (``math.exp`` is a libm call, one element at a time), the compensated
+:func:`.vexp.vexp_neg` (``math.exp`` is a libm call, one element at a time; entries below
+its range, rare, are redone with :func:`.vexp.vexp`), the compensated
 sum of the ``e_i`` in ``L`` independent lanes (one lane per position in a block of ``L``
 consecutive entries, each with Knuth's branch-free TwoSum error term, so no loop-carried
 rounding order has to be kept and the lanes are vector registers), and ``p_i = e_i / (1 +
@@ -21,7 +22,7 @@ from . import CACHE
 from .candidates import _lane_max
 from .compensated import acc, merge_lanes, two_sum
 from .elementwise import _empty_row
-from .vexp import vexp
+from .vexp import VEXP_NEG_MIN, vexp, vexp_neg
 
 #: lanes of the vectorised passes (a row of n >= 2 * LANES entries uses all of them)
 LANES = 64
@@ -54,9 +55,14 @@ def _softmax_row(x, out, m, e, lanes):
     nlow = 0
     for i in range(n):
         y = np.float64(x[i]) - m
-        e[i] = vexp(y)
+        e[i] = vexp_neg(y)  # y <= 0; exact for y >= VEXP_NEG_MIN, which y > low includes
         ties += np.float64(x[i]) == m  # (y == 0 for finite m; also counts m = +inf with check_finite off)
         nlow += y <= low
+    if nlow > 0:
+        for i in range(n):
+            y = np.float64(x[i]) - m
+            if y < VEXP_NEG_MIN:
+                e[i] = vexp(y)
     lanes[:2, :L] = 0.0
     S = lanes[0, :L]
     C = lanes[1, :L]
