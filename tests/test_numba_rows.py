@@ -14,6 +14,7 @@ support, ``u = p^(2-alpha)`` and ``|log p|``); float32 output adds one float32 u
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 import zlib
@@ -292,6 +293,33 @@ def test_scan_in_the_row_pass_raises_the_public_error(nb, alpha, method):
     rows[7, 5] = np.nan
     with pytest.raises(NonFiniteInput):
         nb.entmax_forward_scanned(rows, np.full(rows.shape[0], 1.5), method)
+
+
+
+def test_softmax_scan_is_read_from_theta(nb):
+    """The softmax driver scans a row only when its theta is not finite: every kind of bad
+    row is still caught, and rows of -inf alone (theta -inf) are scanned and pass."""
+    from entmax_ref.backends._base import NonFiniteInput
+
+    inf, nan = np.inf, np.nan
+    bad = [[nan, 1.0, 2.0], [inf, 1.0, 0.0], [inf, inf, -inf], [-inf, nan, -inf], [nan, nan, nan],
+           [-inf, -inf, inf]]
+    for dtype in (np.float64, np.float32):
+        for row in bad:
+            rows = np.zeros((3, 3), dtype)
+            rows[1] = row
+            with pytest.raises(NonFiniteInput):
+                nb.entmax_forward_scanned(rows, np.ones(3), None)
+        rows = np.array([[-inf, -inf, -inf], [0.0, -1000.0, -inf], [0.0, -745.0, -708.5]], dtype)
+        got = nb.entmax_forward_scanned(rows, np.ones(3), None)
+        want = nb.entmax_forward(rows, np.ones(3), None)
+        np.testing.assert_array_equal(got.p, want.p)
+        np.testing.assert_array_equal(got.theta, want.theta)
+        assert got.theta[0] == -inf and got.theta[1] == 0.0  # exp(-1000) is below float64's range
+        # float64: entries below vexp_neg's range are redone with vexp (subnormal, exact);
+        # float32 rows round -708.5 to another float64, so compare each with its own dtype
+        x2 = rows[2].astype(np.float64)
+        assert got.theta[2] == math.log1p(math.exp(x2[1]) + math.exp(x2[2]))
 
 
 def test_three_way_partition():

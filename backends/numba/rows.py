@@ -274,9 +274,13 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
     c = np.empty(x.shape[1], np.float64)
     lanes = np.empty((4, LANES), np.float64)
     for r in range(r0, r1):
-        if _skip(x, r, method, theta, support, n_iter, converged):
+        th, sup, it, ok = _softmax_lanes(x[r], out[r], c, lanes)
+        # no separate scan: a NaN or +inf entry makes theta NaN or +inf (NaN stays in the
+        # sum; +inf is the maximum), so only rows whose theta is not finite (those, and
+        # rows of -inf and NaN alone, whose maximum is -inf) are scanned
+        if not (abs(th) < np.inf) and _skip(x, r, method, theta, support, n_iter, converged):
             continue
-        theta[r], support[r], n_iter[r], converged[r] = _softmax_lanes(x[r], out[r], c, lanes)
+        theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
 @njit(nogil=True, cache=CACHE)
