@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import numpy as np
 import pytest
 
 from entmax_ref.testing.command import main
@@ -211,6 +212,27 @@ def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch):
     for name in (case, case + " check_finite=False"):
         assert rows[name]["target"] == "<= 0.8x SDPA time" and rows[name]["baseline"] == "torch SDPA (softmax)"
         assert rows[name]["time_ratio"] > 0 and rows[name]["met"] == (rows[name]["time_ratio"] <= 0.8)
+    # the checked call is timed beside its floor, one read of K and V
+    floor = rows[case]
+    assert floor["floor"].startswith("one read of K and V") and floor["floor_ms"] > 0
+    assert floor["ours_over_floor"] > 0 and floor["baseline_over_floor"] > 0
+    assert "floor" not in rows[case + " check_finite=False"]
+
+
+@pytest.mark.numba
+def test_bench_floors_compute_what_they_say():
+    """The bench's floor kernels: the float64 exponentials of softmax (vexp_neg(x - max),
+    the bits of vexp there) and one read of every entry."""
+    from entmax_ref import bench
+    from entmax_ref.backends.numba.vexp import vexp_array
+
+    exp_rows, read_rows = bench._floors()
+    x = np.random.default_rng(0).standard_normal((5, 300)).astype(np.float32)
+    m = x.max(axis=1).astype(np.float64)
+    want = np.empty(300)
+    vexp_array(x[4].astype(np.float64) - m[4], want)
+    np.testing.assert_array_equal(exp_rows(x, m, 0, 5), want)  # the scratch holds the last row
+    assert read_rows(x, np.float32(0), 1, 3) == pytest.approx(float(x[1:3].sum(dtype=np.float64)), abs=1e-3)
 
 
 def _rows(report):
