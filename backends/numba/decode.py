@@ -293,13 +293,16 @@ def decode_forward(q, k, v, spec):
     scan = scans_inputs(q, k, v, spec)
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
+    geometry = {}  # per batch: the kv-heads of a batch share their rows' geometry
     step = max(1, BLOCK_BYTES // (4 * R * Nk + 1))
     for p0 in range(0, len(pairs), step):
         heads = []
         items = []
         for b, hk in pairs[p0:p0 + step]:
             h0 = hk * group
-            nchk, nvis = _row_geometry(spec, b, Nq, Nk, group)
+            if b not in geometry:
+                geometry[b] = _row_geometry(spec, b, Nq, Nk, group)
+            nchk, nvis = geometry[b]
             kend = int(nchk.max())
             if kend == 0:
                 continue
