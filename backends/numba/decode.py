@@ -57,7 +57,7 @@ from numba import njit
 
 from . import CACHE
 from ..geometry import key_offset
-from .attention import (_OVERFLOW, _dot, _group_alphas, _group_slopes, _max_cut, _row_result,
+from .attention import (_OVERFLOW, _dot, _g_cut, _g_range, _group_alphas, _group_slopes, _max_cut, _row_result,
                         _row_scale, _run_parallel, _score, _theta_cut, score_errors, _theta_lower, _writable,
                         empty_support_keys, trimmed_keys)
 from .rows import _solver_scratch
@@ -113,8 +113,9 @@ def _dots(qf, kf, vf, scan_v, j0, j1, g, zero):
 def scan_block(qf, kf, vf, scan_v, j0, j1, blk, g, zero, nq, nvis, nchk, offset, scale, row_scale, slopes, lmax,
                suspect):
     """Phase 1 on keys ``j0 .. j1 - 1`` of one kv-head: the float32 scores ``g``, and per
-    row the largest approximate score ``lmax[r, blk]`` over its visible keys and the count
-    ``suspect[r, blk]`` of non-finite or huge ones among its checked keys (``nchk``).
+    row the largest approximate score ``lmax[r, blk]`` over its visible keys and
+    ``suspect[r, blk]``, nonzero when one among its checked keys (``nchk``) is non-finite
+    or huge.
     Returns the largest ``||k_j||^2`` and the sum of squares of the block (see :func:`_dots`)."""
     R = g.shape[0]
     has_s = row_scale.shape[0] > 0
@@ -124,20 +125,42 @@ def scan_block(qf, kf, vf, scan_v, j0, j1, blk, g, zero, nq, nvis, nchk, offset,
         i_abs = (r - h * nq) + offset
         s = row_scale[r] if has_s else 1.0
         slope = slopes[h]
-        n = min(nvis[r], j1)
-        e = min(nchk[r], j1)
-        L = -np.inf
-        bad = 0
-        for j in range(j0, n):
-            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
-            L = max(L, z)
-            bad += not (abs(z) < 1e300)
-        for j in range(max(j0, n), e):
-            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
-            bad += not (abs(z) < 1e300)
+        n = max(j0, min(nvis[r], j1))
+        e = max(n, min(nchk[r], j1))
+        if slope == 0.0 and scale * s > 0.0:
+            # z(g) is nondecreasing in g: the extremes of the float32 g give those of z
+            L, bad = _z_range(g, r, j0, n, scale, s, has_s, i_abs)
+            bad += _z_range(g, r, n, e, scale, s, has_s, i_abs)[1]
+        else:
+            L = -np.inf
+            bad = 0
+            gr = g[r]
+            for j in range(j0, n):
+                z = _score(np.float64(gr[j]), scale, s, has_s, slope, i_abs, j)
+                L = max(L, z)
+                bad += not (abs(z) < 1e300)
+            for j in range(n, e):
+                bad += not (abs(_score(np.float64(gr[j]), scale, s, has_s, slope, i_abs, j)) < 1e300)
         lmax[r, blk] = L
         suspect[r, blk] = bad
     return kn, vn
+
+
+@njit(cache=CACHE)
+def _z_range(g, r, j0, j1, scale, s, has_s, i_abs):
+    """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
+    the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
+    one of them is non-finite or huge (``|z| >= 1e300``, or a NaN ``g``), from the float32
+    range of ``g`` (:func:`~.attention._g_range`, a loop LLVM vectorises) in place of a
+    float64 score of every key.  Without a NaN, that largest z is bit for bit the largest
+    score (a monotone rounding keeps the order); with one the row is suspect and its
+    largest z is not used."""
+    if j1 <= j0:
+        return -np.inf, 0
+    lo, hi, nan = _g_range(g, r, j0, j1)
+    L = _score(np.float64(hi), scale, s, has_s, 0.0, i_abs, j0)
+    z_lo = _score(np.float64(lo), scale, s, has_s, 0.0, i_abs, j0)
+    return L, int(nan > 0 or not (z_lo > -1e300 and L < 1e300))
 
 
 @njit(cache=CACHE)
@@ -150,11 +173,27 @@ def _grown(a, m):
 @njit(cache=CACHE)
 def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
     """Append the keys ``j0 <= j < j1`` whose approximate score exceeds ``cut`` (at most
-    ``j1 - j0`` of them: the caller leaves that much room) to ``idx``, ``zc[m:]``."""
-    for j in range(j0, j1):
-        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+    ``j1 - j0`` of them: the caller leaves that much room) to ``idx``, ``zc[m:]``.  When
+    ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``) a key's float32 ``g``
+    is first compared with a line below which no z exceeds the cut
+    (:func:`~.attention._g_cut`), and only the keys above it are scored: the same keys,
+    scores and order.  The loops run over a slice of the row (no wraparound test of a
+    run-time start)."""
+    gr = g[r, j0:j1]
+    if slope == 0.0 and scale * s > 0.0:
+        gc = _g_cut(cut, scale, s)
+        for jj in range(gr.shape[0]):
+            if gr[jj] > gc:
+                z = _score(np.float64(gr[jj]), scale, s, has_s, 0.0, i_abs, j0)
+                if z > cut:
+                    idx[m] = j0 + jj
+                    zc[m] = z
+                    m += 1
+        return m
+    for jj in range(gr.shape[0]):
+        z = _score(np.float64(gr[jj]), scale, s, has_s, slope, i_abs, j0 + jj)
         if z > cut:
-            idx[m] = j
+            idx[m] = j0 + jj
             zc[m] = z
             m += 1
     return m
