@@ -164,6 +164,13 @@ def vexp(d):
     return (e * s1) * s2
 
 
+@njit(inline="always", cache=CACHE)
+def _pow2(kd):
+    """``2^k`` for the integer ``k >= -1022`` held in the low bits of the shifted sum ``kd``
+    (step 3 of the module docstring in one step: a normal power of two)."""
+    return _from_bits((_bits(kd) - _SHIFT_BITS + 1023) << 52)
+
+
 #: below this, :func:`vexp_neg`'s result is not exp(d) (a subnormal or zero would be)
 VEXP_NEG_MIN = -708.0
 
@@ -179,7 +186,7 @@ def vexp_neg(d):
     if d < VEXP_NEG_MIN:  # a select, not a branch
         d = VEXP_NEG_MIN
     e, kd, _ = _exp_reduced(d)
-    return e * _from_bits((_bits(kd) - _SHIFT_BITS + 1023) << 52)  # k >= -1022: a normal 2^k
+    return e * _pow2(kd)
 
 
 _EXP_BITS = 0x7FF0000000000000  # the exponent field of a float64
@@ -268,7 +275,7 @@ def vexp_rough(d):
     e = _fmuladd(e, r, _E7[5])
     e = _fmuladd(e, r, 1.0)
     e = _fmuladd(e, r, 1.0)
-    return e * _from_bits((_bits(kd) - _SHIFT_BITS + 1023) << 52)  # k >= -1022: a normal 2^k
+    return e * _pow2(kd)
 
 
 @njit(inline="always", cache=CACHE)
