@@ -134,13 +134,14 @@ def scan_block(qf, kf, vf, scan_v, j0, j1, blk, g, zero, nq, nvis, nchk, offset,
         else:
             L = -np.inf
             bad = 0
-            gr = g[r]
-            for j in range(j0, n):
-                z = _score(np.float64(gr[j]), scale, s, has_s, slope, i_abs, j)
+            gv = g[r, j0:n]  # slices: no wraparound test of a run-time start in the loops
+            for jj in range(gv.shape[0]):
+                z = _score(np.float64(gv[jj]), scale, s, has_s, slope, i_abs, j0 + jj)
                 L = max(L, z)
                 bad += not (abs(z) < 1e300)
-            for j in range(n, e):
-                bad += not (abs(_score(np.float64(gr[j]), scale, s, has_s, slope, i_abs, j)) < 1e300)
+            gc = g[r, n:e]
+            for jj in range(gc.shape[0]):
+                bad += not (abs(_score(np.float64(gc[jj]), scale, s, has_s, slope, i_abs, n + jj)) < 1e300)
         lmax[r, blk] = L
         suspect[r, blk] = bad
     return kn, vn
