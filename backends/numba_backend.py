@@ -156,12 +156,13 @@ class NumbaBackend:
         return _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
 
     def entmax_forward_scanned(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
-        """:meth:`entmax_forward` that also scans ``x`` for NaN and +inf, in the kernels, each
-        row just before its solve while it is in cache (the public layer then skips its
-        separate scan of the whole input).  Raises :class:`~entmax_ref.backends._base.NonFiniteInput` when
-        a row holds one; the public layer then scans x itself to raise its usual error."""
+        """:meth:`entmax_forward` that also checks ``x`` for NaN and +inf: every row solver
+        counts them in its maximum pass and marks such a row ``n_iter = -1``, so the public
+        layer skips its separate scan of the whole input.  Raises
+        :class:`~entmax_ref.backends._base.NonFiniteInput` when a row holds one; the public
+        layer then scans x itself to raise its usual error."""
         require(self.name, "entmax_forward", method)
-        res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method] + _rows.METHOD_SCAN)
+        res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
         if (res.n_iter < 0).any():
             raise NonFiniteInput("x has a NaN or +inf entry")
         return res

@@ -296,31 +296,40 @@ def test_scan_in_the_row_pass_raises_the_public_error(nb, alpha, method):
 
 
 
-def test_softmax_scan_is_read_from_theta(nb):
-    """The softmax driver scans a row only when its theta is not finite: every kind of bad
-    row is still caught, and rows of -inf alone (theta -inf) are scanned and pass."""
+def test_every_solver_marks_its_nonfinite_rows(nb):
+    """No separate scan: each row solver counts NaN and +inf in its maximum pass. Every
+    kind of bad row is caught on every path (the scanned call raises; unscanned, the row
+    is p = NaN, theta NaN, n_iter -1, and the clean rows are untouched); rows of -inf
+    alone pass; softmax's underflowing entries still give exact thresholds."""
     from entmax_ref.backends._base import NonFiniteInput
 
     inf, nan = np.inf, np.nan
     bad = [[nan, 1.0, 2.0], [inf, 1.0, 0.0], [inf, inf, -inf], [-inf, nan, -inf], [nan, nan, nan],
            [-inf, -inf, inf]]
     for dtype in (np.float64, np.float32):
-        for row in bad:
-            rows = np.zeros((3, 3), dtype)
-            rows[1] = row
-            with pytest.raises(NonFiniteInput):
-                nb.entmax_forward_scanned(rows, np.ones(3), None)
+        for alpha, method in ((1.0, None), (1.33, None), (1.5, None), (2.0, None), (3.0, None), (1.5, "bisect"),
+                              (3.0, "bisect"), (1.5, "newton")):
+            a = np.full(3, alpha)
+            for row in bad:
+                rows = np.array([[0.5, -1.0, 0.25], row, [1.0, 0.0, -2.0]], dtype)
+                with pytest.raises(NonFiniteInput):
+                    nb.entmax_forward_scanned(rows, a, method)
+                got = nb.entmax_forward(rows, a, method)
+                want = nb.entmax_forward(rows[[0, 2]], a[:2], method)
+                assert np.isnan(got.p[1]).all() and np.isnan(got.theta[1]) and got.n_iter[1] == -1
+                assert got.support[1] == 0 and not got.converged[1]
+                np.testing.assert_array_equal(got.p[[0, 2]], want.p)
+                np.testing.assert_array_equal(got.theta[[0, 2]], want.theta)
+            masked = np.array([[-inf, -inf, -inf], [0.0, -inf, -1.0]], dtype)
+            got = nb.entmax_forward_scanned(masked, a[:2], method)
+            assert got.theta[0] == -inf and (got.p[0] == 0).all() and got.p[1, 1] == 0
         rows = np.array([[-inf, -inf, -inf], [0.0, -1000.0, -inf], [0.0, -745.0, -708.5]], dtype)
         got = nb.entmax_forward_scanned(rows, np.ones(3), None)
-        want = nb.entmax_forward(rows, np.ones(3), None)
-        np.testing.assert_array_equal(got.p, want.p)
-        np.testing.assert_array_equal(got.theta, want.theta)
         assert got.theta[0] == -inf and got.theta[1] == 0.0  # exp(-1000) is below float64's range
         # float64: entries below vexp_neg's range are redone with vexp (subnormal, exact);
         # float32 rows round -708.5 to another float64, so compare each with its own dtype
         x2 = rows[2].astype(np.float64)
         assert got.theta[2] == math.log1p(math.exp(x2[1]) + math.exp(x2[2]))
-
 
 def test_three_way_partition():
     """The pivot solvers' three-way partition (two branch-free Lomuto passes): below, equal
@@ -361,7 +370,7 @@ def test_closed_form_polish_stops_at_working_precision():
 
     @njit
     def polish(z, c, aux, seed):
-        m = rw._max_scratch(z, c, aux)
+        m = rw._max_scratch(z, c, aux)[0]
         k = cd._gather_alive(z, m, 0.5, ew._K_15, 0.0, c)
         A0, s0 = th._pivot15(c, k, seed)
         sup = c[s0:k]

@@ -143,8 +143,9 @@ def test_lane_maximum_is_exact(dtype, n):
             x[rng.random(n) < 0.3] = np.nan  # NaN entries are ignored
             x[-1] = 99.0
         want = -np.inf if n == 0 else np.nanmax(x.astype(np.float64))
+        bad = int(np.sum(~(x.astype(np.float64) < np.inf)))  # NaN (and +inf): the solvers' check
         for L in (8, 64):
-            assert _lane_max(x, M[:L], M2[:L]) == want
+            assert _lane_max(x, M[:L], M2[:L]) == (want, bad)
         assert _row_max(x) == want
 
 
@@ -172,7 +173,8 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
             x[rng.random(n) < 0.4] = -np.inf
         x = x.astype(dtype)
         c = np.empty(n)
-        m, k = _max_gather(x, 1.0 / a1, c)
+        m, k, bad = _max_gather(x, 1.0 / a1, c)
+        assert bad == 0
         k = _refilter(c, k, m, a1, _K_GEN, 0.0)
         want_b = np.empty(n)
         nb = _compact(c, k, a1b, kb, 0.0, want_b)
@@ -203,11 +205,11 @@ def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
             x[0] = 1.0
         for a1, kind, W in ((0.5, _K_15, 2.0), (1.0, _K_SPARSE, 1.0)):
             c = np.empty(n)
-            m, k = _max_gather(x, W, c)
+            m, k, bad = _max_gather(x, W, c)
             k = _refilter(c, k, m, a1, kind, 0.0)
             got = np.empty(n)
-            m2 = _max_scratch(x, np.empty(n), np.empty(n))
-            assert m2 == m
+            m2, bad2 = _max_scratch(x, np.empty(n), np.empty(n))
+            assert m2 == m and bad == bad2 == 0
             assert _gather_alive(x, m2, a1, kind, 0.0, got) == k
             np.testing.assert_array_equal(got[:k], c[:k])
 
@@ -280,7 +282,7 @@ def test_gen_gather_with_columns_is_the_gen_candidate_set(dtype, a1):
             x[: 3] = [-1.0 / a1, np.nextafter(-1.0 / a1, 0), np.nextafter(-1.0 / a1, -10)]
             x[-1] = 0.0
         x = x.astype(dtype)
-        m = _max_scratch(x, np.empty(n), np.empty(n))
+        m = _max_scratch(x, np.empty(n), np.empty(n))[0]
         for lo in (0.0, 0.3, 1.7):
             want = np.empty(n)
             kw = _gather_alive(x, m, a1, _K_GEN, lo, want)

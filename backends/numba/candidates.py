@@ -14,15 +14,18 @@ from .elementwise import _K_15, _K_SPARSE, _LB_MARGIN, _alive
 
 @njit(cache=CACHE)
 def _lane_max(x, M, M2):
-    """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row), in a
-    loop that LLVM vectorises: ``L = M.shape[0]`` lane maxima over consecutive blocks of
-    ``L`` entries, then the lanes and the tail.  A maximum is exact in any order; the lanes
-    alternate between ``M`` and ``M2`` so that each store is unconditional (a store kept
-    only where the entry is larger becomes a masked store, microcoded and slow on AMD)."""
+    """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row) and
+    the number of NaN or +inf entries (the row solvers' finiteness check, in the same pass),
+    in a loop that LLVM vectorises: ``L = M.shape[0]`` lane maxima over consecutive blocks
+    of ``L`` entries, then the lanes and the tail.  A maximum is exact in any order; the
+    lanes alternate between ``M`` and ``M2`` so that each store is unconditional (a store
+    kept only where the entry is larger becomes a masked store, microcoded and slow on
+    AMD).  Returns (m, nonfinite)."""
     n = x.shape[0]
     L = M.shape[0]
     for j in range(L):
         M[j] = -np.inf
+    bad = 0
     nb = n // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
@@ -32,6 +35,7 @@ def _lane_max(x, M, M2):
             v = np.float64(xb[j])
             w = src[j]
             dst[j] = v if v > w else w
+            bad += not (v < np.inf)
     last = M if nb % 2 == 0 else M2
     m = -np.inf
     for j in range(L):
@@ -41,28 +45,32 @@ def _lane_max(x, M, M2):
         v = np.float64(x[i])
         if v > m:
             m = v
-    return m
+        bad += not (v < np.inf)
+    return m, bad
 
 
 @njit(cache=CACHE)
 def _max_gather(x, W, c):
-    """One pass over the row: its maximum m and, in ``c[:k]`` (as float64 x values), a
-    superset of the entries with ``x > m - W``.  An entry is kept when it exceeds the
-    running maximum minus W (widened by a relative margin that covers rounding); the
-    running maximum only grows, so no entry within W of the final maximum is missed, and
-    for rows in random order only a few more are kept.  Returns (m, k)."""
+    """One pass over the row: its maximum m, in ``c[:k]`` (as float64 x values) a superset
+    of the entries with ``x > m - W``, and the number of NaN or +inf entries.  An entry is
+    kept when it exceeds the running maximum minus W (widened by a relative margin that
+    covers rounding); the running maximum only grows, so no entry within W of the final
+    maximum is missed, and for rows in random order only a few more are kept.  Returns
+    (m, k, nonfinite)."""
     m = -np.inf
     thr = -np.inf
     k = 0
+    bad = 0
     for i in range(x.shape[0]):
         v = np.float64(x[i])
+        bad += not (v < np.inf)
         if v > thr:
             c[k] = v
             k += 1
             if v > m:
                 m = v
                 thr = (m - W) - _LB_MARGIN * (abs(m) + W)
-    return m, k
+    return m, k, bad
 
 
 @njit(cache=CACHE)
@@ -83,9 +91,13 @@ def _window_candidates(x, a1, kind, c):
     """The row maximum m (``-inf`` for an all ``-inf`` row, or n = 0) and in ``c[:k]`` the
     candidates: the ``y = x - m`` alive at A = 0 (the output pass's own test) among the
     entries within the support window ``1/a1`` of m (every entry at a1 = 0), by
-    :func:`_max_gather` and :func:`_refilter`.  Returns (m, k)."""
-    m, k = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)
-    return m, _refilter(c, k, m, a1, kind, 0.0)  # k = 0 when m = -inf: nothing to filter
+    :func:`_max_gather` and :func:`_refilter`, and the number of NaN or +inf entries
+    (the solver then leaves the row: :func:`.elementwise._bad_row`).  Returns (m, k,
+    nonfinite)."""
+    m, k, bad = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)
+    if bad:
+        return m, 0, bad
+    return m, _refilter(c, k, m, a1, kind, 0.0), bad  # k = 0 when m = -inf: nothing to filter
 
 
 @njit(cache=CACHE)
@@ -110,11 +122,12 @@ def _count_finite(x):
 
 @njit(cache=CACHE)
 def _max_scratch(x, aux, aux2):
-    """The row maximum (:func:`_lane_max`) with its lanes in the first entries of two float64
-    scratch rows of the row's length (free before the candidates are gathered)."""
+    """The row maximum and its count of NaN or +inf entries (:func:`_lane_max`), with the
+    lanes in the first entries of two float64 scratch rows of the row's length (free before
+    the candidates are gathered).  Returns (m, nonfinite)."""
     L = min(64, aux.shape[0])
     if L == 0:
-        return -np.inf
+        return -np.inf, 0
     return _lane_max(x, aux[:L], aux2[:L])
 
 
@@ -122,7 +135,7 @@ def _max_scratch(x, aux, aux2):
 def _row_max(x):
     """The row maximum (:func:`_lane_max` with its own 8 lanes), for callers without scratch
     (the tests; the solvers use :func:`_max_scratch` or their own lanes)."""
-    return _lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))
+    return _lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))[0]
 
 
 #: rows of at least this many entries are gathered through a bit mask (:func:`_mask_alive`);
@@ -227,13 +240,3 @@ def _gather_alive(x, m, a1, kind, lo, dst):
             dst[k] = y
             k += _alive(y - lo, a1, kind)
     return k
-
-
-@njit(cache=CACHE)
-def _nonfinite(x):
-    """Whether the row holds a NaN or +inf (``-inf`` masks an entry and is allowed), in a
-    loop that LLVM vectorises (an integer count, no branch)."""
-    bad = 0
-    for i in range(x.shape[0]):
-        bad += not (np.float64(x[i]) < np.inf)
-    return bad > 0

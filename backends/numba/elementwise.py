@@ -20,10 +20,6 @@ from . import CACHE
 METHOD_DEFAULT = 0
 METHOD_BISECT = 1
 METHOD_NEWTON = 2
-#: added to a method code: each row is first scanned for NaN and +inf (what the public
-#: layer's ``check_finite`` rejects), and a row holding one is left unsolved with
-#: ``n_iter = -1`` (the backend then raises ``NonFiniteInput``)
-METHOD_SCAN = 8
 
 # kinds of the elementwise map e_alpha
 _K_EXP = 0  # alpha = 1: exp(d)
@@ -128,6 +124,17 @@ def _output(x, out, m, A, a1, kind):
             out[i] = p
             cnt += p > 0.0
     return cnt
+
+
+@njit(cache=CACHE)
+def _bad_row(out):
+    """A row holding NaN or +inf, found by the solver's maximum pass: p = NaN; returns the
+    solvers' (theta, support, n_iter, converged) = (NaN, 0, -1, False).  ``n_iter = -1``
+    is the mark the scanned calls raise on (``check_finite``); with the check off the
+    answer is unspecified by the contract, and this is it."""
+    for i in range(out.shape[0]):
+        out[i] = np.nan
+    return np.nan, 0, -1, False
 
 
 @njit(cache=CACHE)

@@ -63,9 +63,10 @@ Per row (``_solve_row``):
    output pass on the compacted candidates with their columns, with the vectorisable
    ``vlog1p`` and ``vexp`` in place of libm's (:mod:`.gen`; each within 0.8 ulp).
 
-A driver called with ``method + METHOD_SCAN`` first scans each row for NaN and +inf (the
-public layer's ``check_finite``, as a pass of the kernel over the row just before its solve,
-while the row is in cache) and leaves a row holding one unsolved, with ``n_iter = -1``.
+Every solver counts the row's NaN and +inf entries in its maximum pass (the public layer's
+``check_finite``, with no pass of its own) and leaves a row holding one with p = NaN,
+theta = NaN and ``n_iter = -1`` (:func:`.elementwise._bad_row`): the scanned calls raise on
+that mark, and with the check off it is the (unspecified) answer.
 
 ``n_iter`` counts f evaluations of the iterative solvers (pivot steps included for
 alpha > 2, bisection halvings for ``"bisect"``) and is 0 for the closed forms.
@@ -84,9 +85,9 @@ from numba import njit
 from . import CACHE
 from ._threads import run_blocks
 from .big_alpha import _solve_big, _solve_big_bisect
-from .candidates import _count_finite, _gather_alive, _max_scratch, _nonfinite, _window_candidates
+from .candidates import _count_finite, _gather_alive, _max_scratch, _window_candidates
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,
-                          METHOD_DEFAULT, METHOD_NEWTON, METHOD_SCAN, _bound_above, _empty_row, _output,
+                          METHOD_DEFAULT, METHOD_NEWTON, _bad_row, _bound_above, _empty_row, _output,
                           _uniform_bound)
 from .gen import _finish_gen, _gather_gen
 from .softmax import LANES, _softmax_lanes, _solve_softmax
@@ -127,7 +128,9 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed):
 def _solve_bisect(x, out, a1, c):
     """``method="bisect"``, alpha <= 2."""
     kind = _K_EXP if a1 == 0.0 else _K_GEN
-    m, k = _window_candidates(x, a1, kind, c)
+    m, k, bad = _window_candidates(x, a1, kind, c)
+    if bad:
+        return _bad_row(out)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     nf = _count_finite(x)
@@ -151,7 +154,9 @@ def _kind(a1):
 def _solve_newton(x, out, a1, c):
     """``method="newton"``, alpha <= 2: safeguarded Newton from A = 0."""
     kind = _kind(a1)
-    m, k = _window_candidates(x, a1, kind, c)
+    m, k, bad = _window_candidates(x, a1, kind, c)
+    if bad:
+        return _bad_row(out)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     closed = False
@@ -161,9 +166,12 @@ def _solve_newton(x, out, a1, c):
 @njit(cache=CACHE)
 def _solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm, polished by Newton."""
-    m, k = _window_candidates(x, 1.0, _K_SPARSE, c)
+    m, bad = _max_scratch(x, aux, aux2)
+    if bad:
+        return _bad_row(out)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
+    k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c)
     A0, ns = _condat(c, k, aux, aux2)
     closed = True
     return _finish(x, out, m, k, 1.0, _K_SPARSE, A0, aux[:ns], ns, closed)
@@ -174,7 +182,9 @@ def _solve_15(x, out, c, aux, seed):
     """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton.  The maximum first
     (vectorised), then the entries alive at A = 0 (``y > -2``) in one masked pass: the
     candidates that gathering the window and filtering it give."""
-    m = _max_scratch(x, c, aux)
+    m, bad = _max_scratch(x, c, aux)
+    if bad:
+        return _bad_row(out)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     k = _gather_alive(x, m, 0.5, _K_15, 0.0, c)
@@ -193,7 +203,9 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     ``y > -1/a1`` (a third of a normal row at alpha = 1.33); the sets are those of the
     gather-then-filter steps.  Newton and the output pass then run on the compacted
     candidates with a vectorised map (:mod:`.gen`)."""
-    m = _max_scratch(x, aux, aux2)
+    m, bad = _max_scratch(x, aux, aux2)
+    if bad:
+        return _bad_row(out)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     # the exact 1.5-entmax (alpha < 1.5) or sparsemax (1.5 < alpha < 2) threshold is a lower
@@ -252,17 +264,6 @@ def _solver_scratch(n):
     return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.float64)
 
 
-@njit(cache=CACHE)
-def _skip(x, r, method, theta, support, n_iter, converged):
-    """Whether row r is left unsolved: ``method`` carries :data:`METHOD_SCAN` and the row
-    holds a NaN or +inf; it is then marked ``n_iter = -1`` (and theta NaN, support 0, not
-    converged) for the caller to raise on."""
-    if method >= METHOD_SCAN and _nonfinite(x[r]):
-        theta[r], support[r], n_iter[r], converged[r] = np.nan, 0, -1, False
-        return True
-    return False
-
-
 # Every driver solves rows r0 .. r1 - 1 of ``x`` with the GIL released (``nogil``); the
 # threads of :func:`entmax_rows` each run one on its own blocks of rows.  A row's answer
 # depends only on the row (its random pivots are seeded with the row index), never on
@@ -274,21 +275,13 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
     c = np.empty(x.shape[1], np.float64)
     lanes = np.empty((4, LANES), np.float64)
     for r in range(r0, r1):
-        th, sup, it, ok = _softmax_lanes(x[r], out[r], c, lanes)
-        # no separate scan: a NaN or +inf entry makes theta NaN or +inf (NaN stays in the
-        # sum; +inf is the maximum), so only rows whose theta is not finite (those, and
-        # rows of -inf and NaN alone, whose maximum is -inf) are scanned
-        if not (abs(th) < np.inf) and _skip(x, r, method, theta, support, n_iter, converged):
-            continue
-        theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
+        theta[r], support[r], n_iter[r], converged[r] = _softmax_lanes(x[r], out[r], c, lanes)
 
 
 @njit(nogil=True, cache=CACHE)
 def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        if _skip(x, r, method, theta, support, n_iter, converged):
-            continue
         theta[r], support[r], n_iter[r], converged[r] = _solve_sparse(x[r], out[r], c, aux, aux2)
 
 
@@ -297,8 +290,6 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     aux = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
-        if _skip(x, r, method, theta, support, n_iter, converged):
-            continue
         theta[r], support[r], n_iter[r], converged[r] = _solve_15(x[r], out[r], c, aux, r)
 
 
@@ -306,8 +297,6 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = _solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        if _skip(x, r, method, theta, support, n_iter, converged):
-            continue
         th, sup, it, ok = _solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
@@ -316,8 +305,6 @@ def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
-        if _skip(x, r, method, theta, support, n_iter, converged):
-            continue
         th, sup, it, ok = _solve_big(x[r], out[r], alpha[r] - 1.0, c, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
@@ -325,17 +312,13 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 @njit(nogil=True, cache=CACHE)
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = _solver_scratch(x.shape[1])
-    solver = method % METHOD_SCAN
     for r in range(r0, r1):
-        if _skip(x, r, method, theta, support, n_iter, converged):
-            continue
-        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, solver, c, aux, aux2, r)
+        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
 def _driver(alpha, method):
     """The driver that compiles least for these rows: one path when every row takes it."""
-    method %= METHOD_SCAN
     a = alpha[0]
     if not (alpha == a).all():
         if method != METHOD_BISECT and (alpha > 2.0).all():
@@ -352,8 +335,7 @@ def _driver(alpha, method):
 def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
     """alpha-entmax of every row of ``x`` (rows, n) into ``out`` (same shape and dtype);
     per-row ``theta`` (float64), ``support``, ``n_iter`` (int64), ``converged`` (bool).
-    ``method`` plus :data:`METHOD_SCAN` also scans each row for NaN and +inf first
-    (``n_iter = -1`` marks a row holding one, left unsolved).
+    A row holding NaN or +inf gets p = NaN and ``n_iter = -1`` (the module docstring).
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
     run_blocks(_driver(alpha, method), (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)

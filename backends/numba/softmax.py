@@ -21,7 +21,7 @@ from numba import njit
 from . import CACHE
 from .candidates import _lane_max
 from .compensated import acc, merge_lanes, two_sum
-from .elementwise import _empty_row
+from .elementwise import _bad_row, _empty_row
 from .vexp import VEXP_NEG_MIN, vexp, vexp_neg
 
 #: lanes of the vectorised passes (a row of n >= 2 * LANES entries uses all of them)
@@ -104,7 +104,9 @@ def _softmax_lanes(x, out, c, lanes):
     """alpha = 1, ``method=None``: log-sum-exp, with the lane scratch of :func:`_softmax_row`
     (and of :func:`.candidates._lane_max`) from the caller."""
     L = _lanes(x.shape[0])
-    m = _lane_max(x, lanes[2, :L], lanes[3, :L])
+    m, bad = _lane_max(x, lanes[2, :L], lanes[3, :L])
+    if bad:
+        return _bad_row(out)
     if not (m > -np.inf):  # an all -inf row (or n = 0)
         return _empty_row(out)
     A, cnt = _softmax_row(x, out, m, c, lanes)
