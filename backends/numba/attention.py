@@ -398,6 +398,23 @@ def _g_range(g, r, j0, j1):
 
 
 @njit(cache=CACHE)
+def _z_range(g, r, j0, j1, scale, s, has_s, i_abs):
+    """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
+    the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
+    one of them is non-finite or huge (``|z| >= 1e300``, or a NaN ``g``), from the float32
+    range of ``g`` (:func:`_g_range`, a loop LLVM vectorises) in place of a
+    float64 score of every key.  Without a NaN, that largest z is bit for bit the largest
+    score (a monotone rounding keeps the order); with one the row is suspect and its
+    largest z is not used."""
+    if j1 <= j0:
+        return -np.inf, 0
+    lo, hi, nan = _g_range(g, r, j0, j1)
+    L = _score(np.float64(hi), scale, s, has_s, 0.0, i_abs, j0)
+    z_lo = _score(np.float64(lo), scale, s, has_s, 0.0, i_abs, j0)
+    return L, int(nan > 0 or not (z_lo > -1e300 and L < 1e300))
+
+
+@njit(cache=CACHE)
 def _g_cut(cut, scale, s):
     """A float32 line below which no ``g`` has ``z(g) = (scale g) s > cut`` (``scale s > 0``):
     ``cut / (scale s)`` lowered by far more than the roundings of z and of float32."""
@@ -444,15 +461,10 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
         return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                            za, idx, zc, gx)
     j0 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
-    lo, hi, nan = _g_range(g, r, j0, n)
-    z_lo = _score(np.float64(lo), scale, s, has_s, slope, i_abs, j0)
-    L = _score(np.float64(hi), scale, s, has_s, slope, i_abs, j0)  # = max_j z(g_j): z is monotone
-    ok = nan == 0 and z_lo > -1e300 and abs(L) < 1e300
-    if ok and n < key_end:
-        lo2, hi2, nan2 = _g_range(g, r, n, key_end)
-        ok = (nan2 == 0 and _score(np.float64(lo2), scale, s, has_s, slope, i_abs, j0) > -1e300
-              and _score(np.float64(hi2), scale, s, has_s, slope, i_abs, j0) < 1e300)
-    if not ok:  # the float64 path of the row, exactly as before
+    L, bad = _z_range(g, r, j0, n, scale, s, has_s, i_abs)  # L = max_j z(g_j): z is monotone
+    if not bad:  # the keys checked for overflow beyond the visible ones
+        bad = _z_range(g, r, n, key_end, scale, s, has_s, i_abs)[1]
+    if bad:  # the float64 path of the row, exactly as before
         return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                            za, idx, zc, gx)
     if use_max:

@@ -57,9 +57,9 @@ from numba import njit
 
 from . import CACHE
 from ..geometry import key_offset
-from .attention import (_OVERFLOW, _dot, _g_cut, _g_range, _group_alphas, _group_slopes, _max_cut, _row_result,
-                        _row_scale, _run_parallel, _score, _theta_cut, score_errors, _theta_lower, _writable,
-                        empty_support_keys, trimmed_keys)
+from .attention import (_OVERFLOW, _dot, _g_cut, _group_alphas, _group_slopes, _max_cut, _row_result,
+                        _row_scale, _run_parallel, _score, _theta_cut, _theta_lower, _writable, _z_range,
+                        empty_support_keys, score_errors, trimmed_keys)
 from .rows import _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
@@ -145,23 +145,6 @@ def scan_block(qf, kf, vf, scan_v, j0, j1, blk, g, zero, nq, nvis, nchk, offset,
         lmax[r, blk] = L
         suspect[r, blk] = bad
     return kn, vn
-
-
-@njit(cache=CACHE)
-def _z_range(g, r, j0, j1, scale, s, has_s, i_abs):
-    """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
-    the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
-    one of them is non-finite or huge (``|z| >= 1e300``, or a NaN ``g``), from the float32
-    range of ``g`` (:func:`~.attention._g_range`, a loop LLVM vectorises) in place of a
-    float64 score of every key.  Without a NaN, that largest z is bit for bit the largest
-    score (a monotone rounding keeps the order); with one the row is suspect and its
-    largest z is not used."""
-    if j1 <= j0:
-        return -np.inf, 0
-    lo, hi, nan = _g_range(g, r, j0, j1)
-    L = _score(np.float64(hi), scale, s, has_s, 0.0, i_abs, j0)
-    z_lo = _score(np.float64(lo), scale, s, has_s, 0.0, i_abs, j0)
-    return L, int(nan > 0 or not (z_lo > -1e300 and L < 1e300))
 
 
 @njit(cache=CACHE)
