@@ -12,7 +12,7 @@ from ..constants import EDGE_ULPS, MAX_ITER
 from . import CACHE
 from .candidates import _count_finite, _window_candidates
 from .compensated import acc as _acc
-from .elementwise import _EPS, _K_BIG, _TIE, _bad_row, _empty_row, _power
+from .elementwise import _EPS, _K_BIG, _TIE, _power, _settled_row
 from .threshold import _midpoint, _partition3, _random_entry, _seed
 
 
@@ -251,10 +251,9 @@ def _solve_big(x, out, a1, c, seed):
     """alpha > 2, ``method=None`` (and ``"newton"``): pivot on the entries, then Newton
     on the edge probability."""
     m, k, bad = _window_candidates(x, a1, _K_BIG, c)
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
     q, it2, ok = _edge_newton(c, s0, k, a1, cv, bv)
     return _finish_big(x, out, m, cv, q, a1, it + it2, ok)
@@ -264,9 +263,8 @@ def _solve_big(x, out, a1, c, seed):
 def _solve_big_bisect(x, out, a1, c):
     """alpha > 2, ``method="bisect"``: two-stage bisection (T, then q)."""
     m, k, bad = _window_candidates(x, a1, _K_BIG, c)
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
     return _finish_big(x, out, m, cv, q, a1, it, ok)

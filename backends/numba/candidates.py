@@ -92,7 +92,7 @@ def _window_candidates(x, a1, kind, c):
     candidates: the ``y = x - m`` alive at A = 0 (the output pass's own test) among the
     entries within the support window ``1/a1`` of m (every entry at a1 = 0), by
     :func:`_max_gather` and :func:`_refilter`, and the number of NaN or +inf entries
-    (the solver then leaves the row: :func:`.elementwise._bad_row`).  Returns (m, k,
+    (the solver then leaves the row: :func:`.elementwise._settled_row`).  Returns (m, k,
     nonfinite)."""
     m, k, bad = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)
     if bad:

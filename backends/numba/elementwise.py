@@ -127,20 +127,22 @@ def _output(x, out, m, A, a1, kind):
 
 
 @njit(cache=CACHE)
-def _bad_row(out):
-    """A row holding NaN or +inf, found by the solver's maximum pass: p = NaN; returns the
-    solvers' (theta, support, n_iter, converged) = (NaN, 0, -1, False).  ``n_iter = -1``
-    is the mark the scanned calls raise on (``check_finite``); with the check off the
-    answer is unspecified by the contract, and this is it."""
-    for i in range(out.shape[0]):
-        out[i] = np.nan
-    return np.nan, 0, -1, False
+def _settled_row(out, m, nonfinite):
+    """Whether a solver's maximum pass settles the row (``m``: its maximum; ``nonfinite``:
+    its count of NaN and +inf entries), and the row's (theta, support, n_iter, converged):
 
+    * a row holding NaN or +inf: p = NaN, (NaN, 0, -1, False).  ``n_iter = -1`` is the
+      mark the scanned calls raise on (``check_finite``); with the check off the answer is
+      unspecified by the contract, and this is it.  A row of -inf and NaN alone is one;
+    * an all ``-inf`` row (or n = 0): p = 0, (-inf, 0, 0, True).
 
-@njit(cache=CACHE)
-def _empty_row(out):
-    """An all ``-inf`` row (or n = 0): p = 0; returns the solvers' (theta, support,
-    n_iter, converged) = (-inf, 0, 0, True)."""
-    for i in range(out.shape[0]):
-        out[i] = 0.0
-    return -np.inf, 0, 0, True
+    Otherwise (False, a placeholder) and ``out`` is left to the solver."""
+    if nonfinite:
+        for i in range(out.shape[0]):
+            out[i] = np.nan
+        return True, (np.nan, 0, -1, False)
+    if not (m > -np.inf):
+        for i in range(out.shape[0]):
+            out[i] = 0.0
+        return True, (-np.inf, 0, 0, True)
+    return False, (m, 0, 0, True)

@@ -65,7 +65,7 @@ Per row (``_solve_row``):
 
 Every solver counts the row's NaN and +inf entries in its maximum pass (the public layer's
 ``check_finite``, with no pass of its own) and leaves a row holding one with p = NaN,
-theta = NaN and ``n_iter = -1`` (:func:`.elementwise._bad_row`): the scanned calls raise on
+theta = NaN and ``n_iter = -1`` (:func:`.elementwise._settled_row`): the scanned calls raise on
 that mark, and with the check off it is the (unspecified) answer.
 
 ``n_iter`` counts f evaluations of the iterative solvers (pivot steps included for
@@ -87,7 +87,7 @@ from ._threads import run_blocks
 from .big_alpha import _solve_big, _solve_big_bisect
 from .candidates import _count_finite, _gather_alive, _max_scratch, _window_candidates
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,
-                          METHOD_DEFAULT, METHOD_NEWTON, _bad_row, _bound_above, _empty_row, _output,
+                          METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _output, _settled_row,
                           _uniform_bound)
 from .gen import _finish_gen, _gather_gen
 from .softmax import LANES, _softmax_lanes, _solve_softmax
@@ -129,10 +129,9 @@ def _solve_bisect(x, out, a1, c):
     """``method="bisect"``, alpha <= 2."""
     kind = _K_EXP if a1 == 0.0 else _K_GEN
     m, k, bad = _window_candidates(x, a1, kind, c)
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     nf = _count_finite(x)
     A, it, ok = _bisect(c, k, a1, kind, 0.0, _uniform_bound(nf, a1))
     cnt = _output(x, out, m, A, a1, kind)
@@ -155,10 +154,9 @@ def _solve_newton(x, out, a1, c):
     """``method="newton"``, alpha <= 2: safeguarded Newton from A = 0."""
     kind = _kind(a1)
     m, k, bad = _window_candidates(x, a1, kind, c)
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     closed = False
     return _finish(x, out, m, k, a1, kind, 0.0, c[:k], k, closed)
 
@@ -167,10 +165,9 @@ def _solve_newton(x, out, a1, c):
 def _solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm, polished by Newton."""
     m, bad = _max_scratch(x, aux, aux2)
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c)
     A0, ns = _condat(c, k, aux, aux2)
     closed = True
@@ -183,10 +180,9 @@ def _solve_15(x, out, c, aux, seed):
     (vectorised), then the entries alive at A = 0 (``y > -2``) in one masked pass: the
     candidates that gathering the window and filtering it give."""
     m, bad = _max_scratch(x, c, aux)
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     k = _gather_alive(x, m, 0.5, _K_15, 0.0, c)
     A0, s0 = _pivot15(c, k, seed)
     closed = A0 >= 0.0
@@ -204,10 +200,9 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     gather-then-filter steps.  Newton and the output pass then run on the compacted
     candidates with a vectorised map (:mod:`.gen`)."""
     m, bad = _max_scratch(x, aux, aux2)
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     # the exact 1.5-entmax (alpha < 1.5) or sparsemax (1.5 < alpha < 2) threshold is a lower
     # bound (e_alpha(d) is nonincreasing in alpha), cheap (no powers), and prunes the
     # candidates to a thin shell

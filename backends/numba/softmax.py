@@ -21,7 +21,7 @@ from numba import njit
 from . import CACHE
 from .candidates import _lane_max
 from .compensated import acc, merge_lanes, two_sum
-from .elementwise import _bad_row, _empty_row
+from .elementwise import _settled_row
 from .vexp import VEXP_NEG_MIN, vexp, vexp_neg
 
 #: lanes of the vectorised passes (a row of n >= 2 * LANES entries uses all of them)
@@ -56,7 +56,7 @@ def _softmax_row(x, out, m, e, lanes):
     for i in range(n):
         y = np.float64(x[i]) - m
         e[i] = vexp_neg(y)  # y <= 0; exact for y >= VEXP_NEG_MIN, which y > low includes
-        ties += np.float64(x[i]) == m  # (y == 0 for finite m; also counts m = +inf with check_finite off)
+        ties += np.float64(x[i]) == m  # the row is finite here (:func:`_softmax_lanes`)
         nlow += y <= low
     if nlow > 0:
         for i in range(n):
@@ -71,7 +71,7 @@ def _softmax_row(x, out, m, e, lanes):
         xb = x[b * L:(b + 1) * L]
         eb = e[b * L:(b + 1) * L]
         for j in range(L):
-            # the maximum's own terms are left out (counted in ties); NaN stays in
+            # the maximum's own terms are left out (counted in ties)
             v = 0.0 if np.float64(xb[j]) == m else eb[j]
             S[j], err = two_sum(S[j], v)
             C[j] += err
@@ -105,10 +105,9 @@ def _softmax_lanes(x, out, c, lanes):
     (and of :func:`.candidates._lane_max`) from the caller."""
     L = _lanes(x.shape[0])
     m, bad = _lane_max(x, lanes[2, :L], lanes[3, :L])
-    if bad:
-        return _bad_row(out)
-    if not (m > -np.inf):  # an all -inf row (or n = 0)
-        return _empty_row(out)
+    settled, res = _settled_row(out, m, bad)
+    if settled:
+        return res
     A, cnt = _softmax_row(x, out, m, c, lanes)
     return m + A, cnt, 0, True
 
