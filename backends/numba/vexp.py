@@ -198,7 +198,16 @@ _SQRT2 = 1.4142135623730951
 # are below 6e-19 of the result)
 _R = (2.0 / 3.0, 2.0 / 5.0, 2.0 / 7.0, 2.0 / 9.0, 2.0 / 11.0, 2.0 / 13.0, 2.0 / 15.0, 2.0 / 17.0,
       2.0 / 19.0, 2.0 / 21.0)
-_R1, _R2, _R3, _R4, _R5, _R6, _R7, _R8, _R9, _R10 = _R
+
+
+@njit(inline="always", cache=CACHE)
+def _atanh_series(z, terms):
+    """``R(z) = sum_{j=1}^{terms} 2 z^j / (2 j + 1)`` (the first ``terms`` of :data:`_R`) by
+    Horner's rule; ``terms`` is a constant of the caller, so the loop unrolls."""
+    r = _R[terms - 1]
+    for j in range(terms - 2, -1, -1):
+        r = _fmuladd(r, z, _R[j])
+    return r * z
 
 
 @njit(inline="always", cache=CACHE)
@@ -233,17 +242,7 @@ def vlog1p(w):
     else:
         c = 1.0 - (u - w)
     e, f, s = _log_reduce(u)
-    z = s * s
-    r = _fmuladd(_R10, z, _R9)
-    r = _fmuladd(r, z, _R8)
-    r = _fmuladd(r, z, _R7)
-    r = _fmuladd(r, z, _R6)
-    r = _fmuladd(r, z, _R5)
-    r = _fmuladd(r, z, _R4)
-    r = _fmuladd(r, z, _R3)
-    r = _fmuladd(r, z, _R2)
-    r = _fmuladd(r, z, _R1)
-    r = r * z
+    r = _atanh_series(s * s, 10)
     hfsq = 0.5 * f * f
     return e * _LN2_HI + (f - (hfsq - (s * (hfsq + r) + (e * _LN2_LO + _div(c, u)))))
 
@@ -261,8 +260,8 @@ def vexp_rough(d):
     with one float64 ln2 and a degree-7 Taylor polynomial, no subnormal results.  For the
     early Newton steps of :mod:`.gen`, whose values only move the iterate while f is
     certainly positive; never for a result."""
-    if d < -708.0:  # selects, not branches (a NaN passes through)
-        d = -708.0
+    if d < VEXP_NEG_MIN:  # selects, not branches (a NaN passes through)
+        d = VEXP_NEG_MIN
     if d > 0.0:
         d = 0.0
     kd = _fmuladd(d, _INV_LN2, _SHIFT)
@@ -286,12 +285,7 @@ def vlog1p_rough(w):
     0.1716``: 6e-11 of the log there).  For the early Newton steps of :mod:`.gen` (see
     :func:`vexp_rough`)."""
     e, f, s = _log_reduce(1.0 + w)
-    z = s * s
-    r = _fmuladd(_R5, z, _R4)
-    r = _fmuladd(r, z, _R3)
-    r = _fmuladd(r, z, _R2)
-    r = _fmuladd(r, z, _R1)
-    r = r * z
+    r = _atanh_series(s * s, 5)
     hfsq = 0.5 * f * f
     return e * _LN2 + (f - (hfsq - s * (hfsq + r)))
 
