@@ -50,6 +50,7 @@ for several milliseconds, and on a machine with as many cores as threads the cal
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -127,13 +128,15 @@ def _speedup(t: _Timings, ours: str, base: str, case: str, baseline: str, target
 
 
 
+@functools.lru_cache(maxsize=None)
 def _floors():
     """Two floors, the least work a case must do, as numba kernels on the engine's threads
-    (compiled on first use, not cached): ``exp_rows(x, m, r0, r1)`` takes the float64
-    exponential ``vexp_neg(x - m)`` of every entry of rows ``r0 .. r1 - 1`` into a row of
-    scratch, which softmax must do to meet its float64 contract; ``read_rows(a, zero, r0,
-    r1)`` sums rows of ``a`` in its own dtype (``zero`` of that dtype), reading each byte
-    once, which a call that scans its inputs for NaN/inf must do."""
+    (compiled once a process, on first use; not in the kernel cache): ``exp_rows(x, m, r0,
+    r1)`` takes the float64 exponential ``vexp_neg(x - m)`` of every entry of rows ``r0 ..
+    r1 - 1`` into a row of scratch, which softmax must do to meet its float64 contract;
+    ``read_rows(a, zero, r0, r1)`` sums rows of ``a`` in its own dtype (``zero`` of that
+    dtype), reading each byte once, which a call that scans its inputs for NaN/inf must
+    do."""
     from numba import njit
 
     from entmax_ref.backends.numba.vexp import vexp_neg
@@ -166,13 +169,14 @@ def _on_threads(kernel, a, *args):
     run_blocks(kernel, (a, *args), a.shape, 2 * numba.get_num_threads())
 
 
-def _with_floor(row: dict, t: _Timings, floor: str, what: str) -> dict:
-    """``row`` with the floor's time and the ratios of ours and of the baseline to it."""
-    ours = "api" if "api" in t.times else "ours"
-    base = "softmax" if "softmax" in t.times else "sdpa"
-    row.update(floor=what, floor_ms=t.ms(floor), ours_over_floor=t.ratio(ours, floor)[0],
-               baseline_over_floor=t.ratio(base, floor)[0])
+def _with_floor(row: dict, t: _Timings, ours: str, base: str, what: str) -> dict:
+    """``row`` (the ratio of ``ours`` to ``base`` in ``t``) with the time of the floor
+    (``t``'s callable ``"floor"``, described by ``what``) and the ratios of ours and of the
+    baseline to it."""
+    row.update(floor=what, floor_ms=t.ms("floor"), ours_over_floor=t.ratio(ours, "floor")[0],
+               baseline_over_floor=t.ratio(base, "floor")[0])
     return row
+
 
 def _row_cases(torch, entmax, er, be, dtype, repeats: int) -> list[dict]:
     rng = np.random.default_rng(0)
@@ -186,7 +190,7 @@ def _row_cases(torch, entmax, er, be, dtype, repeats: int) -> list[dict]:
                            "kernel": lambda: be.entmax_forward(x, np.ones(ROWS), None), "softmax": softmax,
                            "floor": lambda: _on_threads(exp_rows, x, m)}, repeats)
     results = [_with_floor(_time_ratio(t, "api", "softmax", f"softmax {ROWS}x{COLS} {dt}", "torch.softmax",
-                                       "<= 1.2x softmax time", 1.2, kernel="kernel"), t, "floor",
+                                       "<= 1.2x softmax time", 1.2, kernel="kernel"), t, "api", "softmax",
                            "the float64 exp(x - max) of every entry, nothing else")]
     cases = [
         ("1.5-entmax", 1.5, lambda: er.entmax15(x, backend="numba"), lambda: entmax.entmax15(xt, dim=-1),
@@ -275,7 +279,7 @@ def _decoding_case(torch, er, repeats: int, nk: int) -> list[dict]:
                                 "sdpa": sdpa}, repeats)
     case = f"decoding 1 query x {nk} keys H=8 D=64 float32 alpha=1.5"
     return [_with_floor(_time_ratio(t, "ours", "sdpa", case, "torch SDPA (softmax)", "<= 0.8x SDPA time", 0.8), t,
-                        "floor", f"one read of K and V ({(k.nbytes + v.nbytes) / 2**20:.0f} MiB), nothing else"),
+                        "ours", "sdpa", f"one read of K and V ({(k.nbytes + v.nbytes) / 2**20:.0f} MiB), nothing else"),
             _time_ratio(tu, "ours", "sdpa", case + " check_finite=False", "torch SDPA (softmax)",
                         "<= 0.8x SDPA time", 0.8)]
 
