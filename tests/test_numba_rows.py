@@ -14,11 +14,11 @@ support, ``u = p^(2-alpha)`` and ``|log p|``); float32 output adds one float32 u
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 import zlib
 
+import mpmath as mp
 import numpy as np
 import pytest
 
@@ -326,10 +326,15 @@ def test_every_solver_marks_its_nonfinite_rows(nb):
         rows = np.array([[-inf, -inf, -inf], [0.0, -1000.0, -inf], [0.0, -745.0, -708.5]], dtype)
         got = nb.entmax_forward_scanned(rows, np.ones(3), None)
         assert got.theta[0] == -inf and got.theta[1] == 0.0  # exp(-1000) is below float64's range
-        # float64: entries below vexp_neg's range are redone with vexp (subnormal, exact);
-        # float32 rows round -708.5 to another float64, so compare each with its own dtype
-        x2 = rows[2].astype(np.float64)
-        assert got.theta[2] == math.log1p(math.exp(x2[1]) + math.exp(x2[2]))
+        # entries below vexp_neg's range are redone with vexp (without that, exp(-708) =
+        # 3e-308 in place of each): theta = log1p(e^a + e^b) = e^a + e^b here, each term
+        # within one ulp of the bottom of float64's grid (vexp's bound), their sum and
+        # log1p exact at this size
+        a, b = (mp.mpf(float(v)) for v in rows[2, 1:])
+        with mp.workdps(50):
+            want = float(mp.exp(a) + mp.exp(b))
+        assert abs(got.theta[2] - want) <= 2 * np.spacing(0.0)
+
 
 def test_three_way_partition():
     """The pivot solvers' three-way partition (two branch-free Lomuto passes): below, equal
