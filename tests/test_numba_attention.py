@@ -152,10 +152,36 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
         np.testing.assert_array_equal(getattr(info, field), getattr(whole[1], field), err_msg=field)
 
 
-def test_rows_that_see_no_key_are_blank():
+class _PoisonedNumpy:
+    """NumPy, but ``empty`` returns memory filled with garbage (NaN, or -7 for integers):
+    fresh memory from the allocator is often zero, which would hide a missing fill."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(shape, dtype=float):
+        a = np.empty(shape, dtype)
+        a.fill(-7 if np.dtype(dtype).kind in "iu" else np.nan)
+        return a
+
+
+def test_rows_that_see_no_key_are_blank(monkeypatch):
     """The forward's large arrays start uninitialised (the kernels write every row they
     run); a row that no chunk runs (causal with more queries than keys, a batch of length
-    0) is the blank row: output and skewed output 0, no support keys, theta -inf."""
+    0) is the blank row: output and skewed output 0, no support keys, theta -inf.  The
+    arrays' memory is poisoned first, so the blank rows must really be written."""
+    from entmax_ref.backends import numpy_attention
+
+    monkeypatch.setattr(numpy_attention, "np", _PoisonedNumpy())  # empty_forward's np.empty
+    real_keys = nattn.empty_support_keys
+
+    def poisoned_keys(*args):  # the kernels' module keeps its np: nothing compiles in here
+        with monkeypatch.context() as m:
+            m.setattr(nattn, "np", _PoisonedNumpy())
+            return real_keys(*args)
+
+    monkeypatch.setattr(nattn, "empty_support_keys", poisoned_keys)
     rng, q, k, v = problem(3, B=2, Hq=4, Hkv=2, Nq=90, Nk=60, D=8, Dv=4)
     out, info, _ = check_against_dense("numba", q, k, v, 1.5, causal=True, key_lengths=[60, 0], chunk=16)
     dead = info.n == 0
