@@ -23,6 +23,7 @@ pytestmark = [
 
 TINY = np.finfo(np.float64).tiny
 SUB = 5e-324  # the smallest subnormal: the ulp of every subnormal
+NO_COLS = np.empty(0, np.int64)  # a gather without the candidates' columns
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +180,13 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
         want_b = np.empty(n)
         nb = _compact(c, k, a1b, kb, 0.0, want_b)
         got_b = np.empty(n)
-        assert _gather_alive(x, m, a1b, kb, 0.0, got_b) == nb
+        assert _gather_alive(x, m, a1b, kb, 0.0, got_b, NO_COLS) == nb
         np.testing.assert_array_equal(got_b[:nb], want_b[:nb])
         for lo in (0.0, 0.3, 1.7, 1.0 / a1 - 1e-9):
             want = np.empty(n)
             kw = _compact(c, k, a1, _K_GEN, lo, want)
             got = np.empty(n)
-            assert _gather_alive(x, m, a1, _K_GEN, lo, got) == kw
+            assert _gather_alive(x, m, a1, _K_GEN, lo, got, NO_COLS) == kw
             np.testing.assert_array_equal(got[:kw], want[:kw])
 
 
@@ -210,8 +211,10 @@ def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
             got = np.empty(n)
             m2, bad2 = _max_scratch(x, np.empty(n), np.empty(n))
             assert m2 == m and bad == bad2 == 0
-            assert _gather_alive(x, m2, a1, kind, 0.0, got) == k
+            idx = np.empty(n, np.int64)
+            assert _gather_alive(x, m2, a1, kind, 0.0, got, idx) == k
             np.testing.assert_array_equal(got[:k], c[:k])
+            np.testing.assert_array_equal(got[:k], x[idx[:k]].astype(np.float64) - m)
 
 
 def test_vlog1p_below_one_ulp_against_mpmath():
@@ -264,35 +267,38 @@ def test_vlog1p_agrees_with_libm():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("a1", [1e-6, 0.1, 0.33, 0.5000000000000001, 0.99])
-def test_gen_gather_with_columns_is_the_gen_candidate_set(dtype, a1):
+def test_gather_with_columns_is_the_output_test_set(dtype, a1):
     """The 1 < alpha < 2 solver gathers its candidates above the bound with their columns:
-    the same y, in the same order, as the gather of :func:`_gather_alive` (the output pass's
-    own test), and each column holds the entry the y came from; compacting at a larger lower
-    bound keeps exactly the ones alive there."""
+    exactly the entries the output pass's test ``a1 ((x - m) - lo) > -1`` keeps (evaluated
+    here by numpy, the same float64 operations), in row order, each column holding the
+    entry its y came from, also for entries one ulp either side of the edge and for a
+    maximum far from the edge (the comparison's edge search gives up there and the gather
+    tests in float64); compacting at a larger lower bound keeps exactly the ones alive there."""
     from entmax_ref.backends.numba.candidates import _gather_alive, _max_scratch
     from entmax_ref.backends.numba.elementwise import _K_GEN
-    from entmax_ref.backends.numba.gen import _compact_gen, _gather_gen
+    from entmax_ref.backends.numba.gen import _compact_gen
 
     rng = np.random.default_rng(int(a1 * 1e6) + 1)
     n = 3001
-    for case in range(4):
-        x = rng.standard_normal(n) * (1.0, 5.0, 0.01, 1.0)[case]
+    for case in range(5):
+        x = rng.standard_normal(n) * (1.0, 5.0, 0.01, 1.0, 1.0)[case]
         if case == 3:
             x[rng.random(n) < 0.4] = -np.inf
             x[: 3] = [-1.0 / a1, np.nextafter(-1.0 / a1, 0), np.nextafter(-1.0 / a1, -10)]
             x[-1] = 0.0
+        if case == 4:  # the edge m - 1/a1 near 0 with a large maximum
+            x = x * 1e-3 + 0.5 / a1
+            x[0] = 1.0 / a1
         x = x.astype(dtype)
         m = _max_scratch(x, np.empty(n), np.empty(n))[0]
         for lo in (0.0, 0.3, 1.7):
-            want = np.empty(n)
-            kw = _gather_alive(x, m, a1, _K_GEN, lo, want)
+            y = x.astype(np.float64) - m
+            want = np.flatnonzero(a1 * (y - lo) > -1.0)
             c = np.empty(n)
             idx = np.empty(n, np.int64)
-            k = _gather_gen(x, m, a1, lo, c, idx)
-            assert k == kw
-            np.testing.assert_array_equal(c[:k], want[:k])
-            np.testing.assert_array_equal(c[:k], x[idx[:k]].astype(np.float64) - m)
-            assert np.all(np.diff(idx[:k]) > 0)
+            k = _gather_alive(x, m, a1, _K_GEN, lo, c, idx)
+            np.testing.assert_array_equal(idx[:k], want)
+            np.testing.assert_array_equal(c[:k], y[want])
             lo2 = lo + 0.5
             keep = a1 * (c[:k] - lo2) > -1.0
             c2, i2 = c[:k][keep], idx[:k][keep]
@@ -300,6 +306,37 @@ def test_gen_gather_with_columns_is_the_gen_candidate_set(dtype, a1):
             assert k2 == keep.sum()
             np.testing.assert_array_equal(c[:k2], c2)
             np.testing.assert_array_equal(idx[:k2], i2)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_edge_value_is_the_first_alive_entry(dtype):
+    """The masked gathers compare each entry with the smallest value of its dtype that the
+    output pass's test keeps: that value passes, the one an ulp below fails (so the
+    comparison is the test itself, for every entry); where the search gives up (an edge
+    near 0 with a large maximum, so the test's float64 rounding spans many ulps of the
+    entry) it says so."""
+    from entmax_ref.backends.numba.candidates import _first_alive
+    from entmax_ref.backends.numba.elementwise import _K_15, _K_GEN, _K_SPARSE, _alive
+
+    rng = np.random.default_rng(11)
+    x = np.zeros(1, dtype)
+    found_any = 0
+    for _ in range(3000):
+        kind, a1 = [(_K_SPARSE, 1.0), (_K_15, 0.5), (_K_GEN, float(rng.uniform(1e-3, 1.0)))][rng.integers(3)]
+        m = float(dtype(rng.standard_normal() * 10.0 ** rng.integers(-3, 30)))
+        lo = float(rng.uniform(0.0, 0.9 / a1))
+        v, found = _first_alive(x, m, a1, kind, lo)
+        if not found:
+            continue
+        found_any += 1
+        assert float(dtype(v)) == v  # a value of the entries' dtype
+        assert _alive((float(v) - m) - lo, a1, kind)
+        below = np.nextafter(dtype(v), dtype(-np.inf))
+        assert not _alive((float(below) - m) - lo, a1, kind)
+    assert found_any > 2900
+    # the edge near 0 with a maximum of 1e6 (a1 = 1e-6): the entries near 0 are far finer
+    # than the test's rounding
+    assert not _first_alive(x, 1e6, 1e-6, _K_GEN, 0.0)[1]
 
 
 def test_rough_exp_and_log1p_within_their_stated_bounds():

@@ -9,7 +9,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from . import CACHE
-from .elementwise import _K_15, _K_SPARSE, _LB_MARGIN, _alive
+from .elementwise import _LB_MARGIN, _alive
 
 
 @njit(cache=CACHE)
@@ -143,23 +143,55 @@ def _row_max(x):
 MASK_MIN = 256
 
 
+#: nextafter steps :func:`_first_alive` takes from its start before it gives up
+_LINE_STEPS = 8
+
+
+@njit(cache=CACHE)
+def _first_alive(x, m, a1, kind, lo):
+    """The smallest value ``v`` of x's dtype alive at ``lo`` (the test of :func:`_alive` on
+    ``y = float64(v) - m``), and whether it was found.  The test is nondecreasing in the
+    entry (every rounding in it is monotone), so ``x_i >= v`` is the test itself, and it
+    compares in x's precision: for float32 rows twice the lanes of the float64 test, and no
+    conversion.  The search starts at ``m + lo - 1/a1`` rounded to x's dtype, within a few
+    ulps of the edge, and steps by ulps; it gives up after :data:`_LINE_STEPS` steps either
+    way (the float64 rounding of the test spans many ulps of the entry when the edge lies
+    far closer to 0 than ``m`` or ``lo``: tiny ``a1`` with a large maximum)."""
+    ty = x.dtype.type
+    up = ty(np.inf)
+    down = ty(-np.inf)
+    v = ty((m + lo) - 1.0 / a1)
+    found = False
+    for _ in range(_LINE_STEPS):
+        if _alive((np.float64(v) - m) - lo, a1, kind):
+            found = True
+            break
+        v = np.nextafter(v, up)
+    if not found:
+        return v, False
+    for _ in range(_LINE_STEPS):
+        w = np.nextafter(v, down)
+        if not _alive((np.float64(w) - m) - lo, a1, kind):
+            return v, True
+        v = w
+    return v, False
+
+
 @njit(cache=CACHE)
 def _mask_alive(x, m, a1, kind, lo, words):
     """Bit ``t`` of ``words[w]`` is whether entry ``64 w + t`` is alive at ``lo`` (the test of
     :func:`_gather_alive`), for ``w < words.shape[0]``.  The tests of a word are a loop with
-    no store but the word's, which LLVM vectorises (a compare and a bit pack per 4 or 8
-    entries), where storing every entry costs a store and a dependent index a cycle each."""
+    no store but the word's, which LLVM vectorises (a compare and a bit pack per 8 or 16
+    entries), where storing every entry costs a store and a dependent index a cycle each.
+    The test is a comparison with the row's edge value in x's precision
+    (:func:`_first_alive`), or, where that search gives up, the float64 test itself."""
+    v, found = _first_alive(x, m, a1, kind, lo)
     for w in range(words.shape[0]):
         xb = x[64 * w:64 * (w + 1)]
         b = np.uint64(0)
-        if kind == _K_SPARSE:
+        if found:
             for t in range(64):
-                y = np.float64(xb[t]) - m
-                b |= np.uint64(1.0 + (y - lo) > 0.0) << np.uint64(t)
-        elif kind == _K_15:
-            for t in range(64):
-                y = np.float64(xb[t]) - m
-                b |= np.uint64(1.0 + 0.5 * (y - lo) > 0.0) << np.uint64(t)
+                b |= np.uint64(xb[t] >= v) << np.uint64(t)
         else:
             for t in range(64):
                 y = np.float64(xb[t]) - m
@@ -201,42 +233,34 @@ def _set_bits(words, idx):
 
 
 @njit(cache=CACHE)
-def _gather_alive(x, m, a1, kind, lo, dst):
+def _gather_alive(x, m, a1, kind, lo, dst, idx):
     """Gather into ``dst``, in row order, the ``y = x - m`` alive at ``lo`` (the test of
-    :func:`_alive`, written out per kind), for a row whose maximum m is known.  Long rows
-    (``MASK_MIN`` entries or more) build a bit mask of the test first (:func:`_mask_alive`)
-    and then visit only the set bits (:func:`_unpack`): about three times faster than one
-    pass over a normal row.  The rest of the row (and every short one) is a loop with no
-    branch on the data: every entry is stored at ``dst[k]`` and ``k`` advances by the
-    test's outcome, so the next entry overwrites a dead one (``k <= i`` at every store, so
-    ``dst`` of the row's length suffices).  With a few percent of the row alive, a branch
-    on the test would be mispredicted at nearly every hit.  The 1 < alpha < 2 solver
-    calls it for its bound's candidates (1.5-entmax or sparsemax at 0: their test implies
-    the window test ``a1 y > -1``, rounding being monotone and ``a1 < a1b``), so the sets
-    are those that gathering the window and filtering it give; its candidates above the
-    bound come from :func:`.gen._gather_gen`, for which the general branch here is the
-    tests' reference.  Returns the count."""
+    :func:`_alive`), and into ``idx`` their columns unless ``idx`` is empty, for a row whose
+    maximum m is known.  Long rows (``MASK_MIN`` entries or more) build a bit mask of the
+    test first (:func:`_mask_alive`) and then visit only the set bits (:func:`_unpack`):
+    about three times faster than one pass over a normal row.  The rest of the row (and
+    every short one) is a loop with no branch on the data: every entry is stored at
+    ``dst[k]`` and ``k`` advances by the test's outcome, so the next entry overwrites a
+    dead one (``k <= i`` at every store, so ``dst`` of the row's length suffices).  With a
+    few percent of the row alive, a branch on the test would be mispredicted at nearly
+    every hit.  The 1 < alpha < 2 solver calls it for its bound's candidates (1.5-entmax
+    or sparsemax at 0: their test implies the window test ``a1 y > -1``, rounding being
+    monotone and ``a1 < a1b``), so the sets are those that gathering the window and
+    filtering it give, and for its candidates above the bound, with their columns.  Returns
+    the count."""
     n = x.shape[0]
+    cols = idx.shape[0] > 0
     k = 0
     i0 = 0
     if n >= MASK_MIN:
         words = np.empty(n // 64, np.uint64)
         _mask_alive(x, m, a1, kind, lo, words)
-        k = _unpack(x, m, words, dst, np.empty(0, np.int64))
+        k = _unpack(x, m, words, dst, idx)
         i0 = 64 * words.shape[0]
-    if kind == _K_SPARSE:
-        for i in range(i0, n):
-            y = np.float64(x[i]) - m
-            dst[k] = y
-            k += 1.0 + (y - lo) > 0.0
-    elif kind == _K_15:
-        for i in range(i0, n):
-            y = np.float64(x[i]) - m
-            dst[k] = y
-            k += 1.0 + 0.5 * (y - lo) > 0.0
-    else:
-        for i in range(i0, n):
-            y = np.float64(x[i]) - m
-            dst[k] = y
-            k += _alive(y - lo, a1, kind)
+    for i in range(i0, n):
+        y = np.float64(x[i]) - m
+        dst[k] = y
+        if cols:
+            idx[k] = i
+        k += _alive(y - lo, a1, kind)
     return k

@@ -127,6 +127,23 @@ def _output(x, out, m, A, a1, kind):
 
 
 @njit(cache=CACHE)
+def _output_at(x, out, m, A, a1, kind, idx, k):
+    """:func:`_output` for a row whose entries that can be nonzero at ``A`` are among the
+    columns ``idx[:k]`` (the candidates alive at a lower bound of A): zeros (a vectorised
+    store), then ``p`` at those columns, by the same formula from the same ``y``.  Returns
+    the support size."""
+    for i in range(x.shape[0]):
+        out[i] = 0.0
+    cnt = 0
+    for j in range(k):
+        i = idx[j]
+        p = _p_u((np.float64(x[i]) - m) - A, a1, kind)[0]
+        out[i] = p
+        cnt += p > 0.0
+    return cnt
+
+
+@njit(cache=CACHE)
 def _settled_row(out, m, nonfinite):
     """Whether a solver's maximum pass settles the row (``m``: its maximum; ``nonfinite``:
     its count of NaN and +inf entries), and the row's (theta, support, n_iter, converged):

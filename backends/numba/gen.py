@@ -37,7 +37,6 @@ from numba import njit
 from ..constants import MAX_ITER
 from . import CACHE
 from .compensated import acc, merge_lanes, two_sum
-from .candidates import MASK_MIN, _mask_alive, _unpack
 from .elementwise import _K_GEN, _alive, _bound_above
 from .threshold import _newton_step, _phi_step
 from .vexp import _div, vexp, vexp_rough, vlog1p, vlog1p_rough
@@ -151,28 +150,6 @@ def _compact_gen(c, idx, k, a1, lo):
         idx[j] = idx[i]
         j += _alive(y - lo, a1, _K_GEN)
     return j
-
-
-@njit(cache=CACHE)
-def _gather_gen(x, m, a1, lo, c, idx):
-    """Gather into ``c`` the ``y = x - m`` with ``a1 (y - lo) > -1`` (the output pass's test)
-    and into ``idx`` their columns, in row order, as :func:`.candidates._gather_alive`
-    does (a bit mask of the test, then its set bits, for long rows; no branch on the data
-    in the rest).  Returns the count."""
-    n = x.shape[0]
-    k = 0
-    i0 = 0
-    if n >= MASK_MIN:
-        words = np.empty(n // 64, np.uint64)
-        _mask_alive(x, m, a1, _K_GEN, lo, words)
-        k = _unpack(x, m, words, c, idx)
-        i0 = 64 * words.shape[0]
-    for i in range(i0, n):
-        y = np.float64(x[i]) - m
-        c[k] = y
-        idx[k] = i
-        k += _alive(y - lo, a1, _K_GEN)
-    return k
 
 
 @njit(cache=CACHE)

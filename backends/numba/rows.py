@@ -16,9 +16,11 @@ Per row (``_solve_row``):
    theta = -inf); the candidates are then the ``y_i`` for which the output pass's own
    test ``a1 * y > -1`` holds at ``A = 0`` (rounding is monotone, so a dropped entry is
    zero for every ``A >= 0``, and ``A >= 0`` because the maximum alone has mass 1 there).
-   1.5-entmax and 1 < alpha < 2 find the maximum in a vectorised pass first and then
-   apply the same tests in branch-free gathers (:func:`.candidates._gather_alive`,
-   :func:`.gen._gather_gen`): the same candidates, fewer mispredicted branches.  Softmax
+   Sparsemax, 1.5-entmax and 1 < alpha < 2 find the maximum in a vectorised pass first
+   and then apply the same tests in a branch-free gather with the candidates' columns
+   (:func:`.candidates._gather_alive`; on long rows the test is one comparison with the
+   row's edge value in the input's precision): the same candidates, fewer mispredicted
+   branches, and an output pass that visits the candidates alone.  Softmax
    gathers nothing (every finite entry is in its support): a vectorised maximum, then
    log-sum-exp over the row (:mod:`.softmax`).
 2. The threshold, by alpha (``method=None``):
@@ -87,19 +89,19 @@ from ._threads import run_blocks
 from .big_alpha import _solve_big, _solve_big_bisect
 from .candidates import _count_finite, _gather_alive, _max_scratch, _window_candidates
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,
-                          METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _output, _settled_row,
-                          _uniform_bound)
-from .gen import _finish_gen, _gather_gen
+                          METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _output, _output_at,
+                          _settled_row, _uniform_bound)
+from .gen import _finish_gen
 from .softmax import LANES, _softmax_lanes, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
 
 
 @njit(cache=CACHE)
-def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed):
+def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
     """Newton from ``A0`` in ``[0, hi]`` (on the identified support ``sup[:ns]`` when
-    ``closed``: a closed form is only polished), then the output pass.  ``k`` is the
-    number of candidates (for the bound), ``closed`` a run-time bool (a literal would
-    compile a second copy)."""
+    ``closed``: a closed form is only polished), then the output pass, over the candidates'
+    columns ``idx[:k]`` alone unless ``idx`` is empty.  ``k`` is the number of candidates
+    (for the bound), ``closed`` a run-time bool (a literal would compile a second copy)."""
     lo = 0.0  # the maximum alone has mass 1 at A = 0
     hi = _bound_above(k, a1)
     if not (A0 >= lo):
@@ -115,7 +117,10 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed):
             it = 0
     else:  # a single candidate: the row maximum carries all the mass
         A, it, ok = lo, 0, True
-    cnt = _output(x, out, m, A, a1, kind)
+    if idx.shape[0] > 0:
+        cnt = _output_at(x, out, m, A, a1, kind, idx, k)
+    else:
+        cnt = _output(x, out, m, A, a1, kind)
     return m + A, cnt, it, ok
 
 
@@ -158,37 +163,41 @@ def _solve_newton(x, out, a1, c):
     if settled:
         return res
     closed = False
-    return _finish(x, out, m, k, a1, kind, 0.0, c[:k], k, closed)
+    return _finish(x, out, m, k, a1, kind, 0.0, c[:k], k, closed, c.view(np.int64)[:0])
 
 
 @njit(cache=CACHE)
 def _solve_sparse(x, out, c, aux, aux2):
-    """alpha = 2, ``method=None``: Condat's algorithm, polished by Newton."""
+    """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
+    polished by Newton; the output pass visits the candidates' columns."""
     m, bad = _max_scratch(x, aux, aux2)
     settled, res = _settled_row(out, m, bad)
     if settled:
         return res
-    k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c)
-    A0, ns = _condat(c, k, aux, aux2)
+    idx = aux2.view(np.int64)
+    k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c, idx)
+    A0, ns = _condat(c, k, aux, c)
     closed = True
-    return _finish(x, out, m, k, 1.0, _K_SPARSE, A0, aux[:ns], ns, closed)
+    return _finish(x, out, m, k, 1.0, _K_SPARSE, A0, aux[:ns], ns, closed, idx)
 
 
 @njit(cache=CACHE)
 def _solve_15(x, out, c, aux, seed):
     """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton.  The maximum first
     (vectorised), then the entries alive at A = 0 (``y > -2``) in one masked pass: the
-    candidates that gathering the window and filtering it give."""
+    candidates that gathering the window and filtering it give, with their columns (the
+    output pass visits those alone)."""
     m, bad = _max_scratch(x, c, aux)
     settled, res = _settled_row(out, m, bad)
     if settled:
         return res
-    k = _gather_alive(x, m, 0.5, _K_15, 0.0, c)
+    idx = aux.view(np.int64)
+    k = _gather_alive(x, m, 0.5, _K_15, 0.0, c, idx)
     A0, s0 = _pivot15(c, k, seed)
     closed = A0 >= 0.0
     if not closed:
         s0 = 0
-    return _finish(x, out, m, k, 0.5, _K_15, A0, c[s0:k], k - s0, closed)
+    return _finish(x, out, m, k, 0.5, _K_15, A0, c[s0:k], k - s0, closed, idx)
 
 
 @njit(cache=CACHE)
@@ -206,11 +215,12 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     # the exact 1.5-entmax (alpha < 1.5) or sparsemax (1.5 < alpha < 2) threshold is a lower
     # bound (e_alpha(d) is nonincreasing in alpha), cheap (no powers), and prunes the
     # candidates to a thin shell
+    idx = aux2.view(np.int64)
     if a1 < 0.5:
-        kb = _gather_alive(x, m, 0.5, _K_15, 0.0, aux)
+        kb = _gather_alive(x, m, 0.5, _K_15, 0.0, aux, idx[:0])
         Ab = _pivot15(aux, kb, seed)[0]
     else:
-        kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux)
+        kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux, idx[:0])
         Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
     lo = 0.0
     if Ab > 0.0:
@@ -219,8 +229,7 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
             lo = 0.0
     # the candidates above the bound with their columns; Newton and the output pass work on
     # them alone (:mod:`.gen`: vectorised log1p and exp on a contiguous array)
-    idx = aux2.view(np.int64)
-    k = _gather_gen(x, m, a1, lo, c, idx)
+    k = _gather_alive(x, m, a1, _K_GEN, lo, c, idx)
     return _finish_gen(x, out, m, a1, lo, c, idx, k, aux)
 
 
