@@ -160,7 +160,9 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
     and the compaction move there) Newton steps on phi from it, until one lands where f
     is small (:data:`ROUGH_SWITCH`), leaves the bracket, or the rough f is not clearly
     positive; then the exact safeguarded iteration from there, whose stopping rules give
-    the answer.  Returns (A, evaluations of either kind, converged, k)."""
+    the answer.  Returns (A, evaluations of either kind, converged, k, fresh): ``fresh``
+    when A is the point of the last exact evaluation, whose ``p`` of ``c[:k]`` are then in
+    ``buf[0, :k]``."""
     flo = np.inf  # |f| at lo / hi once evaluated there (exactly)
     fhi = np.inf
     last_lo = lo  # lower bound at which c was last filtered
@@ -187,22 +189,25 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
             last_lo = lo
         f, fp = _f_gen(c, k, a1, A, buf, lanes)
         it += 1
+        at = A
         done, A, lo, hi, flo, fhi = _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, np.bool_(True))
         if done:
-            return A, it, True, k
+            return A, it, True, k, A == at
         f_prev = f
-    return A, it, False, k
+    return A, it, False, k, False
 
 
 @njit(cache=CACHE)
-def _output_gen(x, out, A, a1, c, idx, k, pbuf):
+def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
     """Write ``p = e_alpha(x - m - A)`` for the whole row: zeros, then the candidates' ``p``
-    (computed into ``pbuf`` in a vectorised loop) at their indices.  Returns the support size
+    (computed into ``pbuf`` in a vectorised loop, unless ``fresh``: the Newton iteration's
+    last evaluation left them there, at this A) at their indices.  Returns the support size
     (p > 0 in float64)."""
     for i in range(x.shape[0]):
         out[i] = 0.0
-    for j in range(k):
-        pbuf[j] = _pu_gen(c[j], A, a1)[0]
+    if not fresh:
+        for j in range(k):
+            pbuf[j] = _pu_gen(c[j], A, a1)[0]
     cnt = 0
     for j in range(k):
         p = pbuf[j]
@@ -220,8 +225,10 @@ def _finish_gen(x, out, m, a1, lo, c, idx, k, pbuf):
     if hi > lo:
         buf = np.empty((2, k), np.float64)
         lanes = np.empty((3, GL), np.float64)
-        A, it, ok, k = _newton_gen(c, idx, k, a1, A0, lo, hi, buf, lanes)
+        A, it, ok, k, fresh = _newton_gen(c, idx, k, a1, A0, lo, hi, buf, lanes)
+        if fresh:
+            pbuf = buf[0]
     else:  # a single candidate: the row maximum carries all the mass
-        A, it, ok = lo, 0, True
-    cnt = _output_gen(x, out, A, a1, c, idx, k, pbuf)
+        A, it, ok, fresh = lo, 0, True, False
+    cnt = _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh)
     return m + A, cnt, it, ok
