@@ -37,7 +37,8 @@ from numba import njit
 from ..constants import MAX_ITER
 from . import CACHE
 from .compensated import acc, merge_lanes, two_sum
-from .elementwise import _K_GEN, _alive, _bound_above
+from .candidates import _gather_alive
+from .elementwise import _K_GEN, _K_SPARSE, _alive, _bound_above
 from .threshold import _newton_step, _phi_step
 from .vexp import _div, vexp, vexp_rough, vlog1p, vlog1p_rough
 
@@ -153,6 +154,35 @@ def _compact_gen(c, idx, k, a1, lo):
 
 
 @njit(cache=CACHE)
+def _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, switch):
+    """Newton's early steps on phi with rough evaluations (:func:`_f_gen_rough`) on the
+    candidates ``c[:k]`` (columns ``idx[:k]``, filtered at ``lo``), from ``A``: while the
+    rough f is above :data:`ROUGH_F` (so f > 0 certainly, and A is a lower bound of the
+    root: the bracket's ``lo`` and the compaction move there), until a step leaves the
+    bracket ``(A, hi)`` or follows an f below ``switch``.  Returns (A, lo, k, last_lo,
+    evaluations): the next point, the last certain lower bound, the candidates left and
+    the bound at which they were last filtered."""
+    last_lo = lo
+    it = 0
+    while it < MAX_ITER and a1 >= ROUGH_MIN_A1:
+        if lo > last_lo:
+            k = _compact_gen(c, idx, k, a1, lo)
+            last_lo = lo
+        f, fp = _f_gen_rough(c, k, a1, A, buf, lanes)
+        it += 1
+        if not (f > ROUGH_F and fp > 0.0):
+            break
+        lo = A
+        An = _phi_step(A, f, fp, a1)
+        if not (An > A and An < hi):
+            break
+        A = An
+        if f < switch:
+            break
+    return A, lo, k, last_lo, it
+
+
+@njit(cache=CACHE)
 def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
     """:func:`.threshold._newton` for ``_K_GEN`` on the compacted candidates (see
     :mod:`.rows`), after early steps with rough evaluations: while the rough f is above
@@ -165,24 +195,9 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
     ``buf[0, :k]``."""
     flo = np.inf  # |f| at lo / hi once evaluated there (exactly)
     fhi = np.inf
-    last_lo = lo  # lower bound at which c was last filtered
     f_prev = np.nan
-    it = 0
-    while it < MAX_ITER and a1 >= ROUGH_MIN_A1:
-        if lo > last_lo:
-            k = _compact_gen(c, idx, k, a1, lo)
-            last_lo = lo
-        f, fp = _f_gen_rough(c, k, a1, A, buf, lanes)
-        it += 1
-        if not (f > ROUGH_F and fp > 0.0):
-            break  # the exact iteration evaluates A again
-        lo = A
-        An = _phi_step(A, f, fp, a1)
-        if not (An > A and An < hi):
-            break
-        A = An
-        if f < ROUGH_SWITCH:
-            break
+    # the exact iteration evaluates A again when the rough steps stop
+    A, lo, k, last_lo, it = _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, ROUGH_SWITCH)
     while it < MAX_ITER:
         if lo > last_lo:
             k = _compact_gen(c, idx, k, a1, lo)
@@ -214,6 +229,28 @@ def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
         out[idx[j]] = p
         cnt += p > 0.0
     return cnt
+
+
+#: the window of :func:`_subset_bound_gen`: the entries with ``y > -GEN_WINDOW``
+GEN_WINDOW = 1.25
+
+
+@njit(cache=CACHE)
+def _subset_bound_gen(x, m, a1, c, idx):
+    """A lower bound of the threshold of a row with maximum m: the rough steps of
+    :func:`_rough_steps` on alpha's own mass over the entries within :data:`GEN_WINDOW` of
+    the maximum (some 55 of a normal row of 8192, gathered into ``c``, their columns into
+    ``idx``), run until the rough mass is no longer certainly positive.  A point where the
+    subset's mass is certainly above 1 is below the subset's root, and the subset's mass
+    is at most the row's at every A, so below the row's root too.  At alpha = 1.33 on
+    normal rows it leaves some 155 candidates for the row's Newton, against 364 above
+    the 1.5-entmax threshold it replaces (140 are alive at the answer).  Returns (the
+    bound, its evaluations)."""
+    k = _gather_alive(x, m, 1.0, _K_SPARSE, 1.0 - GEN_WINDOW, c, idx)  # y > -GEN_WINDOW
+    buf = np.empty((2, k), np.float64)
+    lanes = np.empty((3, GL), np.float64)
+    res = _rough_steps(c, idx, k, a1, 0.0, 0.0, _bound_above(k, a1), buf, lanes, 0.0)
+    return res[1], res[4]
 
 
 @njit(cache=CACHE)

@@ -91,7 +91,7 @@ from .candidates import MASK_MIN, _count_finite, _gather_alive, _max_scratch, _w
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _output, _output_at,
                           _settled_row, _uniform_bound)
-from .gen import _finish_gen
+from .gen import _finish_gen, _subset_bound_gen
 from .softmax import LANES, _softmax_lanes, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
 
@@ -223,9 +223,7 @@ def _subset_bound15(x, m, c, idx, seed):
     sparsemax window ``y > -1``: some 28 of a normal row of 8192), gathered into ``c`` (and
     their columns into ``idx``) and pivoted there (:func:`.threshold._pivot15`).  A
     subset's mass is at most the row's at every A, so its root is at most the row's: a
-    lower bound of the 1.5-entmax threshold, and so of every 1 < alpha < 1.5 threshold
-    (``e_alpha`` is nonincreasing in alpha); on normal rows within 2% of the 1.5-entmax
-    one.  When ``A_S`` is certainly at least 1, every entry outside the window
+    lower bound of the 1.5-entmax threshold, on normal rows within 2% of it.  When ``A_S`` is certainly at least 1, every entry outside the window
     (``y <= -1``) is zero there, so ``A_S`` is the row's 1.5-entmax threshold and
     ``c[s0:k]`` its support.  Returns (A_S, s0, k, exact); ``A_S`` is -1.0 when rounding
     left no usable support (:func:`.threshold._pivot15`)."""
@@ -246,13 +244,14 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     settled, res = _settled_row(out, m, bad)
     if settled:
         return res
-    # a lower bound (e_alpha(d) is nonincreasing in alpha), cheap (no powers), that prunes
-    # the candidates to a thin shell: the 1.5-entmax threshold of the entries within 1 of
-    # the maximum (alpha < 1.5), or the exact sparsemax threshold (1.5 < alpha < 2), both
-    # from the sparsemax window's few dozen entries
+    # a lower bound that prunes the candidates to a thin shell, from a few dozen entries
+    # of a normal row: rough Newton steps on alpha's own mass over the entries within
+    # 1.25 of the maximum (alpha < 1.5; its evaluations count in n_iter), or the exact
+    # sparsemax threshold (1.5 < alpha < 2: e_alpha(d) is nonincreasing in alpha)
     idx = aux2.view(np.int64)
+    it_b = 0
     if a1 < 0.5:
-        Ab = _subset_bound15(x, m, aux, idx, seed)[0]
+        Ab, it_b = _subset_bound_gen(x, m, a1, aux, idx)
     else:
         kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux, idx[:0])
         Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
@@ -260,7 +259,8 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     # the candidates above the bound with their columns; Newton and the output pass work on
     # them alone (:mod:`.gen`: vectorised log1p and exp on a contiguous array)
     k = _gather_alive(x, m, a1, _K_GEN, lo, c, idx)
-    return _finish_gen(x, out, m, a1, lo, c, idx, k, aux)
+    theta, cnt, it, ok = _finish_gen(x, out, m, a1, lo, c, idx, k, aux)
+    return theta, cnt, it + it_b, ok
 
 
 @njit(cache=CACHE)
