@@ -32,11 +32,16 @@ Per row (``_solve_row``):
    * alpha = 1.5: a randomised pivot (quickselect-like, expected O(k)) on
      ``f(t) = sum_{y > t} (y - t)^2 / 4 - 1``, keeping count, mean and centred sum of
      squares of the entries known to be in the support (Chan's merge, no cancellation),
-     then the left root of the quadratic on that support.  Both closed forms are
-     polished by Newton on their support until a step no longer changes ``A``.
-   * 1 < alpha < 2, other: the exact 1.5-entmax (alpha < 1.5) or sparsemax threshold is a
-     lower bound (``e_alpha(d)`` is nonincreasing in alpha), which prunes the candidates
-     to a thin shell; then safeguarded Newton from that bound on
+     then the left root of the quadratic on that support.  On long rows the pivot runs
+     first on the entries within 1 of the maximum: its root is a lower bound (a subset
+     has less mass), often the answer itself, else the candidates alive at it are
+     pivoted.  Both closed forms are polished by Newton on their support until a step no
+     longer changes ``A``.
+   * 1 < alpha < 2, other: a lower bound that prunes the candidates to a thin shell
+     (1 < alpha < 1.5: rough Newton steps on alpha's own mass over the entries within
+     1.25 of the maximum, while that mass is certainly above 1; 1.5 < alpha < 2: the
+     exact sparsemax threshold, ``e_alpha(d)`` being nonincreasing in alpha); then
+     safeguarded Newton from that bound on
      ``phi(A) = ((f + 1)^a1 - 1) / a1``, the (1/a1)-norm of the ``[1 + a1 (y - A)]_+``:
      convex and nearly linear, so the steps from the left are monotone and few (5-7 on
      random rows).  A step that leaves the bracket, or a computed f that did not change
@@ -223,9 +228,9 @@ def _subset_bound15(x, m, c, idx, seed):
     sparsemax window ``y > -1``: some 28 of a normal row of 8192), gathered into ``c`` (and
     their columns into ``idx``) and pivoted there (:func:`.threshold._pivot15`).  A
     subset's mass is at most the row's at every A, so its root is at most the row's: a
-    lower bound of the 1.5-entmax threshold, on normal rows within 2% of it.  When ``A_S`` is certainly at least 1, every entry outside the window
-    (``y <= -1``) is zero there, so ``A_S`` is the row's 1.5-entmax threshold and
-    ``c[s0:k]`` its support.  Returns (A_S, s0, k, exact); ``A_S`` is -1.0 when rounding
+    lower bound of the 1.5-entmax threshold, on normal rows within 2% of it.  When ``A_S``
+    is certainly at least 1, every entry outside the window (``y <= -1``) is zero there,
+    so ``A_S`` is the row's 1.5-entmax threshold and ``c[s0:k]`` its support.  Returns (A_S, s0, k, exact); ``A_S`` is -1.0 when rounding
     left no usable support (:func:`.threshold._pivot15`)."""
     k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c, idx)
     A, s0 = _pivot15(c, k, seed)
