@@ -43,10 +43,11 @@ Threads: no kernel of this backend is a ``parallel=True`` (``prange``) kernel, s
 parallel region is ever launched on numba's threading layer and concurrent calls from
 several Python threads are safe whatever the layer (``workqueue``, numba's fallback where
 neither TBB nor OpenMP is installed, aborts the process on concurrent parallel launches;
-no lock is needed).  Each row call runs its ``nogil`` kernels on its own short-lived worker
-threads (:func:`entmax_ref.backends.numba._threads.run_blocks`); the attention's worker
-threads run only ``nogil`` serial kernels and BLAS (held at one thread while attention
-calls run, through threadpoolctl, and restored after the last).
+no lock is needed).  Each row call runs its ``nogil`` kernels on worker threads that wait
+between calls (:func:`entmax_ref.backends.numba._threads.run_blocks`; a call made while
+another uses them starts threads of its own); the attention's workers run only ``nogil``
+serial kernels and BLAS (held at one thread while attention calls run, through
+threadpoolctl, and restored after the last).
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);

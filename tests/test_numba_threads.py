@@ -128,3 +128,60 @@ def test_worker_exceptions_reach_the_caller():
     marks = np.zeros(1000)
     _threads.run_blocks(lambda m, r0, r1: m.__setitem__(slice(r0, r1), m[r0:r1] + 1), (marks,), (1000, 1000), 16)
     assert (marks == 1).all()
+
+
+def test_workers_wait_between_calls_and_a_busy_pool_is_not_waited_for():
+    """The worker threads outlive a call (two calls run on the same threads); a call made
+    while another uses them (here from inside a worker, which would deadlock on the pool)
+    runs on threads started for it; an exception leaves the workers serving."""
+    import threading
+
+    idents = []
+
+    def record(slot):
+        idents.append((slot, threading.get_ident()))
+
+    _threads.run_on_workers(record, 2)
+    first = set(idents)
+    idents.clear()
+    _threads.run_on_workers(record, 2)
+    assert set(idents) == first and len({i for _, i in first}) == 2
+
+    inner = []
+
+    def nested(slot):
+        _threads.run_on_workers(lambda s: inner.append((slot, s, threading.get_ident())), 2)
+
+    _threads.run_on_workers(nested, 2)
+    assert sorted((a, b) for a, b, _ in inner) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert not {i for _, _, i in inner} & {i for _, i in first}  # threads of their own
+
+    def fail(slot):
+        if slot == 1:
+            raise KeyError("slot 1")
+
+    with pytest.raises(KeyError, match="slot 1"):
+        _threads.run_on_workers(fail, 2)
+    idents.clear()
+    _threads.run_on_workers(record, 2)
+    assert set(idents) == first
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_has_workers_of_its_own():
+    """After a fork the parent's worker threads do not exist in the child: its calls start a
+    pool of their own and give the parent's answers."""
+    import multiprocessing as mp
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((257, 300))
+    alpha = np.full(x.shape[0], 1.5)
+    want = _solve(x, alpha, 16)[0]  # the parent's pool is up
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_solve_p, (x, alpha))
+    np.testing.assert_array_equal(got, want)
+
+
+def _solve_p(x, alpha):
+    return _solve(x, alpha, 16)[0]

@@ -105,6 +105,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import CACHE
+from ._threads import run_on_workers
 from .candidates import MASK_MIN, _set_bits
 from ..geometry import key_offset, visible_keys_end
 from .big_alpha import _edge_p, _lqa
@@ -975,20 +976,14 @@ def _run_parallel(items, work, workers, cost=None):
                 return
             try:
                 work(slot, item)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-                failed.append(exc)
-                return
+            except BaseException:
+                failed.append(True)  # the others stop taking items
+                raise
 
-    # every slot on a thread of its own, the calling thread waiting: with the calling
-    # thread as slot 0 (one thread start fewer, about 60 us) the decoding call took 1-2 ms
-    # longer after an idle spell on the 2-core VM (the bench's case), for no gain back to back
-    threads = [threading.Thread(target=loop, args=(slot,), daemon=True) for slot in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failed:
-        raise failed[0]
+    # every slot on a worker thread of its own, the calling thread waiting: with the calling
+    # thread as slot 0 the decoding call took 1-2 ms longer after an idle spell on the 2-core
+    # VM (the bench's case), for no gain back to back
+    run_on_workers(loop, workers)
 
 
 def _run_chunks(items, work, workers, cost=None):
