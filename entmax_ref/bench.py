@@ -31,12 +31,14 @@ Attention (``--attention``), float32, alpha = 1.5, against
 
 Each attention ratio comes from its own interleaved pair (ours and that baseline).
 
-Two cases are also timed beside a *floor*, the least work the case must do, in the same
+Some cases are also timed beside a *floor*, the least work the case must do, in the same
 interleaved repeats, and printed under the table as multiples of it: softmax beside the
 float64 ``exp(x - max)`` of every entry alone (its float64 contract needs each term of the
-sum to a few float64 ulps), and checked decoding beside one read of K and V (the bytes a
-NaN/inf scan of the inputs must read).  A floor above the target's share of the
-baseline's time shows that no implementation of that work can meet the target here.
+sum to a few float64 ulps), the other row transforms beside one read of x and one write of
+p (every row transform, torch.softmax included, moves those bytes), and checked decoding
+beside one read of K and V (the bytes a NaN/inf scan of the inputs must read).  A floor
+above the target's share of the baseline's time shows that no implementation of that work
+can meet the target here; a baseline near its floor leaves a target only the room between.
 
 PyTorch runs with ``torch.set_num_threads(threads)`` (default 2) and numba with the same
 number of threads; both counts and the load average are printed.  Every timed call comes after
@@ -146,13 +148,15 @@ def _speedup(t: _Timings, ours: str, base: str, case: str, baseline: str, target
 
 @functools.lru_cache(maxsize=None)
 def _floors():
-    """Two floors, the least work a case must do, as numba kernels on the engine's threads
+    """Three floors, the least work a case must do, as numba kernels on the engine's threads
     (compiled once a process, on first use; not in the kernel cache): ``exp_rows(x, m, r0,
     r1)`` takes the float64 exponential ``vexp_neg(x - m)`` of every entry of rows ``r0 ..
     r1 - 1`` into a row of scratch, which softmax must do to meet its float64 contract;
     ``read_rows(a, zero, r0, r1)`` sums rows of ``a`` in its own dtype (``zero`` of that
     dtype), reading each byte once, which a call that scans its inputs for NaN/inf must
-    do."""
+    do; ``read_write_rows(x, out, r0, r1)`` sums each row of ``x`` into ``out[r, 0]`` and
+    zeros the rest of the row, a read of every input and a write of every output, which
+    every row transform does."""
     from numba import njit
 
     from entmax_ref.backends.numba.vexp import vexp_neg
@@ -173,7 +177,17 @@ def _floors():
                 t += a[r, d]
         return t
 
-    return exp_rows, read_rows
+    @njit(nogil=True, fastmath={"reassoc"})
+    def read_write_rows(x, out, r0, r1):
+        for r in range(r0, r1):
+            t = x.dtype.type(0)
+            for i in range(x.shape[1]):
+                t += x[r, i]
+            for i in range(x.shape[1]):
+                out[r, i] = 0
+            out[r, 0] = t
+
+    return exp_rows, read_rows, read_write_rows
 
 
 def _on_threads(kernel, a, *args):
@@ -216,15 +230,18 @@ def _row_cases(torch, entmax, er, be, dtype, repeats: int) -> list[dict]:
         ("alpha=1.33", 1.33, lambda: er.entmax(x, 1.33, backend="numba"),
          lambda: entmax.entmax_bisect(xt, alpha=1.33, dim=-1), "entmax.entmax_bisect", 50.0, 2.5),
     ]
+    read_write_rows = _floors()[2]
     for name, alpha, ours, peer, peer_name, fast, slow in cases:
         a = np.full(ROWS, alpha)
-        fns = {"api": ours, "kernel": lambda a=a: be.entmax_forward(x, a, None), "peer": peer, "softmax": softmax}
+        fns = {"api": ours, "kernel": lambda a=a: be.entmax_forward(x, a, None), "peer": peer, "softmax": softmax,
+               "floor": lambda: _on_threads(read_write_rows, x, np.empty_like(x))}
         # the peers are 10-1000x slower: fewer repeats of them would do, but interleaving
         # keeps the ratio honest on a shared machine, so all run the same count
         t = _time_interleaved(fns, repeats)
         case = f"{name} {ROWS}x{COLS} {dt}"
-        results.append(_time_ratio(t, "api", "softmax", case, "torch.softmax", f"<= {slow:g}x softmax time", slow,
-                                   kernel="kernel"))
+        results.append(_with_floor(_time_ratio(t, "api", "softmax", case, "torch.softmax",
+                                               f"<= {slow:g}x softmax time", slow, kernel="kernel"), t, "api",
+                                   "softmax", "one read of x and one write of p, nothing else"))
         results.append(_speedup(t, "api", "peer", case, peer_name, f">= {fast:g}x faster", fast, kernel="kernel"))
     return results
 

@@ -222,11 +222,12 @@ def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch):
 @pytest.mark.numba
 def test_bench_floors_compute_what_they_say():
     """The bench's floor kernels: the float64 exponentials of softmax (vexp_neg(x - max),
-    the bits of vexp there) and one read of every entry."""
+    the bits of vexp there), one read of every entry, and one read of every entry with one
+    write of every output."""
     from entmax_ref import bench
     from entmax_ref.backends.numba.vexp import vexp_array
 
-    exp_rows, read_rows = bench._floors()
+    exp_rows, read_rows, read_write_rows = bench._floors()
     x = np.random.default_rng(0).standard_normal((5, 300)).astype(np.float32)
     m = x.max(axis=1).astype(np.float64)
     want = np.empty(300)
@@ -237,6 +238,11 @@ def test_bench_floors_compute_what_they_say():
     n, u = part.size, np.finfo(np.float32).eps / 2
     bound = (n - 1) * u / (1 - (n - 1) * u) * np.abs(part).sum()
     assert abs(read_rows(x, np.float32(0), 1, 3) - part.sum()) <= bound
+    out = np.full_like(x, np.nan)
+    read_write_rows(x, out, 1, 3)
+    assert np.isnan(out[[0, 3, 4]]).all() and (out[1:3, 1:] == 0).all()  # rows 1, 2 written, zeros but one
+    row = x[1].astype(np.float64)
+    assert abs(out[1, 0] - row.sum()) <= (row.size - 1) * u / (1 - (row.size - 1) * u) * np.abs(row).sum()
 
 
 def _rows(report):
