@@ -401,3 +401,40 @@ def test_closed_form_polish_stops_at_working_precision():
     # row below 10 took none; the closed form itself is within an ulp or two of the root,
     # so Newton needs one or two evaluations a row
     assert max(its) < 10 and np.mean(its) <= 2.0, (max(its), np.mean(its))
+
+
+@pytest.mark.parametrize("kind", ["normal", "wide", "narrow", "uniform", "ties", "offset", "masked"])
+def test_subset_bounds_lie_below_the_thresholds(ref, kind):
+    """The lower bounds the long-row solvers take from a window near the maximum: 1.5-entmax's
+    threshold of the entries within 1 of it (exact when it says so), and for 1 < alpha < 1.5
+    the rough Newton steps on alpha's own mass over the entries within 1.25, are at most the
+    row's threshold (the reference's, to its rounding), and on normal rows close to it from
+    alpha = 1.33 on (nearer 1 the support is wider than the window)."""
+    from entmax_ref.backends.numba import candidates as cd
+    from entmax_ref.backends.numba.gen import _subset_bound_gen
+    from entmax_ref.backends.numba.rows import _subset_bound15
+
+    rng = np.random.default_rng(zlib.crc32(kind.encode()))
+    x = _random_rows(rng, 24, 2000, kind)
+    n = x.shape[1]
+    for alpha in (1.05, 1.2, 1.33, 1.45, 1.5):
+        want = ref.entmax_forward(x, np.full(len(x), alpha), None).theta
+        ratios = []
+        for r, row in enumerate(x):
+            m = cd._row_max(row)
+            if not np.isfinite(want[r]):
+                continue
+            A = want[r] - m  # the row's threshold in the solvers' units
+            c, idx = np.empty(n), np.empty(n, np.int64)
+            if alpha == 1.5:
+                bound, s0, k, exact = _subset_bound15(row, m, c, idx, r)
+                if exact:  # the window's threshold is the row's
+                    assert abs(bound - A) <= 8 * EPS * (1.0 + abs(A)) + 4 * EPS * abs(m), (r, bound, A)
+            else:
+                bound, evals = _subset_bound_gen(row, m, alpha - 1.0, c, idx)
+                assert evals >= 0
+            assert bound <= A + 8 * EPS * (1.0 + abs(A)) + 4 * EPS * abs(m), (alpha, r, bound, A)
+            if A > 0:
+                ratios.append(bound / A)
+        if kind == "normal" and alpha >= 1.33:  # the top entries carry most of the mass
+            assert np.median(ratios) > 0.9, (alpha, np.median(ratios))

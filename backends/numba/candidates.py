@@ -243,11 +243,10 @@ def _gather_alive(x, m, a1, kind, lo, dst, idx):
     ``dst[k]`` and ``k`` advances by the test's outcome, so the next entry overwrites a
     dead one (``k <= i`` at every store, so ``dst`` of the row's length suffices).  With a
     few percent of the row alive, a branch on the test would be mispredicted at nearly
-    every hit.  The 1 < alpha < 2 solver calls it for its bound's candidates (1.5-entmax
-    or sparsemax at 0: their test implies the window test ``a1 y > -1``, rounding being
-    monotone and ``a1 < a1b``), so the sets are those that gathering the window and
-    filtering it give, and for its candidates above the bound, with their columns.  Returns
-    the count."""
+    every hit.  The solvers call it for their candidates, with their columns, and for the
+    entries of a window near the maximum from which a lower bound is taken (sparsemax's
+    test at ``lo = 1 - W`` keeps ``y > -W``; for 1 < alpha < 2 the window lies inside
+    ``a1 y > -1``, rounding being monotone).  Returns the count."""
     n = x.shape[0]
     cols = idx.shape[0] > 0
     k = 0
