@@ -49,8 +49,6 @@ candidates of a row).
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 from numba import njit
@@ -317,68 +315,82 @@ def decode_forward(q, k, v, spec):
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     geometry = {}  # per batch: the kv-heads of a batch share their rows' geometry
+    qd = np.ascontiguousarray(q, f64)  # the rows' queries in float64 (B, Hq, Nq, D: small)
     step = max(1, BLOCK_BYTES // (4 * R * Nk + 1))
     for p0 in range(0, len(pairs), step):
         heads = []
-        items = []
         for b, hk in pairs[p0:p0 + step]:
-            h0 = hk * group
             if b not in geometry:
                 geometry[b] = _row_geometry(spec, b, Nq, Nk, group)
+            kend = int(geometry[b][0].max())
+            if kend:
+                heads.append((b, hk, kend))
+        if not heads:
+            continue
+        H = len(heads)
+        nblks = [max(1, min(-(-kend // KEY_BLOCK), -(-2 * workers // min(len(pairs), 2 * workers))))
+                 for _, _, kend in heads]
+        # the per-row and per-block results of every kv-head in flight, one array each (a
+        # kv-head's slice of it is contiguous: the kernels take it as they took its own)
+        nb = max(nblks)
+        lmax = np.full((H, R, nb), -np.inf)
+        suspect = np.zeros((H, R, nb), np.int64)
+        kn = np.zeros((H, nb))
+        vn = np.zeros((H, nb))
+        hds = []
+        items = []
+        for i, (b, hk, kend) in enumerate(heads):
+            h0 = hk * group
             nchk, nvis = geometry[b]
-            kend = int(nchk.max())
-            if kend == 0:
-                continue
             # C-contiguous and writable (a read-only view is copied): numba compiles one
             # specialization per argument type, and read-only is part of the type
             qf = _writable(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
-            nblk = max(1, min(-(-kend // KEY_BLOCK), -(-2 * workers // min(len(pairs), 2 * workers))))
-            bounds = [(kend * i) // nblk for i in range(nblk + 1)]
-            hd = dict(b=b, h0=h0, qf=qf, kf=_writable(np.ascontiguousarray(k[b, hk])),
-                      vf=_writable(np.ascontiguousarray(v[b, hk])),
+            hd = dict(b=b, h0=h0, qf=qf, qc=qd[b, h0:h0 + group].reshape(R, D),
+                      kf=_writable(np.ascontiguousarray(k[b, hk])), vf=_writable(np.ascontiguousarray(v[b, hk])),
                       nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
-                      lmax=np.full((R, nblk), -np.inf), suspect=np.zeros((R, nblk), np.int64),
-                      kn=np.zeros(nblk), vn=np.zeros(nblk), rs=_row_scale(spec, b, h0, group, 0, Nq),
-                      slopes=_group_slopes(spec, h0, group), alphas=_group_alphas(spec, h0, group))
-            heads.append(hd)
-            items += [(hd, i, bounds[i], bounds[i + 1]) for i in range(nblk)]
+                      rs=_row_scale(spec, b, h0, group, 0, Nq), slopes=_group_slopes(spec, h0, group),
+                      alphas=_group_alphas(spec, h0, group))
+            hds.append(hd)
+            bounds = [(kend * j) // nblks[i] for j in range(nblks[i] + 1)]
+            items += [(i, j, bounds[j], bounds[j + 1]) for j in range(nblks[i])]
 
         def phase1(slot, item):
-            hd, i, j0, j1 = item
-            hd["kn"][i], hd["vn"][i] = scan_block(hd["qf"], hd["kf"], hd["vf"], scan, j0, j1, i, hd["g"], zero, Nq,
-                                                  hd["nvis"], hd["nchk"], offset, scale, hd["rs"], hd["slopes"],
-                                                  hd["lmax"], hd["suspect"])
+            i, j, j0, j1 = item
+            hd = hds[i]
+            kn[i, j], vn[i, j] = scan_block(hd["qf"], hd["kf"], hd["vf"], scan, j0, j1, j, hd["g"], zero, Nq,
+                                            hd["nvis"], hd["nchk"], offset, scale, hd["rs"], hd["slopes"], lmax[i],
+                                            suspect[i])
 
         _run_parallel(items, phase1, workers)
-        items = []
-        per = max(1, -(-R * len(heads) // (4 * workers)))
-        for hd in heads:
-            if scan and not np.isfinite(hd["vn"].sum()):  # a NaN/inf entry (or finite ones past 1e154)
+        if scan and not np.isfinite(vn.sum()):  # a NaN/inf entry (or finite ones past 1e154)
+            for hd in hds:
                 if not (np.isfinite(hd["kf"]).all() and np.isfinite(hd["vf"]).all()):
                     raise NonFiniteInput("k or v has a NaN or infinite entry")
-            hd["qc"] = np.ascontiguousarray(hd["qf"], f64)
-            with np.errstate(over="ignore", invalid="ignore"):
-                kmax = math.sqrt(float(np.max(hd["kn"])))
-                hd["err"] = np.empty(R)
-                score_errors(hd["qc"], kmax, scale, hd["rs"], hd["err"])
-            hd["err"][~np.isfinite(hd["err"])] = np.inf
-            hd["out"] = np.empty((R, Dv), f64)
-            hd["lrow"] = np.ascontiguousarray(hd["lmax"].max(axis=1))
-            hd["srow"] = np.ascontiguousarray(hd["suspect"].sum(axis=1))
-            hd["ncand"] = np.empty(R, np.int64)
-            hd["bad"] = np.zeros(R, np.int8)
-            items += [(hd, r0, min(R, r0 + per)) for r0 in range(0, R, per)]
+        err = np.empty((H, R))
+        with np.errstate(over="ignore", invalid="ignore"):
+            kmax = np.sqrt(kn.max(axis=1))
+            for i, hd in enumerate(hds):
+                score_errors(hd["qc"], float(kmax[i]), scale, hd["rs"], err[i])
+        err[~np.isfinite(err)] = np.inf
+        o = np.empty((H, R, Dv))
+        lrow = lmax.max(axis=2)
+        srow = suspect.sum(axis=2)
+        ncand = np.empty((H, R), np.int64)
+        bad = np.zeros((H, R), np.int8)
+        per = max(1, -(-R * H // (4 * workers)))
+        items = [(i, r0, min(R, r0 + per)) for i in range(H) for r0 in range(0, R, per)]
 
         def phase2(slot, item):
-            hd, r0, r1 = item
+            i, r0, r1 = item
+            hd = hds[i]
             decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, hd["b"], hd["h0"], Nq, hd["nvis"], hd["nchk"],
-                        offset, scale, hd["rs"], hd["slopes"], hd["alphas"], hd["lrow"], hd["srow"], hd["err"],
-                        hd["out"], skew, theta, support, row_max, edge, edge_p, hd["ncand"], hd["bad"], support_keys)
+                        offset, scale, hd["rs"], hd["slopes"], hd["alphas"], lrow[i], srow[i], err[i], o[i], skew,
+                        theta, support, row_max, edge, edge_p, ncand[i], bad[i], support_keys)
 
         _run_parallel(items, phase2, workers)
-        for hd in heads:
-            if hd["bad"].any():
-                raise ValueError(_OVERFLOW)
-            out[hd["b"], hd["h0"]:hd["h0"] + group] = hd["out"].reshape(group, Nq, Dv)
+        if bad.any():
+            raise ValueError(_OVERFLOW)
+        for i, hd in enumerate(hds):
+            out[hd["b"], hd["h0"]:hd["h0"] + group] = o[i].reshape(group, Nq, Dv)
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
                             trimmed_keys(support_keys, support))
