@@ -315,7 +315,7 @@ def decode_forward(q, k, v, spec):
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     geometry = {}  # per batch: the kv-heads of a batch share their rows' geometry
-    qd = np.ascontiguousarray(q, f64)  # the rows' queries in float64 (B, Hq, Nq, D: small)
+    qd = _writable(np.ascontiguousarray(q, f64))  # the queries in float64 (B, Hq, Nq, D: small), writable
     step = max(1, BLOCK_BYTES // (4 * R * Nk + 1))
     for p0 in range(0, len(pairs), step):
         heads = []
