@@ -100,6 +100,15 @@ def _bound_above(k, a1):
     return hi + _LB_MARGIN * (1.0 + hi)
 
 
+@njit(inline="always", cache=CACHE)
+def _bound_below(A):
+    """A lower bound ``A`` of the root, computed with rounding, lowered by :data:`_LB_MARGIN`
+    (the mirror of :func:`_bound_above`) so that it is certainly below, and at least 0
+    (where the maximum alone has mass 1)."""
+    lo = A - _LB_MARGIN * (1.0 + A)
+    return lo if lo > 0.0 else 0.0
+
+
 @njit(cache=CACHE)
 def _output(x, out, m, A, a1, kind):
     """Write ``p = e_alpha(x - m - A)`` and return the support size (p > 0 in float64)."""

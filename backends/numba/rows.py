@@ -93,9 +93,9 @@ from . import CACHE
 from ._threads import run_blocks
 from .big_alpha import _solve_big, _solve_big_bisect
 from .candidates import MASK_MIN, _count_finite, _gather_alive, _max_scratch, _window_candidates
-from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, _LB_MARGIN, METHOD_BISECT,
-                          METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _output, _output_at,
-                          _settled_row, _uniform_bound)
+from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, METHOD_BISECT,
+                          METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _bound_below, _output,
+                          _output_at, _settled_row, _uniform_bound)
 from .gen import _finish_gen, _subset_bound_gen
 from .softmax import LANES, _softmax_lanes, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
@@ -205,21 +205,13 @@ def _solve_15(x, out, c, aux, seed):
         A0, s0, k, exact = _subset_bound15(x, m, c, idx, seed)
         if exact:
             return _finish(x, out, m, k, 0.5, _K_15, A0, c[s0:k], k - s0, np.bool_(True), idx)
-        lo = _below(A0)
+        lo = _bound_below(A0)
     k = _gather_alive(x, m, 0.5, _K_15, lo, c, idx)
     A0, s0 = _pivot15(c, k, seed)
     closed = A0 >= 0.0
     if not closed:
         s0 = 0
     return _finish(x, out, m, k, 0.5, _K_15, A0, c[s0:k], k - s0, closed, idx)
-
-
-@njit(inline="always", cache=CACHE)
-def _below(A):
-    """A lower bound ``A`` of a threshold, computed with rounding, made certain
-    (:data:`_LB_MARGIN`) and at least 0 (where the maximum alone has mass 1)."""
-    lo = A - _LB_MARGIN * (1.0 + A)
-    return lo if lo > 0.0 else 0.0
 
 
 @njit(cache=CACHE)
@@ -230,11 +222,12 @@ def _subset_bound15(x, m, c, idx, seed):
     subset's mass is at most the row's at every A, so its root is at most the row's: a
     lower bound of the 1.5-entmax threshold, on normal rows within 2% of it.  When ``A_S``
     is certainly at least 1, every entry outside the window (``y <= -1``) is zero there,
-    so ``A_S`` is the row's 1.5-entmax threshold and ``c[s0:k]`` its support.  Returns (A_S, s0, k, exact); ``A_S`` is -1.0 when rounding
-    left no usable support (:func:`.threshold._pivot15`)."""
+    so ``A_S`` is the row's 1.5-entmax threshold and ``c[s0:k]`` its support.  Returns
+    (A_S, s0, k, exact); ``A_S`` is -1.0 when rounding left no usable support
+    (:func:`.threshold._pivot15`)."""
     k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c, idx)
     A, s0 = _pivot15(c, k, seed)
-    return A, s0, k, _below(A) >= 1.0
+    return A, s0, k, _bound_below(A) >= 1.0
 
 
 @njit(cache=CACHE)
@@ -260,7 +253,7 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     else:
         kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux, idx[:0])
         Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
-    lo = _below(Ab)
+    lo = _bound_below(Ab)
     # the candidates above the bound with their columns; Newton and the output pass work on
     # them alone (:mod:`.gen`: vectorised log1p and exp on a contiguous array)
     k = _gather_alive(x, m, a1, _K_GEN, lo, c, idx)
