@@ -17,30 +17,34 @@ def _lane_max(x, M, M2):
     """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row) and
     the number of NaN or +inf entries (the row solvers' finiteness check, in the same pass),
     in a loop that LLVM vectorises: ``L = M.shape[0]`` lane maxima over consecutive blocks
-    of ``L`` entries, then the lanes and the tail.  A maximum is exact in any order; the
+    of ``L`` entries, then the lanes and the tail.  A maximum is exact in any order, and
+    in x's precision (a float32 row is not converted: twice the lanes a vector; the
+    float64 scratch ``M``, ``M2`` holds them as x's dtype); the
     lanes alternate between ``M`` and ``M2`` so that each store is unconditional (a store
     kept only where the entry is larger becomes a masked store, microcoded and slow on
     AMD).  Returns (m, nonfinite)."""
     n = x.shape[0]
     L = M.shape[0]
+    A = M.view(x.dtype)[:L]
+    B = M2.view(x.dtype)[:L]
     for j in range(L):
-        M[j] = -np.inf
+        A[j] = -np.inf
     bad = 0
     nb = n // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
-        src = M if b % 2 == 0 else M2
-        dst = M2 if b % 2 == 0 else M
+        src = A if b % 2 == 0 else B
+        dst = B if b % 2 == 0 else A
         for j in range(L):
-            v = np.float64(xb[j])
+            v = xb[j]
             w = src[j]
             dst[j] = v if v > w else w
             bad += not (v < np.inf)
-    last = M if nb % 2 == 0 else M2
+    last = A if nb % 2 == 0 else B
     m = -np.inf
     for j in range(L):
-        if last[j] > m:
-            m = last[j]
+        if np.float64(last[j]) > m:
+            m = np.float64(last[j])
     for i in range(nb * L, n):
         v = np.float64(x[i])
         if v > m:
