@@ -10,6 +10,7 @@ from the threshold and the skewed output, is in docs/attention.md.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -120,6 +121,8 @@ def _tensor(x: Any, name: str, ndim: int, finite: bool = True):
 
 
 def _scalar(x: Any, name: str) -> float:
+    if type(x) is float and math.isfinite(x):  # a Python float: nothing to convert
+        return float(x)
     a = V.real_array(x, name) if V.namespace(x) is np else V.namespace(x).asarray(x)
     if a.ndim != 0 or not V.is_real_dtype(a.dtype) or a.dtype.kind == "b":
         raise ValueError(f"{name} must be a real scalar, got {x!r}")
@@ -324,7 +327,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         row_scale = row_scale_of(xp.ascontiguousarray(n), params, off, live, "query row (b, h, i) =")
         s_info = xp.where(live, row_scale, np.nan)
         params["offset"] = off
-    elif any(bool(V.namespace(a).any(V.namespace(a).asarray(a) != 1.0)) for a in (delta, offset)):
+    elif any(not (type(a) in (float, int) and a == 1.0) and bool(V.namespace(a).any(V.namespace(a).asarray(a) != 1.0))
+             for a in (delta, offset)):
         raise ValueError("delta and offset only apply with beta and gamma (the ASEntmax scale)")
 
     cdt = V.common_dtype(cq, ck, cv)

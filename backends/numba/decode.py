@@ -265,8 +265,9 @@ def eligible(q, k, v, spec) -> bool:
     dt = q.dtype
     if dt not in (np.float32, np.float64) or k.dtype != dt or v.dtype != dt:
         return False
-    alphas = np.asarray([spec.alpha] if spec.head_alpha is None else spec.head_alpha, np.float64)
-    return bool(np.all(alphas > 1.0))
+    if spec.head_alpha is None:
+        return spec.alpha > 1.0
+    return bool(np.all(np.asarray(spec.head_alpha, np.float64) > 1.0))
 
 
 def scans_inputs(q, k, v, spec) -> bool:
@@ -311,7 +312,7 @@ def decode_forward(q, k, v, spec):
     # check_finite on: every key is read, so scan k and v for NaN/inf too.  Off: V is read
     # on the support only; a NaN/inf in K still makes its scores suspect (phase 2 then
     # takes the row exactly and raises the overflow error)
-    scan = scans_inputs(q, k, v, spec)
+    scan = bool(spec.check_finite) and spec.key_lengths is None  # scans_inputs: this call is eligible
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     geometry = {}  # per batch: the kv-heads of a batch share their rows' geometry
