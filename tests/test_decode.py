@@ -149,6 +149,38 @@ def test_decode_routes_softmax_heads_and_holes_to_the_chunked_forward(taken):
     np.testing.assert_allclose(out, ref[0], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("hkv", [1, 4], ids=["blocks", "fused"])
+def test_decode_key_blocks_and_fused_heads(taken, monkeypatch, hkv):
+    """Fewer kv-heads than twice the threads: each kv-head's keys are split into several
+    blocks, and phase 2 waits for all of them (two rounds of the threads).  As many or
+    more: a kv-head is one block and its rows follow its scan in the same work item (one
+    round).  Both give the dense formula's results and the chunked forward's bits."""
+    monkeypatch.setattr(dec, "KEY_BLOCK", 64)
+    rounds = []
+    real = dec._run_parallel
+
+    def counted(items, work, workers, cost=None):
+        rounds.append(len(items))
+        return real(items, work, workers, cost)
+
+    monkeypatch.setattr(dec, "_run_parallel", counted)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        rng, q, k, v = problem(30 + hkv, B=1, Hq=4, Hkv=hkv, Nq=1, Nk=700, D=4, Dv=3, spread=2.5)
+        out, info, _ = check_against_dense("numba", q, k, v, 1.5, causal=True, key_lengths=[650])
+        assert taken
+        if hkv == 1:
+            assert len(rounds) == 2 and rounds[0] > hkv  # several blocks, then the rows
+        else:
+            assert rounds == [hkv]  # one block a kv-head, its rows in the same item
+        ref = _chunked(monkeypatch, lambda: er.attention(q, k, v, alpha=1.5, return_info=True, backend="numba",
+                                                         causal=True, key_lengths=[650]))
+        _same_forward((out, info), ref)
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_decode_many_candidates_and_suspect_rows(taken):
     """A zero query ties every key (all are candidates: the row's buffer grows past
     KEY_BUDGET); keys whose float32 product overflows send their rows the exact way."""
