@@ -49,7 +49,7 @@ def taken(monkeypatch, spy):
 @pytest.fixture(params=[(1, 8192), (2, 64)], ids=["1thread", "2threads-blocks"])
 def threads(request, monkeypatch):
     n, block = request.param
-    monkeypatch.setattr(dec, "KEY_BLOCK", block)  # several key blocks per kv-head
+    monkeypatch.setattr(dec, "KEY_BLOCK", block)  # small blocks (one a kv-head here: 4 kv-heads, 2 threads)
     before = numba.get_num_threads()
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     yield n
