@@ -239,9 +239,9 @@ def per_row(a: np.ndarray, name: str, batch_shape: tuple, xp: Any = np) -> Any:
 
 def alpha_rows(alpha: Any, batch_shape: tuple, xp: Any = np) -> Any:
     """alpha as a float64 (rows,) array; scalar or broadcastable to ``batch_shape``.  A
-    Python float or int in ``[1, inf)`` is filled in directly (the checks below would
-    pass it unchanged)."""
-    if xp is np and type(alpha) in (float, int) and 1.0 <= alpha < np.inf:
+    Python float or int in ``[1, 1e300]`` is filled in directly (the checks below would
+    pass it unchanged; a larger int takes them, which reject one past float64's range)."""
+    if xp is np and type(alpha) in (float, int) and 1.0 <= alpha <= 1e300:
         return np.full(math.prod(batch_shape), float(alpha))
     a = finite_real(alpha, "alpha")
     if np.any(a < 1.0):
