@@ -146,6 +146,34 @@ def scan_block(qf, kf, vf, scan_v, j0, j1, blk, g, zero, nq, nvis, nchk, offset,
     return kn, vn
 
 
+@njit(nogil=True, cache=CACHE)
+def rows_inputs(qc, kn, lmax, suspect, scale, row_scale, err, lrow, srow):
+    """Phase 2's inputs for one kv-head from its blocks' phase-1 results (``kn`` (blocks,),
+    ``lmax`` and ``suspect`` (rows, blocks)): the score error bound ``err`` of every row
+    from the largest key norm (:func:`~.attention.score_errors`; a bound that is not
+    finite, from a NaN/inf norm, becomes inf), and per row the largest approximate score
+    ``lrow`` (NaN when one block's is) and the count of suspect scores ``srow``.  One
+    compiled call with the GIL released: in a fused work item (:func:`decode_forward`) the
+    other worker's calls are not kept waiting on this one's NumPy steps."""
+    kmax = 0.0
+    nan = False
+    for j in range(kn.shape[0]):
+        nan = nan or kn[j] != kn[j]
+        kmax = max(kmax, kn[j])
+    score_errors(qc, np.nan if nan else np.sqrt(kmax), scale, row_scale, err)
+    for r in range(err.shape[0]):
+        if not (abs(err[r]) < np.inf):
+            err[r] = np.inf
+        L = lmax[r, 0]
+        bad = suspect[r, 0]
+        for j in range(1, lmax.shape[1]):
+            v = lmax[r, j]
+            L = v if (v > L or v != v) and L == L else L
+            bad += suspect[r, j]
+        lrow[r] = L
+        srow[r] = bad
+
+
 @njit(cache=CACHE)
 def _grown(a, m):
     b = np.empty(2 * a.shape[0], a.dtype)
@@ -368,14 +396,7 @@ def decode_forward(q, k, v, spec):
         fused = nb == 1
 
         def between(i):
-            """Phase 2's inputs for kv-head i from its blocks' phase-1 results: the score
-            error bound from the largest key norm, and per row the largest approximate
-            score and the count of suspect ones."""
-            with np.errstate(over="ignore", invalid="ignore"):
-                score_errors(hds[i]["qc"], float(np.sqrt(kn[i].max())), scale, hds[i]["rs"], err[i])
-            err[i][~np.isfinite(err[i])] = np.inf
-            lrow[i] = lmax[i].max(axis=1)
-            srow[i] = suspect[i].sum(axis=1)
+            rows_inputs(hds[i]["qc"], kn[i], lmax[i], suspect[i], scale, hds[i]["rs"], err[i], lrow[i], srow[i])
 
         def phase2(slot, item):
             i, r0, r1 = item
