@@ -390,7 +390,7 @@ def decode_forward(q, k, v, spec):
         o = np.empty((H, R, Dv))
         ncand = np.empty((H, R), np.int64)
         bad = np.zeros((H, R), np.int8)
-        # every kv-head one block of phase 1 (as many kv-heads as threads, or more): a
+        # every kv-head one block of phase 1 (twice as many kv-heads as threads or more, or few keys): a
         # kv-head's rows follow its scan in the same work item, with no barrier between the
         # phases and no second round of the threads (0.3-0.5 ms of a 12 ms call)
         fused = nb == 1
