@@ -83,9 +83,12 @@ def _dots(qf, kf, vf, scan_v, j0, j1, g, zero):
     for ``j0 <= j < j1``; returns the largest ``||k_j||^2`` of those keys (float64, from
     the exact squares of float32 entries) and the sum of those squares and (with
     ``scan_v``) of the entries of the ``v_j``: NaN or infinite when an entry is (or when
-    finite entries overflow the sum: the caller then checks the entries themselves)."""
+    finite entries overflow the sum: the caller then checks the entries themselves).
+    The V rows are summed as one flat run after the keys, not key by key: a sum per key
+    cost a horizontal reduction a key, and the separate run streams V by itself (phase 1
+    of 65,536 keys x 8 heads, two threads: 9.7-10.7 -> 8.6-8.8 ms, against 8.4-8.6 for a
+    plain read of K and V)."""
     R, D = qf.shape
-    Dv = vf.shape[1]
     kn = 0.0
     tot = 0.0
     for j in range(j0, j1):
@@ -95,16 +98,17 @@ def _dots(qf, kf, vf, scan_v, j0, j1, g, zero):
             s2 += x * x
         kn = max(kn, s2)
         tot += s2  # a sum keeps NaN (a vectorised max may not)
-        if scan_v:
-            tv = zero
-            for d in range(Dv):
-                tv += vf[j, d]  # input precision: an overflow only sends it to the exact check
-            tot += tv
         for r in range(R):
             acc = zero
             for d in range(D):
                 acc += qf[r, d] * kf[j, d]
             g[r, j] = acc
+    if scan_v:
+        run = vf[j0:j1].reshape(-1)  # C-contiguous rows: one run of entries
+        tv = zero
+        for i in range(run.shape[0]):
+            tv += run[i]  # input precision: an overflow only sends it to the exact check
+        tot += tv
     return kn, tot
 
 
