@@ -20,6 +20,7 @@ A forked child starts a pool of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -79,7 +80,11 @@ if hasattr(os, "register_at_fork"):
 
 def run_on_workers(fn, workers):
     """``fn(slot)`` for ``slot = 0 .. workers - 1``, each on a worker thread of its own, the
-    calling thread waiting; re-raises the first exception."""
+    calling thread waiting; re-raises the first exception.  The calling thread is never a
+    worker: as one, a call made after an idle spell (the bench's 50 ms pause) ran both
+    workers on one core of the 2-core VM for most of the call (512 x 8192 float32 softmax
+    12.6-13.0 ms against 7.5-7.8, 1.5-entmax 7.4 against 4.7; decoding 1-2 ms longer);
+    back to back, with no pause, the two were the same."""
     pool = _POOL
     if pool.busy.acquire(blocking=False):
         try:
@@ -102,6 +107,35 @@ def run_on_workers(fn, workers):
             raise exc
 
 
+def run_items(work, workers, items=None, plans=None):
+    """``work(slot, item)`` on ``workers`` worker threads (:func:`run_on_workers`): every
+    item of ``items``, taken in order from one shared queue by whichever worker is free,
+    or, given ``plans`` (one list per slot), each slot's own items in order.  After an
+    exception no worker takes another item, and the first exception is re-raised.  Items
+    are never None."""
+    if plans is not None:
+        queues = [iter(p) for p in plans]
+        lock = contextlib.nullcontext()
+    else:
+        queues = [iter(items)] * workers
+        lock = threading.Lock()
+    failed = []
+
+    def loop(slot):
+        while not failed:
+            with lock:
+                item = next(queues[slot], None)
+            if item is None:
+                return
+            try:
+                work(slot, item)
+            except BaseException:
+                failed.append(True)  # the others stop taking items
+                raise
+
+    run_on_workers(loop, workers)
+
+
 def run_blocks(kernel, args, shape, nblk):
     """``kernel(*args, r0, r1)`` over the rows ``0 .. shape[0] - 1`` in ``nblk`` blocks on
     up to ``numba.get_num_threads()`` worker threads; re-raises the first exception."""
@@ -114,26 +148,4 @@ def run_blocks(kernel, args, shape, nblk):
         return
     nblk = max(workers, min(rows, nblk))
     bounds = [(b * rows) // nblk for b in range(nblk + 1)]
-    lock = threading.Lock()
-    nxt = [0]
-    failed = []
-
-    def loop(slot):
-        while not failed:
-            with lock:
-                b = nxt[0]
-                nxt[0] = b + 1
-            if b >= nblk:
-                return
-            try:
-                kernel(*args, bounds[b], bounds[b + 1])
-            except BaseException:
-                failed.append(True)  # the others stop taking blocks
-                raise
-
-    # every worker a thread of its own, the calling thread waiting.  With the calling thread
-    # as one of the workers, a call made after an idle spell (the bench's 50 ms pause) ran
-    # both workers on one core of the 2-core VM for most of the call: 512 x 8192 float32
-    # softmax 12.6-13.0 ms against 7.5-7.8 with this, 1.5-entmax 7.4 against 4.7 (back to
-    # back, no pause, the two are the same)
-    run_on_workers(loop, workers)
+    run_items(lambda slot, b: kernel(*args, bounds[b], bounds[b + 1]), workers, items=range(nblk))

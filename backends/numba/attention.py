@@ -105,7 +105,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import CACHE
-from ._threads import run_on_workers
+from ._threads import run_items
 from .candidates import MASK_MIN, _set_bits
 from ..geometry import key_offset, visible_keys_end
 from .big_alpha import _edge_p, _lqa
@@ -955,35 +955,14 @@ def _run_parallel(items, work, workers, cost=None):
         for it in items:
             work(0, it)
         return
-    failed = []
+    plans = None
     if cost is not None:
         plans, load = [[] for _ in range(workers)], [0] * workers
         for item in items:
             slot = load.index(min(load))
             plans[slot].append(item)
             load[slot] += cost(item)
-        queues = [iter(p) for p in plans]
-        lock = contextlib.nullcontext()
-    else:
-        queues = [iter(items)] * workers
-        lock = threading.Lock()
-
-    def loop(slot):
-        while not failed:
-            with lock:
-                item = next(queues[slot], None)
-            if item is None:
-                return
-            try:
-                work(slot, item)
-            except BaseException:
-                failed.append(True)  # the others stop taking items
-                raise
-
-    # every slot on a worker thread of its own, the calling thread waiting: with the calling
-    # thread as slot 0 the decoding call took 1-2 ms longer after an idle spell on the 2-core
-    # VM (the bench's case), for no gain back to back
-    run_on_workers(loop, workers)
+    run_items(work, workers, items=items, plans=plans)
 
 
 def _run_chunks(items, work, workers, cost=None):
