@@ -159,23 +159,23 @@ def rows_inputs(qc, kn, lmax, suspect, scale, row_scale, err, lrow, srow):
     ``lrow`` (NaN when one block's is) and the count of suspect scores ``srow``.  One
     compiled call with the GIL released: in a fused work item (:func:`decode_forward`) the
     other worker's calls are not kept waiting on this one's NumPy steps."""
-    kmax = 0.0
-    nan = False
-    for j in range(kn.shape[0]):
-        nan = nan or kn[j] != kn[j]
-        kmax = max(kmax, kn[j])
-    score_errors(qc, np.nan if nan else np.sqrt(kmax), scale, row_scale, err)
+    score_errors(qc, np.sqrt(_max_or_nan(kn)), scale, row_scale, err)
     for r in range(err.shape[0]):
         if not (abs(err[r]) < np.inf):
             err[r] = np.inf
-        L = lmax[r, 0]
-        bad = suspect[r, 0]
-        for j in range(1, lmax.shape[1]):
-            v = lmax[r, j]
-            L = v if (v > L or v != v) and L == L else L
-            bad += suspect[r, j]
-        lrow[r] = L
-        srow[r] = bad
+        lrow[r] = _max_or_nan(lmax[r])
+        srow[r] = suspect[r].sum()
+
+
+@njit(inline="always", cache=CACHE)
+def _max_or_nan(a):
+    """The largest entry of a non-empty 1-D ``a``, NaN when one is (as ``np.max``)."""
+    m = a[0]
+    nan = False
+    for j in range(a.shape[0]):
+        nan = nan or a[j] != a[j]
+        m = max(m, a[j])
+    return np.nan if nan else m
 
 
 @njit(cache=CACHE)
@@ -309,7 +309,12 @@ def scans_inputs(q, k, v, spec) -> bool:
     public layer need not scan them first): decoding problems without key lengths, when
     ``spec.check_finite`` is on.  With it off nothing is scanned: phase 1 reads K (for the
     scores) but not V, and phase 2 reads V on the support only."""
-    return bool(spec.check_finite) and eligible(q, k, v, spec) and spec.key_lengths is None
+    return _scans(spec) and eligible(q, k, v, spec)
+
+
+def _scans(spec) -> bool:
+    """Whether an eligible call scans k and v (:func:`scans_inputs`)."""
+    return bool(spec.check_finite) and spec.key_lengths is None
 
 
 def _row_geometry(spec, b, Nq, Nk, group):
@@ -345,7 +350,7 @@ def decode_forward(q, k, v, spec):
     # check_finite on: every key is read, so scan k and v for NaN/inf too.  Off: V is read
     # on the support only; a NaN/inf in K still makes its scores suspect (phase 2 then
     # takes the row exactly and raises the overflow error)
-    scan = bool(spec.check_finite) and spec.key_lengths is None  # scans_inputs: this call is eligible
+    scan = _scans(spec)  # the backend took this path: the call is eligible
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     geometry = {}  # per batch: the kv-heads of a batch share their rows' geometry
