@@ -336,6 +336,35 @@ def test_every_solver_marks_its_nonfinite_rows(nb):
         assert abs(got.theta[2] - want) <= 2 * np.spacing(0.0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("n", [1, 37, 1000, 4096])
+def test_softmax_rows_take_each_maximum_in_the_previous_rows_pass(nb, dtype, n):
+    """In a block of rows, softmax takes each row's maximum and NaN/+inf count inside the
+    previous row's exponential pass. Every row of a many-row call, settled rows (NaN, +inf,
+    all -inf) between solved ones, bad entries in the lanes or in the tail of the next
+    row, gets the same bits as the row solved alone (whose pass reads itself)."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((300, n)).astype(dtype)
+    x[rng.random(x.shape) < 0.1] = -np.inf
+    x[::7] = -np.inf  # all masked, every 7th row
+    for r, col in ((10, 0), (11, n - 1), (40, n // 2), (41, 0)):
+        x[r, col] = np.nan
+    x[60, n - 1] = np.inf
+    x[61, 0] = np.inf
+    x[90] = 2.0  # all tied at the top
+    x[93, :] = -800.0  # below exp's range except the maximum
+    x[93, 0] = 0.0
+    got = nb.entmax_forward(x, np.ones(x.shape[0]), None)
+    for r in range(x.shape[0]):
+        one = nb.entmax_forward(x[r:r + 1], np.ones(1), None)
+        np.testing.assert_array_equal(got.p[r], one.p[0])
+        for field in ("theta", "support", "n_iter", "converged"):
+            np.testing.assert_array_equal(getattr(got, field)[r], getattr(one, field)[0])
+    bad = ~np.isfinite(x) & ~np.isneginf(x)
+    np.testing.assert_array_equal(got.n_iter == -1, bad.any(axis=1))
+    assert (got.support[::7] == 0).all() and (got.theta[::7] == -np.inf).all()
+
+
 def test_three_way_partition():
     """The pivot solvers' three-way partition (two branch-free Lomuto passes): below, equal
     to and above the pivot in that order, the same multiset, and the sums of ``y - v`` and

@@ -12,6 +12,48 @@ from . import CACHE
 from .elementwise import _LB_MARGIN, _alive
 
 
+@njit(inline="always", cache=CACHE)
+def _max_lanes(x, M, M2):
+    """The two alternating lane arrays of :func:`_lane_max` for row ``x``: the float64
+    scratch ``M``, ``M2`` viewed as x's dtype (``L = M.shape[0]`` lanes each), the first
+    set to -inf.  Returns (A, B)."""
+    L = M.shape[0]
+    A = M.view(x.dtype)[:L]
+    B = M2.view(x.dtype)[:L]
+    for j in range(L):
+        A[j] = -np.inf
+    return A, B
+
+
+@njit(inline="always", cache=CACHE)
+def _max_into(src, dst, j, v):
+    """One step of :func:`_lane_max`: ``dst[j]`` = the larger of ``src[j]`` and ``v`` (a NaN
+    ``v`` keeps ``src[j]``).  Returns 1 for a NaN or +inf ``v``, else 0."""
+    w = src[j]
+    dst[j] = v if v > w else w
+    return not (v < np.inf)
+
+
+@njit(inline="always", cache=CACHE)
+def _max_end(x, A, B, nb):
+    """The end of :func:`_lane_max` after ``nb`` blocks of ``L`` entries: the largest lane
+    (block ``b`` wrote ``B`` when ``b`` is even, ``A`` when odd) and the tail
+    ``x[nb * L:]``.  Returns (m, nonfinite entries of the tail)."""
+    L = A.shape[0]
+    last = A if nb % 2 == 0 else B
+    m = -np.inf
+    for j in range(L):
+        if np.float64(last[j]) > m:
+            m = np.float64(last[j])
+    bad = 0
+    for i in range(nb * L, x.shape[0]):
+        v = np.float64(x[i])
+        if v > m:
+            m = v
+        bad += not (v < np.inf)
+    return m, bad
+
+
 @njit(cache=CACHE)
 def _lane_max(x, M, M2):
     """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row) and
@@ -22,35 +64,21 @@ def _lane_max(x, M, M2):
     float64 scratch ``M``, ``M2`` holds them as x's dtype); the
     lanes alternate between ``M`` and ``M2`` so that each store is unconditional (a store
     kept only where the entry is larger becomes a masked store, microcoded and slow on
-    AMD).  Returns (m, nonfinite)."""
-    n = x.shape[0]
-    L = M.shape[0]
-    A = M.view(x.dtype)[:L]
-    B = M2.view(x.dtype)[:L]
-    for j in range(L):
-        A[j] = -np.inf
+    AMD).  The steps are :func:`_max_lanes`, :func:`_max_into` and :func:`_max_end`
+    (softmax runs them inside its exponential pass, on the next row).  Returns (m,
+    nonfinite)."""
+    A, B = _max_lanes(x, M, M2)
+    L = A.shape[0]
     bad = 0
-    nb = n // L
+    nb = x.shape[0] // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
         src = A if b % 2 == 0 else B
         dst = B if b % 2 == 0 else A
         for j in range(L):
-            v = xb[j]
-            w = src[j]
-            dst[j] = v if v > w else w
-            bad += not (v < np.inf)
-    last = A if nb % 2 == 0 else B
-    m = -np.inf
-    for j in range(L):
-        if np.float64(last[j]) > m:
-            m = np.float64(last[j])
-    for i in range(nb * L, n):
-        v = np.float64(x[i])
-        if v > m:
-            m = v
-        bad += not (v < np.inf)
-    return m, bad
+            bad += _max_into(src, dst, j, xb[j])
+    m, tail = _max_end(x, A, B, nb)
+    return m, bad + tail
 
 
 @njit(cache=CACHE)

@@ -97,7 +97,7 @@ from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _bound_below, _output,
                           _output_at, _settled_row, _uniform_bound)
 from .gen import _finish_gen, _subset_bound_gen
-from .softmax import LANES, _softmax_lanes, _solve_softmax
+from .softmax import _softmax_rows, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
 
 
@@ -304,10 +304,7 @@ def _solver_scratch(n):
 
 @njit(nogil=True, cache=CACHE)
 def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    c = np.empty(x.shape[1], np.float64)
-    lanes = np.empty((4, LANES), np.float64)
-    for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = _softmax_lanes(x[r], out[r], c, lanes)
+    _softmax_rows(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @njit(nogil=True, cache=CACHE)
