@@ -195,7 +195,7 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
 def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
     """alpha = 1.5 and 2 gather their candidates after a vectorised maximum: the same y, in
     the same order, as the one-pass window gather and its filter."""
-    from entmax_ref.backends.numba.candidates import _gather_alive, _max_gather, _max_scratch, _refilter
+    from entmax_ref.backends.numba.candidates import _gather_alive, _max_gather, _max_zeroing, _refilter
     from entmax_ref.backends.numba.elementwise import _K_15, _K_SPARSE
 
     rng = np.random.default_rng(n)
@@ -209,8 +209,10 @@ def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
             m, k, bad = _max_gather(x, W, c)
             k = _refilter(c, k, m, a1, kind, 0.0)
             got = np.empty(n)
-            m2, bad2 = _max_scratch(x, np.empty(n), np.empty(n))
+            out = np.full(n, 7.0, dtype)
+            m2, bad2 = _max_zeroing(x, out, np.empty(n), np.empty(n))
             assert m2 == m and bad == bad2 == 0
+            assert not out.any()  # the output row is zero-filled in the same pass
             idx = np.empty(n, np.int64)
             assert _gather_alive(x, m2, a1, kind, 0.0, got, idx) == k
             np.testing.assert_array_equal(got[:k], c[:k])
@@ -274,7 +276,7 @@ def test_gather_with_columns_is_the_output_test_set(dtype, a1):
     entry its y came from, also for entries one ulp either side of the edge and for a
     maximum far from the edge (the comparison's edge search gives up there and the gather
     tests in float64); compacting at a larger lower bound keeps exactly the ones alive there."""
-    from entmax_ref.backends.numba.candidates import _gather_alive, _max_scratch
+    from entmax_ref.backends.numba.candidates import _gather_alive, _max_zeroing
     from entmax_ref.backends.numba.elementwise import _K_GEN
     from entmax_ref.backends.numba.gen import _compact_gen
 
@@ -290,7 +292,7 @@ def test_gather_with_columns_is_the_output_test_set(dtype, a1):
             x = x * 1e-3 + 0.5 / a1
             x[0] = 1.0 / a1
         x = x.astype(dtype)
-        m = _max_scratch(x, np.empty(n), np.empty(n))[0]
+        m = _max_zeroing(x, np.empty(n), np.empty(n), np.empty(n))[0]
         for lo in (0.0, 0.3, 1.7):
             y = x.astype(np.float64) - m
             want = np.flatnonzero(a1 * (y - lo) > -1.0)

@@ -138,11 +138,9 @@ def _output(x, out, m, A, a1, kind):
 @njit(cache=CACHE)
 def _output_at(x, out, m, A, a1, kind, idx, k):
     """:func:`_output` for a row whose entries that can be nonzero at ``A`` are among the
-    columns ``idx[:k]`` (the candidates alive at a lower bound of A): zeros (a vectorised
-    store), then ``p`` at those columns, by the same formula from the same ``y``.  Returns
-    the support size."""
-    for i in range(x.shape[0]):
-        out[i] = 0.0
+    columns ``idx[:k]`` (the candidates alive at a lower bound of A), and whose ``out`` is
+    already zero (the solvers' maximum pass, :func:`.candidates._max_zeroing`): ``p`` at
+    those columns, by the same formula from the same ``y``.  Returns the support size."""
     cnt = 0
     for j in range(k):
         i = idx[j]

@@ -19,9 +19,10 @@ array alone (units as in :mod:`.rows`):
   and were half the work); they move the iterate and the lower end of the bracket only
   where the rough f is certainly positive, and the exact iteration finishes
   (:func:`_newton_gen`);
-* the output pass (:func:`_output_gen`): the row is zero-filled (a vectorised store) and the
-  probabilities of the candidates, computed by the same vectorised map, are written at their
-  indices; an entry off the candidates is zero at every ``A >= lo``.
+* the output pass (:func:`_output_gen`): the row was zero-filled in the maximum pass
+  (:func:`.candidates._max_zeroing`), and the probabilities of the candidates, computed
+  by the same vectorised map, are written at their indices; an entry off the candidates
+  is zero at every ``A >= lo``.
 
 The functions agree with libm's to about 1 ulp each (``vlog1p`` 0.75 ulp, ``vexp`` 0.8 ulp,
 worst seen), so ``p`` and the threshold differ from the libm-based map by a few float64 ulps
@@ -214,12 +215,10 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
 
 @njit(cache=CACHE)
 def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
-    """Write ``p = e_alpha(x - m - A)`` for the whole row: zeros, then the candidates' ``p``
-    (computed into ``pbuf`` in a vectorised loop, unless ``fresh``: the Newton iteration's
-    last evaluation left them there, at this A) at their indices.  Returns the support size
-    (p > 0 in float64)."""
-    for i in range(x.shape[0]):
-        out[i] = 0.0
+    """Write ``p = e_alpha(x - m - A)`` for the whole row, whose ``out`` is already zero
+    (:func:`.candidates._max_zeroing`): the candidates' ``p`` (computed into ``pbuf`` in a
+    vectorised loop, unless ``fresh``: the Newton iteration's last evaluation left them
+    there, at this A) at their indices.  Returns the support size (p > 0 in float64)."""
     if not fresh:
         for j in range(k):
             pbuf[j] = _pu_gen(c[j], A, a1)[0]

@@ -92,7 +92,7 @@ from numba import njit
 from . import CACHE
 from ._threads import run_blocks
 from .big_alpha import _solve_big, _solve_big_bisect
-from .candidates import MASK_MIN, _count_finite, _gather_alive, _max_scratch, _window_candidates
+from .candidates import MASK_MIN, _count_finite, _gather_alive, _max_zeroing, _window_candidates
 from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _bound_below, _output,
                           _output_at, _settled_row, _uniform_bound)
@@ -175,7 +175,7 @@ def _solve_newton(x, out, a1, c):
 def _solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
     polished by Newton; the output pass visits the candidates' columns."""
-    m, bad = _max_scratch(x, aux, aux2)
+    m, bad = _max_zeroing(x, out, aux, aux2)
     settled, res = _settled_row(out, m, bad)
     if settled:
         return res
@@ -195,7 +195,7 @@ def _solve_15(x, out, c, aux, seed):
     :func:`_subset_bound15`'s, which on a normal row of 8192 leaves some 35 candidates
     instead of the 340 alive at A = 0, and is often the answer itself; short rows (the
     attention's candidates) take ``lo = 0``."""
-    m, bad = _max_scratch(x, c, aux)
+    m, bad = _max_zeroing(x, out, c, aux)
     settled, res = _settled_row(out, m, bad)
     if settled:
         return res
@@ -238,7 +238,7 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     ``y > -1/a1`` (a third of a normal row at alpha = 1.33); the sets are those of the
     gather-then-filter steps.  Newton and the output pass then run on the compacted
     candidates with a vectorised map (:mod:`.gen`)."""
-    m, bad = _max_scratch(x, aux, aux2)
+    m, bad = _max_zeroing(x, out, aux, aux2)
     settled, res = _settled_row(out, m, bad)
     if settled:
         return res
