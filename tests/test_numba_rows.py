@@ -339,10 +339,12 @@ def test_every_solver_marks_its_nonfinite_rows(nb):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 @pytest.mark.parametrize("n", [1, 37, 1000, 4096])
 def test_softmax_rows_take_each_maximum_in_the_previous_rows_pass(nb, dtype, n):
-    """In a block of rows, softmax takes each row's maximum and NaN/+inf count inside the
-    previous row's exponential pass. Every row of a many-row call, settled rows (NaN, +inf,
-    all -inf) between solved ones, bad entries in the lanes or in the tail of the next
-    row, gets the same bits as the row solved alone (whose pass reads itself)."""
+    """In a block of float64 rows, softmax takes each row's maximum and NaN/+inf count inside
+    the previous row's exponential pass (float32 rows take their own). Every row of a
+    many-row call, settled rows (NaN, +inf, all -inf) between solved ones, bad entries at
+    either end of the next row (its last block overlaps the one before when n is not a
+    multiple of the lanes), gets the same bits as the row solved alone (whose pass reads
+    itself again)."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal((300, n)).astype(dtype)
     x[rng.random(x.shape) < 0.1] = -np.inf

@@ -97,7 +97,7 @@ from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _bound_below, _output,
                           _output_at, _settled_row, _uniform_bound)
 from .gen import _finish_gen, _subset_bound_gen
-from .softmax import _softmax_rows, _solve_softmax
+from .softmax import LANES, _softmax_lanes, _softmax_rows_next, _solve_softmax
 from .threshold import _bisect, _condat, _newton, _pivot15
 
 
@@ -304,7 +304,15 @@ def _solver_scratch(n):
 
 @njit(nogil=True, cache=CACHE)
 def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    _softmax_rows(x, out, theta, support, n_iter, converged, r0, r1)
+    c = np.empty(x.shape[1], np.float64)
+    lanes = np.empty((4, LANES), np.float64)
+    for r in range(r0, r1):
+        theta[r], support[r], n_iter[r], converged[r] = _softmax_lanes(x[r], out[r], c, lanes)
+
+
+@njit(nogil=True, cache=CACHE)
+def _rows_softmax64(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+    _softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @njit(nogil=True, cache=CACHE)
@@ -346,8 +354,9 @@ def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
-def _driver(alpha, method):
-    """The driver that compiles least for these rows: one path when every row takes it."""
+def _driver(alpha, method, dtype):
+    """The driver that compiles least for these rows (of ``dtype``): one path when every row
+    takes it."""
     a = alpha[0]
     if not (alpha == a).all():
         if method != METHOD_BISECT and (alpha > 2.0).all():
@@ -358,7 +367,10 @@ def _driver(alpha, method):
     if method != METHOD_DEFAULT or not 1.0 <= a <= 2.0:
         return _rows_any
     # the path _solve_row takes for this alpha (_kind's Python function: no compile)
-    return {_K_EXP: _rows_softmax, _K_SPARSE: _rows_sparse, _K_15: _rows_15, _K_GEN: _rows_gen}[_kind.py_func(a - 1.0)]
+    kind = _kind.py_func(a - 1.0)
+    if kind == _K_EXP and dtype == np.float64:
+        return _rows_softmax64  # each row's maximum read in the previous row's pass
+    return {_K_EXP: _rows_softmax, _K_SPARSE: _rows_sparse, _K_15: _rows_15, _K_GEN: _rows_gen}[kind]
 
 
 def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
@@ -367,4 +379,4 @@ def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
     A row holding NaN or +inf gets p = NaN and ``n_iter = -1`` (the module docstring).
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
-    run_blocks(_driver(alpha, method), (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)
+    run_blocks(_driver(alpha, method, x.dtype), (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)

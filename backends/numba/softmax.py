@@ -9,8 +9,8 @@ consecutive entries, each with Knuth's branch-free TwoSum error term, so no loop
 rounding order has to be kept and the lanes are vector registers), and ``p_i = e_i / (1 +
 s)``.  The lanes are merged with Neumaier's step.  The error of the sum is that of a
 compensated sum (``~2 eps |s|`` plus ``n eps^2 |s|``), whatever the order.  In a block
-of rows the maximum of the next row is taken inside this row's exponential pass
-(:func:`_softmax_row`), so each row is read from memory once while the exponentials run.
+of float64 rows the maximum of the next row is taken inside this row's exponential pass
+(:func:`_softmax_row_next`), so that row's read from memory overlaps the exponentials.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
 from . import CACHE
 from .candidates import _lane_max, _max_end, _max_into, _max_lanes
@@ -41,34 +40,6 @@ def _lanes(n):
     return L
 
 
-def _exp_buffer(out, c):
-    """Where the exponential pass keeps ``e_i = exp(x_i - m)``: ``out`` itself when it is
-    float64 (the output pass then scales it in place; writing ``out`` during the
-    compute-bound exponentials overlaps its write-allocate traffic with them), else the
-    float64 scratch ``c``.  Chosen when the caller compiles."""
-
-
-@overload(_exp_buffer, inline="always")
-def _exp_buffer_impl(out, c):
-    if out.dtype == types.float64:
-        return lambda out, c: out
-    return lambda out, c: c
-
-
-def _next_max_in_exp_pass(x):
-    """Whether the exponential pass of row ``x`` also takes the next row's maximum: for
-    float64 rows (512 x 8192, two threads: 5.4-5.7 -> 4.7-4.9 ms), whose next row is 64 KiB
-    read from memory while the exponentials run; a float32 row's pass got slower with it
-    (4.4-4.5 -> 4.9-5.2 ms: half the bytes to hide, and the float32 lanes in the float64
-    loop).  A constant when the caller compiles."""
-
-
-@overload(_next_max_in_exp_pass, inline="always")
-def _next_max_in_exp_pass_impl(x):
-    fused = x.dtype == types.float64
-    return lambda x: fused
-
-
 @njit(inline="always", cache=CACHE)
 def _exp_entry(x, e, i, m, low):
     """``e[i] = exp(x[i] - m)`` (``x[i] <= m``), and whether ``x[i]`` is a tie at ``m`` and
@@ -78,57 +49,25 @@ def _exp_entry(x, e, i, m, low):
     return np.float64(x[i]) == m, y <= low  # the row is finite here (the callers settle others)
 
 
-@njit(cache=CACHE)
-def _softmax_row(x, out, m, c, lanes, xn):
-    """Softmax of one row with maximum m: ``A = log(sum exp(x - m))`` computed as
-    ``log1p(s)``, ``s`` the sum over all but one argmax (the max term separated out, as
-    scipy's logsumexp does; further entries equal to m add exactly 1 each) with a
-    compensated sum; ``exp(x - m)`` is kept (:func:`_exp_buffer`: ``out``, or ``c``) so
-    that the output is ``e_i / (1 + s)`` (``exp(y_i - A)`` directly where that is below the
-    normal range).  ``lanes`` is float64 scratch of shape (4, LANES).
+@njit(inline="always", cache=CACHE)
+def _low(n):
+    """Entries with ``y - A <= -700`` take ``exp(y - A)`` directly in the output pass; ``A <=
+    log(n)``, so only entries with ``y <= _low(n)`` can: the exponential pass counts them
+    (usually none)."""
+    return -699.0 + math.log(n)
 
-    ``xn`` is the next row of the caller's block (x's length), or empty: its maximum and
-    NaN/+inf count (:func:`.candidates._lane_max`) are taken here, for float64 rows inside
-    the exponential pass (:func:`_next_max_in_exp_pass`), so that the next row's first read
-    from memory overlaps this row's exponentials instead of stalling a pass of its own.
-    Returns (A, support, the maximum of xn, its NaN/+inf count); -inf, 0 for an empty xn."""
+
+@njit(inline="always", cache=CACHE)
+def _softmax_finish(x, e, out, m, ties, nlow, lanes):
+    """Softmax of row ``x`` with maximum m after its exponential pass left ``e_i = exp(x_i -
+    m)`` in ``e`` (``out`` itself, or scratch) and counted ``ties`` at m and ``nlow`` entries
+    at or below :func:`_low`: ``A = log(sum exp(x - m))`` computed as ``log1p(s)``, ``s``
+    the sum over all but one argmax (the max term separated out, as scipy's logsumexp
+    does; further entries equal to m add exactly 1 each) with a compensated sum, and the
+    output ``e_i / (1 + s)`` (``exp(y_i - A)`` directly where that is below the normal
+    range).  ``lanes`` is float64 scratch of shape (4, LANES).  Returns (A, support)."""
     n = x.shape[0]
     L = _lanes(n)
-    e = _exp_buffer(out, c)
-    # entries with y - A <= -700 take exp(y - A) directly below; A <= log(n), so only
-    # entries with y <= low can: count them (usually none) while computing the e_i
-    low = -699.0 + math.log(n)
-    ties = 0
-    nlow = 0
-    nb = n // L
-    if _next_max_in_exp_pass(x) and xn.shape[0] == n:
-        A_, B_ = _max_lanes(xn, lanes[2, :L], lanes[3, :L])
-        bad = 0
-        for b in range(nb):
-            xb = x[b * L:(b + 1) * L]
-            eb = e[b * L:(b + 1) * L]
-            nxb = xn[b * L:(b + 1) * L]
-            src = A_ if b % 2 == 0 else B_
-            dst = B_ if b % 2 == 0 else A_
-            for j in range(L):
-                tie, below = _exp_entry(xb, eb, j, m, low)
-                ties += tie
-                nlow += below
-                bad += _max_into(src, dst, j, nxb[j])
-        for i in range(nb * L, n):
-            tie, below = _exp_entry(x, e, i, m, low)
-            ties += tie
-            nlow += below
-        m_next, tail = _max_end(xn, A_, B_, nb)
-        bad += tail
-    else:
-        for i in range(n):
-            tie, below = _exp_entry(x, e, i, m, low)
-            ties += tie
-            nlow += below
-        m_next, bad = -np.inf, 0
-        if xn.shape[0] > 0:
-            m_next, bad = _lane_max(xn, lanes[2, :L], lanes[3, :L])
     if nlow > 0:
         for i in range(n):
             y = np.float64(x[i]) - m
@@ -137,6 +76,7 @@ def _softmax_row(x, out, m, c, lanes, xn):
     lanes[:2, :L] = 0.0
     S = lanes[0, :L]
     C = lanes[1, :L]
+    nb = n // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]
         eb = e[b * L:(b + 1) * L]
@@ -166,38 +106,98 @@ def _softmax_row(x, out, m, c, lanes, xn):
                 p = math.exp(d)
                 out[i] = p
                 cnt += p > 0.0
-    return A, cnt, m_next, bad
+    return A, cnt
 
 
 @njit(cache=CACHE)
-def _softmax_rows(x, out, theta, support, n_iter, converged, r0, r1):
-    """alpha = 1, ``method=None``, rows ``r0 .. r1 - 1``: log-sum-exp, each row's maximum
-    taken in the previous row's exponential pass (:func:`_softmax_row`)."""
+def _softmax_row(x, out, m, c, lanes):
+    """Softmax of one row with maximum m: the exponentials into the float64 scratch ``c``,
+    then :func:`_softmax_finish`.  Returns (A, support)."""
+    low = _low(x.shape[0])
+    ties = 0
+    nlow = 0
+    for i in range(x.shape[0]):
+        tie, below = _exp_entry(x, c, i, m, low)
+        ties += tie
+        nlow += below
+    return _softmax_finish(x, c, out, m, ties, nlow, lanes)
+
+
+@njit(cache=CACHE)
+def _softmax_row_next(x, out, m, lanes, xn):
+    """:func:`_softmax_row` of a float64 row whose exponential pass also takes the maximum
+    and NaN/+inf count of ``xn``, the next row of the caller's block (x itself when there
+    is none), and keeps ``exp(x - m)`` in ``out``, which the output pass scales in place.
+    The next row's first read from memory and this row's output traffic then overlap the
+    compute-bound exponentials instead of stalling passes of their own (512 x 8192, two
+    threads: 5.4-5.7 -> 4.7-4.9 ms).  Float32 rows are not run this way: their kernel got
+    slower with it (4.4-4.5 -> 4.9-5.2 ms; half the bytes to hide, and float32 lanes in a
+    float64 loop).  Returns (A, support, the maximum of xn, its NaN/+inf count)."""
+    n = x.shape[0]
+    L = min(_lanes(n), n)
+    A, B = _max_lanes(xn, lanes[2, :L], lanes[3, :L])
+    low = _low(n)
+    ties = 0
+    nlow = 0
+    bad = 0
+    # blocks of L entries; the last one ends at n and overlaps the one before by `skip`
+    # entries, whose exponentials and maxima it redoes (the same values) and whose counts
+    # it leaves out: one loop in the compiled code, no tail loop
+    nbt = (n + L - 1) // L
+    for b in range(nbt):
+        s0 = min(b * L, n - L)
+        skip = b * L - s0
+        xb = x[s0:s0 + L]
+        eb = out[s0:s0 + L]
+        nxb = xn[s0:s0 + L]
+        src = A if b % 2 == 0 else B
+        dst = B if b % 2 == 0 else A
+        for j in range(L):
+            tie, below = _exp_entry(xb, eb, j, m, low)
+            bad_j = _max_into(src, dst, j, nxb[j])
+            if j >= skip:  # a select
+                ties += tie
+                nlow += below
+                bad += bad_j
+    m_next, _ = _max_end(xn, A, B, nbt)  # the blocks covered every entry: no tail
+    Ax, cnt = _softmax_finish(x, out, out, m, ties, nlow, lanes)
+    return Ax, cnt, m_next, bad
+
+
+@njit(cache=CACHE)
+def _softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
+    """alpha = 1, ``method=None``, float64 rows ``r0 .. r1 - 1``: log-sum-exp, each row's
+    maximum taken in the previous row's exponential pass (:func:`_softmax_row_next`)."""
     n = x.shape[1]
     L = _lanes(n)
-    c = np.empty(n, np.float64)
     lanes = np.empty((4, LANES), np.float64)
     m, bad = _lane_max(x[r0], lanes[2, :L], lanes[3, :L])
     for r in range(r0, r1):
-        xn = x[r + 1] if r + 1 < r1 else x[r][:0]
+        xn = x[r + 1] if r + 1 < r1 else x[r]  # the last row's pass reads itself again
         settled, res = _settled_row(out[r], m, bad)
         if settled:
             theta[r], support[r], n_iter[r], converged[r] = res
             m, bad = _lane_max(xn, lanes[2, :L], lanes[3, :L])
             continue
-        A, cnt, m_next, bad = _softmax_row(x[r], out[r], m, c, lanes, xn)
+        A, cnt, m_next, bad = _softmax_row_next(x[r], out[r], m, lanes, xn)
         theta[r], support[r], n_iter[r], converged[r] = m + A, cnt, 0, True
         m = m_next
 
 
 @njit(cache=CACHE)
-def _solve_softmax(x, out, c):
-    """alpha = 1, ``method=None``, one row: log-sum-exp."""
+def _softmax_lanes(x, out, c, lanes):
+    """alpha = 1, ``method=None``, one row: log-sum-exp, with the scratch of
+    :func:`_softmax_row` from the caller."""
     L = _lanes(x.shape[0])
-    lanes = np.empty((4, LANES), np.float64)
     m, bad = _lane_max(x, lanes[2, :L], lanes[3, :L])
     settled, res = _settled_row(out, m, bad)
     if settled:
         return res
-    A, cnt, _, _ = _softmax_row(x, out, m, c, lanes, x[:0])
+    A, cnt = _softmax_row(x, out, m, c, lanes)
     return m + A, cnt, 0, True
+
+
+@njit(cache=CACHE)
+def _solve_softmax(x, out, c):
+    """alpha = 1, ``method=None``: log-sum-exp."""
+    return _softmax_lanes(x, out, c, np.empty((4, LANES), np.float64))
