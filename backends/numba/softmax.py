@@ -42,11 +42,11 @@ def _lanes(n):
 
 @njit(inline="always", cache=CACHE)
 def _exp_entry(x, e, i, m, low):
-    """``e[i] = exp(x[i] - m)`` (``x[i] <= m``), and whether ``x[i]`` is a tie at ``m`` and
-    whether it lies at or below ``low`` (both as 0/1)."""
+    """``e[i] = exp(x[i] - m)`` (``x[i] <= m``: the row is finite here, the callers settle
+    others), and whether ``x[i] - m`` lies at or below ``low`` (0/1)."""
     y = np.float64(x[i]) - m
     e[i] = vexp_neg(y)  # y <= 0; exact for y >= VEXP_NEG_MIN, which y > low includes
-    return np.float64(x[i]) == m, y <= low  # the row is finite here (the callers settle others)
+    return y <= low
 
 
 @njit(inline="always", cache=CACHE)
@@ -58,10 +58,10 @@ def _low(n):
 
 
 @njit(inline="always", cache=CACHE)
-def _softmax_finish(x, e, out, m, ties, nlow, lanes):
+def _softmax_finish(x, e, out, m, nlow, lanes):
     """Softmax of row ``x`` with maximum m after its exponential pass left ``e_i = exp(x_i -
-    m)`` in ``e`` (``out`` itself, or scratch) and counted ``ties`` at m and ``nlow`` entries
-    at or below :func:`_low`: ``A = log(sum exp(x - m))`` computed as ``log1p(s)``, ``s``
+    m)`` in ``e`` (``out`` itself, or scratch) and found entries at or below :func:`_low`
+    (``nlow > 0``): ``A = log(sum exp(x - m))`` computed as ``log1p(s)``, ``s``
     the sum over all but one argmax (the max term separated out, as scipy's logsumexp
     does; further entries equal to m add exactly 1 each) with a compensated sum, and the
     output ``e_i / (1 + s)`` (``exp(y_i - A)`` directly where that is below the normal
@@ -76,19 +76,24 @@ def _softmax_finish(x, e, out, m, ties, nlow, lanes):
     lanes[:2, :L] = 0.0
     S = lanes[0, :L]
     C = lanes[1, :L]
+    ties = 0
     nb = n // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]
         eb = e[b * L:(b + 1) * L]
         for j in range(L):
             # the maximum's own terms are left out (counted in ties)
-            v = 0.0 if np.float64(xb[j]) == m else eb[j]
+            tie = np.float64(xb[j]) == m
+            ties += tie
+            v = 0.0 if tie else eb[j]
             S[j], err = two_sum(S[j], v)
             C[j] += err
     s, comp = merge_lanes(S, C, L)
     for i in range(nb * L, n):
         if np.float64(x[i]) != m:
             s, comp = acc(s, comp, e[i])
+        else:
+            ties += 1
     s, comp = acc(s, comp, ties - 1.0)
     s = s + comp
     A = math.log1p(s)
@@ -114,13 +119,10 @@ def _softmax_row(x, out, m, c, lanes):
     """Softmax of one row with maximum m: the exponentials into the float64 scratch ``c``,
     then :func:`_softmax_finish`.  Returns (A, support)."""
     low = _low(x.shape[0])
-    ties = 0
     nlow = 0
     for i in range(x.shape[0]):
-        tie, below = _exp_entry(x, c, i, m, low)
-        ties += tie
-        nlow += below
-    return _softmax_finish(x, c, out, m, ties, nlow, lanes)
+        nlow += _exp_entry(x, c, i, m, low)
+    return _softmax_finish(x, c, out, m, nlow, lanes)
 
 
 @njit(cache=CACHE)
@@ -132,35 +134,30 @@ def _softmax_row_next(x, out, m, lanes, xn):
     compute-bound exponentials instead of stalling passes of their own (512 x 8192, two
     threads: 5.4-5.7 -> 4.7-4.9 ms).  Float32 rows are not run this way: their kernel got
     slower with it (4.4-4.5 -> 4.9-5.2 ms; half the bytes to hide, and float32 lanes in a
-    float64 loop).  Returns (A, support, the maximum of xn, its NaN/+inf count)."""
+    float64 loop).  Returns (A, support, the maximum of xn, nonzero when xn holds a NaN or
+    +inf)."""
     n = x.shape[0]
     L = min(_lanes(n), n)
     A, B = _max_lanes(xn, lanes[2, :L], lanes[3, :L])
     low = _low(n)
-    ties = 0
     nlow = 0
     bad = 0
-    # blocks of L entries; the last one ends at n and overlaps the one before by `skip`
-    # entries, whose exponentials and maxima it redoes (the same values) and whose counts
-    # it leaves out: one loop in the compiled code, no tail loop
+    # blocks of L entries; the last one ends at n and overlaps the one before, whose
+    # exponentials and maxima it redoes (the same values): one loop in the compiled code,
+    # no tail loop.  Its counts are used as "any" only (the ties are counted in the sum)
     nbt = (n + L - 1) // L
     for b in range(nbt):
         s0 = min(b * L, n - L)
-        skip = b * L - s0
         xb = x[s0:s0 + L]
         eb = out[s0:s0 + L]
         nxb = xn[s0:s0 + L]
         src = A if b % 2 == 0 else B
         dst = B if b % 2 == 0 else A
         for j in range(L):
-            tie, below = _exp_entry(xb, eb, j, m, low)
-            bad_j = _max_into(src, dst, j, nxb[j])
-            if j >= skip:  # a select
-                ties += tie
-                nlow += below
-                bad += bad_j
+            nlow += _exp_entry(xb, eb, j, m, low)
+            bad += _max_into(src, dst, j, nxb[j])
     m_next, _ = _max_end(xn, A, B, nbt)  # the blocks covered every entry: no tail
-    Ax, cnt = _softmax_finish(x, out, out, m, ties, nlow, lanes)
+    Ax, cnt = _softmax_finish(x, out, out, m, nlow, lanes)
     return Ax, cnt, m_next, bad
 
 
