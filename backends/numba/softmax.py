@@ -57,7 +57,7 @@ def _low(n):
     return -699.0 + math.log(n)
 
 
-@njit(inline="always", cache=CACHE)
+@njit(cache=CACHE)
 def _softmax_finish(x, e, out, m, nlow, lanes):
     """Softmax of row ``x`` with maximum m after its exponential pass left ``e_i = exp(x_i -
     m)`` in ``e`` (``out`` itself, or scratch) and found entries at or below :func:`_low`
@@ -99,10 +99,16 @@ def _softmax_finish(x, e, out, m, nlow, lanes):
     A = math.log1p(s)
     inv = 1.0 / (1.0 + s)
     cnt = 0
-    for i in range(n):
-        p = e[i] * inv
-        out[i] = p
-        cnt += p > 0.0
+    if e.ctypes.data == out.ctypes.data:  # in place (the float64 pipeline): a loop LLVM
+        for i in range(n):                # vectorises without its overlap check failing
+            p = e[i] * inv
+            e[i] = p
+            cnt += p > 0.0
+    else:
+        for i in range(n):
+            p = e[i] * inv
+            out[i] = p
+            cnt += p > 0.0
     if nlow > 0:
         for i in range(n):
             d = (np.float64(x[i]) - m) - A
