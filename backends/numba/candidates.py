@@ -26,6 +26,13 @@ def _max_lanes(x, M, M2):
 
 
 @njit(inline="always", cache=CACHE)
+def _max_block(A, B, b):
+    """The lanes block ``b`` of :func:`_lane_max` reads and writes: (A, B) for even ``b``,
+    (B, A) for odd; after ``nb`` blocks the maxima are in ``_max_block(A, B, nb)[0]``."""
+    return (A, B) if b % 2 == 0 else (B, A)
+
+
+@njit(inline="always", cache=CACHE)
 def _max_into(src, dst, j, v):
     """One step of :func:`_lane_max`: ``dst[j]`` = the larger of ``src[j]`` and ``v`` (a NaN
     ``v`` keeps ``src[j]``).  Returns 1 for a NaN or +inf ``v``, else 0."""
@@ -37,10 +44,10 @@ def _max_into(src, dst, j, v):
 @njit(inline="always", cache=CACHE)
 def _max_end(x, A, B, nb):
     """The end of :func:`_lane_max` after ``nb`` blocks of ``L`` entries: the largest lane
-    (block ``b`` wrote ``B`` when ``b`` is even, ``A`` when odd) and the tail
-    ``x[nb * L:]``.  Returns (m, nonfinite entries of the tail)."""
+    (:func:`_max_block`) and the tail ``x[nb * L:]``.  Returns (m, nonfinite entries of the
+    tail)."""
     L = A.shape[0]
-    last = A if nb % 2 == 0 else B
+    last = _max_block(A, B, nb)[0]
     m = -np.inf
     for j in range(L):
         if np.float64(last[j]) > m:
@@ -64,17 +71,16 @@ def _lane_max(x, M, M2):
     float64 scratch ``M``, ``M2`` holds them as x's dtype); the
     lanes alternate between ``M`` and ``M2`` so that each store is unconditional (a store
     kept only where the entry is larger becomes a masked store, microcoded and slow on
-    AMD).  The steps are :func:`_max_lanes`, :func:`_max_into` and :func:`_max_end`
-    (softmax runs them inside its exponential pass, on the next row).  Returns (m,
-    nonfinite)."""
+    AMD).  The steps are :func:`_max_lanes`, :func:`_max_block`, :func:`_max_into` and
+    :func:`_max_end` (the solvers' :func:`_max_zeroing` and softmax's exponential pass run
+    them too).  Returns (m, nonfinite)."""
     A, B = _max_lanes(x, M, M2)
     L = A.shape[0]
     bad = 0
     nb = x.shape[0] // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
-        src = A if b % 2 == 0 else B
-        dst = B if b % 2 == 0 else A
+        src, dst = _max_block(A, B, b)
         for j in range(L):
             bad += _max_into(src, dst, j, xb[j])
     m, tail = _max_end(x, A, B, nb)
@@ -172,8 +178,7 @@ def _max_zeroing(x, out, aux, aux2):
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]
         ob = out[b * L:(b + 1) * L]
-        src = A if b % 2 == 0 else B
-        dst = B if b % 2 == 0 else A
+        src, dst = _max_block(A, B, b)
         for j in range(L):
             ob[j] = 0.0
             bad += _max_into(src, dst, j, xb[j])

@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
-from .candidates import _lane_max, _max_end, _max_into, _max_lanes
+from .candidates import _lane_max, _max_block, _max_end, _max_into, _max_lanes
 from .compensated import acc, merge_lanes, two_sum
 from .elementwise import _settled_row
 from .vexp import VEXP_NEG_MIN, vexp, vexp_neg
@@ -157,8 +157,7 @@ def _softmax_row_next(x, out, m, lanes, xn):
         xb = x[s0:s0 + L]
         eb = out[s0:s0 + L]
         nxb = xn[s0:s0 + L]
-        src = A if b % 2 == 0 else B
-        dst = B if b % 2 == 0 else A
+        src, dst = _max_block(A, B, b)
         for j in range(L):
             nlow += _exp_entry(xb, eb, j, m, low)
             bad += _max_into(src, dst, j, nxb[j])
