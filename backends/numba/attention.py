@@ -1080,8 +1080,9 @@ def key_norms(kk):
 
 
 class _Head:
-    """One kv-head's K and V as the drivers' chunks use them: float32 keys (``k32``, the
-    filter product's), the keys and values in the input's precision (``kx``, ``vx``:
+    """One kv-head's K and V as the drivers' chunks use them: the float32 keys transposed
+    (``k32t``, (D, Nk) C-contiguous: the filter product's right operand, see
+    :func:`_product`), the keys and values in the input's precision (``kx``, ``vx``:
     what the filtered chunks' kernels read, the same arrays the decoding path passes, so
     that :func:`_dot` rounds the same way in both; the float32 input is converted
     exactly where it is read), the float64 key norms ``kn`` (a float32 overflow only
@@ -1090,7 +1091,7 @@ class _Head:
 
     def __init__(self, k, v, b, hk):
         with np.errstate(over="ignore", invalid="ignore"):
-            self.k32 = np.ascontiguousarray(k[b, hk], np.float32)
+            self.k32t = np.ascontiguousarray(k[b, hk].T, np.float32)
         self.kx = _writable(np.ascontiguousarray(k[b, hk]))
         self.kn = key_norms(self.kx)
         self.vx = _writable(np.ascontiguousarray(v[b, hk]))
@@ -1143,18 +1144,23 @@ def _scores(filt, qsl, qc, head, key_end, scale, rs, need=None):
     filt, err = _filter_bound(filt, qc, head.kn, key_end, scale, rs)
     with np.errstate(over="ignore", invalid="ignore"):
         if filt:
-            g = _product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), head.k32[:key_end], need)
+            g = _product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), head.k32t[:, :key_end], need)
         else:
-            g = _product(qc, head.kk[:key_end], need)
+            g = _product(qc, head.kk[:key_end].T, need)
     return g, err, filt
 
 
-def _product(a, b, need):
-    """``a @ b.T``, or only its rows where ``need`` (the others unwritten)."""
+def _product(a, bt, need):
+    """``a @ bt``, or only its rows where ``need`` (the others unwritten).  For the float32
+    filter ``bt`` is a slice of the C-contiguous transposed keys (``_Head.k32t``): OpenBLAS
+    packs the keys, the product's long side, at every call, and from that layout (its
+    no-transpose copy) the product ran 1.25x faster than from the transposed view of the
+    row-major keys (8 heads of 4,096 causal keys in 64-row blocks, one thread: 142 -> 114
+    ms; docs/performance.md, session 17)."""
     if need is None or need.all():
-        return a @ b.T
-    g = np.empty((a.shape[0], b.shape[0]), a.dtype)
-    g[need] = a[need] @ b.T
+        return a @ bt
+    g = np.empty((a.shape[0], bt.shape[1]), a.dtype)
+    g[need] = a[need] @ bt
     return g
 
 
@@ -1231,7 +1237,7 @@ def attention_forward(backend, q, k, v, spec):
         slopes = _group_slopes(spec, h0, group)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
-            k32t = head.k32[:key_end].T
+            k32t = head.k32t
             # at least D rows: a block reads the keys once (D floats a key), and fewer rows
             # than D would read more bytes of K than they write scores (N = 65,536: 16-row
             # chunks, whose 4-row blocks read 4x the keys and took 4x the forward's time)
@@ -1250,7 +1256,7 @@ def attention_forward(backend, q, k, v, spec):
                         kend = min(key_end, visible_keys_end(i0 + (e - 1) % nc + 1, offset, key_end, True))
                     g = np.matmul(q32[a:e], k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
                 else:
-                    g = _product(qc, kk, None)  # head.rows gave the float64 keys
+                    g = _product(qc, kk.T, None)  # head.rows gave the float64 keys
                 fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], b, h0, nc, i0, offset, causal, scale, rs, slopes, alphas,
                          vv, o[a:e], skew, theta, support, row_max, edge, edge_p, ncand[a:e], bad[a:e], support_keys)
         if bad.any():
