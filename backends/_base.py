@@ -66,6 +66,10 @@ class AttentionSpec:
     key_mask: Any = None  #: (B, Nk) bool numpy array or None: True where a key may be attended
     alpha_grad: bool = False  #: the backward also computes dL/dalpha per row (AttentionGrads.dalpha)
     check_finite: bool = True  #: False: no NaN/inf scan of q, k, v anywhere (the caller's promise)
+    #: False: no backward follows this forward (``er.attention`` without ``return_info``):
+    #: a backend may then form neither the skewed output nor the support keys, and return
+    #: ``AttentionForward.skew`` and ``support_keys`` as None
+    residual: bool = True
 
 
 class NonFiniteInput(ValueError):
@@ -87,7 +91,7 @@ class AttentionForward(NamedTuple):
     out: Any  #: (B, Hq, Nq, Dv), dtype of q
     theta: Any  #: (B, Hq, Nq) float64, x-space threshold of each score row (-inf if empty)
     support: Any  #: (B, Hq, Nq) int64
-    skew: Any  #: (B, Hq, Nq, Dv) float64 skewed output sum_j u_ij v_j / sum_j u_ij, u = p^(2-alpha)
+    skew: Any  #: (B, Hq, Nq, Dv) float64 skewed output sum_j u_ij v_j / sum_j u_ij, u = p^(2-alpha); may be None when spec.residual is off
     row_max: Any = None  #: (B, Hq, Nq) float64 largest score m of each row (-inf if empty)
     edge: Any = None  #: (B, Hq, Nq) float64 c = min over the support of (z_j - m) (-inf if empty)
     edge_p: Any = None  #: (B, Hq, Nq) float64 q, the probability of that entry (0 if empty)

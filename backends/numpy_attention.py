@@ -326,7 +326,7 @@ class _Block:
         return z
 
 
-def empty_forward(B: int, Hq: int, Nq: int, Dv: int, out_dtype=_F64, blank=None) -> AttentionForward:
+def empty_forward(B: int, Hq: int, Nq: int, Dv: int, out_dtype=_F64, blank=None, skew=True) -> AttentionForward:
     """The arrays a chunked forward fills, as a row that sees no key leaves them: out
     (``out_dtype``: a driver whose chunks are float64 scratch gives q's dtype, so that no
     float64 copy of the whole output is made and converted) and skew 0 ((B, Hq, Nq, Dv);
@@ -335,15 +335,17 @@ def empty_forward(B: int, Hq: int, Nq: int, Dv: int, out_dtype=_F64, blank=None)
 
     ``blank`` ((B, Hq, Nq) bool), for a driver that writes out and skew on every other
     row itself: only those rows are zeroed (the rest of the two large arrays is left
-    uninitialised, its memory first touched by the driver's workers)."""
+    uninitialised, its memory first touched by the driver's workers).  ``skew=False`` (a
+    forward that keeps no residual, ``AttentionSpec.residual`` off): skew is None."""
     rows = (B, Hq, Nq)
     if blank is None:
-        out, skew = np.zeros(rows + (Dv,), out_dtype), np.zeros(rows + (Dv,), _F64)
+        out, sk = np.zeros(rows + (Dv,), out_dtype), np.zeros(rows + (Dv,), _F64) if skew else None
     else:
-        out, skew = np.empty(rows + (Dv,), out_dtype), np.empty(rows + (Dv,), _F64)
+        out, sk = np.empty(rows + (Dv,), out_dtype), np.empty(rows + (Dv,), _F64) if skew else None
         out[blank] = 0
-        skew[blank] = 0.0
-    return AttentionForward(out, np.full(rows, -np.inf), np.zeros(rows, np.int64), skew, np.full(rows, -np.inf),
+        if skew:
+            sk[blank] = 0.0
+    return AttentionForward(out, np.full(rows, -np.inf), np.zeros(rows, np.int64), sk, np.full(rows, -np.inf),
                             np.full(rows, -np.inf), np.zeros(rows, _F64))
 
 

@@ -168,7 +168,9 @@ class _ShapeGuard:
         if D == 0:
             q, k = self._pad(q), self._pad(k)
         fwd = self.backend.attention_forward(q, k, self._pad(v) if Dv == 0 else v, spec, *rest, **kw)
-        return fwd._replace(out=fwd.out[..., :Dv], skew=fwd.skew[..., :Dv]) if Dv == 0 else fwd
+        if Dv == 0:
+            return fwd._replace(out=fwd.out[..., :Dv], skew=None if fwd.skew is None else fwd.skew[..., :Dv])
+        return fwd
 
     def attention_backward(self, do, q, k, v, *rest, **kw):
         xp = xp_of(q)
@@ -255,7 +257,7 @@ def _key_mask_arg(mask: Any, B: int, Nk: int, k_shape: tuple) -> np.ndarray | No
 
 
 def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-             chunk, backend, key_padding_mask=None, forward=False, check_finite=True) -> _Problem:
+             chunk, backend, key_padding_mask=None, forward=False, check_finite=True, residual=True) -> _Problem:
     check_finite = bool(check_finite)  # truthiness, as the row transforms take it
     q, cq, oq = _tensor(q, "q", 4, finite=check_finite)
     k, ck, ok = _tensor(k, "k", 4, finite=False)  # scanned last (or by the backend's forward)
@@ -337,7 +339,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         be = _ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
                          alibi_slopes=slopes, row_scale=row_scale, chunk=chunk, head_alpha=head_alpha,
-                         key_mask=key_mask, check_finite=check_finite)
+                         key_mask=key_mask, check_finite=check_finite, residual=residual)
 
     def canon(x):
         return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
@@ -466,7 +468,8 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     [[[[0.1693, 0.8307]]]]
     """
     prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend, key_padding_mask, forward=True, check_finite=check_finite)
+                    chunk, backend, key_padding_mask, forward=True, check_finite=check_finite,
+                    residual=bool(return_info))
     try:
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
     except NonFiniteInput:

@@ -268,6 +268,29 @@ def test_decode_check_finite_off_is_bit_identical_on_clean_input(spy, nq, nk, dt
         np.testing.assert_array_equal(a, b_, err_msg=name)
 
 
+@pytest.mark.parametrize("alpha", [1.5, 3.0])
+def test_decode_output_only_forward_keeps_no_residual(taken, monkeypatch, alpha):
+    """Without ``return_info`` the decoding path forms neither the skewed output nor the
+    support keys (returned as None), and its output is bit for bit that of the call that
+    keeps them."""
+    seen = []
+    real = dec.decode_forward
+
+    def wrapped(q, k, v, spec):
+        seen.append(real(q, k, v, spec))
+        return seen[-1]
+
+    monkeypatch.setattr(dec, "decode_forward", wrapped)
+    rng, q, k, v = problem(41, B=2, Hq=4, Hkv=2, Nq=3, Nk=700, D=8, Dv=4, spread=2.0)
+    kw = dict(alpha=alpha, causal=True, backend="numba")
+    out = er.attention(q, k, v, **kw)
+    kept, info = er.attention(q, k, v, return_info=True, **kw)
+    assert len(seen) == 2
+    assert seen[0].skew is None and seen[0].support_keys is None
+    assert seen[1].skew is not None and seen[1].support_keys is not None
+    assert np.array_equal(out, kept)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
 def test_decode_check_finite_off_reads_v_on_the_support_only(taken, monkeypatch, bad):
     """Without the scan the decoding path reads V only on each row's support (and the

@@ -223,6 +223,42 @@ def test_bitwise_reproducible(path, alpha):
                     assert np.array_equal(a, c), (case.name, name)  # 1 thread and 2 threads
 
 
+@pytest.fixture
+def residual_spy(monkeypatch):
+    """The AttentionForward of every numba ``attention_forward`` call, with its spec."""
+    from entmax_ref.backends.numba_backend import NumbaBackend
+
+    seen = []
+    real = NumbaBackend.attention_forward
+
+    def wrapped(self, q, k, v, spec):
+        fwd = real(self, q, k, v, spec)
+        seen.append((spec, fwd))
+        return fwd
+
+    monkeypatch.setattr(NumbaBackend, "attention_forward", wrapped)
+    return seen
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_output_only_forward_keeps_no_residual(residual_spy, scores, alpha, dtype):
+    """``er.attention`` without ``return_info`` asks for no residual: the numba forward then
+    forms neither the skewed output nor the support keys (returned as None) and its
+    output is bit for bit the output of the call that keeps them; with ``return_info``
+    both are there.  Causal, grouped heads, ALiBi and several chunks of long rows."""
+    rng, q, k, v = problem(31, B=2, Hq=4, Hkv=2, Nq=300, Nk=300, D=16, Dv=8, dtype=dtype, spread=2.0)
+    kw = dict(alpha=alpha, causal=True, chunk=37, alibi_slopes=np.array([0.0, 0.0, 0.1, 0.0]), backend="numba")
+    out = er.attention(q, k, v, **kw)
+    kept, info = er.attention(q, k, v, return_info=True, **kw)
+    (spec0, bare), (spec1, full) = residual_spy
+    assert not spec0.residual and bare.skew is None and bare.support_keys is None
+    assert spec1.residual and full.skew is not None and (alpha == 1.0 or full.support_keys is not None)
+    assert np.array_equal(out, kept)
+    for name in ("theta", "support", "row_max", "edge", "edge_p"):
+        assert np.array_equal(getattr(bare, name), getattr(full, name)), name
+
+
 # --------------------------------------------------------------------------- the support keys
 def _keys_of_dense(d, cap):
     """What ``info.support_keys`` must hold: each row's support under the dense formula,

@@ -29,7 +29,9 @@ forward (``fwd_rows``, per row)
     :mod:`entmax_ref.backends.numba.rows`; then ``o_i = sum_{p_ij > 0} p_ij v_j`` and the
     skewed output ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``).  The row's
     residual goes straight into the forward's arrays (:func:`_row_result`); only ``o_i``
-    passes through a float64 scratch row, which the driver converts to q's dtype.
+    passes through a float64 scratch row, which the driver converts to q's dtype.  A
+    forward that keeps no residual (``AttentionSpec.residual`` off: ``er.attention``
+    without ``return_info``) forms neither the skewed output nor the support keys.
 
 backward (``bwd_rows`` then ``bwd_scatter``)
     the candidates: the support's keys the forward kept (``AttentionForward.support_keys``,
@@ -500,11 +502,12 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
 
 
 @njit(cache=CACHE)
-def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed):
+def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep):
     """The exact solve of one row's candidate scores ``zc[:m]`` (keys ``idx[:m]``) into
-    ``pc[:m]``, then ``o += sum p_j v_j`` and the skewed output ``sk = sum u_j v_j / sum u_j``
-    (``u = p^(2 - alpha)``, divided by its maximum, the edge's, when ``big``: alpha > 2) on
-    the support only; ``o`` and ``sk`` come zeroed.  Shared by the chunked forward and the
+    ``pc[:m]``, then ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
+    wanted), the skewed output ``sk = sum u_j v_j / sum u_j`` (``u = p^(2 - alpha)``,
+    divided by its maximum, the edge's, when ``big``: alpha > 2) on the support only; ``o``
+    and ``sk`` come zeroed (``o`` gets the same bits either way).  Shared by the chunked forward and the
     decoding path, so both give the same bits.  Returns (theta, support, L, ce, qe): the
     row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its probability ``qe``."""
     th, cnt, _, _ = _solve_default(zc[:m], pc[:m], a1, c, aux, aux2, seed)
@@ -520,9 +523,17 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed):
             if y < ce:
                 ce = y
                 qe = pc[ci]
+    dv = o.shape[0]
+    if not keep:
+        for ci in range(m):
+            pj = pc[ci]
+            if pj > 0.0:
+                j = idx[ci]
+                for d in range(dv):
+                    o[d] += pj * np.float64(vv[j, d])
+        return th, cnt, L, ce, qe
     lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
     su = 0.0
-    dv = o.shape[0]
     for ci in range(m):
         pj = pc[ci]
         if pj > 0.0:
@@ -560,14 +571,15 @@ def _store_keys(m, pc, idx, row):
 
 @njit(cache=CACHE)
 def _row_result(r, b, hq, i, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
-                out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys):
+                out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep):
     """Everything one forward row writes, from its ``m`` candidates (``ok``: its scores
     were finite): row ``r`` of the caller's float64 ``out`` (the driver converts it to
     q's dtype) and flags ``bad``, ``ncand``; then (:func:`_solve_weigh`, seeded with
     ``seed``, the row's index in its chunk) theta, the support, the residual, the skewed
     output (the output itself at alpha = 1, as the reference has it) and the support's
     keys (:func:`_store_keys`) straight into their place ``[b, hq, i]`` of the forward's
-    arrays.  A row without candidates, or with overflowed scores, attends nothing.
+    arrays; without ``keep`` (no backward will follow) the last two are neither formed
+    nor written.  A row without candidates, or with overflowed scores, attends nothing.
     Shared by the chunked forward and the decoding path, so both write the same bits."""
     bad[r] = 0 if ok else 1
     ncand[r] = m
@@ -580,7 +592,7 @@ def _row_result(r, b, hq, i, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c
     th = -np.inf
     cnt = np.int64(0)
     if m > 0 and ok:
-        th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed)
+        th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep)
         if cnt == 0:  # the residual (the row maximum, the support's edge) of a row with a support only
             L = -np.inf
             ce = -np.inf
@@ -590,16 +602,18 @@ def _row_result(r, b, hq, i, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c
     rmax[b, hq, i] = L
     edge[b, hq, i] = ce
     edge_p[b, hq, i] = qe
-    _store_keys(m if cnt > 0 else np.int64(0), pc, idx, keys[b, hq, i])
-    src = o if a1 == 0.0 else sk
     for d in range(o.shape[0]):
         out[r, d] = o[d]
-        skew[b, hq, i, d] = src[d]
+    if keep:
+        _store_keys(m if cnt > 0 else np.int64(0), pc, idx, keys[b, hq, i])
+        src = o if a1 == 0.0 else sk
+        for d in range(o.shape[0]):
+            skew[b, hq, i, d] = src[d]
 
 
 @njit(nogil=True, cache=CACHE)
 def fwd_rows(g, r0, filt, qc, kk, err, b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
-             out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys):
+             out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys, keep):
     """Fused forward of rows ``r0 .. r0 + rows - 1`` of a chunk (all of it, or a block of
     it: see :data:`FILTER_BLOCK_BYTES`): ``g`` (rows, key_end) is their q.k (float64, or
     float32 as a filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score
@@ -611,7 +625,7 @@ def fwd_rows(g, r0, filt, qc, kk, err, b, h0, nc, i0, offset, causal, scale, row
     row writes ``skew``, ``theta``, ``support``, the residual ``rmax``, ``edge``,
     ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p) and ``keys``
     (the support's keys, :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...)
-    arrays (:func:`_row_result`).  For
+    arrays (:func:`_row_result`; ``skew`` and ``keys`` only with ``keep``).  For
     alpha > 2 the skewed output is formed from ``w = u / max u`` (u overflows at the
     support's edge; the factor cancels in the ratio)."""
     rows, key_end = g.shape
@@ -629,7 +643,7 @@ def fwd_rows(g, r0, filt, qc, kk, err, b, h0, nc, i0, offset, causal, scale, row
         m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
                                  np.bool_(True), 0.0, za, idx, zc, gx)
         _row_result(r, b, h0 + h, i0 + (rc - h * nc), rc, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
-                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys)
+                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep)
 
 
 @njit(nogil=True, cache=CACHE)
@@ -1211,8 +1225,10 @@ def attention_forward(backend, q, k, v, spec):
     for b, chunks in enumerate(bounds):
         for i0, i1, _ in chunks:
             blank[b, :, i0:i1] = False
-    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype, blank)
-    support_keys = empty_support_keys(B, Hq, Nq, Dv, blank)
+    keep = spec.residual  # off: no skewed output or support keys formed (no backward follows)
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype, blank, keep)
+    support_keys = empty_support_keys(B, Hq, Nq, Dv, blank) if keep else None
+    skew_w, keys_w = written_residual(skew, support_keys)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -1258,7 +1274,8 @@ def attention_forward(backend, q, k, v, spec):
                 else:
                     g = _product(qc, kk.T, None)  # head.rows gave the float64 keys
                 fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], b, h0, nc, i0, offset, causal, scale, rs, slopes, alphas,
-                         vv, o[a:e], skew, theta, support, row_max, edge, edge_p, ncand[a:e], bad[a:e], support_keys)
+                         vv, o[a:e], skew_w, theta, support, row_max, edge, edge_p, ncand[a:e], bad[a:e], keys_w,
+                         keep)
         if bad.any():
             raise ValueError(_OVERFLOW)
         if probe and filt and ncand.sum() > FILTER_FRACTION * rows * key_end:
@@ -1284,6 +1301,14 @@ def attention_forward(backend, q, k, v, spec):
                             trimmed_keys(support_keys, support))
 
 
+def written_residual(skew, keys):
+    """The kernels' ``skew`` and ``keys`` arguments: the forward's arrays, or for a forward
+    that keeps no residual (``spec.residual`` off: None) zero-size stand-ins of the same
+    types, which the kernels, told so, never index."""
+    return (np.empty((0, 0, 0, 0)) if skew is None else skew,
+            np.empty((0, 0, 0, 0), np.int32) if keys is None else keys)
+
+
 def keys_width(Dv):
     """Support keys the forward keeps room for per row: :data:`SUPPORT_KEYS`, or ``2 Dv``
     when that is more (4 bytes a key: never more than the float64 skewed output)."""
@@ -1305,7 +1330,9 @@ def trimmed_keys(keys, support):
     """``keys`` cut to the most keys a row holds (at least one column): the keys of every
     row that has them, and the -2 of those that do not.  A row holds its ``support`` keys
     when they fit (:func:`_store_keys`), none otherwise, so the width comes from the
-    support counts, not from a pass over the keys."""
+    support counts, not from a pass over the keys.  None stays None."""
+    if keys is None:
+        return None
     fits = support[support <= keys.shape[3]]
     width = max(1, int(fits.max(initial=0)))
     return keys if width == keys.shape[3] else np.ascontiguousarray(keys[..., :width])

@@ -58,7 +58,7 @@ from . import CACHE
 from ..geometry import key_offset
 from .attention import (_OVERFLOW, _dot, _g_cut, _group_alphas, _group_slopes, _max_cut, _row_result,
                         _row_scale, _run_parallel, _score, _theta_cut, _theta_lower, _writable, _z_range,
-                        empty_support_keys, score_errors, trimmed_keys)
+                        empty_support_keys, score_errors, trimmed_keys, written_residual)
 from .rows import _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
@@ -216,7 +216,7 @@ def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
 
 @njit(nogil=True, cache=CACHE)
 def decode_rows(g, qc, kf, vf, r0, r1, b, h0, nq, nvis, nchk, offset, scale, row_scale, slopes, alphas, lmax,
-                suspect, err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys):
+                suspect, err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys, keep):
     """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring), the
     query heads ``h0 ..`` of batch ``b``: ``lmax`` and ``suspect`` (rows,) are phase 1's
     over all blocks, ``err`` (rows,) the score error bound; writes the outputs as
@@ -283,7 +283,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, b, h0, nq, nvis, nchk, offset, scale, row
             c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
         _row_result(r, b, h0 + h, r - h * nq, r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
-                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys)
+                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -343,8 +343,10 @@ def decode_forward(q, k, v, spec):
     R = group * Nq
     offset = key_offset(Nq, Nk)
     scale = float(spec.scale)
-    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype)
-    support_keys = empty_support_keys(B, Hq, Nq, Dv)
+    keep = spec.residual
+    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype, None, keep)
+    support_keys = empty_support_keys(B, Hq, Nq, Dv) if keep else None
+    skew_w, keys_w = written_residual(skew, support_keys)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
     # check_finite on: every key is read, so scan k and v for NaN/inf too.  Off: V is read
@@ -411,8 +413,8 @@ def decode_forward(q, k, v, spec):
             i, r0, r1 = item
             hd = hds[i]
             decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, hd["b"], hd["h0"], Nq, hd["nvis"], hd["nchk"],
-                        offset, scale, hd["rs"], hd["slopes"], hd["alphas"], lrow[i], srow[i], err[i], o[i], skew,
-                        theta, support, row_max, edge, edge_p, ncand[i], bad[i], support_keys)
+                        offset, scale, hd["rs"], hd["slopes"], hd["alphas"], lrow[i], srow[i], err[i], o[i], skew_w,
+                        theta, support, row_max, edge, edge_p, ncand[i], bad[i], keys_w, keep)
 
         def phase1(slot, item):
             i, j, j0, j1 = item
