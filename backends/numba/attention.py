@@ -86,6 +86,14 @@ backward's ``_candidates`` were two copies (``use_max`` True and False), and a c
 that starts at a literal ``0`` and is passed on (``m = 0; ...; f(m)``) compiles the callee
 twice, once for the ``Literal[int](0)`` that type inference sees first and once for int64.
 
+Reference counts.  numba increfs every array argument of a compiled function on entry
+and decrefs it on return (an atomic add each, on a counter the threads share): about 60
+pairs a forward row, through the per-row helpers, were 4-5% of a forward's time.  The
+per-row helpers of both directions (:func:`_candidates_fast` and what it calls,
+:func:`_row_result`, :func:`_solve_weigh`, the backward's row helpers) allocate nothing
+and return no array, so they are compiled without reference counting (``_nrt=False``):
+they borrow the arrays of the kernel that calls them, which holds them for the call.
+
 Memory: per worker, one ``(rows, key_end)`` score block (float32 on the filter path) and
 in the backward three more of the compacted support (int32 key, float64 ``p`` and
 ``u`` / ``s dZ``; ``(rows, width)`` and no score block where the chunk's rows have
@@ -139,7 +147,7 @@ def _visible(r, nc, i0, offset, key_end, causal):
     return h, i_abs, n
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale, has_s):
     """Row ``r`` of a chunk: :func:`_visible`'s (h, i_abs, n), then its head's ``a1 =
     alpha - 1``, ``a2 = 2 - alpha``, whether alpha > 2, the support window ``1/a1``
@@ -186,7 +194,7 @@ def _dot(qc, r, kk, j):
     return a
 
 
-@njit(cache=CACHE, fastmath={"reassoc", "contract"})
+@njit(cache=CACHE, fastmath={"reassoc", "contract"}, _nrt=False)
 def _theta_lower(zc, m, L, a1):
     """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
     that can carry mass is among them).  For alpha <= 2 the mass ``f(A) = sum_j
@@ -236,7 +244,7 @@ def _theta_cut(t, window, err):
     return t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                 za, idx, zc, gx):
     """The keys of row ``r`` that can carry probability, with their exact float64 scores.
@@ -379,7 +387,7 @@ def _unsortable(typingctx, s):
     return (types.float32 if w == 32 else types.float64)(s), codegen
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _g_range(g, r, j0, j1):
     """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` ((inf, -inf, 0) when empty): the
     extrema on :func:`_sortable` integers, a loop LLVM vectorises (a NaN makes them
@@ -400,7 +408,7 @@ def _g_range(g, r, j0, j1):
     return _unsortable(lo), _unsortable(hi), nan
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _z_range(g, r, j0, j1, scale, s, has_s, i_abs):
     """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
     the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
@@ -425,7 +433,7 @@ def _g_cut(cut, scale, s):
     return np.float32(x - abs(x) * 1e-6 - 1e-37)
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _above(g, r, n, gc, idx, scratch):
     """The keys ``j < n`` with ``g[r, j] > gc`` into ``idx``, ascending; returns their count.
     As the row solvers' gathers (:func:`.candidates._gather_alive`): for a long row a bit
@@ -450,7 +458,7 @@ def _above(g, r, n, gc, idx, scratch):
     return m1
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                      za, idx, zc, gx):
     """:func:`_candidates`, the same keys in the same order with the same scores, for the
@@ -501,7 +509,7 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
     return m, True
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep):
     """The exact solve of one row's candidate scores ``zc[:m]`` (keys ``idx[:m]``) into
     ``pc[:m]``, then ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
@@ -550,7 +558,7 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, kee
     return th, cnt, L, ce, qe
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _store_keys(m, pc, idx, row):
     """A row's support keys into ``row`` (:func:`keys_width` wide): the keys of the
     candidates with ``p > 0`` in candidate (ascending key) order, then -1; -2 and then -1
@@ -569,7 +577,7 @@ def _store_keys(m, pc, idx, row):
         row[c] = -1
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _row_result(r, b, hq, i, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
                 out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep):
     """Everything one forward row writes, from its ``m`` candidates (``ok``: its scores
@@ -758,7 +766,7 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
                 dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, zc, gx):
     """Row r's candidates from the forward's support keys ``keys[r]`` (ascending, then -1):
     their keys ``idx``, exact scores ``zc`` and exact q.k ``gx``, as :func:`_candidates`
@@ -785,7 +793,7 @@ def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, z
     return m, status
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
     """Row r's skewed output into ``sk``: the forward's (``skew_in[r]``) when the caller
     kept it, else ``sum_c w_c v_j / sum_c w_c`` over the compacted support (key ``idx[r,
@@ -811,7 +819,7 @@ def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
             sk[d] /= norm
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _output_grads(r, m, idx, doc, vv, sk, gd):
     """``gd[c] = dO_r . v_j`` over the compacted support of row r (key ``j = idx[r, c]``);
     returns ``delta = dO_r . skew_r``."""
@@ -824,7 +832,7 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
     return delta
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=False)
 def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     """alpha > 2: ``dZ_rc = u_c (g_c - delta_r)`` over the compacted support of row r, in
     the overflow-free form of the row VJP (``NumpyBackend.entmax_vjp``), with ``g_c = dO_r

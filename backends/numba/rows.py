@@ -261,11 +261,14 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     return theta, cnt, it + it_b, ok
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=True)
 def _solve_default(x, out, a1, c, aux, aux2, seed):
     """One row with ``method=None``, any alpha: returns (theta, support, n_iter,
     converged); writes ``out``.  The attention kernels call this one (they never take
-    another method), so they compile only the default paths."""
+    another method), so they compile only the default paths.  Reference counting is on
+    explicitly: the attention's per-row helpers that call it are compiled without it,
+    and numba's callees inherit that flag unless they set their own (the solvers
+    allocate their scratch)."""
     if a1 > 1.0:
         return _solve_big(x, out, a1, c, seed)
     if a1 == 0.0:
