@@ -223,6 +223,29 @@ def test_bitwise_reproducible(path, alpha):
                     assert np.array_equal(a, c), (case.name, name)  # 1 thread and 2 threads
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_each_kv_head_is_copied_once(monkeypatch, n):
+    """The kv-heads' copies are made by the workers (beside the probe chunk, or by a head's
+    first chunk), each once per call and batch of heads, and the result does not depend
+    on who made them."""
+    made = []
+    real = nattn._Head.__init__
+
+    def init(self, k, v, b, hk):
+        made.append((b, hk))
+        real(self, k, v, b, hk)
+
+    rng, q, k, v = problem(5, B=2, Hq=4, Hkv=2, Nq=200, Nk=200, D=8, Dv=4, dtype=np.float32, spread=2.0)
+    kw = dict(alpha=1.5, causal=True, chunk=16, backend="numba")
+    with _threads(1):
+        want = er.attention(q, k, v, **kw)
+    monkeypatch.setattr(nattn._Head, "__init__", init)
+    with _threads(n):
+        got = er.attention(q, k, v, **kw)
+    assert sorted(made) == [(b, hk) for b in range(2) for hk in range(2)]
+    assert np.array_equal(got, want)
+
+
 @pytest.fixture
 def residual_spy(monkeypatch):
     """The AttentionForward of every numba ``attention_forward`` call, with its spec."""
