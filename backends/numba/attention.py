@@ -516,9 +516,10 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, kee
     ``pc[:m]``, then ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
     wanted), the skewed output ``sk = sum u_j v_j / sum u_j`` (``u = p^(2 - alpha)``,
     divided by its maximum, the edge's, when ``big``: alpha > 2) on the support only; ``o``
-    and ``sk`` come zeroed (``o`` gets the same bits either way).  Shared by the chunked forward and the
-    decoding path, so both give the same bits.  Returns (theta, support, L, ce, qe): the
-    row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its probability ``qe``."""
+    and ``sk`` come zeroed (``o`` gets the same bits either way).  Shared by the chunked
+    forward and the decoding path, so both give the same bits.  Returns (theta, support,
+    L, ce, qe): the row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its
+    probability ``qe``."""
     th, cnt, _, _ = _solve_default(zc[:m], pc[:m], a1, c, aux, aux2, seed)
     L = -np.inf
     for ci in range(m):
