@@ -1255,7 +1255,6 @@ def attention_forward(backend, q, k, v, spec):
     """Chunked fused forward (see the module docstring); the NumPy driver's outputs and
     conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
-    from ..numpy_attention import empty_forward
 
     if spec.key_mask is not None:  # the backend routes key masks (key runs, or the NumPy driver)
         return backend.attention_forward(q, k, v, spec)
@@ -1271,9 +1270,8 @@ def attention_forward(backend, q, k, v, spec):
         for i0, i1, _ in chunks:
             blank[b, :, i0:i1] = False
     keep = spec.residual  # off: no skewed output or support keys formed (no backward follows)
-    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype, blank, keep)
-    support_keys = empty_support_keys(B, Hq, Nq, Dv, blank) if keep else None
-    skew_w, keys_w = written_residual(skew, support_keys)
+    (out, theta, support, skew, row_max, edge, edge_p, support_keys), (skew_w, keys_w) = \
+        empty_kernel_forward(B, Hq, Nq, Dv, q.dtype, keep, blank)
     causal, scale = bool(spec.causal), float(spec.scale)
     workers = numba.get_num_threads()
     state = {"filter": FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -1298,7 +1296,6 @@ def attention_forward(backend, q, k, v, spec):
         slopes = _group_slopes(spec, h0, group)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
-            k32t = head.k32t
             # at least D rows: a block reads the keys once (D floats a key), and fewer rows
             # than D would read more bytes of K than they write scores (N = 65,536: 16-row
             # chunks, whose 4-row blocks read 4x the keys and took 4x the forward's time)
@@ -1315,7 +1312,7 @@ def attention_forward(backend, q, k, v, spec):
                     kend = key_end
                     if causal and a // nc == (e - 1) // nc:
                         kend = min(key_end, visible_keys_end(i0 + (e - 1) % nc + 1, offset, key_end, True))
-                    g = np.matmul(q32[a:e], k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
+                    g = np.matmul(q32[a:e], head.k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
                 else:
                     g = _product(qc, kk.T, None)  # head.rows gave the float64 keys
                 fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], b, h0, nc, i0, offset, causal, scale, rs, slopes, alphas,
@@ -1343,12 +1340,20 @@ def attention_forward(backend, q, k, v, spec):
                             trimmed_keys(support_keys, support))
 
 
-def written_residual(skew, keys):
-    """The kernels' ``skew`` and ``keys`` arguments: the forward's arrays, or for a forward
-    that keeps no residual (``spec.residual`` off: None) zero-size stand-ins of the same
-    types, which the kernels, told so, never index."""
-    return (np.empty((0, 0, 0, 0)) if skew is None else skew,
-            np.empty((0, 0, 0, 0), np.int32) if keys is None else keys)
+def empty_kernel_forward(B, Hq, Nq, Dv, out_dtype, keep, blank=None):
+    """The arrays the numba forwards fill (chunked and decoding): the
+    :class:`~entmax_ref.backends._base.AttentionForward` of
+    :func:`~entmax_ref.backends.numpy_attention.empty_forward` with the support keys
+    (:func:`empty_support_keys`), and the kernels' ``skew`` and ``keys`` arguments.
+    Without ``keep`` (``spec.residual`` off) skew and the keys are None, and the kernels get
+    zero-size stand-ins of the same types, which they, told so, never index."""
+    from ..numpy_attention import empty_forward
+
+    fwd = empty_forward(B, Hq, Nq, Dv, out_dtype, blank, keep)
+    if not keep:
+        return fwd, (np.empty((0, 0, 0, 0)), np.empty((0, 0, 0, 0), np.int32))
+    keys = empty_support_keys(B, Hq, Nq, Dv, blank)
+    return fwd._replace(support_keys=keys), (fwd.skew, keys)
 
 
 def keys_width(Dv):

@@ -58,7 +58,7 @@ from . import CACHE
 from ..geometry import key_offset
 from .attention import (_OVERFLOW, _dot, _g_cut, _group_alphas, _group_slopes, _max_cut, _row_result,
                         _row_scale, _run_parallel, _score, _theta_cut, _theta_lower, _writable, _z_range,
-                        empty_support_keys, score_errors, trimmed_keys, written_residual)
+                        empty_kernel_forward, score_errors, trimmed_keys)
 from .rows import _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
@@ -334,7 +334,6 @@ def decode_forward(q, k, v, spec):
     """The two-phase forward of the module docstring; the outputs and conventions of
     :func:`entmax_ref.backends.numba.attention.attention_forward`."""
     from .._base import AttentionForward, NonFiniteInput
-    from ..numpy_attention import empty_forward
 
     f64 = np.float64
     B, Hq, Nq, D = q.shape
@@ -344,9 +343,8 @@ def decode_forward(q, k, v, spec):
     offset = key_offset(Nq, Nk)
     scale = float(spec.scale)
     keep = spec.residual
-    out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv, q.dtype, None, keep)
-    support_keys = empty_support_keys(B, Hq, Nq, Dv) if keep else None
-    skew_w, keys_w = written_residual(skew, support_keys)
+    (out, theta, support, skew, row_max, edge, edge_p, support_keys), (skew_w, keys_w) = \
+        empty_kernel_forward(B, Hq, Nq, Dv, q.dtype, keep)
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
     # check_finite on: every key is read, so scan k and v for NaN/inf too.  Off: V is read
