@@ -283,10 +283,11 @@ def test_output_only_forward_keeps_no_residual(residual_spy, scores, alpha, dtyp
 
 
 @pytest.mark.parametrize("mask", ["run", "holes"])
-def test_output_only_forward_under_key_masks(mask):
+def test_output_only_forward_under_key_masks(residual_spy, mask):
     """Key masks route through the per-batch key runs (or the NumPy driver, for holes),
-    which join the batches' results: with no residual kept there is none to join, and the
-    output is still bit for bit that of the call that keeps it."""
+    which join the batches' results: with no residual kept there is none to join (each
+    batch's forward is asked for none, and the key runs form none), and the output is
+    still bit for bit that of the call that keeps it."""
     rng, q, k, v = problem(33, B=2, Hq=2, Hkv=1, Nq=40, Nk=90, D=8, Dv=4, dtype=np.float32, spread=2.0)
     keep = np.ones((2, 90), bool)
     keep[0, :17] = False  # left padding: one run of keys
@@ -294,6 +295,10 @@ def test_output_only_forward_under_key_masks(mask):
         keep[1, 30:35] = False
     kw = dict(alpha=1.5, key_padding_mask=keep, backend="numba")
     out = er.attention(q, k, v, **kw)
+    bare = list(residual_spy)
+    assert bare and not any(spec.residual for spec, _ in bare)
+    if mask == "run":
+        assert all(fwd.skew is None and fwd.support_keys is None for _, fwd in bare)
     kept, info = er.attention(q, k, v, return_info=True, **kw)
     assert np.array_equal(out, kept)
     assert info.skew is not None
