@@ -23,7 +23,7 @@ DIARY = re.compile("|".join([
     rf"\b[Ss]{_S[1:]}'s\b",                   # "the ...sion's changes"
     rf"\b[Tt]his {_S}\b",                     # "in this ...sion"
     rf"\b[Ii]{_I[1:]}s? #?\d+",               # a tracker reference, "...sue 11", "...sue #12"
-    rf"\b[Rr]{_R[1:]}(?:s|ed|ers?)?\b",       # the project's own code reviews
+    rf"\b[Rr]{_R[1:]}(?:s|ed|ers?)?\b",       # the project's readings of its own code
     r"\bslower " + "VM" + r"\b",              # machines told as anecdotes
     r"\b[Tt]he " + "VM" + r"\b",
 ]))
