@@ -115,6 +115,20 @@ def test_readme_first_call_paragraph_is_short():
     assert len(paragraph.splitlines()) <= 6, paragraph
 
 
+
+def test_performance_page_is_current_figures_only():
+    lines = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"docs/performance.md has {len(lines)} lines; at most 300 (history lives in git)"
+
+
+def test_changelog_is_organised_by_release():
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert releases and all(r == "Unreleased" or re.fullmatch(r"\d+\.\d+\.\d+( - \d{4}-\d\d-\d\d)?", r)
+                            for r in releases), releases
+    sections = set(re.findall(r"^### (.+)$", text, flags=re.M))
+    assert sections <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, sections
+
 # ---------------------------------------------------------------------------------------
 # docs/architecture.md: its map of the tree is complete and true.
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
