@@ -56,7 +56,7 @@ sends inputs of at most 4096 elements to the NumPy reference, so a small first c
 compiles nothing.  A call compiles only the solver path it takes (each of softmax,
 sparsemax, 1.5-entmax, 1 < alpha < 2, alpha > 2 and the VJPs has its own driver, chosen
 in Python from alpha and the method), once per input dtype.  First call in a new process,
-measured on the project's shared 2-core VM under load (``scripts/first_call.py``): with an
+measured on a shared 2-core AMD EPYC (Zen 2) under load (``scripts/first_call.py``): with an
 empty cache 2-7 s per function and dtype (6.9 s for 1.5-entmax, 3.1 s for softmax, against
 17-18 s before), up to 20-30 s under heavy load (it was
 20-130 s with the ``prange`` drivers, which compiled every path); with a warm cache the

@@ -101,7 +101,7 @@ def _time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> _Ti
     the one before, then, for calls shorter than :data:`REWARM_S`, one untimed call of its
     own: the timed call finds its threads awake and its data in cache, as in a loop.
     Without it a short call pays the wake-up of its threads after the pause, which is no
-    property of the implementation: on the session-14 VM (AMD EPYC Zen 4) torch.softmax of
+    property of the implementation: on a 2-core AMD EPYC (Zen 4, AVX-512) torch.softmax of
     512 x 8192 float32 took 6-7 ms after the pause and 1.3-2 ms in a loop, ours 6 and 5 ms."""
     rewarm = {}
     for name, fn in fns.items():

@@ -10,7 +10,7 @@ array memory alive at once).  Usage::
     python scripts/attention_memory.py --child ...         # (internal) one measurement
 
 Prints one JSON line per measurement and a human summary.  The full (N, N) float64 score
-matrix at N = 65,536 would be 32 GiB; the budget the issue sets is 1 GiB of peak RSS.
+matrix at N = 65,536 would be 32 GiB; the library keeps it under 1 GiB of peak RSS.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ prints ``ready <pid>``, waits a second, runs the causal attention forward of the
 
 A function's size is the distance to the next one (numba does not report it), so a
 sample in padding after the last function of a library is charged to that function.
-docs/performance.md ("Session 17") has a profile made this way.
+docs/performance.md ("What bounds each case") has a profile made this way.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def shared_tmp(tmp_path_factory):
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's folder, above each worker's own
+        root = root.parent  # the pytest run's folder, above each worker's own
 
     def get(name: str, make):
         d = root / f"shared-{name}"

@@ -201,7 +201,7 @@ def test_auto_picks_a_cpu_backend_for_numpy():
 
 
 def test_a_first_small_call_compiles_nothing(tmp_path):
-    """Issue 11: the first call of a transform after install takes seconds, not minutes."""
+    """The first call of a transform after install takes seconds, not minutes."""
     import subprocess
     import sys
     import time

@@ -139,7 +139,7 @@ def _stop(pid: int) -> None:
 
 
 def test_a_cold_first_call_compiles_nothing_in_the_caller(tmp_path):
-    """Issue 11: the first large call after install answers in about a second (the
+    """The first large call after install answers in about a second (the
     reference's time), with the reference's numbers, and leaves the compile running."""
     out = _first_call(tmp_path, FIRST)
     assert out.returncode == 0, out.stderr

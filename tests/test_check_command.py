@@ -120,7 +120,7 @@ def test_backend_run_reports_every_operation(capsys):
 
 def test_impl_module_in_the_current_directory(tmp_path, monkeypatch, capsys):
     """Like ``python -m``: ``--impl mod:fn`` finds mod.py in the working directory even
-    when the console script's sys.path does not contain it (issue 11)."""
+    when the console script's sys.path does not contain it."""
     (tmp_path / "cwd_impl.py").write_text(USER_MODULE)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])

@@ -1,4 +1,4 @@
-"""The public contract on awkward inputs (issue 10, items 3-5 and 7-9): degenerate shapes,
+"""The public contract on awkward inputs: degenerate shapes,
 ASEntmax's scale domain and overflow, arguments of the wrong kind, low-precision dtypes,
 what ``support`` counts, and no warnings on valid input.  Every test runs on every backend
 (pytest turns warnings into errors, so each one also checks item 9)."""

@@ -1,4 +1,4 @@
-"""A long Hypothesis fuzz over the contract classes of issue 10 (exhaustive tier).
+"""A long Hypothesis fuzz over the contract classes of tests/test_contract.py (exhaustive tier).
 
 Shapes with zeros and 0-d inputs, every floating dtype (bfloat16 included), masks, scores up
 to float64's limits, alpha from 1 to 1000, ASEntmax parameters that may overflow, and
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 
 #: Above this alpha an exact attention gradient can exceed the dtype's range (u = p^(2-alpha)
 #: is unbounded at the support's edge), so it may round to +-inf there; below it, and NaN
-#: anywhere, is a failure.  (Up to the fix of issue 10 item 1 the backward gave NaN above 4.)
+#: anywhere, is a failure.  (A backward that lost the support's edge gave NaN above 4.)
 FINITE_GRAD_MAX_ALPHA = 4.0
 
 

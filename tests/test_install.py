@@ -1,6 +1,6 @@
 """Installs in a temporary virtual environment (slow tier: each pip install takes a while).
 
-Regression tests of issue 11: (1) uninstalling leaves nothing in site-packages (numba's
+Regression tests: (1) uninstalling leaves nothing in site-packages (numba's
 cache files used to be written there); (2) the README's old order, ``pip install .`` then
 ``pip install -e .``, must leave a working package importable from any directory (the
 leftover folder used to shadow the editable install: "module 'entmax_ref' has no attribute

@@ -1,4 +1,4 @@
-"""Arrays from other frameworks (issue 11): torch tensors (CPU, requires_grad, bfloat16), JAX
+"""Arrays from other frameworks: torch tensors (CPU, requires_grad, bfloat16), JAX
 arrays and any ``__dlpack__`` object in; results in the caller's array type out; zero-copy
 where the memory allows; torch and JAX never imported unless the caller passed them."""
 

@@ -1,6 +1,6 @@
 """The numba kernels' disk cache: outside the package, keyed on every kernel source.
 
-Regression tests of issue 11, bug 1 (cache files were written into the installed package
+Regression tests of the cache's place and key (cache files were written into the installed package
 and numba's per-file stamp missed changes to helpers in other files).
 """
 

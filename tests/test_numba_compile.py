@@ -1,4 +1,4 @@
-"""Compile cost of the numba backend (issue 11): one specialization per kernel and input
+"""Compile cost of the numba backend: one specialization per kernel and input
 dtype whatever the flags of the caller's arrays, and the ahead-of-time ``entmax-ref
 compile`` (worker processes filling the disk cache)."""
 

@@ -1,6 +1,6 @@
 """The numba row engine's drivers: one compiled path per call, Python worker threads.
 
-Issue 11 (compile cost): the row operations used ``prange`` drivers whose bodies held
+Compile cost: the row operations used ``prange`` drivers whose bodies held
 every solver path, so any first call compiled all of them through Numba's parallel
 pipeline.  Now a call compiles the driver of the one path it takes, and the drivers are
 sequential ``nogil`` kernels run on worker threads.

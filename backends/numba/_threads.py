@@ -11,7 +11,7 @@ arise), and keeps the results deterministic: every row is solved by the same cod
 block or thread it lands on.
 
 The worker threads outlive a call: they wait for the next one on a queue of their own.
-Starting threads for each call cost 0.25-0.6 ms after an idle spell on the 2-core Zen 4 VM
+Starting threads for each call cost 0.25-0.6 ms after an idle spell on a 2-core AMD EPYC (Zen 4)
 (the second worker began 0.5-0.9 ms into a 2.5 ms 1.5-entmax call), against 0.05-0.15 ms
 to wake waiting ones.  One call uses the pool at a time; a call made meanwhile (from another
 thread of the caller, or from inside a worker) runs on threads started for it, as before.
@@ -82,7 +82,7 @@ def run_on_workers(fn, workers):
     """``fn(slot)`` for ``slot = 0 .. workers - 1``, each on a worker thread of its own, the
     calling thread waiting; re-raises the first exception.  The calling thread is never a
     worker: as one, a call made after an idle spell (the bench's 50 ms pause) ran both
-    workers on one core of the 2-core VM for most of the call (512 x 8192 float32 softmax
+    workers on one core of a 2-core machine for most of the call (512 x 8192 float32 softmax
     12.6-13.0 ms against 7.5-7.8, 1.5-entmax 7.4 against 4.7; decoding 1-2 ms longer);
     back to back, with no pause, the two were the same."""
     pool = _POOL
