@@ -207,8 +207,9 @@ def auto_engine(arrays: tuple[Any, ...], need: Need | None, cpu: Iterable[str]) 
         units = all_units()
     if compiled(units, _compute_dtype(arrays)):
         return "numba"
-    if not _said[0]:
-        _said[0] = True
+    with _lock:
+        say, _said[0] = not _said[0], True
+    if say:
         _LOG.info("entmax-ref: the numba kernels this call needs are not compiled, so backend='auto' "
                   "answered on the NumPy reference (exact, slower on large inputs); run `entmax-ref "
                   "compile` once to put every kernel in the cache (%s)", _where())
