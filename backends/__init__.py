@@ -2,19 +2,10 @@
 
 Choice of backend, highest priority first: the ``backend=`` argument of a public
 function; :func:`use_backend` (a ContextVar, so it is thread- and task-safe); the
-environment variable ``ENTMAX_REF_BACKEND`` (read at dispatch time); ``"auto"``.
-``"auto"`` picks ``cupy`` for CuPy arrays and otherwise the fastest CPU engine that is
-registered as implemented (``numba`` once it exists, else ``numpy``), except that inputs
-whose largest array has at most :data:`AUTO_SMALL` elements run on the ``numpy``
-reference: it is exact too, costs microseconds to milliseconds on such sizes, and needs
-no compilation, so a first small call takes a fraction of a second instead of the
-kernels' compile time (seconds to tens of seconds on a cold cache).  Larger inputs go to
-``numba`` once its kernels are in the disk cache; until then (a new install or version)
-they run on the reference too while a background process compiles every kernel
-(:mod:`.autocompile`; ``ENTMAX_REF_BACKGROUND_COMPILE=0`` turns that off), so no call waits
-for a compile.  With a complete cache the choice depends only on the shapes, so the same
-call gives the same numbers every time; name the backend when bitwise reproducibility
-across runs matters from the first run on.
+environment variable ``ENTMAX_REF_BACKEND`` (read at dispatch time); ``"auto"``, whose
+choice is the one rule of :func:`entmax_ref.backends.engine.auto_engine` (CuPy arrays on
+``cupy``; NumPy arrays on ``numba`` when they are large and the kernels the call needs are
+compiled, on the ``numpy`` reference otherwise).
 
 Nothing here imports numba or cupy: a backend module is imported on first use.
 """
@@ -31,9 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from . import capabilities as _capabilities
-from ._base import AttentionForward, AttentionGrads, AttentionSpec, Backend, RowSolve, is_cupy
+from .engine import AUTO_SMALL, Need, auto_engine
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, Backend, RowSolve
 
 __all__ = [
+    "AUTO_SMALL",
     "AttentionForward",
     "AttentionGrads",
     "AttentionSpec",
@@ -86,8 +79,6 @@ _REGISTRY: dict[str, _Spec] = {
 }
 #: CPU engines "auto" may pick for NumPy arrays, best first, once they are implemented.
 _AUTO_CPU = ("numba", "numpy")
-#: "auto" computes on the NumPy reference when no array argument has more elements than this
-AUTO_SMALL = 4096
 
 _instances: dict[str, Backend] = {}
 _lock = threading.RLock()  # re-entrant: a factory may build the backend it wraps
@@ -174,16 +165,9 @@ def use_backend(name: str) -> Iterator[Backend]:
         _current.reset(token)
 
 
-def _numba_compiled() -> bool:
-    """Whether the numba kernels are compiled (or compiling first cannot be helped); starts
-    their background compile when not (:mod:`.autocompile`)."""
-    from .autocompile import ready
-
-    return ready()
-
-
-def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
-    """The backend a public call with these arrays runs on (see the module docstring)."""
+def resolve_backend(backend: str | Backend | None, *arrays: Any, need: Need | None = None) -> Backend:
+    """The backend a public call with these arrays runs on (see the module docstring);
+    ``need`` names the numba kernel units the call runs (:mod:`.engine`), for ``"auto"``."""
     if backend is not None and not isinstance(backend, str):
         if not callable(getattr(backend, "owns", None)):
             raise TypeError(
@@ -194,14 +178,7 @@ def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
     else:
         name = backend or _current.get() or os.environ.get("ENTMAX_REF_BACKEND") or "auto"
         if name == "auto":
-            if any(is_cupy(a) for a in arrays):
-                name = "cupy"
-            else:
-                name = next(n for n in _AUTO_CPU if unavailable_reason(n) is None)
-                if name != "numpy" and max((int(getattr(a, "size", 0)) for a in arrays if a is not None), default=0) <= AUTO_SMALL:
-                    name = "numpy"
-                elif name == "numba" and not _numba_compiled():
-                    name = "numpy"
+            name = auto_engine(arrays, need, (n for n in _AUTO_CPU if unavailable_reason(n) is None))
         chosen = get_backend(name)
     for a in arrays:
         if a is not None and not chosen.owns(a):

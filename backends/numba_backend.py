@@ -51,21 +51,15 @@ threadpoolctl, and restored after the last).
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);
-``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  ``backend="auto"``
-sends inputs of at most 4096 elements to the NumPy reference, so a small first call
-compiles nothing.  A call compiles only the solver path it takes (each of softmax,
-sparsemax, 1.5-entmax, 1 < alpha < 2, alpha > 2 and the VJPs has its own driver, chosen
-in Python from alpha and the method), once per input dtype.  First call in a new process,
-measured on a shared 2-core AMD EPYC (Zen 2) under load (``scripts/first_call.py``): with an
-empty cache 2-7 s per function and dtype (6.9 s for 1.5-entmax, 3.1 s for softmax, against
-17-18 s before), up to 20-30 s under heavy load (it was
-20-130 s with the ``prange`` drivers, which compiled every path); with a warm cache the
-first call takes about 1-3 s (numba's start-up and loading the cached code) and later
-calls only their run time.  ``entmax-ref compile`` compiles every path ahead of time, in
-parallel worker processes (:mod:`entmax_ref.backends.numba_precompile`), each unit after
-the units whose kernels it calls (the attention kernels after the row solvers: 25-27 CPU s
-for the forward's two specializations with them cached, 79.5 s alone with inlined helpers;
-the backward 19-21 s).  Each kernel
+``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  A call compiles
+only the solver path it takes (each of softmax, sparsemax, 1.5-entmax, 1 < alpha < 2,
+alpha > 2 and the VJPs has its own driver, chosen in Python from alpha and the method),
+once per input dtype, in the calling process; after a row operation has run, its unit is
+noted as compiled (:func:`entmax_ref.backends.engine.note`), so ``backend="auto"`` may run
+it on numba from then on, in this process and, through the cache, in the next.
+``entmax-ref compile`` compiles every path ahead of time, in parallel worker processes
+(:mod:`entmax_ref.backends.numba_precompile`).  The first-call times are in
+``docs/guides/backends.md``.  Each kernel
 compiles once per input dtype: the methods below hand the kernels C-contiguous, writable
 arrays only (read-only is part of a numba array type; see :func:`writable`).
 """
@@ -75,6 +69,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import engine as _engine
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, NonFiniteInput, RowSolve
 from .capabilities import require
 from .numba import grads as _grads
@@ -154,7 +149,9 @@ class NumbaBackend:
 
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
         require(self.name, "entmax_forward", method)
-        return _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
+        res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
+        _engine.note(_engine.entmax_forward(alpha, method), res.p.dtype)
+        return res
 
     def entmax_forward_scanned(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
         """:meth:`entmax_forward` that also checks ``x`` for NaN and +inf: every row solver
@@ -164,12 +161,15 @@ class NumbaBackend:
         layer then scans x itself to raise its usual error."""
         require(self.name, "entmax_forward", method)
         res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
+        _engine.note(_engine.entmax_forward(alpha, method), res.p.dtype)
         if (res.n_iter < 0).any():
             raise NonFiniteInput("x has a NaN or +inf entry")
         return res
 
     def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-        return _row_vjp(_grads.entmax_vjp_rows, p, g, alpha)
+        dx = _row_vjp(_grads.entmax_vjp_rows, p, g, alpha)
+        _engine.note(_engine.entmax_vjp(alpha), dx.dtype)
+        return dx
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         p, g = _pair(p, g)
@@ -177,6 +177,7 @@ class NumbaBackend:
         out = np.empty(p.shape[0], np.float64)
         if p.shape[0]:
             _grads.entmax_alpha_vjp_rows(p, g, alpha, out)
+        _engine.note(_engine.entmax_alpha_vjp(alpha), p.dtype)
         return out
 
     def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
@@ -184,12 +185,16 @@ class NumbaBackend:
         Newton on its beta-norm (:mod:`entmax_ref.backends.numba.normmax`)."""
         from .numba import normmax as _nm
 
-        return _row_forward(_nm.normmax_rows, x, alpha)
+        res = _row_forward(_nm.normmax_rows, x, alpha)
+        _engine.note(_engine.family("normmax_forward"), res.p.dtype)
+        return res
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         from .numba import normmax as _nm
 
-        return _row_vjp(_nm.normmax_vjp_rows, p, g, alpha)
+        dx = _row_vjp(_nm.normmax_vjp_rows, p, g, alpha)
+        _engine.note(_engine.family("normmax_vjp"), dx.dtype)
+        return dx
 
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
         """Sorted row, one merged walk over the breakpoints, closed form on the crossing
@@ -206,6 +211,7 @@ class NumbaBackend:
         support = np.empty(rows, np.int64)
         if rows:
             _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())
+        _engine.note(_engine.family("budget_forward"), x.dtype)
         return RowSolve(out, tau, support, np.zeros(rows, np.int64), np.ones(rows, np.bool_))
 
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -215,6 +221,7 @@ class NumbaBackend:
         dx = np.empty(p.shape, p.dtype)
         if p.shape[0]:
             _bs.budget_vjp_rows(p, g, dx)
+        _engine.note(_engine.family("budget_vjp"), dx.dtype)
         return dx
 
     def attention_scans_inputs(self, q, k, v, spec: AttentionSpec) -> bool:

@@ -22,7 +22,10 @@ leaves a marker in the cache folder (the folder changes with the kernel sources)
 compiling again is free; ``force=True`` redoes it.
 
 Used by ``entmax-ref compile`` (:func:`main`), at the start of ``entmax-ref check``
-(:data:`CHECK_UNITS`, one worker per CPU) and at the start of the test session.
+(:data:`CHECK_UNITS`, one worker per CPU) and at the start of the test session: commands,
+never a library call (a call with ``backend="auto"`` answers on the NumPy reference while
+the kernels it needs are not compiled, :mod:`entmax_ref.backends.engine`, whose unit
+markers these are).
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from . import engine as _engine
+
 #: the input dtypes a unit is compiled for by default
-DTYPES = ("float64", "float32")
+DTYPES = _engine.DTYPES
 
 _X = np.array([[0.5, -1.0, 0.25, 2.0, -0.5, 1.5, 0.0, -2.0],
                [1.0, 0.75, -0.25, 0.5, 3.0, -1.5, 2.5, 0.125]])
@@ -66,10 +71,14 @@ def _rows(alpha, method=None):
     return run
 
 
+#: one alpha per row of ``_X``, on both sides of 2 (the kernels that take either)
+_MIXED = np.array([1.5, 3.0])
+
+
 def _rows_mixed(dt):
     import entmax_ref as er
 
-    er.entmax(_x(dt), np.array([1.5, 3.0]), method="newton", backend="numba")
+    er.entmax(_x(dt), _MIXED, method="newton", backend="numba")
 
 
 def _vjp(alpha, which="entmax_vjp"):
@@ -153,7 +162,7 @@ def _decode(dt):
 
 
 #: unit name -> (what it compiles, the call that compiles it for one dtype)
-UNITS: dict[str, tuple[str, Callable[[str], None]]] = {
+_CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "softmax": ("entmax forward, alpha = 1", _rows(1.0)),
     "sparsemax": ("entmax forward, alpha = 2", _rows(2.0)),
     "entmax15": ("entmax forward, alpha = 1.5", _rows(1.5)),
@@ -162,8 +171,11 @@ UNITS: dict[str, tuple[str, Callable[[str], None]]] = {
     "entmax_any": ("entmax forward, mixed alphas or method='newton'/'bisect'", _rows_mixed),
     "entmax_vjp": ("entmax VJP, alpha <= 2", _vjp(1.5)),
     "entmax_vjp_big": ("entmax VJP, alpha > 2", _vjp(3.0)),
+    "entmax_vjp_any": ("entmax VJP, alphas on both sides of 2", _vjp(_MIXED)),
     "entmax_alpha_vjp": ("entmax VJP with respect to alpha, alpha <= 2", _vjp(1.5, "entmax_alpha_vjp")),
     "entmax_alpha_vjp_big": ("entmax VJP with respect to alpha, alpha > 2", _vjp(3.0, "entmax_alpha_vjp")),
+    "entmax_alpha_vjp_any": ("entmax VJP with respect to alpha, alphas on both sides of 2",
+                             _vjp(_MIXED, "entmax_alpha_vjp")),
     "normmax": ("normmax forward", _normmax),
     "normmax_vjp": ("normmax VJP", _normmax_vjp),
     "budget": ("budget-sparsemax forward", _budget),
@@ -172,10 +184,14 @@ UNITS: dict[str, tuple[str, Callable[[str], None]]] = {
     "attention_vjp": ("attention backward (float32-filtered and float64 scores)", _attention_vjp),
     "decode": ("attention forward, decoding (few queries over a long key cache)", _decode),
 }
+#: every unit of :data:`entmax_ref.backends.engine.UNITS` (the names the "auto" rule counts
+#: in), in that order, with its description and call
+UNITS: dict[str, tuple[str, Callable[[str], None]]] = {u: _CALLS[u] for u in _engine.UNITS}
 
 #: the units ``entmax-ref check`` runs (everything but the mixed-alpha solver, the alpha
 #: VJPs and the decoding path, which check does not call)
-CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_alpha_vjp", "entmax_alpha_vjp_big", "decode"))
+CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_vjp_any", "entmax_alpha_vjp",
+                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "decode"))
 
 #: unit -> the units whose compiled kernels its own kernels call: the attention kernels
 #: solve their rows with the row solvers (``rows._solve_default``: every solver path, on
@@ -299,9 +315,7 @@ class _Schedule:
 
 
 def _marker(unit: str, dtype: str) -> Path:
-    from .autocompile import folder
-
-    return folder() / f"{unit}-{dtype}"
+    return _engine.marker(unit, dtype)
 
 
 def _run_unit(unit: str, dtypes: tuple[str, ...]) -> None:
@@ -348,18 +362,6 @@ def pending(units: Iterable[str] | None = None, dtypes: Iterable[str] = DTYPES) 
         if todo:
             out.append((u, todo))
     return out
-
-
-def _note_complete() -> None:
-    """Mark the cache complete once every unit is in it: ``backend="auto"`` then runs large
-    inputs on numba (:mod:`..autocompile`)."""
-    if not pending():
-        from .autocompile import COMPLETE, folder
-
-        try:
-            (folder() / COMPLETE).touch()
-        except OSError:
-            pass
 
 
 def compile_kernels(units: Iterable[str] | None = None, dtypes: Iterable[str] = DTYPES, jobs: int | None = None,
@@ -413,7 +415,6 @@ def compile_kernels(units: Iterable[str] | None = None, dtypes: Iterable[str] = 
     report["skipped"] = [u for u, _ in todo_all if u not in done]
     if not todo:
         report["seconds"] = time.perf_counter() - t0
-        _note_complete()
         return report
     sched = _Schedule((u, d) for u, dts in todo for d in dts)
     jobs = min(int(jobs), len(sched.tasks))
@@ -492,27 +493,7 @@ def compile_kernels(units: Iterable[str] | None = None, dtypes: Iterable[str] = 
                 except OSError:
                     pass
     report["seconds"] = time.perf_counter() - t0
-    _note_complete()
     return report
-
-
-def _background() -> None:  # pragma: no cover - runs in the background process
-    """The background compile that ``backend="auto"`` starts (:mod:`..autocompile`):
-    every unit, at low priority, then the lock released."""
-    from .autocompile import LOCK, FAILED, folder
-
-    lock = folder() / LOCK
-    try:
-        if hasattr(os, "nice"):
-            os.nice(10)
-        print(time.strftime("%Y-%m-%d %H:%M:%S"), "background compile started", flush=True)
-        rep = compile_kernels(progress=lambda m: print(m, flush=True))  # niced: the caller comes first
-        print(f"{len(rep['compiled'])} compiled, {len(rep['skipped'])} already cached, failed: "
-              f"{sorted(rep['failed']) or 'none'}, {rep['seconds']:.1f}s", flush=True)
-        if rep["failed"]:  # "auto" stops waiting for these: they compile on first use
-            (folder() / FAILED).write_text("\n".join(sorted(rep["failed"])))
-    finally:
-        lock.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

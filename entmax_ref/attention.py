@@ -21,7 +21,7 @@ from . import _validate as V
 from ._interop import public
 from .asentmax import _broadcast, _real, _scale_vjp
 from .asentmax import row_scale as row_scale_of
-from .backends import geometry, resolve_backend
+from .backends import engine, geometry, resolve_backend
 from .backends._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, tau_to_theta, theta_to_tau, xp_of
 from .backends._base import NonFiniteInput
 
@@ -334,7 +334,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         raise ValueError("delta and offset only apply with beta and gamma (the ASEntmax scale)")
 
     cdt = V.common_dtype(cq, ck, cv)
-    be = resolve_backend(backend, q, k, v)
+    be = resolve_backend(backend, q, k, v,
+                         need=lambda: engine.attention(a if head_alpha is None else head_alpha, forward))
     if B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
         be = _ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,

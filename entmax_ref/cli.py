@@ -6,6 +6,7 @@
 ``entmax-ref demo ...``   plot the paper's claims
 ``entmax-ref corpus ...`` write the language-neutral conformance corpus (JSON Lines)
 ``entmax-ref compile ...`` compile the numba kernels into the disk cache, in parallel
+``entmax-ref cache info|clear`` show or delete the current numba kernel cache folder
 ``entmax-ref --version``  the installed version (and numba's, and where kernels are cached)
 """
 
@@ -23,6 +24,7 @@ _SUBCOMMANDS = {
     "demo": "entmax_ref.demo",
     "corpus": "entmax_ref.testing.conformance",
     "compile": "entmax_ref.backends.numba_precompile",
+    "cache": "entmax_ref.backends.numba_cache",
 }
 
 
@@ -45,6 +47,7 @@ _SUMMARIES = {
     "bench": 'time the engines against their peers, as ratios (pip install "entmax-ref[bench]")',
     "demo": 'plot the paper\'s claims (pip install "entmax-ref[plot]")',
     "compile": "compile the numba kernels into the disk cache ahead of time, in parallel processes",
+    "cache": "show (info) or delete (clear) this version's numba kernel cache folder",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
-from .backends import resolve_backend
+from .backends import engine, resolve_backend
 from .backends._base import xp_of
 from .gradients import _pair
 from .losses import _target_rows
@@ -101,7 +101,7 @@ def _solve(x, axis, backend, check_finite, return_info, op, param, info_cls):
     """The body of a family forward: (rows, n) layout, backend, the (rows,) parameter
     ``param(rows)``, the backend's ``op``, and ``p`` (with the per-row ``info_cls``)."""
     rows = V.to_rows(x, axis, "x", finite=check_finite)
-    be = resolve_backend(backend, rows.data)
+    be = resolve_backend(backend, rows.data, need=lambda: engine.family(op))
     res = _op(be, op)(rows.data, param(rows))
     p = rows.restore(res.p)
     if not return_info:
@@ -184,7 +184,7 @@ def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
     [0.3535533905932738, -0.3535533905932738, 0.0]
     """
     rp, p2, g2 = _pair(p, grad, axis)
-    be = resolve_backend(backend, p2, g2)
+    be = resolve_backend(backend, p2, g2, need=lambda: engine.family("normmax_vjp"))
     a = _normmax_alpha(alpha, rp.batch_shape, xp_of(p2))
     dx = _op(be, "normmax_vjp")(p2, g2, a)
     return V.Rows(dx, rp.shape, rp.axis, dx.dtype).restore(dx)
@@ -201,7 +201,7 @@ def _alpha_norm(p, alpha, xp):
 def _normmax_pq(x, target, alpha, axis, backend):
     rows = V.to_rows(x, axis, "x")
     xp = xp_of(rows.data)
-    be = resolve_backend(backend, rows.data)
+    be = resolve_backend(backend, rows.data, need=lambda: engine.family("normmax_forward"))
     a = _normmax_alpha(alpha, rows.batch_shape, xp)
     q = _target_rows(target, rows, xp)
     p = _op(be, "normmax_forward")(rows.data, a).p.astype(np.float64)
@@ -314,7 +314,7 @@ def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
     [0.0, 0.5, -0.5, 0.0]
     """
     rp, p2, g2 = _pair(p, grad, axis)
-    be = resolve_backend(backend, p2, g2)
+    be = resolve_backend(backend, p2, g2, need=lambda: engine.family("budget_vjp"))
     _budget_rows(budget, rp.batch_shape, p2.shape[1], xp_of(p2))
     dx = _op(be, "budget_vjp")(p2, g2)
     return V.Rows(dx, rp.shape, rp.axis, dx.dtype).restore(dx)

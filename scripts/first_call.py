@@ -5,8 +5,9 @@ For every public function: a new Python process with an empty kernel cache
 one call (cold), then a second process with the same folder makes the same call (warm: the
 compiled kernels load from the cache).  Three sizes: ``small`` (what "auto" runs on the
 NumPy reference, <= 4096 elements), ``large`` on the numba backend (what compiles), and
-``auto``: the large input on the default backend with an empty cache (the reference answers
-while a background compile starts; the script stops that compile, so there is no warm figure).
+``auto``: the large input on the default backend with an empty cache (the NumPy reference
+answers, nothing is compiled and no process is started; the cache stays empty, so there is
+no warm figure).
 Usage::
 
     python scripts/first_call.py                       # every function, both sizes
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -58,8 +58,7 @@ CASES: dict[str, tuple[str, str]] = {
 }
 
 #: size -> (backend, rows N, attention N); "auto" is the large input on the default backend with
-#: an empty cache: the reference answers while the background compile starts (it is stopped
-#: after the call; no warm figure)
+#: an empty cache: the reference answers (no warm figure)
 SIZES = {"small": ("None", 16, 32), "large": ("'numba'", 4096, 256), "auto": ("None", 4096, 256)}
 
 CHILD = """
@@ -85,14 +84,9 @@ def _one(name: str, size: str, cache: str, dtype: str = "float64") -> tuple[floa
     be, n_rows, n_attn = SIZES[size]
     n = n_attn if name.startswith("attention") else n_rows
     code = CHILD.format(be=be, n=n, dtype=dtype, setup=setup, call=call)
-    env = {**os.environ, "ENTMAX_REF_CACHE_DIR": cache, "ENTMAX_REF_BACKGROUND_COMPILE": "1"}
+    env = {**os.environ, "ENTMAX_REF_CACHE_DIR": cache}
     env.pop("NUMBA_CACHE_DIR", None)
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    for lock in Path(cache).glob("numba/*/compiled/background.lock"):  # stop the background compile
-        try:
-            os.killpg(int(lock.read_text()), signal.SIGKILL)
-        except (ValueError, OSError):
-            pass
     imp, first, kernels = res.stdout.split()
     return float(imp), float(first), kernels == "True"
 

@@ -38,12 +38,6 @@ settings.register_profile("nightly", max_examples=2000, deadline=None, print_blo
 
 _TRUE = ("1", "true", "yes", "on")
 
-# "auto" runs large inputs on numba at once in the tests (compiling on first use, as
-# backend="numba" does), not on the reference while a background process compiles: which
-# engine answers must not depend on timing here.  tests/test_autocompile.py tests the
-# background compile itself.
-os.environ.setdefault("ENTMAX_REF_BACKGROUND_COMPILE", "0")
-
 BACKENDS = [
     pytest.param("numpy", id="numpy"),
     pytest.param("numba", id="numba", marks=pytest.mark.numba),
@@ -141,7 +135,7 @@ def pytest_collection_finish(session):
              if "numba" in item.nodeid and not any(m.name == "skip" for m in item.iter_markers())}
     if len(files) < PRECOMPILE_FILES:
         return
-    from entmax_ref.backends.autocompile import folder
+    from entmax_ref.backends.engine import marker_folder
     from entmax_ref.backends.numba._cache import CACHE, file_lock
     from entmax_ref.backends.numba_precompile import compile_kernels, pending
 
@@ -149,7 +143,7 @@ def pytest_collection_finish(session):
         return
     # pytest-xdist workers and concurrent sessions share the cache: one compiles, the others
     # wait for it and then find the kernels compiled
-    with file_lock(folder() / ".session-lock"):
+    with file_lock(marker_folder() / ".session-lock"):
         rep = compile_kernels()
     if not (rep["compiled"] or rep["failed"]):
         return

@@ -195,8 +195,9 @@ def test_auto_picks_a_cpu_backend_for_numpy():
     # small inputs on the reference (no compile on a first call), larger ones on numba
     assert er.backends.resolve_backend(None, np.zeros(small)).name == "numpy"
     assert er.backends.resolve_backend(None, np.zeros(3), np.zeros((2, small // 2))).name == "numpy"
+    # larger ones on numba when its kernels are compiled (tests/test_autocompile.py), else the reference
     chosen = er.backends.resolve_backend(None, np.zeros((2, small // 2 + 1)))
-    assert chosen.name == ("numba" if "numba" in er.available_backends() else "numpy")
+    assert chosen.name in (("numba", "numpy") if "numba" in er.available_backends() else ("numpy",))
     assert er.backends.resolve_backend("numba", np.zeros(2)).name == "numba"
 
 

@@ -1,20 +1,26 @@
-"""backend="auto" with an incomplete kernel cache: the NumPy reference answers while a
-background process compiles every kernel (entmax_ref/backends/autocompile.py), then numba."""
+"""backend="auto" with a cold or warm kernel cache: one rule (entmax_ref/backends/engine.py),
+no process started, nothing that depends on timing.
+
+Regressions: a large default call started a detached compile process tree that outlived
+the program, a forked child compiled in-process, and which engine answered depended on
+how far that background compile had got.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-import signal
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import entmax_ref as er
-from entmax_ref.backends import autocompile, resolve_backend, unavailable_reason
+from entmax_ref.backends import engine, resolve_backend, unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason("numba") is not None, reason="numba is not installed")
 
@@ -22,171 +28,182 @@ ROOT = Path(__file__).resolve().parents[1]
 BIG = np.zeros((2, er.backends.AUTO_SMALL))
 
 
-class FakeProc:
-    def __init__(self, code=None):
-        self.code = code
-
-    def poll(self):
-        return self.code
-
-
 @pytest.fixture
 def cold(tmp_path, monkeypatch):
-    """The auto switch on an empty marker folder, with the process start recorded (and the
-    disk cache on, whatever this machine's setting: with it off there is nothing to wait for)."""
+    """The rule over an empty marker folder, with nothing known compiled in this process
+    (and the disk cache on, whatever this machine's setting)."""
     from entmax_ref.backends.numba import _cache
 
     monkeypatch.setattr(_cache, "CACHE", True)
-    monkeypatch.setenv(autocompile.ENV, "1")
-    monkeypatch.setattr(autocompile, "folder", lambda: tmp_path)
-    monkeypatch.setattr(autocompile, "_state", {"ready": False, "proc": None, "checked": None})
-    monkeypatch.setattr(autocompile, "RECHECK_S", 0.0)
-    started = []
-
-    def start():
-        started.append(FakeProc())
-        return started[-1]
-
-    monkeypatch.setattr(autocompile, "start", start)
-    return tmp_path, started
+    monkeypatch.setattr(engine, "marker_folder", lambda: tmp_path)
+    monkeypatch.setattr(engine, "_known", set())
+    monkeypatch.setattr(engine, "_said", [False])
+    return tmp_path
 
 
-def test_auto_answers_on_the_reference_until_the_cache_is_complete(cold):
-    folder, started = cold
-    assert resolve_backend(None, BIG).name == "numpy"
-    assert resolve_backend(None, BIG).name == "numpy"
-    assert len(started) == 1  # one background compile, however many calls
-    assert resolve_backend(None, np.zeros(4)).name == "numpy"
+def _auto(x, need):
+    return resolve_backend(None, x, need=need).name
+
+
+def test_auto_runs_numba_exactly_when_the_calls_kernels_are_compiled(cold):
+    need15 = lambda: engine.entmax_forward(1.5)  # noqa: E731
+    assert _auto(BIG, need15) == "numpy"
+    (cold / "entmax15-float64").touch()
+    assert _auto(BIG, need15) == "numba"
+    assert _auto(BIG.astype(np.float32), need15) == "numpy"  # another dtype, another specialisation
+    assert _auto(BIG, lambda: engine.entmax_forward(1.25)) == "numpy"  # another solver path
+    assert _auto(np.zeros(4), need15) == "numpy"  # small: the reference, compiled or not
     assert resolve_backend("numba", BIG).name == "numba"  # a named engine is never replaced
-    (folder / autocompile.COMPLETE).touch()
-    assert resolve_backend(None, BIG).name == "numba"
-    (folder / autocompile.COMPLETE).unlink()
-    assert resolve_backend(None, BIG).name == "numba"  # once ready, stays ready
-    assert len(started) == 1
+    assert _auto(BIG, None) == "numpy"  # needs not named: every unit must be compiled
+    for unit in engine.all_units():
+        (cold / f"{unit}-float64").touch()
+    assert _auto(BIG, None) == "numba"
 
 
-def test_auto_stops_waiting_when_waiting_cannot_help(cold, monkeypatch):
-    folder, started = cold
-    (folder / autocompile.FAILED).write_text("attention\n")  # units the compile could not do
-    assert resolve_backend(None, BIG).name == "numba"
-    assert started == []
+def test_the_units_of_a_call_follow_the_numba_drivers():
+    f = engine.entmax_forward
+    assert f(1.0) == ("softmax",) and f(2.0) == ("sparsemax",) and f(1.5) == ("entmax15",)
+    assert f(1.3) == ("entmax",) and f(3.0) == ("entmax_big",) and f(3.0, "bisect") == ("entmax_any",)
+    assert f(1.5, "newton") == ("entmax_any",) and f(np.array([1.5, 1.2])) == ("entmax_any",)
+    assert f(np.array([2.5, 3.0])) == ("entmax_big",)
+    assert engine.entmax_vjp(np.array([1.5, 3.0])) == ("entmax_vjp_any",)
+    assert engine.entmax_alpha_vjp(4.0) == ("entmax_alpha_vjp_big",)
+    assert set(engine.attention(1.5, forward=True)) <= set(engine.attention(1.5, forward=False))
+    from entmax_ref.backends import numba_precompile
+
+    every = set(engine.all_units())
+    assert set(numba_precompile._CALLS) == every  # each unit has the call that compiles it
+    for units in (f(1.0), f(np.array([1.5, 3.0]), "newton"), engine.entmax_vjp(np.array([1.5, 3.0])),
+                  engine.entmax_alpha_vjp(np.array([1.5, 3.0])), engine.attention(np.array([1.5, 3.0]), False),
+                  *(engine.family(op) for op in ("normmax_forward", "normmax_vjp", "budget_forward", "budget_vjp"))):
+        assert set(units) <= every  # entmax-ref compile compiles every unit a call can need
 
 
-def test_auto_stops_waiting_when_its_compile_ends_short(cold):
-    folder, started = cold
-    assert resolve_backend(None, BIG).name == "numpy"
-    started[0].code = -9  # killed, no marker written
-    assert resolve_backend(None, BIG).name == "numba"
+def test_a_numba_call_marks_its_unit_compiled(cold):
+    x = np.random.default_rng(0).standard_normal((4, 2048))
+    assert _auto(x, lambda: engine.entmax_forward(2.0)) == "numpy"
+    p = er.sparsemax(x, backend="numba")
+    assert (cold / "sparsemax-float64").exists()
+    assert _auto(x, lambda: engine.entmax_forward(2.0)) == "numba"
+    np.testing.assert_array_equal(er.sparsemax(x), p)
 
 
-def test_the_switch_is_off_by_environment(cold, monkeypatch):
-    folder, started = cold
-    monkeypatch.setenv(autocompile.ENV, "0")
-    assert resolve_backend(None, BIG).name == "numba"
-    assert started == []
+def test_a_cold_default_call_says_so_once_through_logging(cold, caplog):
+    x = np.random.default_rng(0).standard_normal((4, 2048))
+    with caplog.at_level(logging.INFO, logger="entmax_ref"):
+        er.entmax15(x)
+        er.entmax15(x)
+        er.sparsemax(x)
+    said = [r for r in caplog.records if r.name == "entmax_ref"]
+    assert len(said) == 1 and "entmax-ref compile" in said[0].getMessage()
 
 
-def test_a_running_compile_elsewhere_is_waited_for(cold, monkeypatch):
-    folder, started = cold
-    monkeypatch.setattr(autocompile, "start", lambda: None)  # the lock is held by another process
-    assert resolve_backend(None, BIG).name == "numpy"
-    assert resolve_backend(None, BIG).name == "numpy"
-    (folder / autocompile.COMPLETE).touch()
-    assert resolve_backend(None, BIG).name == "numba"
+def _children(pid: int | str = "self") -> set[int]:
+    out: set[int] = set()
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        out.update(int(c) for c in f.read_text().split())
+    return out
 
 
-def test_the_lock_admits_one_compile_and_takes_over_a_dead_one(tmp_path):
-    lock = tmp_path / autocompile.LOCK
-    assert autocompile._claim(lock)
-    assert not autocompile._claim(lock)  # just created, no pid yet: held
-    lock.write_text(str(os.getpid()))
-    assert not autocompile._claim(lock)  # a live holder
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    lock.write_text(str(dead.pid))
-    assert autocompile._claim(lock)  # its holder is gone
-    lock.write_text(str(os.getpid()))
-    old = time.time() - autocompile.STALE_S - 10
-    os.utime(lock, (old, old))
-    assert autocompile._claim(lock)  # held for too long: taken for dead
+def _with_env(cache: Path) -> list[int]:
+    """The processes (other than this one) whose environment names ``cache``."""
+    mark = f"ENTMAX_REF_CACHE_DIR={cache}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if mark in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
 
 
-def _first_call(cache: Path, code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ENTMAX_REF_CACHE_DIR": str(cache), autocompile.ENV: "1"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
-                          timeout=600)
+def _python(code: str, cache: Path) -> dict:
+    """Run ``code`` in a fresh interpreter as a new user would: no ``ENTMAX_REF_*`` setting
+    but the (empty) cache folder ``cache``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENTMAX_REF_")}
+    env["ENTMAX_REF_CACHE_DIR"] = str(cache)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                         cwd=str(ROOT), timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 FIRST = """
-import sys, time, numpy as np
-t = time.perf_counter()
-import entmax_ref as er
-from entmax_ref.backends import autocompile
-x = np.random.default_rng(0).standard_normal((512, 64))
-p = er.entmax15(x)
-took = time.perf_counter() - t
-ref = er.entmax15(x, backend="numpy")
-print(took, bool((p == ref).all()), "entmax_ref.backends.numba.rows" in sys.modules,
-      (autocompile.folder() / autocompile.LOCK).read_text() or "-")
+    import json, sys, threading, time
+    from pathlib import Path
+    import numpy as np
+
+    def children():
+        return sorted(int(c) for f in Path("/proc/self/task").glob("*/children") for c in f.read_text().split())
+
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(children())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    import entmax_ref as er
+    x = np.random.default_rng(0).standard_normal((512, 64))
+    p = er.entmax15(x)
+    time.sleep(0.2)
+    done.set()
+    t.join()
+    print(json.dumps({"during": sorted(seen), "after": children(),
+                      "same": bool((p == er.entmax15(x, backend="numpy")).all()),
+                      "compiled": "entmax_ref.backends.numba.rows" in sys.modules}))
 """
 
 
-def _stop(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)  # the compile and its workers (their own session)
-    except (ProcessLookupError, PermissionError):
-        pass
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_a_cold_default_call_starts_no_process(tmp_path):
+    """A fresh interpreter, an empty cache, a call of 32,768 elements on the default
+    backend: no child process during or after the call, none left after exit, the
+    reference's numbers, nothing compiled."""
+    out = _python(FIRST, tmp_path)
+    assert out == {"during": [], "after": [], "same": True, "compiled": False}
+    assert _with_env(tmp_path) == []
+    assert not list(tmp_path.rglob("*.nbi"))
 
 
-def test_a_cold_first_call_compiles_nothing_in_the_caller(tmp_path):
-    """The first large call after install answers in about a second (the
-    reference's time), with the reference's numbers, and leaves the compile running."""
-    out = _first_call(tmp_path, FIRST)
-    assert out.returncode == 0, out.stderr
-    took, same, loaded, pid = out.stdout.split()
-    try:
-        assert same == "True" and loaded == "False"
-        assert pid.isdigit() and autocompile._alive(int(pid))  # the compile outlives the caller
-        assert float(took) < 30.0  # generous: the point is no numba compile, which costs more even unloaded
-    finally:
-        if pid.isdigit():
-            _stop(int(pid))
+FORK = """
+    import json, os, sys
+    from pathlib import Path
+    import numpy as np
+    import entmax_ref as er
+
+    def children():
+        return sorted(int(c) for f in Path("/proc/self/task").glob("*/children") for c in f.read_text().split())
+
+    x = np.random.default_rng(0).standard_normal((512, 64))
+    ref = er.entmax15(x, backend="numpy")
+    parent_same = bool((er.entmax15(x) == ref).all())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        p = er.entmax15(x)
+        report = {"same": bool((p == ref).all()), "children": children(),
+                  "compiled": "entmax_ref.backends.numba.rows" in sys.modules}
+        os.write(w, json.dumps(report).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = json.loads(f.read())
+    others = [c for c in children() if c != pid]
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"parent_same": parent_same, "child": child, "others": others,
+                      "status": os.waitstatus_to_exitcode(status)}))
+"""
 
 
-def test_the_background_compile_completes_and_auto_switches(tmp_path):
-    """The whole round: the first call answers on the reference and starts the background
-    compile, which compiles what is pending, marks the cache complete and releases its
-    lock; the next process runs on numba.  Every unit but entmax15 is marked compiled
-    beforehand (markers only), so the background compiles one unit, not all of them."""
-    from entmax_ref.backends import numba_precompile as pc
-    from entmax_ref.backends.numba._cache import KEY
-
-    folder = tmp_path / "numba" / KEY / "compiled"
-    folder.mkdir(parents=True)
-    for unit, dtypes in pc._units_dtypes(pc.UNITS, pc.DTYPES):
-        for dt in dtypes:
-            if unit != "entmax15":
-                (folder / f"{unit}-{dt}").touch()
-    out = _first_call(tmp_path, FIRST)
-    assert out.returncode == 0, out.stderr
-    took, same, loaded, pid = out.stdout.split()
-    assert same == "True" and loaded == "False" and pid.isdigit()
-    try:
-        t0 = time.monotonic()
-        while not (folder / autocompile.COMPLETE).exists() and time.monotonic() - t0 < 900:
-            time.sleep(1)
-        log = (folder / autocompile.LOG).read_text()
-        assert (folder / autocompile.COMPLETE).exists(), log
-        assert "compiled entmax15" in log and "compiled entmax " not in log, log
-        t0 = time.monotonic()
-        while (folder / autocompile.LOCK).exists() and time.monotonic() - t0 < 60:
-            time.sleep(0.2)
-        assert not (folder / autocompile.LOCK).exists()
-        after = _first_call(tmp_path, "import sys, numpy as np, entmax_ref as er\n"
-                                      "x = np.random.default_rng(0).standard_normal((512, 64))\n"
-                                      "print(er.backends.resolve_backend(None, x).name,"
-                                      " bool((er.entmax15(x) == er.entmax15(x, backend='numba')).all()))")
-        assert after.returncode == 0, after.stderr
-        assert after.stdout.split() == ["numba", "True"]
-    finally:
-        _stop(int(pid))
+@pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/task").is_dir(), reason="needs fork and /proc")
+def test_a_forked_child_gets_the_same_answers_and_starts_nothing(tmp_path):
+    out = _python(FORK, tmp_path)
+    assert out == {"parent_same": True, "child": {"same": True, "children": [], "compiled": False},
+                   "others": [], "status": 0}
+    assert _with_env(tmp_path) == []

@@ -1,7 +1,10 @@
-"""The numba kernels' disk cache: outside the package, keyed on every kernel source.
+"""The numba kernels' disk cache: outside the package, keyed on every kernel source; a
+damaged or unwritable cache is a miss, never an error; nothing but ``entmax-ref cache
+clear`` deletes a cache folder.
 
-Regression tests of the cache's place and key (cache files were written into the installed package
-and numba's per-file stamp missed changes to helpers in other files).
+Regressions: cache files were written into the installed package, numba's per-file stamp
+missed changes to helpers in other files, a damaged entry failed the call with numba's
+loader error, and importing deleted the folders of other versions.
 """
 
 from __future__ import annotations
@@ -119,17 +122,6 @@ def test_other_numba_functions_keep_numbas_own_cache(tmp_path):
     assert Path(out["path"]) == tmp_path / "__pycache__"
 
 
-def test_old_keys_are_pruned_recent_ones_kept(tmp_path):
-    parent = tmp_path / "numba"
-    old, recent = parent / "oldkey", parent / "recentkey"
-    for d in (old, recent):
-        d.mkdir(parents=True)
-        (d / "x.nbi").write_text("")
-    os.utime(old, (1, 1))
-    _cache._prune(parent, keep="current")
-    assert not old.exists() and recent.exists()
-
-
 def test_concurrent_saves_of_one_kernel_keep_every_signature(tmp_path, monkeypatch):
     """Two processes (here: threads with their own file handles) that save two signatures of
     one kernel at the same time: numba reads the index, picks the first free data file and
@@ -170,3 +162,119 @@ def test_concurrent_saves_of_one_kernel_keep_every_signature(tmp_path, monkeypat
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_ROW_MAX = """
+    import json, numpy as np
+    from entmax_ref.backends.numba import candidates, _cache
+    x = np.random.default_rng(0).standard_normal(37)
+    got = float(candidates._row_max(x))
+    st = candidates._row_max.stats
+    print(json.dumps({"dir": str(_cache.CACHE_DIR), "cache": _cache.CACHE, "right": got == float(x.max()),
+                      "hits": sum(st.cache_hits.values()), "misses": sum(st.cache_misses.values())}))
+"""
+
+
+def _damage_truncated_data(folder: Path) -> None:
+    (data,) = folder.glob("candidates._row_max-*.nbc")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+
+
+def _damage_corrupt_index(folder: Path) -> None:
+    (index,) = folder.glob("candidates._row_max-*.nbi")
+    raw = index.read_bytes()
+    index.write_bytes(raw[:24] + bytes(b ^ 0x5A for b in raw[24:]))
+
+
+def _damage_empty_index(folder: Path) -> None:
+    (index,) = folder.glob("candidates._row_max-*.nbi")
+    index.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage", [_damage_truncated_data, _damage_corrupt_index, _damage_empty_index],
+                         ids=["truncated-nbc", "corrupt-nbi", "empty-nbi"])
+def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path, damage):
+    """numba's loader raised UnpicklingError / EOFError / MemoryError from the next call."""
+    env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"}
+    first = _run(_ROW_MAX, env)
+    assert first["cache"] and first["right"] and first["misses"] == 1
+    damage(Path(first["dir"]))
+    again = _run(_ROW_MAX, env)  # the damaged entry: a miss, compiled again, same answer
+    assert again["right"] and again["hits"] == 0 and again["misses"] == 1
+    replaced = _run(_ROW_MAX, env)  # the entry was replaced: loaded from the cache
+    assert replaced["right"] and replaced["hits"] == 1 and replaced["misses"] == 0
+
+
+def test_a_cache_folder_below_a_file_runs_uncached(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out = _run(_ROW_MAX, {"ENTMAX_REF_CACHE_DIR": str(blocker / "below"), "ENTMAX_REF_NUMBA_CACHE": "1"})
+    assert out["cache"] is False and out["right"] and out["hits"] == 0
+
+
+def test_a_cache_folder_that_becomes_unwritable_runs_uncached(tmp_path):
+    """The folder was writable at import and is not when the kernel saves (replaced by a
+    regular file, which defeats even root): numba's save raised from the call."""
+    code = """
+        import json, shutil, numpy as np
+        from entmax_ref.backends.numba import candidates, _cache
+        shutil.rmtree(_cache.CACHE_DIR)
+        _cache.CACHE_DIR.write_text("not a folder")
+        x = np.random.default_rng(0).standard_normal(37)
+        print(json.dumps({"cache": _cache.CACHE, "right": float(candidates._row_max(x)) == float(x.max())}))
+    """
+    out = _run(code, {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"})
+    assert out == {"cache": True, "right": True}
+
+
+def test_other_versions_folders_survive_import_and_calls(tmp_path):
+    """Importing pruned the folders of other kernel versions unused for two weeks."""
+    sibling = tmp_path / "c" / "numba" / "0123456789abcdef0123"
+    sibling.mkdir(parents=True)
+    (sibling / "x.nbi").write_text("")
+    os.utime(sibling, (1, 1))
+    out = _run(_ROW_MAX, {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"})
+    assert out["right"] and Path(out["dir"]).parent == sibling.parent.resolve()
+    assert (sibling / "x.nbi").exists()
+
+
+def test_numba_outside_the_tested_versions_runs_uncached(tmp_path):
+    assert _cache._tested("0.59.1") and _cache._tested("0.68.1")
+    assert not _cache._tested("0.58.1") and not _cache._tested("0.69.0") and not _cache._tested("dev")
+    code = """
+        import json, numba, numpy as np
+        numba.__version__ = "0.99.0"
+        from numba.core import caching
+        from entmax_ref.backends.numba import candidates, _cache
+        impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl")
+        x = np.random.default_rng(0).standard_normal(37)
+        print(json.dumps({"cache": _cache.CACHE, "right": float(candidates._row_max(x)) == float(x.max()),
+                          "locator": any(c is _cache.KernelCacheLocator for c in impl._locator_classes),
+                          "patched": hasattr(caching.IndexDataCacheFile.save, "_entmax_ref_guard")}))
+    """
+    out = _run(code, {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"})
+    assert out == {"cache": False, "right": True, "locator": False, "patched": False}
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-m", "entmax_ref", *args], cwd=ROOT, env=full, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_cache_info_and_clear(tmp_path):
+    env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"}
+    sibling = tmp_path / "c" / "numba" / "0123456789abcdef0123"
+    sibling.mkdir(parents=True)
+    (sibling / "x.nbi").write_text("kept")
+    folder = Path(_run(_ROW_MAX, env)["dir"])
+    info = _cli(["cache", "info"], env)
+    assert info.returncode == 0, info.stderr
+    assert f"kernel cache: {folder}" in info.stdout and "caching: on" in info.stdout
+    assert "complete: no" in info.stdout and str(sibling) in info.stdout
+    assert " 0 kernels" not in info.stdout and "kernels" in info.stdout
+    cleared = _cli(["cache", "clear"], env)
+    assert cleared.returncode == 0, cleared.stderr
+    assert f"removed {folder}" in cleared.stdout
+    assert not folder.exists() and (sibling / "x.nbi").read_text() == "kept"
+    assert _cli(["cache", "bogus"], env).returncode == 2

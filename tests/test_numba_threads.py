@@ -191,6 +191,9 @@ def test_a_forked_child_has_workers_of_its_own():
         pid = os.fork()
         if pid == 0:
             ok = len(_threads._POOL.inboxes) == 0 and np.array_equal(solve(x, alpha), want)
+            # no process started, and no thread beyond the pool its call used
+            ok = ok and not any(f.read_text().split() for f in __import__("pathlib").Path("/proc/self/task").glob("*/children"))
+            ok = ok and __import__("threading").active_count() == 1 + len(_threads._POOL.inboxes)
             os.write(w, b"1" if ok else b"0")
             os._exit(0)
         os.waitpid(pid, 0)
@@ -200,3 +203,26 @@ def test_a_forked_child_has_workers_of_its_own():
     env = {**os.environ, "NUMBA_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_idle_workers_take_no_cpu():
+    """Between calls the pool's threads block on their inboxes: no spinning, so not one
+    clock tick of CPU while idle."""
+    import threading
+    import time
+
+    _threads.run_on_workers(lambda slot: None, 2)
+    tids = [t.native_id for t in threading.enumerate() if t.name.startswith("entmax-ref-worker-")]
+    assert len(tids) >= 2
+
+    def ticks():
+        total = 0
+        for tid in tids:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        return total
+
+    before = ticks()
+    time.sleep(1.0)
+    assert ticks() == before

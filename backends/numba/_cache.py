@@ -12,14 +12,26 @@ stale machine code after the helper changes.  Here instead:
   module of the package they import from), the numba version and the Python ABI: any
   change to any of them gives a new, empty folder, so nothing stale is ever loaded.
 
-The redirection is scoped: :class:`KernelCacheLocator` is put first in numba's list of
-cache locators but only claims functions defined in files of this folder; every other
-numba function in the process keeps numba's default behaviour, and no environment
-variable is set.  When the cache directory cannot be created or written, caching is off
-(:data:`CACHE` is False) rather than falling back to the package folder.  Saving into
-this cache takes a lock file in its folder (:func:`_locked_save`), so processes that
-compile kernels at the same time (the ``entmax-ref compile`` workers) cannot corrupt an
-index; numba's saves elsewhere are unchanged.
+Importing this module creates the current folder (when it can) and deletes nothing: the
+folders of other versions stay until ``entmax-ref cache clear`` (which removes the current
+one only) or the user deletes them.
+
+What this module changes in numba, and only for the numba versions it is tested on
+(:data:`TESTED_NUMBA`; elsewhere the kernels run uncached, :data:`CACHE` is False):
+
+* :class:`KernelCacheLocator` is put first in numba's list of cache locators but claims
+  only functions defined in files of this folder; every other numba function in the
+  process keeps numba's default behaviour, and no environment variable is set;
+* numba's index/data cache file gets two guards that act on files of :data:`CACHE_DIR`
+  only (every other path goes straight to numba's own code): a save takes a lock file in
+  the folder (:func:`file_lock`), so processes that compile at the same time (the
+  ``entmax-ref compile`` workers) cannot corrupt an index; and a damaged entry (a
+  truncated ``.nbc``, a corrupt or empty ``.nbi``) or an unwritable folder is a cache miss,
+  never an error: the kernel compiles again, the damaged entry is replaced when the
+  folder can be written, and the call runs uncached when it cannot.
+
+When the cache directory cannot be created or written at import, caching is off
+(:data:`CACHE` is False) rather than falling back to the package folder.
 """
 
 from __future__ import annotations
@@ -28,10 +40,9 @@ import ast
 import contextlib
 import hashlib
 import os
-import shutil
+import logging
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numba
@@ -52,7 +63,9 @@ _OFF = ("0", "false", "no", "off")
 
 def _imported_files(path: Path, package_dir: Path) -> set[Path]:
     """The package's source files that ``path`` imports with relative imports
-    (``from . import x``, ``from ..y import z``), resolved to files that exist."""
+    (``from . import x``, ``from ..y import z``), resolved to files that exist: the
+    submodules named (``from .. import geometry``: ``geometry.py``, not the package's
+    ``__init__.py``), else the module the names are taken from."""
     found: set[Path] = set()
     tree = ast.parse(path.read_bytes(), str(path))
     for node in ast.walk(tree):
@@ -65,8 +78,11 @@ def _imported_files(path: Path, package_dir: Path) -> set[Path]:
             continue
         parts = node.module.split(".") if node.module else []
         target = base.joinpath(*parts)
-        names = [target / f"{a.name}.py" for a in node.names] + [target / "__init__.py", target.with_suffix(".py")]
-        found.update(p.resolve() for p in names if p.is_file())
+        modules = [m for a in node.names for m in (target / f"{a.name}.py", target / a.name / "__init__.py")
+                   if m.is_file()]
+        if len(modules) < len(node.names):  # names defined in the module itself, not submodules
+            modules += [p for p in (target / "__init__.py", target.with_suffix(".py")) if p.is_file()]
+        found.update(p.resolve() for p in modules)
     return found
 
 
@@ -117,24 +133,23 @@ def _writable(path: Path) -> bool:
         return False
 
 
-def _prune(parent: Path, keep: str, max_age_s: float = 14 * 86400.0) -> None:
-    """Remove the caches of other source versions not used for ``max_age_s`` (old
-    installs and edits leave one folder each; a fresh one may be in use elsewhere)."""
-    now = time.time()
+#: the numba releases (major, minor), first and last, whose cache internals
+#: (``CacheImpl._locator_classes``, ``IndexDataCacheFile``) this module is tested on
+TESTED_NUMBA = ((0, 59), (0, 68))
+
+
+def _tested(version: str) -> bool:
+    """Whether numba ``version`` is within :data:`TESTED_NUMBA`."""
     try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.name != keep and entry.is_dir() and now - entry.stat().st_mtime > max_age_s:
-                shutil.rmtree(entry, ignore_errors=True)
-        except OSError:
-            pass
+        major_minor = tuple(int(v) for v in version.split(".")[:2])
+    except ValueError:
+        return False
+    return TESTED_NUMBA[0] <= major_minor <= TESTED_NUMBA[1]
 
 
 def _enabled() -> bool:
-    return os.environ.get("ENTMAX_REF_NUMBA_CACHE", "1").strip().lower() not in _OFF
+    return (os.environ.get("ENTMAX_REF_NUMBA_CACHE", "1").strip().lower() not in _OFF
+            and _tested(numba.__version__))
 
 
 #: the key of the current kernel sources
@@ -142,15 +157,10 @@ KEY: str = source_key()
 #: the folder the compiled kernels are cached in (whether or not caching is on)
 CACHE_DIR: Path = cache_root() / "numba" / KEY
 #: whether the kernels are cached on disk: ``ENTMAX_REF_NUMBA_CACHE=0`` turns it off, and
-#: so does a cache folder that cannot be written
+#: so do a cache folder that cannot be written and a numba outside :data:`TESTED_NUMBA`
 CACHE: bool = _enabled() and _writable(CACHE_DIR)
 _CACHE_DIR_STR = os.path.abspath(CACHE_DIR)
-if CACHE:
-    try:
-        os.utime(CACHE_DIR)  # last use, which is what _prune goes by
-    except OSError:
-        pass
-    _prune(CACHE_DIR.parent, KEY)
+_LOG = logging.getLogger("entmax_ref")
 
 
 class KernelCacheLocator(_caching._CacheLocator):
@@ -171,6 +181,14 @@ class KernelCacheLocator(_caching._CacheLocator):
 
     def get_disambiguator(self):
         return str(self._lineno)
+
+    def ensure_cache_path(self):
+        """Create the folder if it can; an unwritable one is left to the save, which then
+        skips (:func:`_guarded_save`) instead of failing the call."""
+        try:
+            os.makedirs(self._cache_path, exist_ok=True)
+        except OSError:
+            pass
 
     @classmethod
     def from_function(cls, py_func, py_file):
@@ -201,8 +219,8 @@ def file_lock(path):
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a helper process (a compile worker, the background compile) that
-    must import this same entmax_ref and use this same kernel cache: the caller's, with the
+    """The environment of a helper process (an ``entmax-ref compile`` worker) that must
+    import this same entmax_ref and use this same kernel cache: the caller's, with the
     package's folder first on ``PYTHONPATH`` and ``ENTMAX_REF_CACHE_DIR`` set."""
     root = str(Path(sys.modules["entmax_ref"].__file__).resolve().parent.parent)
     env = dict(os.environ)
@@ -211,31 +229,70 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _locked_save(save):
-    """Numba's ``IndexDataCacheFile.save``, under :func:`file_lock` for the files of
-    :data:`CACHE_DIR`.  It reads the function's index, picks the first free data file
-    number, writes the index back and then the data, with no lock: two processes that save
-    two signatures of one kernel at once both take number 1, one index entry is lost and
-    the other can point at the other signature's code (an error when it is loaded).  The
-    precompile workers, a test session and the caller of a background compile do save
-    concurrently; held for the milliseconds of a save, the lock makes it atomic.  Other
-    numba caches are untouched."""
+def _ours(cache_file) -> bool:
+    """Whether a numba ``IndexDataCacheFile`` is one of this cache's (under :data:`CACHE_DIR`)."""
+    path = os.path.abspath(cache_file._cache_path)
+    return path == _CACHE_DIR_STR or path.startswith(_CACHE_DIR_STR + os.sep)
 
-    def locked(self, key, data):
-        path = os.path.abspath(self._cache_path)
-        if path != _CACHE_DIR_STR and not path.startswith(_CACHE_DIR_STR + os.sep):
+
+def _guarded_save(save):
+    """Numba's ``IndexDataCacheFile.save`` for the files of :data:`CACHE_DIR`, under
+    :func:`file_lock`, over a damaged index and into an unwritable folder.
+
+    Numba reads the function's index, picks the first free data file number, writes the
+    index back and then the data, with no lock: two processes that save two signatures of
+    one kernel at once both take number 1, one index entry is lost and the other can point
+    at the other signature's code.  The ``entmax-ref compile`` workers and a test session do
+    save concurrently; held for the milliseconds of a save, the lock makes it atomic.  An
+    index that cannot be read (truncated, corrupt, empty) is removed first, so the save
+    writes a fresh one; a folder that cannot be written (``OSError``) leaves the kernel
+    uncached.  Other numba caches are untouched."""
+
+    def guarded(self, key, data):
+        if not _ours(self):
             return save(self, key, data)
-        with file_lock(os.path.join(path, ".index.lock")):
-            return save(self, key, data)
+        try:
+            with file_lock(os.path.join(self._cache_path, ".index.lock")):
+                try:
+                    self._load_index()
+                except Exception:  # noqa: BLE001 - any unreadable index: start a new one
+                    _LOG.debug("entmax-ref kernel cache: replacing the unreadable %s", self._index_path)
+                    os.unlink(self._index_path)
+                return save(self, key, data)
+        except OSError as exc:
+            _LOG.debug("entmax-ref kernel cache: not saved (%s)", exc)
+            return None
 
-    locked._entmax_ref_locked = True
-    return locked
+    guarded._entmax_ref_guard = True
+    return guarded
 
 
-def _install_index_lock() -> None:
+def _guarded_load(load):
+    """Numba's ``IndexDataCacheFile.load`` for the files of :data:`CACHE_DIR`: an entry that
+    cannot be read (a truncated ``.nbc``, a corrupt or empty ``.nbi``: numba's loader raises
+    ``UnpicklingError``, ``EOFError``, ``MemoryError`` and others) is a cache miss, so the
+    kernel compiles and :func:`_guarded_save` replaces the entry.  Other paths: numba's."""
+
+    def guarded(self, key):
+        if not _ours(self):
+            return load(self, key)
+        try:
+            return load(self, key)
+        except Exception as exc:  # noqa: BLE001 - a damaged entry is a miss, never an error
+            _LOG.debug("entmax-ref kernel cache: unreadable entry in %s (%s: %s); compiling again",
+                       self._index_path, type(exc).__name__, exc)
+            return None
+
+    guarded._entmax_ref_guard = True
+    return guarded
+
+
+def _install_guards() -> None:
     cls = _caching.IndexDataCacheFile
-    if not getattr(cls.save, "_entmax_ref_locked", False):
-        cls.save = _locked_save(cls.save)
+    if not getattr(cls.save, "_entmax_ref_guard", False):
+        cls.save = _guarded_save(cls.save)
+    if not getattr(cls.load, "_entmax_ref_guard", False):
+        cls.load = _guarded_load(cls.load)
 
 
 def _install_locator() -> None:
@@ -244,8 +301,9 @@ def _install_locator() -> None:
         impl._locator_classes.insert(0, KernelCacheLocator)
 
 
-_install_locator()
-_install_index_lock()
+if CACHE:  # the kernels are compiled with cache=CACHE: nothing to place otherwise
+    _install_locator()
+    _install_guards()
 
-__all__ = ["CACHE", "CACHE_DIR", "KEY", "KernelCacheLocator", "cache_root", "child_env", "file_lock",
-           "kernel_sources", "source_key"]
+__all__ = ["CACHE", "CACHE_DIR", "KEY", "TESTED_NUMBA", "KernelCacheLocator", "cache_root", "child_env",
+           "file_lock", "kernel_sources", "source_key"]
