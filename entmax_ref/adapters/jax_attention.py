@@ -17,15 +17,19 @@ RESIDUAL = ("tau", "support", "s", "n", "skew", "theta", "row_max", "edge", "edg
 _INT_FIELDS = ("support", "n")
 
 
-def _pack(a) -> np.ndarray:
-    """An 8-byte array as its uint32 halves (a trailing axis of 2): exact without x64."""
-    a = np.ascontiguousarray(a)
+def _dtype(name: str) -> type:
+    return np.int64 if name in _INT_FIELDS else np.float64
+
+
+def _pack(a, name: str) -> np.ndarray:
+    """A field in its 8-byte dtype (exact: float32 fields widen without rounding) as its
+    uint32 halves (a trailing axis of 2), which JAX holds with or without x64."""
+    a = np.ascontiguousarray(a, dtype=_dtype(name))
     return a.view(np.uint32).reshape(a.shape + (2,))
 
 
 def _unpack(b, name: str) -> np.ndarray:
-    dtype = np.int64 if name in _INT_FIELDS else np.float64
-    return np.ascontiguousarray(b).view(dtype).reshape(b.shape[:-1])
+    return np.ascontiguousarray(b).view(_dtype(name)).reshape(b.shape[:-1])
 
 
 def _library(varlen: bool):
@@ -65,7 +69,7 @@ def _forward(q, k, v, alpha_t, params, aux, static):
     def host(q, k, v, alpha_t, params, aux):
         fwd = _library(varlen)[0]
         o, info = fwd(*_positional(q, k, v, aux, varlen), return_info=True, **_kwargs(static, alpha_t, params, aux))
-        return (o, *(_pack(getattr(info, name)) for name in RESIDUAL))
+        return (o, *(_pack(getattr(info, name), name) for name in RESIDUAL))
 
     res = _call(host, shapes, q, k, v, alpha_t, params, aux, vmap="sequential")
     return res[0], res[1:]

@@ -38,7 +38,9 @@ def _call(fn: Any, shapes: Any, *args: Any, vmap: str = "broadcast_all") -> Any:
     """``fn(*host arrays)`` through pure_callback, its results cast to the declared dtypes."""
 
     def host(*a):
-        res = fn(*a)
+        # the engines get NumPy arrays: a JAX array would make the library answer in JAX
+        # arrays, float32 where x64 is off
+        res = fn(*jax.tree.map(np.asarray, a))
         return jax.tree.map(lambda r, s: np.asarray(r).astype(s.dtype, copy=False), res, shapes)
 
     return jax.pure_callback(host, shapes, *args, vmap_method=vmap)
