@@ -161,3 +161,15 @@ def test_import_entmax_ref_does_not_import_jax_and_the_adapter_names_the_install
             "try:\n    import entmax_ref.jax\nexcept ImportError as e:\n    print(e)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install jax" in res.stdout
+
+
+def test_training_guide_jax_example_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "training.md").read_text(encoding="utf-8")
+    body = next(s for s in re.split(r"^## ", text, flags=re.M) if s.startswith("JAX"))
+    code = "\n".join(re.findall(r"```python\n(.*?)```", body, flags=re.S))
+    assert "erj.attention" in code
+    with jax.enable_x64(False):
+        exec(compile(code, "training.md#jax", "exec"), {"__name__": "training_jax"})

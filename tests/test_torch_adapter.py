@@ -267,3 +267,20 @@ def test_import_entmax_ref_does_not_import_torch_and_the_adapter_names_the_insta
             "try:\n    import entmax_ref.torch\nexcept ImportError as e:\n    print(e)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install torch" in res.stdout
+
+
+def _guide_code(heading: str) -> str:
+    """The python blocks of docs/guides/training.md under a heading starting with ``heading``."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "training.md").read_text(encoding="utf-8")
+    section = re.split(r"^## ", text, flags=re.M)
+    body = next(s for s in section if s.startswith(heading))
+    return "\n".join(re.findall(r"```python\n(.*?)```", body, flags=re.S))
+
+
+def test_training_guide_torch_example_runs():
+    code = _guide_code("PyTorch")
+    assert "ert.attention" in code
+    exec(compile(code, "training.md#pytorch", "exec"), {"__name__": "training_torch"})
