@@ -284,3 +284,34 @@ def test_training_guide_torch_example_runs():
     code = _guide_code("PyTorch")
     assert "ert.attention" in code
     exec(compile(code, "training.md#pytorch", "exec"), {"__name__": "training_torch"})
+
+
+@pytest.mark.numba
+def test_bench_training_step_table_and_json(tmp_path, monkeypatch, capsys):
+    """``entmax-ref bench --training-only``: progress on stderr, a table of at most 100
+    columns whose ratio is ours over the peer's time, the machine line, and --json."""
+    pytest.importorskip("entmax")
+    import json
+
+    import numba
+
+    from entmax_ref import bench
+
+    monkeypatch.setattr(bench, "GAP", bench.GAP)  # main() sets it from --gap
+    threads = numba.get_num_threads(), torch.get_num_threads()
+    path = tmp_path / "bench.json"
+    try:
+        assert bench.main(["--training-only", "--quick", "--training-n", "16", "--gap", "0", "--json", str(path)]) == 0
+    finally:
+        numba.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
+    out, err = capsys.readouterr()
+    assert "[1/1] training step" in err and "training step" not in out.splitlines()[0]
+    assert bench.machine() in out.splitlines()[0] and "cores" in bench.machine()
+    assert all(len(line) <= 100 for line in out.splitlines()[1:])
+    (row,) = json.loads(path.read_text())["results"]
+    assert row["case"].startswith("training step") and row["baseline"] == "eager torch + entmax.entmax_bisect"
+    ratio = row["ours_api_ms"] / row["baseline_ms"]
+    figures = out.splitlines()[-1].split()
+    assert figures[-3:] == ["<=", "0.1x", "yes" if row["met"] else "NO"]  # ">= 10x faster" as a time ratio
+    assert float(figures[-5]) == pytest.approx(1 / row["speedup"], rel=1e-2) and ratio > 0

@@ -4,7 +4,8 @@ The forward runs :func:`entmax_ref.attention` (or :func:`entmax_ref.attention_va
 ``cu_seqlens`` are given) with ``return_info=True`` and returns, beside the output, the
 residual its backward needs: the fields of :class:`entmax_ref.AttentionInfo` (theta, row_max,
 edge, edge_p, the skewed output, the keys per row, and the support keys the numba engine
-keeps: a data-dependent width, empty where none were kept).  The backward rebuilds the :class:`entmax_ref.AttentionInfo` from them and runs
+keeps: a data-dependent width, empty where none were kept).  The backward rebuilds the
+:class:`entmax_ref.AttentionInfo` from them and runs
 :func:`entmax_ref.attention_vjp` (``attention_varlen_vjp``): nothing is solved again and the
 gradients are those of the library, bit for bit, for q, k, v, alpha (a tensor), beta, gamma
 and delta.
@@ -35,7 +36,8 @@ def _kwargs(alpha, alpha_t, scale, causal, key_lengths, key_padding_mask, alibi_
     if beta is not None or gamma is not None:
         kw.update(beta=host(beta, "beta"), gamma=host(gamma, "gamma"), delta=host(delta, "delta"))
     if cu_q is None:
-        kw.update(key_lengths=host(key_lengths, "key_lengths"), key_padding_mask=host(key_padding_mask, "key_padding_mask"))
+        kw.update(key_lengths=host(key_lengths, "key_lengths"),
+                  key_padding_mask=host(key_padding_mask, "key_padding_mask"))
     return kw
 
 
