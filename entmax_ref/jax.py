@@ -3,8 +3,9 @@
 Each function computes exactly what the function of the same name in :mod:`entmax_ref`
 computes (bit for bit: the same engines run on the host, through ``jax.pure_callback``) and
 differentiates through the library's own VJPs: the scores, an array ``alpha``, the ASEntmax
-parameters ``beta``, ``gamma``, ``delta``, and q, k, v.  Only first derivatives exist (the
-VJP rules are not themselves differentiable: ``jax.hessian`` fails).
+parameters ``beta``, ``gamma``, ``delta``, and q, k, v.  Only reverse-mode first derivatives
+exist: the VJP rules are not themselves differentiable, and JAX refuses forward mode
+(``jax.jvp``, ``jax.hessian``) of a custom-VJP function with a TypeError.
 
 Arrays are computed on the host (CPU); float64 needs ``jax_enable_x64`` as anywhere in JAX
 (without it the losses, float64 in the library, are returned in float32).  ``import

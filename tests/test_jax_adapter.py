@@ -173,3 +173,9 @@ def test_training_guide_jax_example_runs():
     assert "erj.attention" in code
     with jax.enable_x64(False):
         exec(compile(code, "training.md#jax", "exec"), {"__name__": "training_jax"})
+
+
+def test_forward_mode_is_refused():
+    """Only reverse-mode first derivatives exist; JAX refuses forward mode (the documented status)."""
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.hessian(lambda x: erj.entmax15(x)[0])(jnp.array([0.1, 0.5, 0.2]))
