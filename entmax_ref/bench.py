@@ -48,7 +48,18 @@ for several milliseconds, and on a machine with as many cores as threads the cal
 0.1 s is made once untimed, so that the timed one finds its own threads awake, as in a loop
 (``REWARM_S``).  Usage::
 
-    entmax-ref bench [--repeats N] [--threads T] [--gap S] [--json PATH] [--attention | --attention-only] [--quick]
+    entmax-ref bench [--repeats N] [--threads T] [--gap S] [--json PATH] [--attention | --attention-only]
+                     [--training | --training-only] [--quick]
+
+Training (``--training``): one step (forward, backward, gradients of q, k, v and a learned
+alpha per head) of causal attention, B=1, H=4, N=256, D=32, float32, through
+:func:`entmax_ref.torch.attention` against eager PyTorch with ``entmax.entmax_bisect`` on
+the dense scores (>= 10x faster).
+
+The table prints each case on a line of its own, then its figures: ours and the peer in ms
+and the ratio of ours to the peer's time ("x peer", below 1 is faster; a ">= F x faster"
+target is "<= 1/F x"), in at most 100 columns.  Progress goes to stderr; ``--json`` writes
+every figure, with the CPU model, its vector ISA and the cores in ``meta.cpu``.
 """
 
 from __future__ import annotations
@@ -317,23 +328,77 @@ def _decoding_case(torch, er, repeats: int, nk: int) -> list[dict]:
                         "<= 0.8x SDPA time", 0.8)]
 
 
+def _training_case(torch, entmax, repeats: int, n: int = 256) -> list[dict]:
+    """One training step of a causal attention layer with a learned alpha per head (forward,
+    backward, the gradients of q, k, v and alpha), float32, B=1, H=4, D=32:
+    :func:`entmax_ref.torch.attention` against eager PyTorch with ``entmax.entmax_bisect``
+    (the peer's differentiable-alpha entmax) on the dense scores."""
+    import entmax_ref.torch as ert
+
+    B, H, D = 1, 4, 32
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, n, D, generator=gen) for _ in range(3))
+    alpha = torch.linspace(1.2, 1.8, H)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+
+    def leaves():
+        return [t.clone().requires_grad_(True) for t in (q, k, v, alpha)]
+
+    def ours():
+        qq, kk, vv, aa = leaves()
+        ert.attention(qq, kk, vv, alpha=aa, causal=True, backend="numba").square().sum().backward()
+
+    def peer():
+        qq, kk, vv, aa = leaves()
+        s = ((qq @ kk.transpose(-1, -2)) / D ** 0.5).masked_fill(~mask, float("-inf"))
+        p = entmax.entmax_bisect(s, alpha=aa.view(1, H, 1, 1).expand(B, H, n, 1), dim=-1)
+        (p @ vv).square().sum().backward()
+
+    t = _time_interleaved({"ours": ours, "peer": peer}, repeats)
+    case = f"training step: causal attention, learned alpha per head, B=1 H=4 N={n} D=32 float32"
+    return [_speedup(t, "ours", "peer", case, "eager torch + entmax.entmax_bisect", ">= 10x faster", 10.0)]
+
+
+def machine() -> str:
+    """The CPU model, its widest vector instruction set and the cores this process may use."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:  # not Linux
+        pass
+    known = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("asimd", "NEON"), ("sse4_2", "SSE4.2"))
+    isa = next((name for flag, name in known if flag in flags), "vector ISA unknown")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {isa}, {cores} cores"
+
+
+def _ratio_cells(r: dict) -> tuple[float, str, str]:
+    """(ours / peer time, its spread, the target) of a row, in the one convention "x the
+    peer's time" (below 1 is faster); a speedup row's ">= F x faster" is "<= 1/F x"."""
+    lo, hi = r["spread"]
+    if "speedup" in r:
+        limit = float(r["target"].split()[1].rstrip("x"))
+        return 1.0 / r["speedup"], f"{1 / hi:.3g}-{1 / lo:.3g}", f"<= {1 / limit:.3g}x"
+    return r["time_ratio"], f"{lo:.3g}-{hi:.3g}", r["target"].split(" SDPA")[0].split(" softmax")[0]
+
+
 def _print_table(rows: list[dict]) -> None:
-    w = max([58] + [len(r["case"]) for r in rows])  # the longest case name
-    head = (f"{'case':<{w}} {'ours ms':>9} {'kernel':>8}  {'baseline':<30} {'base ms':>9}  {'median':>16} "
-            f"{'spread':>13}  {'target':<22} met")
-    print(head)
-    print("-" * len(head))
+    """Each case on its own line, then its figures (at most 100 columns): ours and the
+    peer in ms, the ratio of ours to the peer's time (below 1 is faster), its spread over
+    the repeats, the target and whether it is met."""
+    print(f"  {'peer':<36} {'ours ms':>9} {'peer ms':>9} {'x peer':>7} {'spread':>13} {'target':>9} met")
+    print("-" * 96)
     for r in rows:
-        lo, hi = r["spread"]
-        if "speedup" in r:
-            fig = f"{r['speedup']:.1f}x faster"
-            spread = f"{lo:.1f}-{hi:.1f}x"
-        else:
-            fig = f"{r['time_ratio']:.2f}x the time"
-            spread = f"{lo:.2f}-{hi:.2f}x"
-        kern = f"{r['ours_kernel_ms']:8.2f}" if "ours_kernel_ms" in r else f"{'':>8}"
-        print(f"{r['case']:<{w}} {r['ours_api_ms']:9.2f} {kern}  {r['baseline']:<30} {r['baseline_ms']:9.2f}  "
-              f"{fig:>16} {spread:>13}  {r['target']:<22} {'yes' if r['met'] else 'NO'}")
+        ratio, spread, target = _ratio_cells(r)
+        print(r["case"][:100])
+        print(f"  {r['baseline'][:36]:<36} {r['ours_api_ms']:9.2f} {r['baseline_ms']:9.2f} {ratio:7.3g} "
+              f"{spread:>13} {target:>9} {'yes' if r['met'] else 'NO'}")
     floors = [r for r in rows if "floor" in r]
     if floors:
         print("\nFloors, timed in the same interleaved repeats (the least work the case must do; "
@@ -355,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-keys", type=int, default=DECODE_KEYS, help="cached keys of the decoding figure")
     ap.add_argument("--no-eager", action="store_true", help="leave out the slow eager torch + entmax peer")
     ap.add_argument("--quick", action="store_true", help="float32 rows only, 3 repeats (a smoke run)")
+    ap.add_argument("--training", action="store_true",
+                    help="also time one training step of attention with a learned alpha per head")
+    ap.add_argument("--training-only", action="store_true", help="only the training step")
+    ap.add_argument("--training-n", type=int, default=256, help="sequence length of the training step")
     ap.add_argument("--gap", type=float, default=GAP, metavar="S",
                     help=f"idle seconds before each timed call, so that torch's spinning OpenMP workers do not "
                          f"slow the next call (default {GAP:g}; 0 times calls back to back)")
@@ -380,24 +449,34 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[dict] = []
     load0 = _load()
-    for dt in ([] if args.attention_only else dtypes):
-        results += _row_cases(torch, entmax, er, be, dt, repeats)
+    only = args.attention_only or args.training_only
+    cases = [(f"rows {np.dtype(dt).name}", functools.partial(_row_cases, torch, entmax, er, be, dt, repeats))
+             for dt in ([] if only else dtypes)]
     if args.attention or args.attention_only:
-        results += _attention_cases(torch, entmax, er, repeats, args.attention_n, eager=not args.no_eager)
-        results += _decoding_case(torch, er, repeats, args.decode_keys)
+        cases += [("attention", lambda: _attention_cases(torch, entmax, er, repeats, args.attention_n,
+                                                         eager=not args.no_eager)),
+                  ("decoding", lambda: _decoding_case(torch, er, repeats, args.decode_keys))]
+    if args.training or args.training_only:
+        cases.append(("training step", lambda: _training_case(torch, entmax, repeats, args.training_n)))
+    for i, (name, run) in enumerate(cases):
+        t0 = time.perf_counter()
+        print(f"[{i + 1}/{len(cases)}] {name} ...", end="", file=sys.stderr, flush=True)
+        results += run()
+        print(f" {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     load1 = _load()
 
-    print(f"entmax-ref bench: numba {numba.__version__} ({numba.get_num_threads()} threads), torch "
-          f"{torch.__version__} ({torch.get_num_threads()} threads), entmax {getattr(entmax, '__version__', '?')}, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average {load0} before, "
-          f"{load1} after; medians of {repeats} interleaved repeats ({GAP:g} s idle, then calls under "
-          f"{REWARM_S:g} s once untimed, before each timed call), "
-          f"spread = smallest-largest ratio of a repeat")
+    print(f"entmax-ref bench on {machine()}: numba {numba.__version__} ({numba.get_num_threads()} threads), "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), entmax "
+          f"{getattr(entmax, '__version__', '?')}; load average {load0} before, {load1} after; medians of "
+          f"{repeats} interleaved repeats ({GAP:g} s idle, then calls under {REWARM_S:g} s once untimed, before "
+          f"each timed call); x peer = ours / the peer's time (below 1 is faster), spread = smallest-largest "
+          f"ratio of a repeat")
     _print_table(results)
     if args.json:
         meta = {"numba": numba.__version__, "torch": torch.__version__, "threads": args.threads,
                 "numba_threads": numba.get_num_threads(), "torch_threads": torch.get_num_threads(),
-                "repeats": repeats, "gap_s": GAP, "rewarm_below_s": REWARM_S, "machine": platform.platform(), "cpus": os.cpu_count(),
+                "repeats": repeats, "gap_s": GAP, "rewarm_below_s": REWARM_S, "machine": platform.platform(),
+                "cpu": machine(), "cpus": os.cpu_count(),
                 "load_before": load0, "load_after": load1}
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "results": results}, fh, indent=2)

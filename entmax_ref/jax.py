@@ -1,0 +1,156 @@
+"""entmax-ref inside JAX: the library's functions with custom VJP rules, under jit, grad and vmap.
+
+Each function computes exactly what the function of the same name in :mod:`entmax_ref`
+computes (bit for bit: the same engines run on the host, through ``jax.pure_callback``) and
+differentiates through the library's own VJPs: the scores, an array ``alpha``, the ASEntmax
+parameters ``beta``, ``gamma``, ``delta``, and q, k, v.  Only reverse-mode first derivatives
+exist: the VJP rules are not themselves differentiable, and JAX refuses forward mode
+(``jax.jvp``, ``jax.hessian``) of a custom-VJP function with a TypeError.
+
+Arrays are computed on the host (CPU); float64 needs ``jax_enable_x64`` as anywhere in JAX
+(without it the losses, float64 in the library, are returned in float32).  ``import
+entmax_ref`` does not import JAX; this module does (an ImportError says how to install it).
+
+Examples
+--------
+>>> import jax, jax.numpy as jnp
+>>> import entmax_ref.jax as erj
+>>> erj.sparsemax(jnp.array([-2.0, 0.0, 0.5])).tolist()
+[0.0, 0.25, 0.75]
+>>> jax.grad(lambda x: erj.sparsemax(x)[1])(jnp.array([-2.0, 0.0, 0.5])).tolist()
+[0.0, 0.5, -0.5]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .adapters import jax_attention as _att
+from .adapters import jax_ops as _ops
+from .adapters.jax_ops import jnp
+
+__all__ = ["attention", "attention_varlen", "asentmax", "budget_sparsemax", "entmax", "entmax15", "entmax_loss",
+           "normmax", "normmax_loss", "softmax", "sparsemax", "ssmax"]
+
+
+def _floating(x: Any, name: str = "x") -> Any:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating JAX array, got {x.dtype}")
+    return x
+
+
+def _opts(method=None, backend=None) -> tuple:
+    return tuple((k, v) for k, v in (("method", method), ("backend", backend)) if v is not None)
+
+
+def _is_array(a: Any) -> bool:
+    return hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None):
+    """alpha-entmax along ``axis`` (:func:`entmax_ref.entmax`), differentiable in x and in an
+    array ``alpha`` (broadcastable to x's shape without ``axis``; its gradient is the
+    library's :func:`entmax_ref.entmax_alpha_vjp` summed over the rows sharing an entry).
+    A Python number is a constant."""
+    x = _floating(x)
+    axis = _ops.negative_axis(x, axis)
+    if not _is_array(alpha):
+        return _ops.transform(x, "entmax", float(alpha), axis, _opts(method, backend))
+    rows = jnp.broadcast_to(_floating(alpha, "alpha"), _ops.rows_shape(x, axis))
+    return _ops.entmax_rows(x, rows, axis, _opts(method, backend))
+
+
+def softmax(x, axis=-1, *, backend=None):
+    """Softmax (alpha = 1), differentiable (:func:`entmax_ref.softmax`)."""
+    return entmax(x, 1.0, axis, backend=backend)
+
+
+def entmax15(x, axis=-1, *, backend=None):
+    """1.5-entmax, differentiable (:func:`entmax_ref.entmax15`)."""
+    return entmax(x, 1.5, axis, backend=backend)
+
+
+def sparsemax(x, axis=-1, *, backend=None):
+    """Sparsemax (alpha = 2), differentiable (:func:`entmax_ref.sparsemax`)."""
+    return entmax(x, 2.0, axis, backend=backend)
+
+
+def normmax(x, alpha=2.0, axis=-1, *, backend=None):
+    """alpha-normmax, differentiable in x (:func:`entmax_ref.normmax`)."""
+    x = _floating(x)
+    return _ops.transform(x, "normmax", float(alpha), _ops.negative_axis(x, axis), _opts(None, backend))
+
+
+def budget_sparsemax(x, budget=2.0, axis=-1, *, backend=None):
+    """budget-sparsemax, differentiable in x (:func:`entmax_ref.budget_sparsemax`)."""
+    x = _floating(x)
+    return _ops.transform(x, "budget_sparsemax", float(budget), _ops.negative_axis(x, axis), _opts(None, backend))
+
+
+def entmax_loss(x, target, alpha=1.5, axis=-1, *, backend=None):
+    """The alpha-entmax Fenchel-Young loss per row (:func:`entmax_ref.entmax_loss`),
+    differentiable in x (not in ``target``: class indices or probabilities)."""
+    x = _floating(x)
+    return _ops.loss(x, jnp.asarray(target), "entmax", float(alpha), _ops.negative_axis(x, axis), backend)
+
+
+def normmax_loss(x, target, alpha=2.0, axis=-1, *, backend=None):
+    """The alpha-normmax Fenchel-Young loss per row (:func:`entmax_ref.normmax_loss`),
+    differentiable in x."""
+    x = _floating(x)
+    return _ops.loss(x, jnp.asarray(target), "normmax", float(alpha), _ops.negative_axis(x, axis), backend)
+
+
+def _param(v: Any) -> Any:
+    """A parameter as an array: a number in float64 (float32 without x64), as the library reads it."""
+    return v if _is_array(v) else jnp.asarray(v, _ops._float64())
+
+
+def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backend=None):
+    """ASEntmax (:func:`entmax_ref.asentmax`), differentiable in x, beta, gamma and delta
+    (their gradients are :func:`entmax_ref.asentmax_vjp`'s)."""
+    x = _floating(x)
+    b, g, d = (_param(v) for v in (beta, gamma, delta))
+    return _ops.asentmax(x, float(alpha), b, g, d, float(offset), _ops.negative_axis(x, axis), backend)
+
+
+def ssmax(x, *, beta, offset=1.0, axis=-1, backend=None):
+    """Scalable softmax (:func:`entmax_ref.ssmax`), differentiable in x and beta."""
+    return asentmax(x, 1.0, beta=beta, gamma=1.0, delta=0.0, offset=offset, axis=axis, backend=backend)
+
+
+def _attention(q, k, v, alpha, scale, causal, aux, beta, gamma, delta, offset, chunk, backend, varlen):
+    q, k, v = (_floating(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    alpha_t = _floating(alpha, "alpha") if _is_array(alpha) else None
+    params = None
+    if beta is not None or gamma is not None:
+        params = tuple(_param(p) for p in (beta, gamma, delta))
+    static = (1.5 if alpha_t is not None else float(alpha), None if scale is None else float(scale), bool(causal),
+              float(offset), chunk, backend, varlen)
+    aux = {name: None if a is None else jnp.asarray(a) for name, a in aux.items()}
+    return _att.attention(q, k, v, alpha_t, params, aux, static)
+
+
+def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, key_padding_mask=None,
+              alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, backend=None):
+    """alpha-entmax attention (:func:`entmax_ref.attention`, the same arguments),
+    differentiable in q, k, v and in arrays ``alpha`` (shape () or (Hq,)), ``beta``, ``gamma``
+    and ``delta``; the backward is :func:`entmax_ref.attention_vjp` of the forward's
+    residual, so no row is solved twice.
+
+    >>> import jax.numpy as jnp, entmax_ref.jax as erj
+    >>> q = jnp.ones((1, 1, 1, 1)); k = jnp.array([[[[0.0], [1.0]]]]); v = jnp.eye(2)[None, None]
+    >>> erj.attention(q, k, v, alpha=2, scale=1.0).tolist()
+    [[[[0.0, 1.0]]]]
+    """
+    aux = {"key_lengths": key_lengths, "key_padding_mask": key_padding_mask, "alibi_slopes": alibi_slopes}
+    return _attention(q, k, v, alpha, scale, causal, aux, beta, gamma, delta, offset, chunk, backend, False)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=None, causal=False,
+                     alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, backend=None):
+    """Attention of packed variable-length sequences (:func:`entmax_ref.attention_varlen`),
+    differentiable like :func:`attention`."""
+    aux = {"alibi_slopes": alibi_slopes, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    return _attention(q, k, v, alpha, scale, causal, aux, beta, gamma, delta, offset, chunk, backend, True)
