@@ -1,4 +1,11 @@
-"""The NumPy reference backend: the math written to be read, in float64.
+"""The NumPy reference backend: every row solved at once, in float64.
+
+The definition of what this engine computes is :func:`.numpy_threshold.solve_row`, the
+literal per-row solver (sort for alpha in {1, 1.5, 2}, bisection to adjacent floats
+otherwise): read that first.  This module is its accelerated, vectorised form, shown to give
+the same probabilities, thresholds and supports within the float64 budgets of
+:mod:`entmax_ref.testing.tolerance` (``tests/test_numpy_threshold.py``); the 50-digit twin
+of both is :mod:`entmax_ref.testing.oracle`.
 
 Every row is shifted by its maximum first (so the largest entry is 0 and the support lies
 in a bounded window below it), solved in float64 whatever the input dtype, and only the
@@ -398,6 +405,8 @@ class NumpyBackend:
         return isinstance(x, np.ndarray)
 
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
+        """Every row's threshold and probabilities: :func:`.numpy_threshold.solve_row` (the
+        definition) computed for all rows at once, by the solvers of this module."""
         require(self.name, "entmax_forward", method)
         rows, n = x.shape
         x64 = x.astype(_F64)
