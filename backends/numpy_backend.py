@@ -39,7 +39,7 @@ import numpy as np
 from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
-from .constants import EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
+from .constants import CANDIDATE_MARGIN, EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
 from .numpy_elementwise import e_alpha, skew_weights
 from .numpy_elementwise import edge_p as _edge_p
 from .numpy_elementwise import normalised_skew as _normalised_skew
@@ -327,7 +327,7 @@ def _bisect(y: np.ndarray, alpha: np.ndarray, newton_start: bool = True):
 
         al = alpha[small]
         with np.errstate(divide="ignore"):  # e_alpha(y - A) = 0 for every A >= 0 below -1/a1
-            cand = ys > -(1.0 + 1e-9) / a1s[:, None]
+            cand = ys > -(1.0 + CANDIDATE_MARGIN) / a1s[:, None]
 
         def mass(idx, A):
             return _on_candidates(lambda yy, A, a: e_alpha(yy - A, a), cand, idx, (ys,), (A, al[idx]))
