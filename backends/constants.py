@@ -42,6 +42,18 @@ TIE_ULPS = 8.0
 #: Relative margin that turns a computed lower (upper) threshold bound into a certain one.
 LB_MARGIN = 1e-12
 
+#: Relative margin of the NumPy bisection's candidate test (alpha in (1, 2]): an entry
+#: with ``y <= -(1 + CANDIDATE_MARGIN) / (alpha - 1)`` has ``e_alpha(y - A) = 0`` for every
+#: ``A >= 0`` and is left out of the sums.  The margin keeps in every entry whose computed
+#: bound ``-1/(alpha - 1)`` a rounding could have put on the wrong side; skipping an entry
+#: is only an economy, so a generous margin costs nothing.
+CANDIDATE_MARGIN = 1e-9
+
+#: The numba softmax's output pass takes ``math.exp`` itself for entries with ``y - A`` at or
+#: below this: its vectorised exponential is exact only down to ``vexp.VEXP_NEG_MIN`` (-708),
+#: and these 8 units keep every entry it does compute inside that range.
+SOFTMAX_EXP_FLOOR = -700.0
+
 #: Most threads per block the CUDA adaptor launches (the kernels' ``__launch_bounds__``).
 MAX_BLOCK = 512
 

@@ -194,7 +194,7 @@ CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_vjp_any"
                                                    "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "decode"))
 
 #: unit -> the units whose compiled kernels its own kernels call: the attention kernels
-#: solve their rows with the row solvers (``rows._solve_default``: every solver path, on
+#: solve their rows with the row solvers (``rows.solve_default``: every solver path, on
 #: float64 rows), their backward computes dalpha with the row alpha VJPs, the decoding
 #: path and the backward share the forward's helpers.  A unit starts only after these are
 #: in the cache, so it loads their kernels instead of compiling them again.  (This order
@@ -204,7 +204,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "attention": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),
     "attention_vjp": ("attention", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
     "decode": ("attention",),
-    "entmax_any": ("attention",),  # _solve_row calls _solve_default, which the attention compiles
+    "entmax_any": ("attention",),  # _solve_row calls solve_default, which the attention compiles
 }
 
 #: compile CPU seconds of each task (unit, dtype) with the tasks it needs cached, as

@@ -1,4 +1,11 @@
-"""The NumPy reference backend: the math written to be read, in float64.
+"""The NumPy reference backend: every row solved at once, in float64.
+
+The definition of what this engine computes is :func:`.numpy_threshold.solve_row`, the
+literal per-row solver (sort for alpha in {1, 1.5, 2}, bisection to adjacent floats
+otherwise): read that first.  This module is its accelerated, vectorised form, shown to give
+the same probabilities, thresholds and supports within the float64 budgets of
+:mod:`entmax_ref.testing.tolerance` (``tests/test_numpy_threshold.py``); the 50-digit twin
+of both is :mod:`entmax_ref.testing.oracle`.
 
 Every row is shifted by its maximum first (so the largest entry is 0 and the support lies
 in a bounded window below it), solved in float64 whatever the input dtype, and only the
@@ -32,7 +39,7 @@ import numpy as np
 from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
-from .constants import EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
+from .constants import CANDIDATE_MARGIN, EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
 from .numpy_elementwise import e_alpha, skew_weights
 from .numpy_elementwise import edge_p as _edge_p
 from .numpy_elementwise import normalised_skew as _normalised_skew
@@ -320,7 +327,7 @@ def _bisect(y: np.ndarray, alpha: np.ndarray, newton_start: bool = True):
 
         al = alpha[small]
         with np.errstate(divide="ignore"):  # e_alpha(y - A) = 0 for every A >= 0 below -1/a1
-            cand = ys > -(1.0 + 1e-9) / a1s[:, None]
+            cand = ys > -(1.0 + CANDIDATE_MARGIN) / a1s[:, None]
 
         def mass(idx, A):
             return _on_candidates(lambda yy, A, a: e_alpha(yy - A, a), cand, idx, (ys,), (A, al[idx]))
@@ -398,6 +405,8 @@ class NumpyBackend:
         return isinstance(x, np.ndarray)
 
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
+        """Every row's threshold and probabilities: :func:`.numpy_threshold.solve_row` (the
+        definition) computed for all rows at once, by the solvers of this module."""
         require(self.name, "entmax_forward", method)
         rows, n = x.shape
         x64 = x.astype(_F64)

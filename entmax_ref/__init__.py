@@ -6,34 +6,9 @@ and sparse attention, with interchangeable NumPy / Numba / CuPy backends.
 [0.0, 0.25, 0.75]
 """
 
-import os as _os
+from . import _checkout
 
-# In a source checkout the engines live in the top-level ``backends/`` folder, which an
-# install maps to ``entmax_ref.backends``.  When this package is imported from the clone
-# itself (its root on sys.path, any install or none), let ``entmax_ref.backends`` resolve
-# to that folder, so the source tree never shadows a working install with a broken one.
-# Only ``backends`` is mapped (the clone's root is not added to ``__path__``: that made every
-# top-level folder, ``entmax_ref`` itself included, a subpackage, and pkgutil.walk_packages
-# recursed without end).
-_here = _os.path.dirname(_os.path.abspath(__file__))
-_src = _os.path.join(_os.path.dirname(_here), "backends")
-if not _os.path.isdir(_os.path.join(_here, "backends")) and _os.path.isfile(_os.path.join(_src, "_base.py")):
-    import importlib.util as _ilu
-    import sys as _sys
-
-    if __name__ + ".backends" not in _sys.modules:
-        _spec = _ilu.spec_from_file_location(__name__ + ".backends", _os.path.join(_src, "__init__.py"),
-                                             submodule_search_locations=[_src])
-        _mod = _ilu.module_from_spec(_spec)
-        _sys.modules[_spec.name] = _mod
-        try:
-            _spec.loader.exec_module(_mod)
-        except BaseException:
-            del _sys.modules[_spec.name]
-            raise
-    backends = _sys.modules[__name__ + ".backends"]  # as an import would bind it
-    del _ilu, _sys
-del _here, _src
+_checkout.map_backends(__name__)  # the clone's backends/ as entmax_ref.backends
 
 from .asentmax import (
     ASEntmaxInfo,

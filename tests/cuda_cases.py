@@ -1,6 +1,6 @@
 """Rows shared by the CPU harness tests (test_cuda_core.py, test_cuda_family_core.py) and
 the GPU test (test_cupy_backend.py) of the CUDA kernels, and the one g++ build of a
-harness.  Their error budgets are in entmax_ref.testing.tolerance (formula 9)."""
+harness.  Their error budgets are in agreement.py (engine agreement)."""
 
 from __future__ import annotations
 

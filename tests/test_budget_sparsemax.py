@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import entmax_ref as er
-from entmax_ref.testing.tolerance import budget_agreement_tolerance
+from agreement import budget_agreement_tolerance
 from family_cases import (central_differences, check_against_torch_peer, check_axis_dtype_and_inputs,
                           check_per_row_param, large_batch, solve_on_both, vjp_at, vjp_on_both)
 from family_oracle import budget_np

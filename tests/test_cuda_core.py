@@ -18,10 +18,10 @@ import pytest
 
 from cuda_cases import ALPHAS, BIG_ALPHAS, EPS64, build_harness, edge_rows, forward_outputs, ptr, rows
 from entmax_ref.backends import get_backend
-from entmax_ref.testing.tolerance import core_alpha_vjp_tolerance, core_vjp_tolerance
-from entmax_ref.testing.tolerance import core_p_edge_tolerance as p_edge_tol
-from entmax_ref.testing.tolerance import core_p_tolerance as p_tol
-from entmax_ref.testing.tolerance import core_theta_tolerance as theta_tol
+from agreement import core_alpha_vjp_tolerance, core_vjp_tolerance
+from agreement import core_p_edge_tolerance as p_edge_tol
+from agreement import core_p_tolerance as p_tol
+from agreement import core_theta_tolerance as theta_tol
 LANES = (1, 32, 256)
 DEFAULT, BISECT = 0, 1
 MAX_ITER = 4400  # CupyTuning.max_iter

@@ -17,7 +17,7 @@ import pytest
 from cuda_cases import build_harness, forward_outputs, ptr
 from entmax_ref.backends.constants import CUDA_MAX_PASSES
 from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows, normmax_rows, normmax_vjp_rows
-from entmax_ref.testing.tolerance import budget_agreement_tolerance, family_threshold_agreement
+from agreement import budget_agreement_tolerance, family_threshold_agreement
 
 LANES = (1, 32, 256)
 MAX_ITER = CUDA_MAX_PASSES  # what the cupy backend passes its kernels

@@ -14,9 +14,9 @@ import pytest
 
 from cuda_cases import ALPHAS, EPS64, rows
 from entmax_ref.backends import AttentionSpec, get_backend, unavailable_reason
-from entmax_ref.testing.tolerance import core_alpha_vjp_tolerance, core_vjp_tolerance
-from entmax_ref.testing.tolerance import core_p_tolerance as p_tol
-from entmax_ref.testing.tolerance import core_theta_tolerance as theta_tol
+from agreement import core_alpha_vjp_tolerance, core_vjp_tolerance
+from agreement import core_p_tolerance as p_tol
+from agreement import core_theta_tolerance as theta_tol
 
 pytestmark = pytest.mark.cuda
 

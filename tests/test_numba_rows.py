@@ -6,8 +6,8 @@ not from what happened to pass), for float64 and float32 inputs, on seeded rando
 on adversarial ones (ties, constant rows, 1e6 offsets, -inf masks, n = 1, n = 10^6,
 alpha from 1 to 100, per-row alpha).
 
-Tolerance model: :func:`entmax_ref.testing.tolerance.rows_agreement_tolerances` and
-:func:`~entmax_ref.testing.tolerance.rows_agreement_vjp_tolerances` (formula 9 of that
+Tolerance model: :func:`agreement.rows_agreement_tolerances` and
+:func:`~agreement.rows_agreement_vjp_tolerances` (the test suite's engine-agreement
 module: float64 working precision, K = 8 roundings' worth, derived from each row's
 support, ``u = p^(2-alpha)`` and ``|log p|``); float32 output adds one float32 ulp of p.
 """
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from entmax_ref.backends import get_backend, unavailable_reason
-from entmax_ref.testing.tolerance import rows_agreement_tolerances, rows_agreement_vjp_tolerances
+from agreement import rows_agreement_tolerances, rows_agreement_vjp_tolerances
 
 _reason = unavailable_reason("numba")
 pytestmark = [
@@ -373,9 +373,9 @@ def test_three_way_partition():
     ``(y - v)^2`` above it, on sub-ranges with many ties and with a pivot at either end."""
     from numba import njit
 
-    from entmax_ref.backends.numba.threshold import _partition3
+    from entmax_ref.backends.numba.threshold import partition3
 
-    part = njit(lambda c, lo, hi, v: _partition3(c, lo, hi, v))
+    part = njit(lambda c, lo, hi, v: partition3(c, lo, hi, v))
     rng = np.random.default_rng(5)
     for n, lo, hi in [(1, 0, 1), (2, 0, 2), (50, 0, 50), (300, 17, 251), (300, 0, 300)]:
         for ties in (False, True):
@@ -406,12 +406,12 @@ def test_closed_form_polish_stops_at_working_precision():
 
     @njit
     def polish(z, c, aux, seed):
-        m = rw._max_zeroing(z, np.empty_like(z), c, aux)[0]
-        k = cd._gather_alive(z, m, 0.5, ew._K_15, 0.0, c, aux.view(np.int64))
-        A0, s0 = th._pivot15(c, k, seed)
+        m = rw.max_zeroing(z, np.empty_like(z), c, aux)[0]
+        k = cd.gather_alive(z, m, 0.5, ew.K_15, 0.0, c, aux.view(np.int64))
+        A0, s0 = th.pivot15(c, k, seed)
         sup = c[s0:k]
-        A, it, ok = th._newton(sup, k - s0, 0.5, ew._K_15, A0, 0.0, ew._bound_above(k, 0.5))
-        f = th._f_eval(sup, k - s0, 0.5, ew._K_15, A, 0.0, False)[0]
+        A, it, ok = th.newton_row(sup, k - s0, 0.5, ew.K_15, A0, 0.0, ew.bound_above(k, 0.5))
+        f = th._f_eval(sup, k - s0, 0.5, ew.K_15, A, 0.0, False)[0]
         return m + A, it, ok, f
 
     rng = np.random.default_rng(3)
@@ -425,7 +425,7 @@ def test_closed_form_polish_stops_at_working_precision():
     want = ref.entmax_forward(x, np.full(len(x), 1.5), None).theta
     for r, z in enumerate(x):
         theta, it, ok, f = polish(z, np.empty(27), np.empty(27), r)
-        assert ok and abs(f) <= ew._TIE
+        assert ok and abs(f) <= ew.TIE
         assert abs(theta - want[r]) <= 4 * np.spacing(abs(want[r])), (r, theta, want[r])
         its.append(it)
     # a bisection of the bracket [0, hi] down to one ulp takes about 50 evaluations, so a
@@ -442,7 +442,7 @@ def test_subset_bounds_lie_below_the_thresholds(ref, kind):
     row's threshold (the reference's, to its rounding), and on normal rows close to it from
     alpha = 1.33 on (nearer 1 the support is wider than the window)."""
     from entmax_ref.backends.numba import candidates as cd
-    from entmax_ref.backends.numba.gen import _subset_bound_gen
+    from entmax_ref.backends.numba.gen import subset_bound_gen
     from entmax_ref.backends.numba.rows import _subset_bound15
 
     rng = np.random.default_rng(zlib.crc32(kind.encode()))
@@ -462,7 +462,7 @@ def test_subset_bounds_lie_below_the_thresholds(ref, kind):
                 if exact:  # the window's threshold is the row's
                     assert abs(bound - A) <= 8 * EPS * (1.0 + abs(A)) + 4 * EPS * abs(m), (r, bound, A)
             else:
-                bound, evals = _subset_bound_gen(row, m, alpha - 1.0, c, idx)
+                bound, evals = subset_bound_gen(row, m, alpha - 1.0, c, idx)
                 assert evals >= 1  # the window's mass is evaluated at least at 0
             # the reference's threshold is within a few ulps of the root, and A = theta - m
             # carries the rounding of theta near m: 8 eps (1 + |A|) + 4 eps |m|

@@ -130,7 +130,7 @@ def test_vexp_special_values_and_float32_input(vexp_array):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("n", [0, 1, 7, 64, 65, 127, 128, 129, 1000, 8192, 8193])
 def test_lane_maximum_is_exact(dtype, n):
-    from entmax_ref.backends.numba.candidates import _lane_max, _row_max
+    from entmax_ref.backends.numba.candidates import lane_max, _row_max
 
     rng = np.random.default_rng(n)
     M, M2 = np.empty(64), np.empty(64)
@@ -146,7 +146,7 @@ def test_lane_maximum_is_exact(dtype, n):
         want = -np.inf if n == 0 else np.nanmax(x.astype(np.float64))
         bad = int(np.sum(~(x.astype(np.float64) < np.inf)))  # NaN (and +inf): the solvers' check
         for L in (8, 64):
-            assert _lane_max(x, M[:L], M2[:L]) == (want, bad)
+            assert lane_max(x, M[:L], M2[:L]) == (want, bad)
         assert _row_max(x) == want
 
 
@@ -157,12 +157,12 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
     bound in one masked pass each with the maximum known; the sets (and their order) must be
     the ones the window gather and the two filters give, also for entries right at the edges
     and for row lengths that are not a multiple of the 8-byte words of the mask."""
-    from entmax_ref.backends.numba.candidates import _compact, _gather_alive, _max_gather, _refilter
-    from entmax_ref.backends.numba.elementwise import _K_15, _K_GEN, _K_SPARSE
+    from entmax_ref.backends.numba.candidates import _compact, gather_alive, _max_gather, _refilter
+    from entmax_ref.backends.numba.elementwise import K_15, K_GEN, K_SPARSE
 
     rng = np.random.default_rng(int(a1 * 1e6))
     n = 3001
-    a1b, kb = (0.5, _K_15) if a1 < 0.5 else (1.0, _K_SPARSE)
+    a1b, kb = (0.5, K_15) if a1 < 0.5 else (1.0, K_SPARSE)
     for case in range(6):
         x = rng.standard_normal(n) * (1.0, 5.0, 0.01, 1.0, 1.0, 30.0)[case]
         if case == 3:  # maximum 0, entries at the window and bound edges (and one ulp either side)
@@ -176,17 +176,17 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
         c = np.empty(n)
         m, k, bad = _max_gather(x, 1.0 / a1, c)
         assert bad == 0
-        k = _refilter(c, k, m, a1, _K_GEN, 0.0)
+        k = _refilter(c, k, m, a1, K_GEN, 0.0)
         want_b = np.empty(n)
         nb = _compact(c, k, a1b, kb, 0.0, want_b)
         got_b = np.empty(n)
-        assert _gather_alive(x, m, a1b, kb, 0.0, got_b, NO_COLS) == nb
+        assert gather_alive(x, m, a1b, kb, 0.0, got_b, NO_COLS) == nb
         np.testing.assert_array_equal(got_b[:nb], want_b[:nb])
         for lo in (0.0, 0.3, 1.7, 1.0 / a1 - 1e-9):
             want = np.empty(n)
-            kw = _compact(c, k, a1, _K_GEN, lo, want)
+            kw = _compact(c, k, a1, K_GEN, lo, want)
             got = np.empty(n)
-            assert _gather_alive(x, m, a1, _K_GEN, lo, got, NO_COLS) == kw
+            assert gather_alive(x, m, a1, K_GEN, lo, got, NO_COLS) == kw
             np.testing.assert_array_equal(got[:kw], want[:kw])
 
 
@@ -195,8 +195,8 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
 def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
     """alpha = 1.5 and 2 gather their candidates after a vectorised maximum: the same y, in
     the same order, as the one-pass window gather and its filter."""
-    from entmax_ref.backends.numba.candidates import _gather_alive, _max_gather, _max_zeroing, _refilter
-    from entmax_ref.backends.numba.elementwise import _K_15, _K_SPARSE
+    from entmax_ref.backends.numba.candidates import gather_alive, _max_gather, max_zeroing, _refilter
+    from entmax_ref.backends.numba.elementwise import K_15, K_SPARSE
 
     rng = np.random.default_rng(n)
     for case in range(3):
@@ -204,17 +204,17 @@ def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
         if case == 2:
             x[rng.random(n) < 0.5] = -np.inf
             x[0] = 1.0
-        for a1, kind, W in ((0.5, _K_15, 2.0), (1.0, _K_SPARSE, 1.0)):
+        for a1, kind, W in ((0.5, K_15, 2.0), (1.0, K_SPARSE, 1.0)):
             c = np.empty(n)
             m, k, bad = _max_gather(x, W, c)
             k = _refilter(c, k, m, a1, kind, 0.0)
             got = np.empty(n)
             out = np.full(n, 7.0, dtype)
-            m2, bad2 = _max_zeroing(x, out, np.empty(n), np.empty(n))
+            m2, bad2 = max_zeroing(x, out, np.empty(n), np.empty(n))
             assert m2 == m and bad == bad2 == 0
             assert not out.any()  # the output row is zero-filled in the same pass
             idx = np.empty(n, np.int64)
-            assert _gather_alive(x, m2, a1, kind, 0.0, got, idx) == k
+            assert gather_alive(x, m2, a1, kind, 0.0, got, idx) == k
             np.testing.assert_array_equal(got[:k], c[:k])
             np.testing.assert_array_equal(got[:k], x[idx[:k]].astype(np.float64) - m)
 
@@ -276,8 +276,8 @@ def test_gather_with_columns_is_the_output_test_set(dtype, a1):
     entry its y came from, also for entries one ulp either side of the edge and for a
     maximum far from the edge (the comparison's edge search gives up there and the gather
     tests in float64); compacting at a larger lower bound keeps exactly the ones alive there."""
-    from entmax_ref.backends.numba.candidates import _gather_alive, _max_zeroing
-    from entmax_ref.backends.numba.elementwise import _K_GEN
+    from entmax_ref.backends.numba.candidates import gather_alive, max_zeroing
+    from entmax_ref.backends.numba.elementwise import K_GEN
     from entmax_ref.backends.numba.gen import _compact_gen
 
     rng = np.random.default_rng(int(a1 * 1e6) + 1)
@@ -292,13 +292,13 @@ def test_gather_with_columns_is_the_output_test_set(dtype, a1):
             x = x * 1e-3 + 0.5 / a1
             x[0] = 1.0 / a1
         x = x.astype(dtype)
-        m = _max_zeroing(x, np.empty(n), np.empty(n), np.empty(n))[0]
+        m = max_zeroing(x, np.empty(n), np.empty(n), np.empty(n))[0]
         for lo in (0.0, 0.3, 1.7):
             y = x.astype(np.float64) - m
             want = np.flatnonzero(a1 * (y - lo) > -1.0)
             c = np.empty(n)
             idx = np.empty(n, np.int64)
-            k = _gather_alive(x, m, a1, _K_GEN, lo, c, idx)
+            k = gather_alive(x, m, a1, K_GEN, lo, c, idx)
             np.testing.assert_array_equal(idx[:k], want)
             np.testing.assert_array_equal(c[:k], y[want])
             lo2 = lo + 0.5
@@ -318,13 +318,13 @@ def test_edge_value_is_the_first_alive_entry(dtype):
     near 0 with a large maximum, so the test's float64 rounding spans many ulps of the
     entry) it says so."""
     from entmax_ref.backends.numba.candidates import _LINE_STEPS, _first_alive
-    from entmax_ref.backends.numba.elementwise import _K_15, _K_GEN, _K_SPARSE, _alive
+    from entmax_ref.backends.numba.elementwise import K_15, K_GEN, K_SPARSE, is_alive
 
     rng = np.random.default_rng(11)
     x = np.zeros(1, dtype)
-    found = {_K_SPARSE: 0, _K_15: 0, _K_GEN: 0}
+    found = {K_SPARSE: 0, K_15: 0, K_GEN: 0}
     for _ in range(3000):
-        kind, a1 = [(_K_SPARSE, 1.0), (_K_15, 0.5), (_K_GEN, float(rng.uniform(1e-3, 1.0)))][rng.integers(3)]
+        kind, a1 = [(K_SPARSE, 1.0), (K_15, 0.5), (K_GEN, float(rng.uniform(1e-3, 1.0)))][rng.integers(3)]
         m = float(dtype(rng.standard_normal() * 10.0 ** rng.integers(-3, 30)))
         lo = float(rng.uniform(0.0, 0.9 / a1))
         v, ok = _first_alive(x, m, a1, kind, lo)
@@ -337,15 +337,15 @@ def test_edge_value_is_the_first_alive_entry(dtype):
             continue
         found[kind] += 1
         assert float(dtype(v)) == v  # a value of the entries' dtype
-        assert _alive((float(v) - m) - lo, a1, kind)
+        assert is_alive((float(v) - m) - lo, a1, kind)
         below = np.nextafter(dtype(v), dtype(-np.inf))
-        assert not _alive((float(below) - m) - lo, a1, kind)
+        assert not is_alive((float(below) - m) - lo, a1, kind)
     # the edges checked cover every kind (about 1,000 draws each; the give-ups are only
     # where the assertion above allows them)
     assert min(found.values()) > 300, found
     # the edge near 0 with a maximum of 1e6 (a1 = 1e-6): the entries near 0 are far finer
     # than the test's rounding
-    assert not _first_alive(x, 1e6, 1e-6, _K_GEN, 0.0)[1]
+    assert not _first_alive(x, 1e6, 1e-6, K_GEN, 0.0)[1]
 
 
 def test_rough_exp_and_log1p_within_their_stated_bounds():

@@ -117,13 +117,14 @@ from numba.extending import intrinsic
 
 from . import CACHE
 from ._threads import run_items
-from .candidates import MASK_MIN, _set_bits
+from .candidates import MASK_MIN, set_bits as _set_bits
 from ..geometry import key_offset, visible_keys_end
-from .big_alpha import _edge_p, _lqa
+from .big_alpha import edge_p as _edge_p, a1_log_q as _lqa
 from .compensated import acc as _acc
-from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
-from .elementwise import _p_u
-from .rows import _kind, _solve_default, _solver_scratch
+from .grads import (alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big, signed_exp as _signed_exp,
+                    skew as _skew)
+from .elementwise import p_u as _p_u
+from .rows import kind_of as _kind, solve_default as _solve_default, solver_scratch as _solver_scratch
 
 #: The fewest support keys the forward keeps room for per row (``AttentionForward.support_keys``,
 #: int32; :func:`keys_width`); a row with a larger support has it found again by the

@@ -10,10 +10,10 @@ from numba import njit
 
 from ..constants import EDGE_ULPS, MAX_ITER
 from . import CACHE
-from .candidates import _count_finite, _window_candidates
+from .candidates import count_finite, window_candidates
 from .compensated import acc as _acc
-from .elementwise import _EPS, _K_BIG, _TIE, _power, _settled_row
-from .threshold import _midpoint, _partition3, _random_entry, _seed
+from .elementwise import EPS, K_BIG, TIE, power, settled_row
+from .threshold import halve, partition3, random_entry, pivot_seed
 
 
 # For alpha > 2, dp/dT = p^(2 - alpha) is unbounded at the edge of the support, so a
@@ -21,7 +21,7 @@ from .threshold import _midpoint, _partition3, _random_entry, _seed
 # wrong by O(1).  As in the reference, the answer is written relative to the smallest
 # support entry cv and the edge probability q: T = cv - q^a1 / a1 and
 # p_i = (a1 d_i + q^a1)^(1/a1), d_i = y_i - cv >= 0 (0 below cv), evaluated in log space
-# (:func:`_edge_p`), so an edge entry's probability is q itself, to full precision, even
+# (:func:`edge_p`), so an edge entry's probability is q itself, to full precision, even
 # where its gap q^a1 / a1 is below the float64 range.
 @njit(cache=CACHE)
 def _mass_T(c, i0, k, T, a1):
@@ -29,7 +29,7 @@ def _mass_T(c, i0, k, T, a1):
     s = 0.0
     comp = 0.0
     for i in range(i0, k):
-        p = _power(a1 * (c[i] - T), a1)
+        p = power(a1 * (c[i] - T), a1)
         s, comp = _acc(s, comp, p)
     return (s - 1.0) + comp
 
@@ -48,7 +48,7 @@ def _logaddexp(x, y):
 
 
 @njit(inline="always", cache=CACHE)
-def _lqa(q, a1):
+def a1_log_q(q, a1):
     """``a1 log q`` = ``log(q^a1)`` (``-inf`` at q = 0)."""
     if q > 0.0:
         return a1 * math.log(q)
@@ -56,9 +56,9 @@ def _lqa(q, a1):
 
 
 @njit(inline="always", cache=CACHE)
-def _edge_p(d, a1, q, lqa):
+def edge_p(d, a1, q, lqa):
     """``(a1 d + q^a1)^(1/a1)`` for ``d >= 0`` (0 for ``d < 0``), as the reference's
-    ``_edge_p``: ``exp(logaddexp(log(a1 d), a1 log q) / a1)``, never forming ``q^a1``
+    ``edge_p``: ``exp(logaddexp(log(a1 d), a1 log q) / a1)``, never forming ``q^a1``
     (below the float64 range once q < ~1e-308^(1/a1)); exactly ``q`` at the edge d = 0, and
     at least q above it (as the reference: the log round trip can land an ulp below q)."""
     if d > 0.0:
@@ -70,12 +70,12 @@ def _edge_p(d, a1, q, lqa):
 
 @njit(cache=CACHE)
 def _mass_q(c, k, a1, cv, q):
-    """``sum_i p_i - 1`` over ``c[:k]`` at edge probability q (:func:`_edge_p`), compensated."""
-    lqa = _lqa(q, a1)
+    """``sum_i p_i - 1`` over ``c[:k]`` at edge probability q (:func:`edge_p`), compensated."""
+    lqa = a1_log_q(q, a1)
     s = 0.0
     comp = 0.0
     for i in range(k):
-        p = _edge_p(c[i] - cv, a1, q, lqa)
+        p = edge_p(c[i] - cv, a1, q, lqa)
         s, comp = _acc(s, comp, p)
     return (s - 1.0) + comp
 
@@ -93,15 +93,15 @@ def _pivot_big(c, k, a1, tmin, seed):
     cv = 0.0
     bv = tmin
     steps = 0
-    state = _seed(seed)
+    state = pivot_seed(seed)
     while hi > lo:
-        state, v = _random_entry(state, c, lo, hi)
-        lt, gt, _, _ = _partition3(c, lo, hi, v)
+        state, v = random_entry(state, c, lo, hi)
+        lt, gt, _, _ = partition3(c, lo, hi, v)
         steps += 1
         # the threshold is below v (v and above are in) only when the mass above v is
         # short of 1 by more than its rounding error: an entry that sits on the edge to
         # working precision (e.g. k equal entries each at exactly 1/k) gets p = 0
-        if _mass_T(c, gt, k, v, a1) < -_TIE:
+        if _mass_T(c, gt, k, v, a1) < -TIE:
             cv = v
             hi = lt
         else:  # the threshold is at or above v: v and below are out
@@ -114,16 +114,16 @@ def _pivot_big(c, k, a1, tmin, seed):
 def _edge_q(c, s0, k, a1, cv, bv):
     """The edge probability q for the support ``c[s0:k]`` (smallest entry cv, largest excluded entry bv).
 
-    Newton on q = (a1 delta)^(1/a1): G(q) = sum_i (a1 d_i + q^a1)^(1/a1) - 1 (:func:`_edge_p`)
+    Newton on q = (a1 delta)^(1/a1): G(q) = sum_i (a1 d_i + q^a1)^(1/a1) - 1 (:func:`edge_p`)
     is increasing and convex in q (each term is the a1-norm of (q, (a1 d_i)^(1/a1))), so
     Newton from the right end q(bv) decreases monotonically to the root; it stops when a
     step no longer decreases q or G(q) <= 0 (then the better of the last two points).
     Returns (q, steps, converged)."""
-    q = _power(a1 * (cv - bv), a1)
+    q = power(a1 * (cv - bv), a1)
     q_prev = q
     g_prev = np.inf
     for it in range(1, MAX_ITER + 1):
-        lqa = _lqa(q, a1)
+        lqa = a1_log_q(q, a1)
         s = 0.0
         comp = 0.0
         gp = 0.0
@@ -133,7 +133,7 @@ def _edge_q(c, s0, k, a1, cv, bv):
                 p = q
                 dp = 1.0
             else:
-                p = _edge_p(d, a1, q, lqa)
+                p = edge_p(d, a1, q, lqa)
                 dp = math.exp((a1 - 1.0) * math.log(q / p)) if q > 0.0 else 0.0
             s, comp = _acc(s, comp, p)
             gp += dp
@@ -187,7 +187,7 @@ def _last_bit_T(c, k, a1, lo, hi):
     """The reference's first stage for alpha > 2: bisection of T to adjacent floats."""
     it = 0
     for _ in range(MAX_ITER):
-        mid, done = _midpoint(lo, hi)
+        mid, done = halve(lo, hi)
         if done:
             return lo, hi, it, True
         if _mass_T(c, 0, k, mid, a1) >= 0.0:
@@ -208,11 +208,11 @@ def _bisect_big(c, k, a1, nf):
         if c[i] > lo and c[i] < cv:
             cv = c[i]
     qlo = 0.0
-    qhi = _power(a1 * (cv - lo) * (1.0 + EDGE_ULPS * _EPS), a1)
+    qhi = power(a1 * (cv - lo) * (1.0 + EDGE_ULPS * EPS), a1)
     it2 = 0
     ok2 = False
     for _ in range(MAX_ITER):
-        mid, ok2 = _midpoint(qlo, qhi)
+        mid, ok2 = halve(qlo, qhi)
         if ok2:
             break
         if _mass_q(c, k, a1, cv, mid) <= 0.0:
@@ -228,10 +228,10 @@ def _bisect_big(c, k, a1, nf):
 
 @njit(cache=CACHE)
 def _output_big(x, out, m, cv, q, a1):
-    lqa = _lqa(q, a1)
+    lqa = a1_log_q(q, a1)
     cnt = 0
     for i in range(x.shape[0]):
-        p = _edge_p((np.float64(x[i]) - m) - cv, a1, q, lqa)
+        p = edge_p((np.float64(x[i]) - m) - cv, a1, q, lqa)
         out[i] = p
         cnt += p > 0.0
     return cnt
@@ -247,11 +247,11 @@ def _finish_big(x, out, m, cv, q, a1, it, ok):
 
 
 @njit(cache=CACHE)
-def _solve_big(x, out, a1, c, seed):
+def solve_big(x, out, a1, c, seed):
     """alpha > 2, ``method=None`` (and ``"newton"``): pivot on the entries, then Newton
     on the edge probability."""
-    m, k, bad = _window_candidates(x, a1, _K_BIG, c)
-    settled, res = _settled_row(out, m, bad)
+    m, k, bad = window_candidates(x, a1, K_BIG, c)
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
     cv, bv, s0, it = _pivot_big(c, k, a1, -1.0 / a1, seed)
@@ -260,11 +260,11 @@ def _solve_big(x, out, a1, c, seed):
 
 
 @njit(cache=CACHE)
-def _solve_big_bisect(x, out, a1, c):
+def solve_big_bisect(x, out, a1, c):
     """alpha > 2, ``method="bisect"``: two-stage bisection (T, then q)."""
-    m, k, bad = _window_candidates(x, a1, _K_BIG, c)
-    settled, res = _settled_row(out, m, bad)
+    m, k, bad = window_candidates(x, a1, K_BIG, c)
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
-    cv, q, it, ok = _bisect_big(c, k, a1, _count_finite(x))
+    cv, q, it, ok = _bisect_big(c, k, a1, count_finite(x))
     return _finish_big(x, out, m, cv, q, a1, it, ok)

@@ -8,13 +8,14 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from ..constants import LB_MARGIN
 from . import CACHE
-from .elementwise import _LB_MARGIN, _alive
+from .elementwise import is_alive
 
 
 @njit(inline="always", cache=CACHE)
-def _max_lanes(x, M, M2):
-    """The two alternating lane arrays of :func:`_lane_max` for row ``x``: the float64
+def max_lanes(x, M, M2):
+    """The two alternating lane arrays of :func:`lane_max` for row ``x``: the float64
     scratch ``M``, ``M2`` viewed as x's dtype (``L = M.shape[0]`` lanes each), the first
     set to -inf.  Returns (A, B)."""
     L = M.shape[0]
@@ -26,15 +27,15 @@ def _max_lanes(x, M, M2):
 
 
 @njit(inline="always", cache=CACHE)
-def _max_block(A, B, b):
-    """The lanes block ``b`` of :func:`_lane_max` reads and writes: (A, B) for even ``b``,
-    (B, A) for odd; after ``nb`` blocks the maxima are in ``_max_block(A, B, nb)[0]``."""
+def max_block(A, B, b):
+    """The lanes block ``b`` of :func:`lane_max` reads and writes: (A, B) for even ``b``,
+    (B, A) for odd; after ``nb`` blocks the maxima are in ``max_block(A, B, nb)[0]``."""
     return (A, B) if b % 2 == 0 else (B, A)
 
 
 @njit(inline="always", cache=CACHE)
-def _max_into(src, dst, j, v):
-    """One step of :func:`_lane_max`: ``dst[j]`` = the larger of ``src[j]`` and ``v`` (a NaN
+def max_into(src, dst, j, v):
+    """One step of :func:`lane_max`: ``dst[j]`` = the larger of ``src[j]`` and ``v`` (a NaN
     ``v`` keeps ``src[j]``).  Returns 1 for a NaN or +inf ``v``, else 0."""
     w = src[j]
     dst[j] = v if v > w else w
@@ -42,12 +43,12 @@ def _max_into(src, dst, j, v):
 
 
 @njit(inline="always", cache=CACHE)
-def _max_end(x, A, B, nb):
-    """The end of :func:`_lane_max` after ``nb`` blocks of ``L`` entries: the largest lane
-    (:func:`_max_block`) and the tail ``x[nb * L:]``.  Returns (m, nonfinite entries of the
+def max_end(x, A, B, nb):
+    """The end of :func:`lane_max` after ``nb`` blocks of ``L`` entries: the largest lane
+    (:func:`max_block`) and the tail ``x[nb * L:]``.  Returns (m, nonfinite entries of the
     tail)."""
     L = A.shape[0]
-    last = _max_block(A, B, nb)[0]
+    last = max_block(A, B, nb)[0]
     m = -np.inf
     for j in range(L):
         if np.float64(last[j]) > m:
@@ -62,7 +63,7 @@ def _max_end(x, A, B, nb):
 
 
 @njit(cache=CACHE)
-def _lane_max(x, M, M2):
+def lane_max(x, M, M2):
     """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row) and
     the number of NaN or +inf entries (the row solvers' finiteness check, in the same pass),
     in a loop that LLVM vectorises: ``L = M.shape[0]`` lane maxima over consecutive blocks
@@ -71,19 +72,19 @@ def _lane_max(x, M, M2):
     float64 scratch ``M``, ``M2`` holds them as x's dtype); the
     lanes alternate between ``M`` and ``M2`` so that each store is unconditional (a store
     kept only where the entry is larger becomes a masked store, microcoded and slow on
-    AMD).  The steps are :func:`_max_lanes`, :func:`_max_block`, :func:`_max_into` and
-    :func:`_max_end` (the solvers' :func:`_max_zeroing` and softmax's exponential pass run
+    AMD).  The steps are :func:`max_lanes`, :func:`max_block`, :func:`max_into` and
+    :func:`max_end` (the solvers' :func:`max_zeroing` and softmax's exponential pass run
     them too).  Returns (m, nonfinite)."""
-    A, B = _max_lanes(x, M, M2)
+    A, B = max_lanes(x, M, M2)
     L = A.shape[0]
     bad = 0
     nb = x.shape[0] // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
-        src, dst = _max_block(A, B, b)
+        src, dst = max_block(A, B, b)
         for j in range(L):
-            bad += _max_into(src, dst, j, xb[j])
-    m, tail = _max_end(x, A, B, nb)
+            bad += max_into(src, dst, j, xb[j])
+    m, tail = max_end(x, A, B, nb)
     return m, bad + tail
 
 
@@ -107,7 +108,7 @@ def _max_gather(x, W, c):
             k += 1
             if v > m:
                 m = v
-                thr = (m - W) - _LB_MARGIN * (abs(m) + W)
+                thr = (m - W) - LB_MARGIN * (abs(m) + W)
     return m, k, bad
 
 
@@ -118,19 +119,19 @@ def _refilter(c, k, m, a1, kind, lo):
     j = 0
     for i in range(k):
         y = c[i] - m
-        if _alive(y - lo, a1, kind):
+        if is_alive(y - lo, a1, kind):
             c[j] = y
             j += 1
     return j
 
 
 @njit(cache=CACHE)
-def _window_candidates(x, a1, kind, c):
+def window_candidates(x, a1, kind, c):
     """The row maximum m (``-inf`` for an all ``-inf`` row, or n = 0) and in ``c[:k]`` the
     candidates: the ``y = x - m`` alive at A = 0 (the output pass's own test) among the
     entries within the support window ``1/a1`` of m (every entry at a1 = 0), by
     :func:`_max_gather` and :func:`_refilter`, and the number of NaN or +inf entries
-    (the solver then leaves the row: :func:`.elementwise._settled_row`).  Returns (m, k,
+    (the solver then leaves the row: :func:`.elementwise.settled_row`).  Returns (m, k,
     nonfinite)."""
     m, k, bad = _max_gather(x, 1.0 / a1 if a1 > 0.0 else np.inf, c)
     if bad:
@@ -144,14 +145,14 @@ def _compact(c, k, a1, kind, lo, dst):
     calls it: it is the tests' window-then-filter reference for the one-pass gathers)."""
     j = 0
     for i in range(k):
-        if _alive(c[i] - lo, a1, kind):
+        if is_alive(c[i] - lo, a1, kind):
             dst[j] = c[i]
             j += 1
     return j
 
 
 @njit(cache=CACHE)
-def _count_finite(x):
+def count_finite(x):
     nf = 0
     for i in range(x.shape[0]):
         nf += np.float64(x[i]) > -np.inf
@@ -159,40 +160,40 @@ def _count_finite(x):
 
 
 @njit(cache=CACHE)
-def _max_zeroing(x, out, aux, aux2):
-    """The row maximum and its count of NaN or +inf entries (the steps of :func:`_lane_max`),
+def max_zeroing(x, out, aux, aux2):
+    """The row maximum and its count of NaN or +inf entries (the steps of :func:`lane_max`),
     with the output row zero-filled in the same loop, and the lanes in the first entries of
     two float64 scratch rows of the row's length (free before the candidates are
     gathered).  The row's first read from memory and its output's write-allocate traffic
     then run as one loop's two streams, not one after the other (512 x 8192 float32, the
     two passes alone: 1.31 -> 1.21 ms on two threads, 1.59 -> 1.32 on one); the solvers'
-    output passes write the candidates alone (:func:`.elementwise._output_at`,
+    output passes write the candidates alone (:func:`.elementwise.write_output_at`,
     :func:`.gen._output_gen`).  Returns (m, nonfinite)."""
     n = x.shape[0]
     L = min(64, aux.shape[0])
     if L == 0:
         return -np.inf, 0
-    A, B = _max_lanes(x, aux[:L], aux2[:L])
+    A, B = max_lanes(x, aux[:L], aux2[:L])
     bad = 0
     nb = n // L
     for b in range(nb):
         xb = x[b * L:(b + 1) * L]
         ob = out[b * L:(b + 1) * L]
-        src, dst = _max_block(A, B, b)
+        src, dst = max_block(A, B, b)
         for j in range(L):
             ob[j] = 0.0
-            bad += _max_into(src, dst, j, xb[j])
+            bad += max_into(src, dst, j, xb[j])
     for i in range(nb * L, n):
         out[i] = 0.0
-    m, tail = _max_end(x, A, B, nb)
+    m, tail = max_end(x, A, B, nb)
     return m, bad + tail
 
 
 @njit(cache=CACHE)
 def _row_max(x):
-    """The row maximum (:func:`_lane_max` with its own 8 lanes), for callers without scratch
-    (the tests; the solvers use :func:`_max_zeroing` or their own lanes)."""
-    return _lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))[0]
+    """The row maximum (:func:`lane_max` with its own 8 lanes), for callers without scratch
+    (the tests; the solvers use :func:`max_zeroing` or their own lanes)."""
+    return lane_max(x, np.empty(8, np.float64), np.empty(8, np.float64))[0]
 
 
 #: rows of at least this many entries are gathered through a bit mask (:func:`_mask_alive`);
@@ -206,7 +207,7 @@ _LINE_STEPS = 8
 
 @njit(cache=CACHE)
 def _first_alive(x, m, a1, kind, lo):
-    """The smallest value ``v`` of x's dtype alive at ``lo`` (the test of :func:`_alive` on
+    """The smallest value ``v`` of x's dtype alive at ``lo`` (the test of :func:`is_alive` on
     ``y = float64(v) - m``), and whether it was found.  The test is nondecreasing in the
     entry (every rounding in it is monotone), so ``x_i >= v`` is the test itself, and it
     compares in x's precision: for float32 rows twice the lanes of the float64 test, and no
@@ -220,7 +221,7 @@ def _first_alive(x, m, a1, kind, lo):
     v = ty((m + lo) - 1.0 / a1)
     found = False
     for _ in range(_LINE_STEPS):
-        if _alive((np.float64(v) - m) - lo, a1, kind):
+        if is_alive((np.float64(v) - m) - lo, a1, kind):
             found = True
             break
         v = np.nextafter(v, up)
@@ -228,7 +229,7 @@ def _first_alive(x, m, a1, kind, lo):
         return v, False
     for _ in range(_LINE_STEPS):
         w = np.nextafter(v, down)
-        if not _alive((np.float64(w) - m) - lo, a1, kind):
+        if not is_alive((np.float64(w) - m) - lo, a1, kind):
             return v, True
         v = w
     return v, False
@@ -237,7 +238,7 @@ def _first_alive(x, m, a1, kind, lo):
 @njit(cache=CACHE)
 def _mask_alive(x, m, a1, kind, lo, words):
     """Bit ``t`` of ``words[w]`` is whether entry ``64 w + t`` is alive at ``lo`` (the test of
-    :func:`_gather_alive`), for ``w < words.shape[0]``.  The tests of a word are a loop with
+    :func:`gather_alive`), for ``w < words.shape[0]``.  The tests of a word are a loop with
     no store but the word's, which LLVM vectorises (a compare and a bit pack per 8 or 16
     entries), where storing every entry costs a store and a dependent index a cycle each.
     The test is a comparison with the row's edge value in x's precision
@@ -252,7 +253,7 @@ def _mask_alive(x, m, a1, kind, lo, words):
         else:
             for t in range(64):
                 y = np.float64(xb[t]) - m
-                b |= np.uint64(_alive(y - lo, a1, kind)) << np.uint64(t)
+                b |= np.uint64(is_alive(y - lo, a1, kind)) << np.uint64(t)
         words[w] = b
 
 
@@ -276,7 +277,7 @@ def _unpack(x, m, words, dst, idx):
 
 
 @njit(cache=CACHE)
-def _set_bits(words, idx):
+def set_bits(words, idx):
     """The positions ``64 w + t`` of the set bits of ``words`` into ``idx``, ascending (the
     attention filter's keys); returns their count."""
     k = 0
@@ -290,9 +291,9 @@ def _set_bits(words, idx):
 
 
 @njit(cache=CACHE)
-def _gather_alive(x, m, a1, kind, lo, dst, idx):
+def gather_alive(x, m, a1, kind, lo, dst, idx):
     """Gather into ``dst``, in row order, the ``y = x - m`` alive at ``lo`` (the test of
-    :func:`_alive`), and into ``idx`` their columns unless ``idx`` is empty, for a row whose
+    :func:`is_alive`), and into ``idx`` their columns unless ``idx`` is empty, for a row whose
     maximum m is known.  Long rows (``MASK_MIN`` entries or more) build a bit mask of the
     test first (:func:`_mask_alive`) and then visit only the set bits (:func:`_unpack`):
     about three times faster than one pass over a normal row.  The rest of the row (and
@@ -318,5 +319,5 @@ def _gather_alive(x, m, a1, kind, lo, dst, idx):
         dst[k] = y
         if cols:
             idx[k] = i
-        k += _alive(y - lo, a1, kind)
+        k += is_alive(y - lo, a1, kind)
     return k

@@ -59,7 +59,7 @@ from ..geometry import key_offset
 from .attention import (_OVERFLOW, _dot, _g_cut, _group_alphas, _group_slopes, _max_cut, _row_result,
                         _row_scale, _run_parallel, _score, _theta_cut, _theta_lower, _writable, _z_range,
                         empty_kernel_forward, score_errors, trimmed_keys)
-from .rows import _solver_scratch
+from .rows import solver_scratch as _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16

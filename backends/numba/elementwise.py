@@ -22,33 +22,31 @@ METHOD_BISECT = 1
 METHOD_NEWTON = 2
 
 # kinds of the elementwise map e_alpha
-_K_EXP = 0  # alpha = 1: exp(d)
-_K_SPARSE = 1  # alpha = 2: [1 + d]_+
-_K_15 = 2  # alpha = 1.5: [1 + d/2]_+^2
-_K_GEN = 3  # any alpha > 1: exp(log1p(a1 d) / a1)
-_K_BIG = 4  # alpha > 2: support-threshold units T = A - 1/a1, p = (a1 (y - T))_+^(1/a1)
+K_EXP = 0  # alpha = 1: exp(d)
+K_SPARSE = 1  # alpha = 2: [1 + d]_+
+K_15 = 2  # alpha = 1.5: [1 + d/2]_+^2
+K_GEN = 3  # any alpha > 1: exp(log1p(a1 d) / a1)
+K_BIG = 4  # alpha > 2: support-threshold units T = A - 1/a1, p = (a1 (y - T))_+^(1/a1)
 
-_EPS = np.finfo(np.float64).eps
+EPS = np.finfo(np.float64).eps
 #: rounding error of a computed mass (sum of powers, each within ~2 ulps, compensated)
-_TIE = TIE_ULPS * _EPS
-#: relative margin that turns a computed lower bound into a certain one
-_LB_MARGIN = LB_MARGIN
+TIE = TIE_ULPS * EPS
 
 
 @njit(inline="always", cache=CACHE)
-def _p_u(d, a1, kind):
+def p_u(d, a1, kind):
     """``p = e_alpha(d)`` and ``u = p^(2 - alpha)`` (0 off the support)."""
-    if kind == _K_SPARSE:
+    if kind == K_SPARSE:
         v = 1.0 + d
         if v > 0.0:
             return v, 1.0
         return 0.0, 0.0
-    elif kind == _K_15:
+    elif kind == K_15:
         v = 1.0 + 0.5 * d
         if v > 0.0:
             return v * v, v
         return 0.0, 0.0
-    elif kind == _K_EXP:
+    elif kind == K_EXP:
         p = math.exp(d)
         return p, p
     else:
@@ -60,23 +58,23 @@ def _p_u(d, a1, kind):
 
 
 @njit(inline="always", cache=CACHE)
-def _alive(d, a1, kind):
+def is_alive(d, a1, kind):
     """Whether ``e_alpha(d)`` can be nonzero (the exact test the output pass uses)."""
-    if kind == _K_SPARSE:
+    if kind == K_SPARSE:
         return 1.0 + d > 0.0
-    elif kind == _K_15:
+    elif kind == K_15:
         return 1.0 + 0.5 * d > 0.0
-    elif kind == _K_EXP:
+    elif kind == K_EXP:
         return d > -np.inf
-    elif kind == _K_BIG:
+    elif kind == K_BIG:
         # T >= -1/a1, but the edge-relative stage may put T up to a few ulps lower
-        return d > -(1.0 + 16.0 * _EPS) / a1
+        return d > -(1.0 + 16.0 * EPS) / a1
     else:
         return a1 * d > -1.0
 
 
 @njit(inline="always", cache=CACHE)
-def _power(t, a1):
+def power(t, a1):
     """``t_+ ** (1 / a1)``, computed as the reference does, ``exp(log(t) / a1)``."""
     if t > 0.0:
         return math.exp(math.log(t) / a1)
@@ -84,7 +82,7 @@ def _power(t, a1):
 
 
 @njit(inline="always", cache=CACHE)
-def _uniform_bound(k, a1):
+def uniform_bound(k, a1):
     """``(1 - k^(-a1)) / a1`` (``log k`` at ``a1 = 0``): the A at which k entries equal to the
     maximum have mass 1, so the root for a row of at most k entries alive lies below it."""
     if a1 == 0.0:
@@ -93,34 +91,34 @@ def _uniform_bound(k, a1):
 
 
 @njit(inline="always", cache=CACHE)
-def _bound_above(k, a1):
-    """:func:`_uniform_bound` raised by :data:`_LB_MARGIN`: certainly above the root despite
+def bound_above(k, a1):
+    """:func:`uniform_bound` raised by :data:`LB_MARGIN`: certainly above the root despite
     rounding (the upper end of the Newton bracket)."""
-    hi = _uniform_bound(k, a1)
-    return hi + _LB_MARGIN * (1.0 + hi)
+    hi = uniform_bound(k, a1)
+    return hi + LB_MARGIN * (1.0 + hi)
 
 
 @njit(inline="always", cache=CACHE)
-def _bound_below(A):
-    """A lower bound ``A`` of the root, computed with rounding, lowered by :data:`_LB_MARGIN`
-    (the mirror of :func:`_bound_above`) so that it is certainly below, and at least 0
+def bound_below(A):
+    """A lower bound ``A`` of the root, computed with rounding, lowered by :data:`LB_MARGIN`
+    (the mirror of :func:`bound_above`) so that it is certainly below, and at least 0
     (where the maximum alone has mass 1)."""
-    lo = A - _LB_MARGIN * (1.0 + A)
+    lo = A - LB_MARGIN * (1.0 + A)
     return lo if lo > 0.0 else 0.0
 
 
 @njit(cache=CACHE)
-def _output(x, out, m, A, a1, kind):
+def write_output(x, out, m, A, a1, kind):
     """Write ``p = e_alpha(x - m - A)`` and return the support size (p > 0 in float64)."""
     cnt = 0
     n = x.shape[0]
-    if kind == _K_SPARSE:
+    if kind == K_SPARSE:
         for i in range(n):
             v = 1.0 + ((np.float64(x[i]) - m) - A)
             v = v if v > 0.0 else 0.0
             out[i] = v
             cnt += v > 0.0
-    elif kind == _K_15:
+    elif kind == K_15:
         for i in range(n):
             v = 1.0 + 0.5 * ((np.float64(x[i]) - m) - A)
             v = v if v > 0.0 else 0.0
@@ -129,29 +127,29 @@ def _output(x, out, m, A, a1, kind):
             cnt += p > 0.0
     else:
         for i in range(n):
-            p = _p_u((np.float64(x[i]) - m) - A, a1, kind)[0]
+            p = p_u((np.float64(x[i]) - m) - A, a1, kind)[0]
             out[i] = p
             cnt += p > 0.0
     return cnt
 
 
 @njit(cache=CACHE)
-def _output_at(x, out, m, A, a1, kind, idx, k):
-    """:func:`_output` for a row whose entries that can be nonzero at ``A`` are among the
+def write_output_at(x, out, m, A, a1, kind, idx, k):
+    """:func:`write_output` for a row whose entries that can be nonzero at ``A`` are among the
     columns ``idx[:k]`` (the candidates alive at a lower bound of A), and whose ``out`` is
-    already zero (the solvers' maximum pass, :func:`.candidates._max_zeroing`): ``p`` at
+    already zero (the solvers' maximum pass, :func:`.candidates.max_zeroing`): ``p`` at
     those columns, by the same formula from the same ``y``.  Returns the support size."""
     cnt = 0
     for j in range(k):
         i = idx[j]
-        p = _p_u((np.float64(x[i]) - m) - A, a1, kind)[0]
+        p = p_u((np.float64(x[i]) - m) - A, a1, kind)[0]
         out[i] = p
         cnt += p > 0.0
     return cnt
 
 
 @njit(cache=CACHE)
-def _settled_row(out, m, nonfinite):
+def settled_row(out, m, nonfinite):
     """Whether a solver's maximum pass settles the row (``m``: its maximum; ``nonfinite``:
     its count of NaN and +inf entries), and the row's (theta, support, n_iter, converged):
 

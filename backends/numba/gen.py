@@ -11,7 +11,7 @@ array alone (units as in :mod:`.rows`):
   calls, one element at a time: 10 of the 17 ms of a 128-row block went there), summed in
   ``GL`` independent TwoSum lanes merged with Neumaier's step (the accuracy of a compensated
   sum, whatever the order);
-* the safeguarded Newton iteration of :func:`.threshold._newton` on ``phi``, step for step
+* the safeguarded Newton iteration of :func:`.threshold.newton_row` on ``phi``, step for step
   (same bracket, same fallbacks, same stopping rules), dropping the candidates that are zero
   at the lower bound as it grows.  Its early steps, while f is far above 0, evaluate f
   with :func:`.vexp.vlog1p_rough` and :func:`.vexp.vexp_rough` (about 3e-8 relative, two
@@ -20,14 +20,14 @@ array alone (units as in :mod:`.rows`):
   where the rough f is certainly positive, and the exact iteration finishes
   (:func:`_newton_gen`);
 * the output pass (:func:`_output_gen`): the row was zero-filled in the maximum pass
-  (:func:`.candidates._max_zeroing`), and the probabilities of the candidates, computed
+  (:func:`.candidates.max_zeroing`), and the probabilities of the candidates, computed
   by the same vectorised map, are written at their indices; an entry off the candidates
   is zero at every ``A >= lo``.
 
 The functions agree with libm's to about 1 ulp each (``vlog1p`` 0.75 ulp, ``vexp`` 0.8 ulp,
 worst seen), so ``p`` and the threshold differ from the libm-based map by a few float64 ulps
 at most, well inside the accuracy contract (``tests/test_numba_rows.py``,
-``tests/test_oracle.py``); they are not bitwise those of ``_newton`` and ``_output``.
+``tests/test_oracle.py``); they are not bitwise those of ``newton_row`` and ``write_output``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from numba import njit
 from ..constants import MAX_ITER
 from . import CACHE
 from .compensated import acc, merge_lanes, two_sum
-from .candidates import _gather_alive
-from .elementwise import _K_GEN, _K_SPARSE, _alive, _bound_above
-from .threshold import _newton_step, _phi_step
-from .vexp import _div, vexp, vexp_rough, vlog1p, vlog1p_rough
+from .candidates import gather_alive
+from .elementwise import K_GEN, K_SPARSE, is_alive, bound_above
+from .threshold import newton_step, phi_step
+from .vexp import div, vexp, vexp_rough, vlog1p, vlog1p_rough
 
 #: lanes of the candidate sums (two AVX2 registers of float64 per accumulator)
 GL = 8
@@ -63,8 +63,8 @@ def _pu_gen(y, A, a1):
     w = a1 * (y - A)
     alive = w > -1.0
     t = w if alive else 0.0
-    p = vexp(_div(vlog1p(t), a1))
-    u = _div(p, 1.0 + t)
+    p = vexp(div(vlog1p(t), a1))
+    u = div(p, 1.0 + t)
     return (p if alive else 0.0), (u if alive else 0.0)
 
 
@@ -125,7 +125,7 @@ def _pu_gen_rough(y, A, a1, inv_a1):
     alive = w > -1.0
     t = w if alive else 0.0
     p = vexp_rough(vlog1p_rough(t) * inv_a1)
-    u = _div(p, 1.0 + t)
+    u = div(p, 1.0 + t)
     return (p if alive else 0.0), (u if alive else 0.0)
 
 
@@ -150,7 +150,7 @@ def _compact_gen(c, idx, k, a1, lo):
         y = c[i]
         c[j] = y
         idx[j] = idx[i]
-        j += _alive(y - lo, a1, _K_GEN)
+        j += is_alive(y - lo, a1, K_GEN)
     return j
 
 
@@ -174,7 +174,7 @@ def _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, switch):
         if not (f > ROUGH_F and fp > 0.0):
             break
         lo = A
-        An = _phi_step(A, f, fp, a1)
+        An = phi_step(A, f, fp, a1)
         if not (An > A and An < hi):
             break
         A = An
@@ -185,7 +185,7 @@ def _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, switch):
 
 @njit(cache=CACHE)
 def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
-    """:func:`.threshold._newton` for ``_K_GEN`` on the compacted candidates (see
+    """:func:`.threshold.newton_row` for ``K_GEN`` on the compacted candidates (see
     :mod:`.rows`), after early steps with rough evaluations: while the rough f is above
     :data:`ROUGH_F` (so f > 0 certainly, and A is a lower bound of the root: the bracket
     and the compaction move there) Newton steps on phi from it, until one lands where f
@@ -206,7 +206,7 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
         f, fp = _f_gen(c, k, a1, A, buf, lanes)
         it += 1
         at = A
-        done, A, lo, hi, flo, fhi = _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, np.bool_(True))
+        done, A, lo, hi, flo, fhi = newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, np.bool_(True))
         if done:
             return A, it, True, k, A == at
         f_prev = f
@@ -216,7 +216,7 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
 @njit(cache=CACHE)
 def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
     """Write ``p = e_alpha(x - m - A)`` for the whole row, whose ``out`` is already zero
-    (:func:`.candidates._max_zeroing`): the candidates' ``p`` (computed into ``pbuf`` in a
+    (:func:`.candidates.max_zeroing`): the candidates' ``p`` (computed into ``pbuf`` in a
     vectorised loop, unless ``fresh``: the Newton iteration's last evaluation left them
     there, at this A) at their indices.  Returns the support size (p > 0 in float64)."""
     if not fresh:
@@ -230,12 +230,12 @@ def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
     return cnt
 
 
-#: the window of :func:`_subset_bound_gen`: the entries with ``y > -GEN_WINDOW``
+#: the window of :func:`subset_bound_gen`: the entries with ``y > -GEN_WINDOW``
 GEN_WINDOW = 1.25
 
 
 @njit(cache=CACHE)
-def _subset_bound_gen(x, m, a1, c, idx):
+def subset_bound_gen(x, m, a1, c, idx):
     """A lower bound of the threshold of a row with maximum m: the rough steps of
     :func:`_rough_steps` on alpha's own mass over the entries within :data:`GEN_WINDOW` of
     the maximum (some 55 of a normal row of 8192, gathered into ``c``, their columns into
@@ -245,18 +245,18 @@ def _subset_bound_gen(x, m, a1, c, idx):
     normal rows it leaves some 155 candidates for the row's Newton, against 364 above
     the 1.5-entmax threshold it replaces (140 are alive at the answer).  Returns (the
     bound, its evaluations)."""
-    k = _gather_alive(x, m, 1.0, _K_SPARSE, 1.0 - GEN_WINDOW, c, idx)  # y > -GEN_WINDOW
+    k = gather_alive(x, m, 1.0, K_SPARSE, 1.0 - GEN_WINDOW, c, idx)  # y > -GEN_WINDOW
     buf = np.empty((2, k), np.float64)
     lanes = np.empty((3, GL), np.float64)
-    res = _rough_steps(c, idx, k, a1, 0.0, 0.0, _bound_above(k, a1), buf, lanes, 0.0)
+    res = _rough_steps(c, idx, k, a1, 0.0, 0.0, bound_above(k, a1), buf, lanes, 0.0)
     return res[1], res[4]
 
 
 @njit(cache=CACHE)
-def _finish_gen(x, out, m, a1, lo, c, idx, k, pbuf):
-    """:func:`.rows._finish` for ``_K_GEN`` from the lower bound ``lo``: Newton on the ``k``
+def finish_gen(x, out, m, a1, lo, c, idx, k, pbuf):
+    """:func:`.rows._finish` for ``K_GEN`` from the lower bound ``lo``: Newton on the ``k``
     candidates ``c[:k]`` (columns ``idx[:k]``), then the output pass."""
-    hi = _bound_above(k, a1)
+    hi = bound_above(k, a1)
     A0 = lo if lo <= hi else hi
     if hi > lo:
         buf = np.empty((2, k), np.float64)

@@ -34,7 +34,7 @@ from ._threads import run_blocks
 
 
 @njit(inline="always", cache=CACHE)
-def _skew(p, a2):
+def skew(p, a2):
     """``u = p^(2 - alpha)`` for ``p > 0`` (``a2 = 2 - alpha``)."""
     if a2 == 0.0:
         return 1.0
@@ -68,19 +68,19 @@ def _vjp_row(p, g, a2, dx):
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0:
-            u = _skew(pi, a2)
+            u = skew(pi, a2)
             su, csu = _acc(su, csu, u)
             ug, cug = _acc(ug, cug, u * np.float64(g[i]))
     su = su + csu
     r = (ug + cug) / su if su > 0.0 else 0.0
     for i in range(n):
         pi = np.float64(p[i])
-        u = _skew(pi, a2) if pi > 0.0 else 0.0
+        u = skew(pi, a2) if pi > 0.0 else 0.0
         dx[i] = u * (np.float64(g[i]) - r) if u > 0.0 else 0.0
 
 
 @njit(inline="always", cache=CACHE)
-def _signed_exp(l, v):
+def signed_exp(l, v):
     """``sign(v) exp(l + log|v|)`` (0 at v = 0): ``exp(l) * v`` without overflowing early."""
     if v == 0.0:
         return 0.0
@@ -145,7 +145,7 @@ def _vjp_row_big(p, g, a2, dx):
             continue
         u = math.exp(lu)
         if u == np.inf:
-            dx[i] = _signed_exp(lu, diff)
+            dx[i] = signed_exp(lu, diff)
         else:
             dx[i] = u * diff
     if l2 == -np.inf:  # m alone on the support
@@ -160,7 +160,7 @@ def _vjp_row_big(p, g, a2, dx):
         pi = np.float64(p[i])
         if pi > 0.0 and i != m:
             T, cT = _acc(T, cT, math.exp(a2 * math.log(pi) - l2) * (gm - np.float64(g[i])))
-    dx[m] = _signed_exp(l2, (T + cT) / S)
+    dx[m] = signed_exp(l2, (T + cT) / S)
 
 
 @njit(nogil=True, cache=CACHE)
@@ -194,7 +194,7 @@ def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
 
 
 @njit(cache=CACHE)
-def _alpha_vjp_row(p, g, a1):
+def alpha_vjp_row(p, g, a1):
     a2 = 1.0 - a1
     sgc = 0.0
     cgc = 0.0
@@ -210,7 +210,7 @@ def _alpha_vjp_row(p, g, a1):
             gi = np.float64(g[i])
             L = math.log(pi)
             pc = -pi * L * L * _h(-a1 * L)
-            u = _skew(pi, a2)
+            u = skew(pi, a2)
             sgc, cgc = _acc(sgc, cgc, gi * pc)
             spc, cpc = _acc(spc, cpc, pc)
             sug, cug = _acc(sug, cug, u * gi)
@@ -221,7 +221,7 @@ def _alpha_vjp_row(p, g, a1):
 
 
 @njit(cache=CACHE)
-def _alpha_vjp_row_big(p, g, a1):
+def alpha_vjp_row_big(p, g, a1):
     """alpha > 2, as the reference: ``sum_i p_i (1 - a1 log p_i) (g_i - r) / a1^2`` with
     ``r = (w . g) / sum w``, ``w = exp(lu - max lu)`` (the unbounded u-terms of the
     general form cancel exactly and are left out)."""
@@ -254,22 +254,22 @@ def _alpha_vjp_row_big(p, g, a1):
 @njit(nogil=True, cache=CACHE)
 def _alpha_vjp_small(p, g, alpha, out, r0, r1):
     for r in range(r0, r1):
-        out[r] = _alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
+        out[r] = alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
 
 
 @njit(nogil=True, cache=CACHE)
 def _alpha_vjp_big(p, g, alpha, out, r0, r1):
     for r in range(r0, r1):
-        out[r] = _alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
+        out[r] = alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
 
 
 @njit(nogil=True, cache=CACHE)
 def _alpha_vjp_any(p, g, alpha, out, r0, r1):
     for r in range(r0, r1):
         if alpha[r] > 2.0:
-            out[r] = _alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
+            out[r] = alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
         else:
-            out[r] = _alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
+            out[r] = alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
 
 
 def entmax_alpha_vjp_rows(p, g, alpha, out, nblk=64):

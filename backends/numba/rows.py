@@ -18,7 +18,7 @@ Per row (``_solve_row``):
    zero for every ``A >= 0``, and ``A >= 0`` because the maximum alone has mass 1 there).
    Sparsemax, 1.5-entmax and 1 < alpha < 2 find the maximum in a vectorised pass first
    and then apply the same tests in a branch-free gather with the candidates' columns
-   (:func:`.candidates._gather_alive`; on long rows the test is one comparison with the
+   (:func:`.candidates.gather_alive`; on long rows the test is one comparison with the
    row's edge value in the input's precision): the same candidates, fewer mispredicted
    branches, and an output pass that visits the candidates alone.  Softmax
    gathers nothing (every finite entry is in its support): a vectorised maximum, then
@@ -72,7 +72,7 @@ Per row (``_solve_row``):
 
 Every solver counts the row's NaN and +inf entries in its maximum pass (the public layer's
 ``check_finite``, with no pass of its own) and leaves a row holding one with p = NaN,
-theta = NaN and ``n_iter = -1`` (:func:`.elementwise._settled_row`): the scanned calls raise on
+theta = NaN and ``n_iter = -1`` (:func:`.elementwise.settled_row`): the scanned calls raise on
 that mark, and with the check off it is the (unspecified) answer.
 
 ``n_iter`` counts f evaluations of the iterative solvers (pivot steps included for
@@ -91,14 +91,14 @@ from numba import njit
 
 from . import CACHE
 from ._threads import run_blocks
-from .big_alpha import _solve_big, _solve_big_bisect
-from .candidates import MASK_MIN, _count_finite, _gather_alive, _max_zeroing, _window_candidates
-from .elementwise import (_K_15, _K_EXP, _K_GEN, _K_SPARSE, METHOD_BISECT,
-                          METHOD_DEFAULT, METHOD_NEWTON, _bound_above, _bound_below, _output,
-                          _output_at, _settled_row, _uniform_bound)
-from .gen import _finish_gen, _subset_bound_gen
-from .softmax import LANES, _softmax_lanes, _softmax_rows_next, _solve_softmax
-from .threshold import _bisect, _condat, _newton, _pivot15
+from .big_alpha import solve_big, solve_big_bisect
+from .candidates import MASK_MIN, count_finite, gather_alive, max_zeroing, window_candidates
+from .elementwise import (K_15, K_EXP, K_GEN, K_SPARSE, METHOD_BISECT,
+                          METHOD_DEFAULT, METHOD_NEWTON, bound_above, bound_below, write_output,
+                          write_output_at, settled_row, uniform_bound)
+from .gen import finish_gen, subset_bound_gen
+from .softmax import LANES, softmax_lanes, softmax_rows_next, solve_softmax
+from .threshold import bisect_row, condat, newton_row, pivot15
 
 
 @njit(cache=CACHE)
@@ -108,7 +108,7 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
     columns ``idx[:k]`` alone unless ``idx`` is empty.  ``k`` is the number of candidates
     (for the bound), ``closed`` a run-time bool (a literal would compile a second copy)."""
     lo = 0.0  # the maximum alone has mass 1 at A = 0
-    hi = _bound_above(k, a1)
+    hi = bound_above(k, a1)
     if not (A0 >= lo):
         A0 = lo
     if A0 > hi:
@@ -117,15 +117,15 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
         # a closed form is polished by Newton on its identified support (an entry that
         # rounding puts on the other side of the edge carries a probability at the
         # rounding level either way); the candidates c[:k] are sup[:ns] otherwise
-        A, it, ok = _newton(sup, ns, a1, kind, A0, lo, hi)
+        A, it, ok = newton_row(sup, ns, a1, kind, A0, lo, hi)
         if closed:
             it = 0
     else:  # a single candidate: the row maximum carries all the mass
         A, it, ok = lo, 0, True
     if idx.shape[0] > 0:
-        cnt = _output_at(x, out, m, A, a1, kind, idx, k)
+        cnt = write_output_at(x, out, m, A, a1, kind, idx, k)
     else:
-        cnt = _output(x, out, m, A, a1, kind)
+        cnt = write_output(x, out, m, A, a1, kind)
     return m + A, cnt, it, ok
 
 
@@ -137,34 +137,34 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
 @njit(cache=CACHE)
 def _solve_bisect(x, out, a1, c):
     """``method="bisect"``, alpha <= 2."""
-    kind = _K_EXP if a1 == 0.0 else _K_GEN
-    m, k, bad = _window_candidates(x, a1, kind, c)
-    settled, res = _settled_row(out, m, bad)
+    kind = K_EXP if a1 == 0.0 else K_GEN
+    m, k, bad = window_candidates(x, a1, kind, c)
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
-    nf = _count_finite(x)
-    A, it, ok = _bisect(c, k, a1, kind, 0.0, _uniform_bound(nf, a1))
-    cnt = _output(x, out, m, A, a1, kind)
+    nf = count_finite(x)
+    A, it, ok = bisect_row(c, k, a1, kind, 0.0, uniform_bound(nf, a1))
+    cnt = write_output(x, out, m, A, a1, kind)
     return m + A, cnt, it, ok
 
 
 @njit(cache=CACHE)
-def _kind(a1):
+def kind_of(a1):
     if a1 == 0.0:
-        return _K_EXP
+        return K_EXP
     elif a1 == 1.0:
-        return _K_SPARSE
+        return K_SPARSE
     elif a1 == 0.5:
-        return _K_15
-    return _K_GEN
+        return K_15
+    return K_GEN
 
 
 @njit(cache=CACHE)
 def _solve_newton(x, out, a1, c):
     """``method="newton"``, alpha <= 2: safeguarded Newton from A = 0."""
-    kind = _kind(a1)
-    m, k, bad = _window_candidates(x, a1, kind, c)
-    settled, res = _settled_row(out, m, bad)
+    kind = kind_of(a1)
+    m, k, bad = window_candidates(x, a1, kind, c)
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
     closed = False
@@ -175,15 +175,15 @@ def _solve_newton(x, out, a1, c):
 def _solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
     polished by Newton; the output pass visits the candidates' columns."""
-    m, bad = _max_zeroing(x, out, aux, aux2)
-    settled, res = _settled_row(out, m, bad)
+    m, bad = max_zeroing(x, out, aux, aux2)
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
     idx = aux2.view(np.int64)
-    k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c, idx)
-    A0, ns = _condat(c, k, aux, c)
+    k = gather_alive(x, m, 1.0, K_SPARSE, 0.0, c, idx)
+    A0, ns = condat(c, k, aux, c)
     closed = True
-    return _finish(x, out, m, k, 1.0, _K_SPARSE, A0, aux[:ns], ns, closed, idx)
+    return _finish(x, out, m, k, 1.0, K_SPARSE, A0, aux[:ns], ns, closed, idx)
 
 
 @njit(cache=CACHE)
@@ -195,8 +195,8 @@ def _solve_15(x, out, c, aux, seed):
     :func:`_subset_bound15`'s, which on a normal row of 8192 leaves some 35 candidates
     instead of the 340 alive at A = 0, and is often the answer itself; short rows (the
     attention's candidates) take ``lo = 0``."""
-    m, bad = _max_zeroing(x, out, c, aux)
-    settled, res = _settled_row(out, m, bad)
+    m, bad = max_zeroing(x, out, c, aux)
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
     idx = aux.view(np.int64)
@@ -204,30 +204,30 @@ def _solve_15(x, out, c, aux, seed):
     if x.shape[0] >= MASK_MIN:
         A0, s0, k, exact = _subset_bound15(x, m, c, idx, seed)
         if exact:
-            return _finish(x, out, m, k, 0.5, _K_15, A0, c[s0:k], k - s0, np.bool_(True), idx)
-        lo = _bound_below(A0)
-    k = _gather_alive(x, m, 0.5, _K_15, lo, c, idx)
-    A0, s0 = _pivot15(c, k, seed)
+            return _finish(x, out, m, k, 0.5, K_15, A0, c[s0:k], k - s0, np.bool_(True), idx)
+        lo = bound_below(A0)
+    k = gather_alive(x, m, 0.5, K_15, lo, c, idx)
+    A0, s0 = pivot15(c, k, seed)
     closed = A0 >= 0.0
     if not closed:
         s0 = 0
-    return _finish(x, out, m, k, 0.5, _K_15, A0, c[s0:k], k - s0, closed, idx)
+    return _finish(x, out, m, k, 0.5, K_15, A0, c[s0:k], k - s0, closed, idx)
 
 
 @njit(cache=CACHE)
 def _subset_bound15(x, m, c, idx, seed):
     """The exact 1.5-entmax threshold ``A_S`` of the entries within 1 of the maximum (the
     sparsemax window ``y > -1``: some 28 of a normal row of 8192), gathered into ``c`` (and
-    their columns into ``idx``) and pivoted there (:func:`.threshold._pivot15`).  A
+    their columns into ``idx``) and pivoted there (:func:`.threshold.pivot15`).  A
     subset's mass is at most the row's at every A, so its root is at most the row's: a
     lower bound of the 1.5-entmax threshold, on normal rows within 2% of it.  When ``A_S``
     is certainly at least 1, every entry outside the window (``y <= -1``) is zero there,
     so ``A_S`` is the row's 1.5-entmax threshold and ``c[s0:k]`` its support.  Returns
     (A_S, s0, k, exact); ``A_S`` is -1.0 when rounding left no usable support
-    (:func:`.threshold._pivot15`)."""
-    k = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, c, idx)
-    A, s0 = _pivot15(c, k, seed)
-    return A, s0, k, _bound_below(A) >= 1.0
+    (:func:`.threshold.pivot15`)."""
+    k = gather_alive(x, m, 1.0, K_SPARSE, 0.0, c, idx)
+    A, s0 = pivot15(c, k, seed)
+    return A, s0, k, bound_below(A) >= 1.0
 
 
 @njit(cache=CACHE)
@@ -238,8 +238,8 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     ``y > -1/a1`` (a third of a normal row at alpha = 1.33); the sets are those of the
     gather-then-filter steps.  Newton and the output pass then run on the compacted
     candidates with a vectorised map (:mod:`.gen`)."""
-    m, bad = _max_zeroing(x, out, aux, aux2)
-    settled, res = _settled_row(out, m, bad)
+    m, bad = max_zeroing(x, out, aux, aux2)
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
     # a lower bound that prunes the candidates to a thin shell, from a few dozen entries
@@ -249,20 +249,20 @@ def _solve_gen(x, out, a1, c, aux, aux2, seed):
     idx = aux2.view(np.int64)
     it_b = 0
     if a1 < 0.5:
-        Ab, it_b = _subset_bound_gen(x, m, a1, aux, idx)
+        Ab, it_b = subset_bound_gen(x, m, a1, aux, idx)
     else:
-        kb = _gather_alive(x, m, 1.0, _K_SPARSE, 0.0, aux, idx[:0])
-        Ab = _condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
-    lo = _bound_below(Ab)
+        kb = gather_alive(x, m, 1.0, K_SPARSE, 0.0, aux, idx[:0])
+        Ab = condat(aux, kb, aux2, aux)[0]  # aux is consumed in place (Condat's trick)
+    lo = bound_below(Ab)
     # the candidates above the bound with their columns; Newton and the output pass work on
     # them alone (:mod:`.gen`: vectorised log1p and exp on a contiguous array)
-    k = _gather_alive(x, m, a1, _K_GEN, lo, c, idx)
-    theta, cnt, it, ok = _finish_gen(x, out, m, a1, lo, c, idx, k, aux)
+    k = gather_alive(x, m, a1, K_GEN, lo, c, idx)
+    theta, cnt, it, ok = finish_gen(x, out, m, a1, lo, c, idx, k, aux)
     return theta, cnt, it + it_b, ok
 
 
 @njit(cache=CACHE, _nrt=True)
-def _solve_default(x, out, a1, c, aux, aux2, seed):
+def solve_default(x, out, a1, c, aux, aux2, seed):
     """One row with ``method=None``, any alpha: returns (theta, support, n_iter,
     converged); writes ``out``.  The attention kernels call this one (they never take
     another method), so they compile only the default paths.  Reference counting is on
@@ -270,9 +270,9 @@ def _solve_default(x, out, a1, c, aux, aux2, seed):
     and numba's callees inherit that flag unless they set their own (the solvers
     allocate their scratch)."""
     if a1 > 1.0:
-        return _solve_big(x, out, a1, c, seed)
+        return solve_big(x, out, a1, c, seed)
     if a1 == 0.0:
-        return _solve_softmax(x, out, c)
+        return solve_softmax(x, out, c)
     if a1 == 1.0:
         return _solve_sparse(x, out, c, aux, aux2)
     if a1 == 0.5:
@@ -285,15 +285,15 @@ def _solve_row(x, out, a1, method, c, aux, aux2, seed):
     """One row with any method: returns (theta, support, n_iter, converged); writes ``out``."""
     if method == METHOD_BISECT:
         if a1 > 1.0:
-            return _solve_big_bisect(x, out, a1, c)
+            return solve_big_bisect(x, out, a1, c)
         return _solve_bisect(x, out, a1, c)
     if method == METHOD_NEWTON and a1 <= 1.0:
         return _solve_newton(x, out, a1, c)
-    return _solve_default(x, out, a1, c, aux, aux2, seed)
+    return solve_default(x, out, a1, c, aux, aux2, seed)
 
 
 @njit(inline="always", cache=CACHE)
-def _solver_scratch(n):
+def solver_scratch(n):
     """The scratch of :func:`_solve_row` for rows of up to ``n`` entries: the candidates
     ``c`` and the closed forms' and lower bounds' ``aux``, ``aux2``."""
     return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.float64)
@@ -310,17 +310,17 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
     c = np.empty(x.shape[1], np.float64)
     lanes = np.empty((4, LANES), np.float64)
     for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = _softmax_lanes(x[r], out[r], c, lanes)
+        theta[r], support[r], n_iter[r], converged[r] = softmax_lanes(x[r], out[r], c, lanes)
 
 
 @njit(nogil=True, cache=CACHE)
 def _rows_softmax64(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    _softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
+    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @njit(nogil=True, cache=CACHE)
 def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    c, aux, aux2 = _solver_scratch(x.shape[1])
+    c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = _solve_sparse(x[r], out[r], c, aux, aux2)
 
@@ -335,7 +335,7 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 
 @njit(nogil=True, cache=CACHE)
 def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    c, aux, aux2 = _solver_scratch(x.shape[1])
+    c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
         th, sup, it, ok = _solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
@@ -345,13 +345,13 @@ def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
-        th, sup, it, ok = _solve_big(x[r], out[r], alpha[r] - 1.0, c, r)
+        th, sup, it, ok = solve_big(x[r], out[r], alpha[r] - 1.0, c, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
 @njit(nogil=True, cache=CACHE)
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    c, aux, aux2 = _solver_scratch(x.shape[1])
+    c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
         th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
@@ -369,11 +369,11 @@ def _driver(alpha, method, dtype):
         return _rows_big
     if method != METHOD_DEFAULT or not 1.0 <= a <= 2.0:
         return _rows_any
-    # the path _solve_row takes for this alpha (_kind's Python function: no compile)
-    kind = _kind.py_func(a - 1.0)
-    if kind == _K_EXP and dtype == np.float64:
+    # the path _solve_row takes for this alpha (kind_of's Python function: no compile)
+    kind = kind_of.py_func(a - 1.0)
+    if kind == K_EXP and dtype == np.float64:
         return _rows_softmax64  # each row's maximum read in the previous row's pass
-    return {_K_EXP: _rows_softmax, _K_SPARSE: _rows_sparse, _K_15: _rows_15, _K_GEN: _rows_gen}[kind]
+    return {K_EXP: _rows_softmax, K_SPARSE: _rows_sparse, K_15: _rows_15, K_GEN: _rows_gen}[kind]
 
 
 def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):

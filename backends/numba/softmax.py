@@ -1,7 +1,7 @@
 """alpha = 1 of the numba row solvers: softmax as log-sum-exp (units as in :mod:`.rows`).
 
 Every pass over the row is a loop that LLVM vectorises (AVX2: 4 float64 lanes): the
-maximum (:func:`.candidates._lane_max`), ``e_i = exp(x_i - m)`` with the straight-line
+maximum (:func:`.candidates.lane_max`), ``e_i = exp(x_i - m)`` with the straight-line
 :func:`.vexp.vexp_neg` (``math.exp`` is a libm call, one element at a time; entries below
 its range, rare, are redone with :func:`.vexp.vexp`), the compensated
 sum of the ``e_i`` in ``L`` independent lanes (one lane per position in a block of ``L``
@@ -20,10 +20,11 @@ import math
 import numpy as np
 from numba import njit
 
+from ..constants import SOFTMAX_EXP_FLOOR
 from . import CACHE
-from .candidates import _lane_max, _max_block, _max_end, _max_into, _max_lanes
+from .candidates import lane_max, max_block, max_end, max_into, max_lanes
 from .compensated import acc, merge_lanes, two_sum
-from .elementwise import _settled_row
+from .elementwise import settled_row
 from .vexp import VEXP_NEG_MIN, vexp, vexp_neg
 
 #: lanes of the vectorised passes (a row of n >= 2 * LANES entries uses all of them)
@@ -51,10 +52,10 @@ def _exp_entry(x, e, i, m, low):
 
 @njit(inline="always", cache=CACHE)
 def _low(n):
-    """Entries with ``y - A <= -700`` take ``exp(y - A)`` directly in the output pass; ``A <=
-    log(n)``, so only entries with ``y <= _low(n)`` can: the exponential pass counts them
-    (usually none)."""
-    return -699.0 + math.log(n)
+    """Entries with ``y - A <= SOFTMAX_EXP_FLOOR`` take ``exp(y - A)`` directly in the output
+    pass; ``A <= log(n)``, so only entries with ``y <= _low(n)`` can (one unit more allows
+    for the rounding of A): the exponential pass counts them (usually none)."""
+    return (SOFTMAX_EXP_FLOOR + 1.0) + math.log(n)
 
 
 @njit(cache=CACHE)
@@ -112,7 +113,7 @@ def _softmax_finish(x, e, out, m, nlow, lanes):
     if nlow > 0:
         for i in range(n):
             d = (np.float64(x[i]) - m) - A
-            if not (d > -700.0):
+            if not (d > SOFTMAX_EXP_FLOOR):
                 cnt -= out[i] > 0.0
                 p = math.exp(d)
                 out[i] = p
@@ -144,7 +145,7 @@ def _softmax_row_next(x, out, m, lanes, xn):
     +inf)."""
     n = x.shape[0]
     L = min(_lanes(n), n)
-    A, B = _max_lanes(xn, lanes[2, :L], lanes[3, :L])
+    A, B = max_lanes(xn, lanes[2, :L], lanes[3, :L])
     low = _low(n)
     nlow = 0
     bad = 0
@@ -157,29 +158,29 @@ def _softmax_row_next(x, out, m, lanes, xn):
         xb = x[s0:s0 + L]
         eb = out[s0:s0 + L]
         nxb = xn[s0:s0 + L]
-        src, dst = _max_block(A, B, b)
+        src, dst = max_block(A, B, b)
         for j in range(L):
             nlow += _exp_entry(xb, eb, j, m, low)
-            bad += _max_into(src, dst, j, nxb[j])
-    m_next, _ = _max_end(xn, A, B, nbt)  # the blocks covered every entry: no tail
+            bad += max_into(src, dst, j, nxb[j])
+    m_next, _ = max_end(xn, A, B, nbt)  # the blocks covered every entry: no tail
     Ax, cnt = _softmax_finish(x, out, out, m, nlow, lanes)
     return Ax, cnt, m_next, bad
 
 
 @njit(cache=CACHE)
-def _softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
+def softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
     """alpha = 1, ``method=None``, float64 rows ``r0 .. r1 - 1``: log-sum-exp, each row's
     maximum taken in the previous row's exponential pass (:func:`_softmax_row_next`)."""
     n = x.shape[1]
     L = _lanes(n)
     lanes = np.empty((4, LANES), np.float64)
-    m, bad = _lane_max(x[r0], lanes[2, :L], lanes[3, :L])
+    m, bad = lane_max(x[r0], lanes[2, :L], lanes[3, :L])
     for r in range(r0, r1):
         xn = x[r + 1] if r + 1 < r1 else x[r]  # the last row's pass reads itself again
-        settled, res = _settled_row(out[r], m, bad)
+        settled, res = settled_row(out[r], m, bad)
         if settled:
             theta[r], support[r], n_iter[r], converged[r] = res
-            m, bad = _lane_max(xn, lanes[2, :L], lanes[3, :L])
+            m, bad = lane_max(xn, lanes[2, :L], lanes[3, :L])
             continue
         A, cnt, m_next, bad = _softmax_row_next(x[r], out[r], m, lanes, xn)
         theta[r], support[r], n_iter[r], converged[r] = m + A, cnt, 0, True
@@ -187,12 +188,12 @@ def _softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
 
 
 @njit(cache=CACHE)
-def _softmax_lanes(x, out, c, lanes):
+def softmax_lanes(x, out, c, lanes):
     """alpha = 1, ``method=None``, one row: log-sum-exp, with the scratch of
     :func:`_softmax_row` from the caller."""
     L = _lanes(x.shape[0])
-    m, bad = _lane_max(x, lanes[2, :L], lanes[3, :L])
-    settled, res = _settled_row(out, m, bad)
+    m, bad = lane_max(x, lanes[2, :L], lanes[3, :L])
+    settled, res = settled_row(out, m, bad)
     if settled:
         return res
     A, cnt = _softmax_row(x, out, m, c, lanes)
@@ -200,6 +201,6 @@ def _softmax_lanes(x, out, c, lanes):
 
 
 @njit(cache=CACHE)
-def _solve_softmax(x, out, c):
+def solve_softmax(x, out, c):
     """alpha = 1, ``method=None``: log-sum-exp."""
-    return _softmax_lanes(x, out, c, np.empty((4, LANES), np.float64))
+    return softmax_lanes(x, out, c, np.empty((4, LANES), np.float64))

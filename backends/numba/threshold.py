@@ -12,7 +12,7 @@ from numba import njit
 from ..constants import MAX_ITER
 from . import CACHE
 from .compensated import acc as _acc
-from .elementwise import _K_EXP, _K_GEN, _TIE, _alive, _p_u
+from .elementwise import K_EXP, K_GEN, TIE, is_alive, p_u
 
 
 @njit(cache=CACHE)
@@ -27,11 +27,11 @@ def _f_eval(c, k, a1, kind, A, lo, compact):
     j = 0
     for i in range(k):
         y = c[i]
-        p, u = _p_u(y - A, a1, kind)
+        p, u = p_u(y - A, a1, kind)
         s, comp = _acc(s, comp, p)
         su += u
         if compact:
-            if _alive(y - lo, a1, kind):
+            if is_alive(y - lo, a1, kind):
                 c[j] = y
                 j += 1
     if not compact:
@@ -40,7 +40,7 @@ def _f_eval(c, k, a1, kind, A, lo, compact):
 
 
 @njit(inline="always", cache=CACHE)
-def _phi_step(A, f, fp, a1):
+def phi_step(A, f, fp, a1):
     """Newton's step on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0) from A, given
     ``f(A)`` and ``fp = -f'(A)``: phi is the (1/a1)-norm of the [1 + a1 (y - A)]_+, convex
     and nearly linear (exactly linear for a constant row, and for softmax), so the steps
@@ -51,7 +51,7 @@ def _phi_step(A, f, fp, a1):
 
 
 @njit(cache=CACHE)
-def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
+def newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
     """One step of the safeguarded Newton iteration, after ``f(A)`` and ``fp = -f'(A)``:
     the bracket ``[lo, hi]`` (with ``|f|`` at its ends, ``flo``/``fhi``) narrowed by A, then
     a Newton step (on ``phi``, the (1/a1)-norm form below, when ``on_phi``; else on f), or a
@@ -59,7 +59,7 @@ def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
     Returns (done, A, lo, hi, flo, fhi): A is the next point, or the answer when done."""
     if f == 0.0:
         return True, A, lo, hi, flo, fhi
-    if f == f_prev and abs(f) <= _TIE:
+    if f == f_prev and abs(f) <= TIE:
         # the step changed nothing in f, and f is within its own rounding error of 0: A is
         # a root to working precision.  (Bisecting the bracket from here, as the flat case
         # below does, spent some 50 evaluations to move A by an ulp or two: a polished
@@ -74,7 +74,7 @@ def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
         fhi = -f
     if fp > 0.0 and f > -1.0:
         if on_phi:
-            An = _phi_step(A, f, fp, a1)
+            An = phi_step(A, f, fp, a1)
         else:
             An = A + f / fp
     else:
@@ -92,22 +92,22 @@ def _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
 
 
 @njit(cache=CACHE)
-def _newton(c, k, a1, kind, A, lo, hi):
+def newton_row(c, k, a1, kind, A, lo, hi):
     """Safeguarded Newton on ``f`` (described in :mod:`.rows`; one step is
-    :func:`_newton_step`, on ``phi`` for alpha = 1 and the general kind), from ``A`` in
+    :func:`newton_step`, on ``phi`` for alpha = 1 and the general kind), from ``A`` in
     ``[lo, hi]``.  Returns (A, evaluations, converged)."""
     flo = np.inf  # |f| at lo / hi once evaluated there
     fhi = np.inf
     last_lo = lo  # lower bound at which c was last filtered
     f_prev = np.nan
-    on_phi = kind == _K_GEN or kind == _K_EXP
+    on_phi = kind == K_GEN or kind == K_EXP
     it = 0
     while it < MAX_ITER:
         f, fp, k = _f_eval(c, k, a1, kind, A, lo, lo > last_lo)
         if lo > last_lo:
             last_lo = lo
         it += 1
-        done, A, lo, hi, flo, fhi = _newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi)
+        done, A, lo, hi, flo, fhi = newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi)
         if done:
             return A, it, True
         f_prev = f
@@ -115,7 +115,7 @@ def _newton(c, k, a1, kind, A, lo, hi):
 
 
 @njit(inline="always", cache=CACHE)
-def _midpoint(lo, hi):
+def halve(lo, hi):
     """The reference's bisection step: the midpoint of ``[lo, hi]``, and whether it equals
     an endpoint (then the bracket cannot be split and the bisection stops)."""
     mid = 0.5 * (lo + hi)
@@ -123,7 +123,7 @@ def _midpoint(lo, hi):
 
 
 @njit(cache=CACHE)
-def _bisect(c, k, a1, kind, lo, hi):
+def bisect_row(c, k, a1, kind, lo, hi):
     """The reference's bisection (midpoint until it equals an endpoint, then the endpoint
     with the smaller |f|).  Returns (A, halvings, converged)."""
     it = 0
@@ -132,7 +132,7 @@ def _bisect(c, k, a1, kind, lo, hi):
     last_lo = lo
     done = False
     for _ in range(MAX_ITER):
-        mid, done = _midpoint(lo, hi)
+        mid, done = halve(lo, hi)
         if done:
             break
         f, fp, k = _f_eval(c, k, a1, kind, mid, lo, lo > last_lo)
@@ -146,7 +146,7 @@ def _bisect(c, k, a1, kind, lo, hi):
             fhi = f
         it += 1
     if not done:
-        done = _midpoint(lo, hi)[1]
+        done = halve(lo, hi)[1]
     if flo != flo:
         flo = _f_eval(c, k, a1, kind, lo, lo, False)[0]
     if fhi != fhi:
@@ -156,7 +156,7 @@ def _bisect(c, k, a1, kind, lo, hi):
 
 
 @njit(cache=CACHE)
-def _condat(c, k, v, vt):
+def condat(c, k, v, vt):
     """Condat's (2016) simplex-projection threshold on ``c[:k]`` (sum 1); returns
     ``(A, |S|)`` with ``A = tau + 1`` from the identified support S, summed with
     compensation; S is left in ``v[:|S|]``.  Uses ``v`` and ``vt`` as scratch and leaves
@@ -208,13 +208,13 @@ def _condat(c, k, v, vt):
 
 
 @njit(inline="always", cache=CACHE)
-def _seed(seed):
+def pivot_seed(seed):
     """The pivot generator's state for a row (a deterministic function of the seed)."""
     return np.int64(seed) * np.int64(2654435761) + np.int64(1013904223)
 
 
 @njit(inline="always", cache=CACHE)
-def _random_entry(state, c, lo, hi):
+def random_entry(state, c, lo, hi):
     """Advance the 64-bit LCG and return (state, a pseudo-random entry of c[lo:hi])."""
     state = state * np.int64(6364136223846793005) + np.int64(1442695040888963407)
     r = (state >> 33) & 0x3FFFFFFF
@@ -222,7 +222,7 @@ def _random_entry(state, c, lo, hi):
 
 
 @njit(inline="always", cache=CACHE)
-def _partition3(c, lo, hi, v):
+def partition3(c, lo, hi, v):
     """Three-way partition of ``c[lo:hi]`` around ``v`` in place: returns ``(lt, gt, s1,
     s2)`` with ``c[lo:lt] < v``, ``c[lt:gt] == v``, ``c[gt:hi] > v``, and the sums of
     ``y - v`` and ``(y - v)^2`` over the entries above v (a caller that does not use
@@ -252,7 +252,7 @@ def _partition3(c, lo, hi, v):
 
 
 @njit(cache=CACHE)
-def _pivot15(c, k, seed):
+def pivot15(c, k, seed):
     """Expected-O(k) 1.5-entmax threshold on ``c[:k]`` by randomised pivoting (permutes
     ``c`` in place, keeps every element).  Returns ``(A, s0)``: ``A = t + 2`` where ``t``
     is the closed-form root of ``sum_{y > t} (y - t)^2 = 4`` on the identified support
@@ -262,10 +262,10 @@ def _pivot15(c, k, seed):
     kk = 0
     mean = 0.0
     m2 = 0.0
-    state = _seed(seed)
+    state = pivot_seed(seed)
     while hi > lo:
-        state, v = _random_entry(state, c, lo, hi)
-        lt, gt, s1, s2 = _partition3(c, lo, hi, v)
+        state, v = random_entry(state, c, lo, hi)
+        lt, gt, s1, s2 = partition3(c, lo, hi, v)
         dk = mean - v
         f = 0.25 * (s2 + m2 + kk * dk * dk) - 1.0
         if f < 0.0:

@@ -109,7 +109,7 @@ def _exponent_field(typingctx, b):
 
 
 @intrinsic
-def _div(typingctx, a, b):
+def div(typingctx, a, b):
     """``a / b`` as a plain IEEE division: numba's ``/`` tests for a zero divisor (to raise
     ZeroDivisionError), and that branch keeps a loop from being vectorised."""
     if not (a == b == types.float64):
@@ -147,14 +147,21 @@ def _exp_reduced(d):
     return s + (((1.0 - s) + r) + t), kd, kf  # 1 + r split exactly (|r| < 1): one rounding
 
 
+#: :func:`vexp` clamps its argument to [VEXP_MIN, VEXP_MAX]: float64's exp(d) is 0 below
+#: -745.13 and inf above 709.78, so the clamp changes no result and keeps the range
+#: reduction's integer in range.
+VEXP_MIN = -746.0
+VEXP_MAX = 710.0
+
+
 @njit(inline="always", cache=CACHE)
 def vexp(d):
     """``exp(d)`` for a float64 ``d`` (under 0.8 ulp; 1 subnormal ulp below the normal range),
     as vectorisable arithmetic (module docstring)."""
-    if d < -746.0:  # a select, not a branch: -inf -> 0; NaN passes through
-        d = -746.0
-    if d > 710.0:
-        d = 710.0
+    if d < VEXP_MIN:  # a select, not a branch: -inf -> 0; NaN passes through
+        d = VEXP_MIN
+    if d > VEXP_MAX:
+        d = VEXP_MAX
     e, kd, kf = _exp_reduced(d)
     k = _bits(kd) - _SHIFT_BITS  # the integer k, |k| <= 1077
     k1 = _bits(kf * 0.5 + _SHIFT) - _SHIFT_BITS  # about k / 2 (AVX2 has no 64-bit arithmetic shift)
@@ -222,7 +229,7 @@ def _log_reduce(u):
         m = 0.5 * m
         e = e + 1.0
     f = m - 1.0  # exact
-    return e, f, _div(f, 2.0 + f)
+    return e, f, div(f, 2.0 + f)
 
 
 @njit(inline="always", cache=CACHE)
@@ -244,7 +251,7 @@ def vlog1p(w):
     e, f, s = _log_reduce(u)
     r = _atanh_series(s * s, 10)
     hfsq = 0.5 * f * f
-    return e * _LN2_HI + (f - (hfsq - (s * (hfsq + r) + (e * _LN2_LO + _div(c, u)))))
+    return e * _LN2_HI + (f - (hfsq - (s * (hfsq + r) + (e * _LN2_LO + div(c, u)))))
 
 
 _LN2 = 0.6931471805599453

@@ -7,7 +7,9 @@
 * batteries returning a :class:`CheckReport`: :func:`check_entmax`,
   :func:`check_threshold`, :func:`check_entmax_vjp`, :func:`check_attention`,
   :func:`check_normmax`, :func:`check_budget_sparsemax` (with their tolerances in
-  :mod:`entmax_ref.testing.family_checks`);
+  :mod:`entmax_ref.testing.family_checks`); the report itself is
+  :mod:`entmax_ref.testing.report`, and how a battery calls a function (signature checks,
+  where alpha goes, exceptions turned into failing rows) is :mod:`entmax_ref.testing.calling`;
 * the built-in corpus: :mod:`entmax_ref.testing.corpus`;
 * the conformance corpus on disk (``entmax-ref corpus``): :func:`load_corpus`,
   :func:`replay_corpus` (:mod:`entmax_ref.testing.conformance`);

@@ -40,8 +40,10 @@ import numpy as np
 from . import tolerance as T
 from .assertions import (attention_grad_tolerances, attention_out_tolerance, attention_reference, compare,
                          reference_attention_grads)
-from .checks import (CheckReport, CheckRow, _attention_grads, _attention_signature, _caller, _CallError,
-                     _positional_capacity, _run, _safe_np)
+from .calling import CallError as _CallError, attention_grads as _attention_grads, caller as _caller
+from .calling import attention_signature as _attention_signature, guarded_call as _run, safe_np as _safe_np
+from .calling import positional_capacity as _positional_capacity
+from .checks import CheckReport, CheckRow
 from ._adapters import from_numpy
 from .corpus import FEATURES, attention_corpus, row_corpus
 

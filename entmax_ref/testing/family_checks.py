@@ -36,7 +36,8 @@ import numpy as np
 from . import tolerance as T
 from ._adapters import from_numpy
 from .assertions import compare
-from .checks import CheckReport, CheckRow, _dtypes, _rows_of, _run, _safe_np
+from .calling import dtypes_of, guarded_call, rows_of, safe_np
+from .report import CheckReport, CheckRow
 
 __all__ = [
     "budget_tolerance",
@@ -172,7 +173,7 @@ def _call2(row, fn, x, prm, framework, device, keyword):
     try:
         return fn(xin, prm)
     except TypeError:
-        return _run(row, lambda: fn(xin, **{keyword: prm}))
+        return guarded_call(row, lambda: fn(xin, **{keyword: prm}))
     except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
         row.fail(f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
         return None
@@ -183,7 +184,7 @@ def _dtype_rows(report, fn, vjp, kind, param, label, dtypes, peer, ill_note):
     VJP row ``"{kind} vjp {param}"`` (None without ``vjp``), added to ``report``; yields
     ``(dtype, frow, vrow, skipped)`` and, after the caller's loop body, times the rows and
     notes the ill-posed rows the body counted in ``skipped[0]``."""
-    for dt in _dtypes(dtypes):
+    for dt in dtypes_of(dtypes):
         frow = CheckRow(f"{kind} {param}", label, dt.name, peer=peer) if fn is not None else None
         vrow = CheckRow(f"{kind} vjp {param}", label, dt.name, peer=peer) if vjp is not None else None
         report.rows.extend(r for r in (frow, vrow) if r is not None)
@@ -201,7 +202,7 @@ def _forward_case(frow, fn, case, x, prm, p, tol, dt, framework, device, keyword
     """fn(x, prm) against the reference ``p`` under ``tol``, with the dtype and masked-entry
     properties; the result as NumPy when it is within tolerance, else None."""
     res = _call2(frow, fn, x, prm, framework, device, keyword)
-    got = None if res is None else _safe_np(frow, res)
+    got = None if res is None else safe_np(frow, res)
     if got is None:
         return None
     if case.name == "random":
@@ -217,8 +218,8 @@ def _vjp_case(vrow, vjp, case, x, g, prm, dx, tol, dt, framework, device):
     """vjp(x, g, prm) against the reference ``dx`` under ``tol``: (result as NumPy or None
     when the call failed, within tolerance)."""
     gx = from_numpy(g, framework, device)
-    res = _run(vrow, lambda: vjp(from_numpy(x, framework, device), gx, prm))
-    got = None if res is None else _safe_np(vrow, res)
+    res = guarded_call(vrow, lambda: vjp(from_numpy(x, framework, device), gx, prm))
+    got = None if res is None else safe_np(vrow, res)
     if got is None:
         return None, False
     return got, vrow.judge(compare(got, dx, tol, dt), "dx", case.name)
@@ -243,7 +244,7 @@ def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | No
     rng = np.random.default_rng(seed + 41)
     for dt, frow, vrow, skipped in _dtype_rows(report, fn, vjp, "normmax", f"a={a:g}", label, dtypes, peer,
                                                "alpha >= 2 with an entry at the threshold"):
-        for case in _rows_of(size, seed, masked_rows):
+        for case in rows_of(size, seed, masked_rows):
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = er.normmax(x64, a, backend="numpy", return_info=True)
@@ -258,7 +259,7 @@ def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | No
                               f"worst |sum - 1| {np.abs(s - 1).max():.3g}")
                     xs = x + np.asarray(3.0, dt)  # the reference of the rounded shifted input
                     res2 = _call2(frow, fn, xs, a, framework, device, "alpha")
-                    got2 = None if res2 is None else _safe_np(frow, res2)
+                    got2 = None if res2 is None else safe_np(frow, res2)
                     if got2 is not None:
                         xs64 = xs.astype(np.float64)
                         p2, i2 = er.normmax(xs64, a, backend="numpy", return_info=True)
@@ -298,7 +299,7 @@ def check_budget_sparsemax(fn: Callable | None, budget: float = 2.0, *, vjp: Cal
     rng = np.random.default_rng(seed + 43)
     for dt, frow, vrow, skipped in _dtype_rows(report, fn, vjp, "budget", f"B={budget:g}", label, dtypes, peer,
                                                "an entry at a breakpoint"):
-        for case in _rows_of(size, seed, masked_rows and masks):
+        for case in rows_of(size, seed, masked_rows and masks):
             if not masks and case.name == "masks":
                 continue
             x = case.x.astype(dt)

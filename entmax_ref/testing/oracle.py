@@ -18,6 +18,10 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - exercised only without
 
 DPS = 50
 
+#: :func:`edge_row` spreads entries only where their gap to the edge, ``p^(alpha-1) /
+#: (alpha-1)``, is at least this: a normal float64 with room for the rounding next to c.
+EDGE_GAP_MIN = 1e-290
+
 
 def entmax_mp(x, alpha, start: float | None = None):
     """Exact probabilities (mpf list) of alpha-entmax(x) and the support threshold T
@@ -155,7 +159,7 @@ def edge_row(rng, alpha: float, ties: int, deficit: float, spread: bool) -> np.n
     a1 = alpha - 1.0
     w = 1.0 / a1
     r = 10.0 ** (-8.0 / a1)
-    p_repr = float(np.exp((np.log(1e-290) + np.log(a1)) / a1))  # p^a1 / a1 stays normal
+    p_repr = float(np.exp((np.log(EDGE_GAP_MIN) + np.log(a1)) / a1))  # p^a1 / a1 stays normal
     m = int(rng.integers(2, 5)) if spread else 1
     while m > 1 and (1.0 - deficit) * r / (m - 1 + r) < p_repr:
         m -= 1
