@@ -1,0 +1,235 @@
+"""Replaying a corpus: each operation's cases against an implementation, as a :class:`CheckReport`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .._adapters import from_numpy
+from ..assertions import compare
+from ..checks import (CheckReport, CheckRow, _attention_grads, _attention_signature, _caller, _CallError,
+                      _positional_capacity, _run, _safe_np)
+from .numformat import parse
+
+
+def _rows1(case, key, dtype):
+    return parse(case[key], dtype)[None]
+
+
+def _row_label(case):
+    prm = f"budget={case['budget']}" if "budget" in case else f"alpha={case['alpha']}"
+    return f"{case['kind']} {prm} n={case['n']}"
+
+
+def _param_caller(fn, data_args, op, form, param):
+    """A caller passing the (required) parameter by keyword ``param`` when fn has it (or
+    ``**kwargs``), else positionally right after the data."""
+    try:
+        _, _, var_kw, names = _positional_capacity(fn)
+    except (TypeError, ValueError):
+        names, var_kw = set(), False
+    return _caller(fn, data_args, op, form, param if (param in names or var_kw) else data_args)
+
+
+def _dtype_groups(report, cases, dtypes, op, label):
+    """The cases by dtype (only ``dtypes``, when given): yields ``(dtype, cases, row)`` with
+    a row ``corpus <op>`` added to ``report``, timed until the caller's loop body ends."""
+    by_dt: dict = {}
+    for c in cases:
+        if dtypes is None or c["dtype"] in dtypes:
+            by_dt.setdefault(c["dtype"], []).append(c)
+    for dt, group in by_dt.items():
+        row = CheckRow(f"corpus {op}", label, dt)
+        report.rows.append(row)
+        t0 = time.perf_counter()
+        yield dt, group, row
+        row.seconds = time.perf_counter() - t0
+
+
+def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, device, dtypes, param=None):
+    """Shared loop of the row replays: one CheckRow per dtype; ``compute(call, case, dt)``
+    returns (got, expected, tol) arrays or None (skipped).  ``param`` (normmax's "alpha",
+    "budget") names a required parameter taken from the case; by default alpha is passed
+    as :func:`checks._caller` does."""
+    report = CheckReport()
+    for dt, group, row in _dtype_groups(report, cases, dtypes, op, label):
+        try:
+            call = (_caller(fn, data_args, f"corpus {op}", form) if param is None
+                    else _param_caller(fn, data_args, f"corpus {op}", form, param))
+        except _CallError as exc:
+            row.fail(str(exc))
+            continue
+        skipped = 0
+        for c in group:
+            def run(*arrays):
+                res = _run(row, call, *(from_numpy(a, framework, device) for a in arrays),
+                           alpha=float(c[param or "alpha"]))
+                return None if res is None else _safe_np(row, res)
+
+            out = compute(run, c, dt)
+            if out is None:
+                skipped += 1
+                continue
+            if out is False:
+                continue
+            for what, got, exp, tol in out:
+                cmp = compare(got, exp, tol, np.dtype(dt), name=what)
+                row.judge(cmp, what, _row_label(c), c["why"])
+        if skipped:
+            row.note(f"{skipped} ill-posed case(s) not compared")
+    return report
+
+
+def replay_entmax(corpus, fn, **kw):
+    def compute(run, c, dt):
+        got = run(_rows1(c, "x", dt))
+        if got is None:
+            return False
+        return [("p", got, parse(c["p"])[None], parse(c["tol_p"])[None])]
+
+    return _replay_rows(corpus.cases["entmax.jsonl"], fn, "entmax", "fn(x, alpha)", 1, compute, **kw)
+
+
+def replay_threshold(corpus, fn, **kw):
+    def compute(run, c, dt):
+        got = run(_rows1(c, "x", dt))
+        if got is None:
+            return False
+        return [("tau", got.reshape(-1), parse([c["tau"]]), parse([c["tol_tau"]]))]
+
+    return _replay_rows(corpus.cases["entmax.jsonl"], fn, "threshold", "fn(x, alpha)", 1, compute, **kw)
+
+
+def replay_entmax_vjp(corpus, fn, *, vjp_inputs="x", **kw):
+    if vjp_inputs not in ("x", "p"):
+        raise ValueError(f"vjp_inputs must be 'x' or 'p', got {vjp_inputs!r}")
+
+    def compute(run, c, dt):
+        if vjp_inputs == "x" and c["ill_posed"]:
+            return None
+        first = _rows1(c, "x", dt) if vjp_inputs == "x" else _rows1(c, "p", dt)
+        got = run(first, _rows1(c, "grad", dt))
+        if got is None:
+            return False
+        return [("dx", got, parse(c["dx"])[None], float(c["tol_dx"]))]
+
+    form = f"fn({vjp_inputs}, grad, alpha)"
+    return _replay_rows(corpus.cases["entmax_vjp.jsonl"], fn, "entmax_vjp", form, 2, compute, **kw)
+
+
+def replay_alpha_vjp(corpus, fn, **kw):
+    def compute(run, c, dt):
+        got = run(_rows1(c, "p", dt), _rows1(c, "grad", dt))
+        if got is None:
+            return False
+        return [("dalpha", got.reshape(-1), parse([c["dalpha"]]), parse([c["tol_dalpha"]]))]
+
+    return _replay_rows(corpus.cases["entmax_alpha_vjp.jsonl"], fn, "entmax_alpha_vjp", "fn(p, grad, alpha)",
+                        2, compute, **kw)
+
+
+def replay_loss(corpus, fn, **kw):
+    def compute(run, c, dt):
+        got = run(_rows1(c, "x", dt), np.array([c["target"]]))
+        if got is None:
+            return False
+        return [("loss", got.reshape(-1), parse([c["loss"]]), parse([c["tol_loss"]]))]
+
+    return _replay_rows(corpus.cases["entmax_loss.jsonl"], fn, "entmax_loss", "fn(x, target, alpha)", 2,
+                        compute, **kw)
+
+
+def replay_family(corpus, fn, *, op, vjp_inputs="x", **kw):
+    """normmax / normmax_threshold / budget_sparsemax and their VJPs."""
+    if vjp_inputs not in ("x", "p"):
+        raise ValueError(f"vjp_inputs must be 'x' or 'p', got {vjp_inputs!r}")
+    param = "budget" if op.startswith("budget") else "alpha"
+    vjp = op.endswith("_vjp")
+    file = (op[:-4] if vjp else op.replace("_threshold", "")) + ("_vjp" if vjp else "") + ".jsonl"
+
+    def compute(run, c, dt):
+        if vjp:
+            if vjp_inputs == "x" and c["ill_posed"]:
+                return None
+            got = run(_rows1(c, vjp_inputs, dt), _rows1(c, "grad", dt))
+            return False if got is None else [("dx", got, parse(c["dx"])[None], parse(c["tol_dx"])[None]
+                                                if isinstance(c["tol_dx"], list) else float(c["tol_dx"]))]
+        got = run(_rows1(c, "x", dt))
+        if got is None:
+            return False
+        if op == "normmax_threshold":
+            return [("tau", got.reshape(-1), parse([c["tau"]]), parse([c["tol_tau"]]))]
+        return [("p", got, parse(c["p"])[None], parse(c["tol_p"])[None])]
+
+    first = vjp_inputs if vjp else "x"
+    form = f"fn({first}, grad, {param})" if vjp else f"fn(x, {param})"
+    return _replay_rows(corpus.cases[file], fn, op, form, 2 if vjp else 1, compute, param=param, **kw)
+
+
+def replay_scale(corpus, fn, *, label, framework="numpy", device=None, dtypes=None):
+    report = CheckReport()
+    row = CheckRow("corpus asentmax_scale", label, "float64")
+    report.rows.append(row)
+    t0 = time.perf_counter()
+    for c in corpus.cases["asentmax_scale.jsonl"]:
+        args = [c["n"]] + [float(c[k]) for k in ("beta", "gamma", "delta", "offset")]
+        res = _run(row, fn, *args)
+        got = None if res is None else _safe_np(row, res)
+        if got is None:
+            continue
+        cmp = compare(got.reshape(-1), parse([c["s"]]), parse([c["tol_s"]]), np.float64, name="s")
+        row.judge(cmp, "s", f"n={c['n']} beta={c['beta']} gamma={c['gamma']}")
+    row.seconds = time.perf_counter() - t0
+    return report
+
+
+def _attn_args(c):
+    dt = c["dtype"]
+    q, k, v = (parse(c[n], dt) for n in ("q", "k", "v"))
+    kw: dict[str, Any] = {}
+    if c["causal"]:
+        kw["causal"] = True
+    if c["key_lengths"] is not None:
+        kw["key_lengths"] = np.array(c["key_lengths"])
+    if c.get("key_padding_mask") is not None:
+        kw["key_padding_mask"] = np.array(c["key_padding_mask"], bool)
+    if c["alibi_slopes"] is not None:
+        kw["alibi_slopes"] = parse(c["alibi_slopes"])
+    if c["beta"] is not None:
+        kw["beta"], kw["gamma"] = parse(c["beta"]), parse(c["gamma"])
+    return q, k, v, kw
+
+
+def replay_attention(corpus, fn, *, op="attention", label, framework="numpy", device=None, dtypes=None):
+    file = "attention.jsonl" if op == "attention" else "attention_vjp.jsonl"
+    report = CheckReport()
+    for dt, group, row in _dtype_groups(report, corpus.cases[file], dtypes, op, label):
+        data = 3 if op == "attention" else 4
+        try:
+            names, var_kw = _attention_signature(fn, data, f"corpus {op}")
+        except _CallError as exc:
+            row.fail(str(exc))
+            continue
+        for c in group:
+            q, k, v, kw = _attn_args(c)
+            if "alpha" in names or var_kw:
+                kw["alpha"] = float(c["alpha"])
+            args = [from_numpy(t, framework, device) for t in (q, k, v)]
+            where = f"{c['kind']} alpha={c['alpha']}"
+            if op == "attention":
+                res = _run(row, fn, *args, **kw)
+                got = None if res is None else _safe_np(row, res)
+                if got is None:
+                    continue
+                checks = [("out", got, parse(c["out"]), parse(c["tol_out"]))]
+            else:
+                got = _attention_grads(row, fn, from_numpy(parse(c["grad_out"], dt), framework, device), *args, **kw)
+                if got is None:
+                    continue
+                checks = [(n, g, parse(c[n]), parse(c["tol_" + n])) for n, g in zip(("dq", "dk", "dv"), got)]
+            for what, got_, exp, tol in checks:
+                cmp = compare(got_, exp, tol, np.dtype(dt), name=what)
+                row.judge(cmp, what, where, c["why"])
+    return report
