@@ -38,6 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for f in m["files"]:
         print(f"{f['file']:<27} {f['cases']:>6} cases  sha256 {f['sha256'][:16]}")
-    print(f"{m['row_cases']} row cases, {m['attention_cases']} attention cases, schema {m['schema_version']}, "
+    print(f"{m['row_cases']} row cases, {m['attention_cases']} attention cases, format {m['format_major']}, "
           f"seed {m['seed']}, size {m['size']}: {args.out} ({time.perf_counter() - t0:.1f}s)")
     return 0

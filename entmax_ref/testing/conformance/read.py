@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-SCHEMA_VERSION = 1
+from .lines import FORMAT_MAJOR, READABLE
+
+#: the format this library writes (the manifest's ``format_major``; ``schema_version`` in format 1)
+SCHEMA_VERSION = FORMAT_MAJOR
 
 
 class CorpusError(ValueError):
-    """A corpus directory that is missing, of another schema version, or corrupted."""
-
-
+    """A corpus directory that is missing, of a format this library does not read, or corrupted."""
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Corpus:
     path: Path
     manifest: dict
     cases: dict  #: file name -> list of case dicts
+    format: int = FORMAT_MAJOR  #: the format major it was written in (1: decimal numbers only)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.cases.values())
@@ -34,8 +36,9 @@ def load_corpus(path) -> Corpus:
     """Read a corpus written by ``entmax-ref corpus``, checking it first.
 
     Raises :class:`CorpusError` (a ValueError) when the directory or manifest is missing,
-    the schema version is not :data:`SCHEMA_VERSION`, a file is missing, or its SHA-256
-    or case count differs from the manifest's.
+    the format is not one this library reads (:data:`.lines.READABLE`: the current format
+    and format 1, whose numbers are decimal only), a file is missing, or its SHA-256 or case
+    count differs from the manifest's.
     """
     path = Path(path)
     mpath = path / "manifest.json"
@@ -45,10 +48,10 @@ def load_corpus(path) -> Corpus:
         manifest = json.loads(mpath.read_text())
     except json.JSONDecodeError as exc:
         raise CorpusError(f"{mpath}: not JSON ({exc})") from None
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise CorpusError(f"{path}: schema version {version!r}; this entmax-ref reads version {SCHEMA_VERSION} "
-                          "(regenerate the corpus with this version)")
+    version = manifest.get("format_major", manifest.get("schema_version"))
+    if isinstance(version, bool) or version not in READABLE:
+        raise CorpusError(f"{path}: corpus format {version!r}; this entmax-ref reads formats "
+                          f"{', '.join(map(str, READABLE))} (regenerate the corpus with: entmax-ref corpus --out DIR)")
     cases = {}
     for f in manifest.get("files", []):
         fp = path / f["file"]
@@ -62,6 +65,6 @@ def load_corpus(path) -> Corpus:
         if len(lines) != f["cases"]:
             raise CorpusError(f"{fp}: {len(lines)} cases, the manifest says {f['cases']}")
         cases[f["file"]] = lines
-    return Corpus(path, manifest, cases)
+    return Corpus(path, manifest, cases, int(version))
 
 

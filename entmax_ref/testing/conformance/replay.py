@@ -11,16 +11,23 @@ from .._adapters import from_numpy
 from ..assertions import compare
 from ..checks import (CheckReport, CheckRow, _attention_grads, _attention_signature, _caller, _CallError,
                       _positional_capacity, _run, _safe_np)
-from .numformat import parse
+from .lines import tolerance, value
 
 
 def _rows1(case, key, dtype):
-    return parse(case[key], dtype)[None]
+    return value(case, key, dtype)[None]
+
+
+def _expect(case, name, dtype, shape=None):
+    """(expected, tolerance) of output ``name``, as float64 arrays reshaped to ``shape``."""
+    exp = value(case, name)
+    tol = tolerance(case, name, exp, dtype)
+    return (exp, tol) if shape is None else (exp.reshape(shape), np.reshape(tol, shape))
 
 
 def _row_label(case):
     prm = f"budget={case['budget']}" if "budget" in case else f"alpha={case['alpha']}"
-    return f"{case['kind']} {prm} n={case['n']}"
+    return f"{case.get('tcId', case.get('id'))} {case['kind']} {prm} n={case['n']}"
 
 
 def _param_caller(fn, data_args, op, form, param):
@@ -65,7 +72,7 @@ def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, devi
         for c in group:
             def run(*arrays):
                 res = _run(row, call, *(from_numpy(a, framework, device) for a in arrays),
-                           alpha=float(c[param or "alpha"]))
+                           alpha=float(value(c, param or "alpha")))
                 return None if res is None else _safe_np(row, res)
 
             out = compute(run, c, dt)
@@ -87,7 +94,7 @@ def replay_entmax(corpus, fn, **kw):
         got = run(_rows1(c, "x", dt))
         if got is None:
             return False
-        return [("p", got, parse(c["p"])[None], parse(c["tol_p"])[None])]
+        return [("p", got, *_expect(c, "p", dt, (1, -1)))]
 
     return _replay_rows(corpus.cases["entmax.jsonl"], fn, "entmax", "fn(x, alpha)", 1, compute, **kw)
 
@@ -97,7 +104,7 @@ def replay_threshold(corpus, fn, **kw):
         got = run(_rows1(c, "x", dt))
         if got is None:
             return False
-        return [("tau", got.reshape(-1), parse([c["tau"]]), parse([c["tol_tau"]]))]
+        return [("tau", got.reshape(-1), *_expect(c, "tau", dt, (-1,)))]
 
     return _replay_rows(corpus.cases["entmax.jsonl"], fn, "threshold", "fn(x, alpha)", 1, compute, **kw)
 
@@ -113,7 +120,7 @@ def replay_entmax_vjp(corpus, fn, *, vjp_inputs="x", **kw):
         got = run(first, _rows1(c, "grad", dt))
         if got is None:
             return False
-        return [("dx", got, parse(c["dx"])[None], float(c["tol_dx"]))]
+        return [("dx", got, *_expect(c, "dx", dt, (1, -1)))]
 
     form = f"fn({vjp_inputs}, grad, alpha)"
     return _replay_rows(corpus.cases["entmax_vjp.jsonl"], fn, "entmax_vjp", form, 2, compute, **kw)
@@ -124,7 +131,7 @@ def replay_alpha_vjp(corpus, fn, **kw):
         got = run(_rows1(c, "p", dt), _rows1(c, "grad", dt))
         if got is None:
             return False
-        return [("dalpha", got.reshape(-1), parse([c["dalpha"]]), parse([c["tol_dalpha"]]))]
+        return [("dalpha", got.reshape(-1), *_expect(c, "dalpha", dt, (-1,)))]
 
     return _replay_rows(corpus.cases["entmax_alpha_vjp.jsonl"], fn, "entmax_alpha_vjp", "fn(p, grad, alpha)",
                         2, compute, **kw)
@@ -135,7 +142,7 @@ def replay_loss(corpus, fn, **kw):
         got = run(_rows1(c, "x", dt), np.array([c["target"]]))
         if got is None:
             return False
-        return [("loss", got.reshape(-1), parse([c["loss"]]), parse([c["tol_loss"]]))]
+        return [("loss", got.reshape(-1), *_expect(c, "loss", dt, (-1,)))]
 
     return _replay_rows(corpus.cases["entmax_loss.jsonl"], fn, "entmax_loss", "fn(x, target, alpha)", 2,
                         compute, **kw)
@@ -154,14 +161,13 @@ def replay_family(corpus, fn, *, op, vjp_inputs="x", **kw):
             if vjp_inputs == "x" and c["ill_posed"]:
                 return None
             got = run(_rows1(c, vjp_inputs, dt), _rows1(c, "grad", dt))
-            return False if got is None else [("dx", got, parse(c["dx"])[None], parse(c["tol_dx"])[None]
-                                                if isinstance(c["tol_dx"], list) else float(c["tol_dx"]))]
+            return False if got is None else [("dx", got, *_expect(c, "dx", dt, (1, -1)))]
         got = run(_rows1(c, "x", dt))
         if got is None:
             return False
         if op == "normmax_threshold":
-            return [("tau", got.reshape(-1), parse([c["tau"]]), parse([c["tol_tau"]]))]
-        return [("p", got, parse(c["p"])[None], parse(c["tol_p"])[None])]
+            return [("tau", got.reshape(-1), *_expect(c, "tau", dt, (-1,)))]
+        return [("p", got, *_expect(c, "p", dt, (1, -1)))]
 
     first = vjp_inputs if vjp else "x"
     form = f"fn({first}, grad, {param})" if vjp else f"fn(x, {param})"
@@ -174,12 +180,12 @@ def replay_scale(corpus, fn, *, label, framework="numpy", device=None, dtypes=No
     report.rows.append(row)
     t0 = time.perf_counter()
     for c in corpus.cases["asentmax_scale.jsonl"]:
-        args = [c["n"]] + [float(c[k]) for k in ("beta", "gamma", "delta", "offset")]
+        args = [c["n"]] + [float(value(c, k)) for k in ("beta", "gamma", "delta", "offset")]
         res = _run(row, fn, *args)
         got = None if res is None else _safe_np(row, res)
         if got is None:
             continue
-        cmp = compare(got.reshape(-1), parse([c["s"]]), parse([c["tol_s"]]), np.float64, name="s")
+        cmp = compare(got.reshape(-1), *_expect(c, "s", "float64", (-1,)), np.float64, name="s")
         row.judge(cmp, "s", f"n={c['n']} beta={c['beta']} gamma={c['gamma']}")
     row.seconds = time.perf_counter() - t0
     return report
@@ -187,7 +193,7 @@ def replay_scale(corpus, fn, *, label, framework="numpy", device=None, dtypes=No
 
 def _attn_args(c):
     dt = c["dtype"]
-    q, k, v = (parse(c[n], dt) for n in ("q", "k", "v"))
+    q, k, v = (value(c, n, dt) for n in ("q", "k", "v"))
     kw: dict[str, Any] = {}
     if c["causal"]:
         kw["causal"] = True
@@ -196,9 +202,9 @@ def _attn_args(c):
     if c.get("key_padding_mask") is not None:
         kw["key_padding_mask"] = np.array(c["key_padding_mask"], bool)
     if c["alibi_slopes"] is not None:
-        kw["alibi_slopes"] = parse(c["alibi_slopes"])
+        kw["alibi_slopes"] = value(c, "alibi_slopes")
     if c["beta"] is not None:
-        kw["beta"], kw["gamma"] = parse(c["beta"]), parse(c["gamma"])
+        kw["beta"], kw["gamma"] = value(c, "beta"), value(c, "gamma")
     return q, k, v, kw
 
 
@@ -215,20 +221,20 @@ def replay_attention(corpus, fn, *, op="attention", label, framework="numpy", de
         for c in group:
             q, k, v, kw = _attn_args(c)
             if "alpha" in names or var_kw:
-                kw["alpha"] = float(c["alpha"])
+                kw["alpha"] = float(value(c, "alpha"))
             args = [from_numpy(t, framework, device) for t in (q, k, v)]
-            where = f"{c['kind']} alpha={c['alpha']}"
+            where = f"{c.get('tcId', c.get('id'))} {c['kind']} alpha={c['alpha']}"
             if op == "attention":
                 res = _run(row, fn, *args, **kw)
                 got = None if res is None else _safe_np(row, res)
                 if got is None:
                     continue
-                checks = [("out", got, parse(c["out"]), parse(c["tol_out"]))]
+                checks = [("out", got, *_expect(c, "out", dt))]
             else:
-                got = _attention_grads(row, fn, from_numpy(parse(c["grad_out"], dt), framework, device), *args, **kw)
+                got = _attention_grads(row, fn, from_numpy(value(c, "grad_out", dt), framework, device), *args, **kw)
                 if got is None:
                     continue
-                checks = [(n, g, parse(c[n]), parse(c["tol_" + n])) for n, g in zip(("dq", "dk", "dv"), got)]
+                checks = [(n, g, *_expect(c, n, dt)) for n, g in zip(("dq", "dk", "dv"), got)]
             for what, got_, exp, tol in checks:
                 cmp = compare(got_, exp, tol, np.dtype(dt), name=what)
                 row.judge(cmp, what, where, c["why"])
