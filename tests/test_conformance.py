@@ -27,6 +27,7 @@ from entmax_ref.testing.conformance import fields as F
 from entmax_ref.testing.conformance import lines as L
 from entmax_ref.testing.conformance import runners as R
 from entmax_ref.testing.conformance.schema import validate_corpus
+from entmax_ref.testing.conformance.validate import main as validate_main
 from entmax_ref.testing.command import main as check_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -406,7 +407,7 @@ def test_schema_rejects_a_bad_line_naming_it(cheap_corpus, tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(CorpusError, match=r"attention.jsonl:5: .*is a required property"):
         validate_corpus(d)
-    assert C.schema.main([str(d)]) == 1 and validate_corpus(cheap_corpus, limit=10) == 31
+    assert validate_main([str(d)]) == 1 and validate_corpus(cheap_corpus, limit=10) == 31
 
 
 def test_tolerance_classes():

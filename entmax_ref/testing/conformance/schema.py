@@ -1,15 +1,15 @@
 """The JSON Schemas (draft 2020-12) of the corpus files, built from :mod:`.fields`, and the
 validation of a corpus against the schemas written with it.
 
-``python -m entmax_ref.testing.conformance.schema DIR`` validates every line of the corpus in
-DIR (and its manifest) against ``DIR/schema/<kind>.schema.json`` and exits 1 on the first line
-that does not conform (it needs ``jsonschema``: ``pip install "entmax-ref[corpus]"``).
+``python -m entmax_ref.testing.conformance.validate DIR`` (:mod:`.validate`) validates every
+line of the corpus in DIR (and its manifest) against ``DIR/schema/<kind>.schema.json`` and exits
+1 on the first line that does not conform (it needs ``jsonschema``: ``pip install
+"entmax-ref[corpus]"``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from .fields import FIELDS, outputs
@@ -171,24 +171,3 @@ def validate_corpus(path, limit: int | None = None) -> int:
                 check(json.loads(line), f"{path / f['file']}:{i}")
                 count += 1
     return count
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m entmax_ref.testing.conformance.schema DIR``: validate a corpus."""
-    from .read import CorpusError
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m entmax_ref.testing.conformance.schema CORPUS_DIR", file=sys.stderr)
-        return 2
-    try:
-        n = validate_corpus(args[0])
-    except (CorpusError, ModuleNotFoundError, FileNotFoundError) as exc:
-        print(f"corpus schema: {exc}", file=sys.stderr)
-        return 1
-    print(f"{n} lines of {args[0]} conform to their schemas")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
