@@ -25,7 +25,7 @@ from entmax_ref.testing import CorpusError, load_corpus, replay_corpus
 from entmax_ref.testing import conformance as C
 from entmax_ref.testing.conformance import fields as F
 from entmax_ref.testing.conformance import lines as L
-from entmax_ref.testing.conformance import runners as R
+from entmax_ref.testing.conformance import write as W
 from entmax_ref.testing.conformance.schema import validate_corpus
 from entmax_ref.testing.conformance.validate import main as validate_main
 from entmax_ref.testing.command import main as check_main
@@ -70,7 +70,7 @@ def _write_mini_entmax(d: Path) -> None:
     gen_rows.prefill_refs(ctx)
     write._write_file(d, operations.operation("entmax"), gen_rows.gen_entmax(ctx), "entmax-ref test")
     (d / "manifest.json").write_text(json.dumps({"format_major": C.FORMAT_MAJOR}))
-    for rel, text in R.runner_texts().items():
+    for rel, text in W.runner_texts().items():
         (d / rel).parent.mkdir(parents=True, exist_ok=True)
         (d / rel).write_text(text)
 

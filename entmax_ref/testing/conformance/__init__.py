@@ -24,11 +24,12 @@ the written value is from it (``oracle_err``).
 
 One module per idea: :mod:`.numformat` (decimal strings), :mod:`.lines` (the layout of a
 line: hex form, ids, flags, tolerance classes), :mod:`.fields` (the fields of each file),
-:mod:`.schema` (the JSON Schemas and validation), :mod:`.sources` (the rows and problems,
-and why each is hard), :mod:`.exact` (the oracles), the generators :mod:`.gen_rows`,
-:mod:`.gen_family` and :mod:`.gen_attention`, :mod:`.operations` (the table of operations
-and the dispatch of a replay), :mod:`.write`, :mod:`.read`, :mod:`.replay`, :mod:`.runners`
-(the C and JavaScript readers, package data) and :mod:`.cli` (``entmax-ref corpus``).
+:mod:`.schema` (the JSON Schemas and validation; :mod:`.validate` its command),
+:mod:`.sources` (the rows and problems, and why each is hard), :mod:`.exact` (the oracles),
+the generators :mod:`.gen_rows`, :mod:`.gen_family` and :mod:`.gen_attention`,
+:mod:`.operations` (the table of operations and the dispatch of a replay), :mod:`.write`
+(and the C and JavaScript readers of ``runners/``, package data), :mod:`.read`,
+:mod:`.replay` and :mod:`.cli` (``entmax-ref corpus``).
 """
 
 from __future__ import annotations

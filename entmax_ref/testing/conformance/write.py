@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -14,7 +15,6 @@ from .gen_rows import prefill_refs
 from .operations import OPERATIONS, operation
 from .lines import (FLAGS, FORMAT_MAJOR, NUMBERS_RULE, TOLERANCE_CLASSES, TOLERANCE_REASONS, finish_case,
                     inputs_in_dtype)
-from .runners import runner_texts
 from .schema import schema_file, schema_texts
 from .sources import SIZES, Context, row_sources
 
@@ -107,6 +107,18 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", ops=None,
     return manifest
 
 
+
+
+#: the readers outside Python written into ``runners/`` of every corpus (package data):
+#: ``entmax_corpus.h`` (a single-file C99 reader, libc only), ``check_entmax.c`` (an example that
+#: checks a short C entmax against ``entmax.jsonl``) and ``check_corpus.js`` (Node.js)
+RUNNERS = ("entmax_corpus.h", "check_entmax.c", "check_corpus.js")
+
+
+def runner_texts() -> dict[str, str]:
+    """Every reader: its path inside a corpus directory -> its text."""
+    folder = resources.files(__package__).joinpath("runners")
+    return {f"runners/{name}": folder.joinpath(name).read_text(encoding="utf-8") for name in RUNNERS}
 
 
 TCID_NOTE = ("tcId is '<op>-' and the first 12 hex digits of the SHA-256 of the case's inputs (dtype, parameters "
