@@ -21,7 +21,8 @@ class CorpusError(ValueError):
 @dataclass
 class Corpus:
     """A loaded corpus: its directory, manifest and the cases of each file (dicts, as in
-    the files: numbers are strings; :func:`parse` turns them into arrays)."""
+    the files: numbers are strings; :func:`.lines.value` turns a field into an array, from
+    its exact hex form when the corpus has one)."""
 
     path: Path
     manifest: dict
