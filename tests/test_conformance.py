@@ -367,7 +367,8 @@ def _check_lines(folder: Path, limit: int | None = None) -> int:
                     assert c[fld.name + "_hex"] is None
                     continue
                 dt = c["dtype"] if fld.role == "in" else "float64"
-                dec, hexed = C.parse(c[fld.name], dt), L.value(c, fld.name, dt)
+                # the hex form is the value itself (read as float64 it is already of the dtype)
+                dec, hexed = C.parse(c[fld.name], dt).astype(np.float64), L.value(c, fld.name, "float64")
                 assert dec.tobytes() == hexed.tobytes(), (c["tcId"], fld.name)
                 count += dec.size
             assert c["tcId"] not in seen and c["tcId"] == L.tcid(op, c)
