@@ -1,8 +1,10 @@
-"""The conformance corpus (``entmax-ref corpus``): files, determinism, loading, replay, reader.
+"""The conformance corpus (``entmax-ref corpus``): files, schemas, hex form, ids, determinism,
+loading, replay, and the readers in C and JavaScript.
 
-The fast tests write only the cheap files (the ASEntmax scale and the attention cases);
-the ``slow`` ones write the whole small corpus once (the 50-digit oracle checks every row
-case, about a minute) and replay it on numpy and numba.
+The fast tests write only the cheap files (the ASEntmax scale and the attention cases) and a
+small entmax file of a few rows (for the C and JavaScript readers); the ``slow`` ones write the
+whole small corpus once (the 50-digit oracle checks every row case, about a minute), validate
+it and replay it on numpy and numba.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from entmax_ref.testing.tolerance import ORACLE_ATOL
 from entmax_ref.cli import main as cli_main
 from entmax_ref.testing import CorpusError, load_corpus, replay_corpus
 from entmax_ref.testing import conformance as C
+from entmax_ref.testing.conformance import fields as F
+from entmax_ref.testing.conformance import lines as L
+from entmax_ref.testing.conformance import write as W
+from entmax_ref.testing.conformance.schema import validate_corpus
+from entmax_ref.testing.conformance.validate import main as validate_main
 from entmax_ref.testing.command import main as check_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +48,37 @@ def small_corpus(shared_tmp):
 
 
 def _bytes(d: Path) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def _lines(path: Path) -> list:
+    return [json.loads(ln) for ln in path.read_text().splitlines()]
+
+
+# a small entmax.jsonl (a few rows of each hard kind at every alpha, 50-digit checked) for the readers
+MINI_KINDS = ("random", "ties", "masks", "all-masked", "tiny", "near-ties", "huge-offset", "found-by-hypothesis")
+
+
+def _write_mini_entmax(d: Path) -> None:
+    from entmax_ref.testing.conformance import exact, gen_rows, operations, sources, write
+
+    rows, per_kind = [], {}
+    for r in sources.row_sources("small", 0):
+        if r.kind in MINI_KINDS and len(r.x) <= 64 and per_kind.get(r.kind, 0) < 2:
+            per_kind[r.kind] = per_kind.get(r.kind, 0) + 1
+            rows.append(r)
+    ctx = sources.Context("small", 0, exact.RowOracle(), rows)
+    gen_rows.prefill_refs(ctx)
+    write._write_file(d, operations.operation("entmax"), gen_rows.gen_entmax(ctx), "entmax-ref test")
+    (d / "manifest.json").write_text(json.dumps({"format_major": C.FORMAT_MAJOR}))
+    for rel, text in W.runner_texts().items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+
+
+@pytest.fixture(scope="module")
+def mini_entmax(shared_tmp):
+    return shared_tmp("mini-entmax", _write_mini_entmax)
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -65,7 +102,7 @@ def test_numbers_are_shortest_round_trip_strings(dtype):
 
 def test_manifest_and_checksums(cheap_corpus):
     m = json.loads((cheap_corpus / "manifest.json").read_text())
-    assert m["schema_version"] == C.SCHEMA_VERSION and m["entmax_ref_version"] == er.__version__
+    assert m["format_major"] == C.FORMAT_MAJOR == 2 and m["generator"] == f"entmax-ref {er.__version__}"
     assert (m["seed"], m["size"]) == (3, "small")
     assert [f["file"] for f in m["files"]] == ["asentmax_scale.jsonl", "attention.jsonl", "attention_vjp.jsonl"]
     import hashlib
@@ -74,6 +111,12 @@ def test_manifest_and_checksums(cheap_corpus):
         data = (cheap_corpus / f["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == f["sha256"]
         assert data.count(b"\n") == f["cases"]
+    for rel, digest in {**m["schemas"], **m["runners"]}.items():
+        assert hashlib.sha256((cheap_corpus / rel).read_bytes()).hexdigest() == digest
+    assert set(m["schemas"]) == {f"schema/{k}.schema.json" for k in (*C.OPS, "manifest")} - {
+        "schema/threshold.schema.json", "schema/normmax_threshold.schema.json"}
+    assert set(m["runners"]) == {"runners/entmax_corpus.h", "runners/check_entmax.c", "runners/check_corpus.js"}
+    assert set(m["notes"]["flags"]) == set(L.FLAGS) and m["tolerance_classes"] == L.TOLERANCE_CLASSES
     assert m["attention_cases"] >= 200  # >= 100 per attention file
 
 
@@ -92,11 +135,18 @@ def test_attention_cases_cover_the_features(cheap_corpus):
 
 
 def test_same_seed_gives_identical_bytes_other_seed_differs(cheap_corpus, tmp_path):
-    C.generate_corpus(tmp_path / "again", seed=3, ops=("asentmax_scale", "attention"))
-    for f in ("asentmax_scale.jsonl", "attention.jsonl"):
-        assert (tmp_path / "again" / f).read_bytes() == (cheap_corpus / f).read_bytes()
+    C.generate_corpus(tmp_path / "again", seed=3, ops=CHEAP)
+    assert _bytes(tmp_path / "again") == _bytes(cheap_corpus)  # files, manifest
+    for sub in ("schema", "runners"):
+        assert _bytes(tmp_path / "again" / sub) == _bytes(cheap_corpus / sub)
     C.generate_corpus(tmp_path / "other", seed=4, ops=("asentmax_scale",))
-    assert (tmp_path / "other" / "asentmax_scale.jsonl").read_bytes() != (cheap_corpus / "asentmax_scale.jsonl").read_bytes()
+    other = (tmp_path / "other" / "asentmax_scale.jsonl").read_bytes()
+    assert other != (cheap_corpus / "asentmax_scale.jsonl").read_bytes()
+    # a tcId is a digest of the inputs: the cases the two seeds share have the same ids
+    ids = {json.dumps([c[k] for k in F.inputs("asentmax_scale")]): c["tcId"] for c in _lines(cheap_corpus / "asentmax_scale.jsonl")}
+    shared = [c for c in _lines(tmp_path / "other" / "asentmax_scale.jsonl")
+              if json.dumps([c[k] for k in F.inputs("asentmax_scale")]) in ids]
+    assert shared and all(ids[json.dumps([c[k] for k in F.inputs("asentmax_scale")])] == c["tcId"] for c in shared)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -115,8 +165,8 @@ def test_load_corpus_rejects_edits_versions_and_missing_files(cheap_corpus, tmp_
         load_corpus(d)
     shutil.copy(cheap_corpus / "attention.jsonl", path)
     m = json.loads((d / "manifest.json").read_text())
-    (d / "manifest.json").write_text(json.dumps({**m, "schema_version": 99}))
-    with pytest.raises(CorpusError, match="schema version 99"):
+    (d / "manifest.json").write_text(json.dumps({**m, "format_major": 99}))
+    with pytest.raises(CorpusError, match="corpus format 99; this entmax-ref reads formats 1, 2"):
         load_corpus(d)
     (d / "manifest.json").write_text(json.dumps(m))
     (d / "asentmax_scale.jsonl").unlink()
@@ -226,7 +276,7 @@ def test_budget_files_cover_the_hard_budgets_and_replay(budget_corpus, tmp_path,
 def test_shared_budgets_live_in_the_tolerance_model():
     from entmax_ref.testing import command, tolerance as T
 
-    src = (ROOT / "entmax_ref" / "testing" / "conformance.py").read_text()
+    src = "".join(f.read_text() for f in sorted((ROOT / "entmax_ref" / "testing" / "conformance").glob("*.py")))
     assert "def _loss_tolerance" not in src and "def _alpha_vjp_tolerance" not in src
     assert "def _scale_tolerances" not in src and "T.loss_tolerance" in src
     import inspect
@@ -285,17 +335,206 @@ def test_small_corpus_replays_without_failures(small_corpus, name):
     assert {f"corpus {op}" for op in FAMILY + ("normmax_threshold",)} <= {r.op for r in rep.rows}
 
 
-@pytest.mark.slow
-def test_javascript_reader_in_the_docs(small_corpus, tmp_path):
+# ----------------------------------------------------------------------------- the format: hex, schema, ids
+
+
+def test_hex_strings_are_exact_and_in_printf_form():
+    rng = np.random.default_rng(1)
+    vals = np.concatenate([rng.standard_normal(300) * 10.0 ** rng.integers(-300, 300, 300),
+                           [0.0, -0.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 0.1]])
+    for v in vals:
+        h = L.hexnum(v)
+        assert np.float64(float.fromhex(h)).tobytes() == np.float64(v).tobytes(), (v, h)
+    assert [L.hexnum(v) for v in (0.75, 1.0, -0.0, 0.0, 5e-324)] == [
+        "0x1.8p-1", "0x1p+0", "-0x0p+0", "0x0p+0", "0x0.0000000000001p-1022"]
+    assert [L.hexnum(v) for v in (np.inf, -np.inf, np.nan)] == ["inf", "-inf", "nan"]
+    # a float32 value in the digits C's printf("%a", (double)f) gives: exact in either dtype
+    assert L.hexnum(np.float32(0.1)) == "0x1.99999ap-4" and L.hexnum(np.float32(1e-45)) == "0x1p-149"
+
+
+def _check_lines(folder: Path, limit: int | None = None) -> int:
+    """Every line (the first ``limit`` of each file) conforms to its schema; every number's hex and decimal forms are the same
+    value (the decimal read in the case's dtype for inputs, float64 otherwise); tcIds are
+    unique and are the digest of the inputs; flags name known flags; groups are contiguous."""
+    assert validate_corpus(folder, limit) > 1
+    m = json.loads((folder / "manifest.json").read_text())
+    count = 0
+    for f in m["files"]:
+        op, seen = f["op"], set()
+        cases = _lines(folder / f["file"])
+        for c in cases:
+            for fld in F.numeric(op):
+                if c[fld.name] is None:
+                    assert c[fld.name + "_hex"] is None
+                    continue
+                dt = c["dtype"] if fld.role == "in" else "float64"
+                # the hex form is the value itself (read as float64 it is already of the dtype)
+                dec, hexed = C.parse(c[fld.name], dt).astype(np.float64), L.value(c, fld.name, "float64")
+                assert dec.tobytes() == hexed.tobytes(), (c["tcId"], fld.name)
+                count += dec.size
+            assert c["tcId"] not in seen and c["tcId"] == L.tcid(op, c)
+            seen.add(c["tcId"])
+            assert set(c["tol"]) == set(F.outputs(op)) and set(c["flags"]) <= set(L.FLAGS)
+        for g in f["groups"]:
+            group = cases[g["first"] - 1:g["first"] - 1 + g["cases"]]
+            assert all(c["dtype"] == g["dtype"] and c.get(g["param"]) == g["value"] for c in group if g["param"])
+        assert sum(g["cases"] for g in f["groups"]) == len(cases)
+    return count
+
+
+def test_every_line_validates_and_hex_agrees_with_decimal(cheap_corpus):
+    # jsonschema takes 0.1 s per attention line: the schema check here covers the first 15 lines
+    # of each file (CI and the small-corpus test validate every line); the hex check covers all
+    assert _check_lines(cheap_corpus, limit=15) > 100_000
+    cases = _lines(cheap_corpus / "attention.jsonl")
+    assert {"causal", "grouped-query", "cross", "key-padding", "empty-query-rows", "alibi", "asentmax"} <= {
+        f for c in cases for f in c["flags"]}
+    assert {c["tol"]["out"] for c in cases} == {"abs:@tol_out"}
+    assert {c["tol"]["ddelta"] for c in _lines(cheap_corpus / "asentmax_scale.jsonl")} == {"exact"}
+
+
+def test_schema_rejects_a_bad_line_naming_it(cheap_corpus, tmp_path):
+    d = tmp_path / "c"
+    shutil.copytree(cheap_corpus, d)
+    path = d / "attention.jsonl"
+    lines = path.read_text().splitlines()
+    c = json.loads(lines[4])
+    c["scale_hex"] = "0x1.8"  # no exponent: not a C99 hex float
+    lines[4] = json.dumps(c)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorpusError, match=r"attention.jsonl:5: scale_hex: '0x1.8' does not match"):
+        validate_corpus(d)
+    del c["scale_hex"], c["tcId"]
+    lines[4] = json.dumps(c)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorpusError, match=r"attention.jsonl:5: .*is a required property"):
+        validate_corpus(d)
+    assert validate_main([str(d)]) == 1 and validate_corpus(cheap_corpus, limit=10) == 31
+
+
+def test_tolerance_classes():
+    case = {"dtype": "float32", "tol": {"p": "exact", "q": "ulps:2", "r": "abs:1e-3", "s": "abs:@tol_s",
+                                        "u": "abs:0x1p-10", "w": "relative"},
+            "tol_s": ["0.5", "0.25"], "tol_s_hex": ["0x1p-1", "0x1p-2"]}
+    e = np.array([1.0, 3.0])
+    assert np.array_equal(L.tolerance(case, "p", e, "float32"), [0.0, 0.0])
+    assert np.array_equal(L.tolerance(case, "q", e, "float32"), [2 * 2.0 ** -23, 2 * 2.0 ** -22])
+    assert np.array_equal(L.tolerance(case, "q", e, "float64"), [2 * 2.0 ** -52, 2 * 2.0 ** -51])
+    assert np.array_equal(L.tolerance(case, "r", e, "float32"), [1e-3, 1e-3])
+    assert np.array_equal(L.tolerance(case, "s", e, "float32"), [0.5, 0.25])
+    assert np.array_equal(L.tolerance(case, "u", e, "float32"), [2.0 ** -10] * 2)
+    with pytest.raises(ValueError, match="unknown tolerance class 'relative' for w"):
+        L.tolerance(case, "w", e, "float32")
+    # format 1 (no tol object): the tol_ field, read from its decimal form
+    assert np.array_equal(L.tolerance({"tol_s": ["0.5", "0.25"]}, "s", e, "float64"), [0.5, 0.25])
+
+
+def _as_format_1(src: Path, dst: Path) -> None:
+    """A format 1 corpus of the same cases: decimal numbers only, no schema, ids, flags or classes."""
+    m = json.loads((src / "manifest.json").read_text())
+    dst.mkdir()
+    files = []
+    for f in m["files"]:
+        out = []
+        for i, c in enumerate(_lines(src / f["file"]), 1):
+            c = {k: v for k, v in c.items() if not k.endswith("_hex") and k not in ("schema", "tcId", "flags", "tol")}
+            out.append(json.dumps({"id": f"{f['op']}-{i:05d}", **c}, separators=(",", ":")) + "\n")
+        data = "".join(out).encode()
+        (dst / f["file"]).write_bytes(data)
+        import hashlib
+
+        files.append({"file": f["file"], "op": f["op"], "cases": len(out), "sha256": hashlib.sha256(data).hexdigest()})
+    (dst / "manifest.json").write_text(json.dumps({"format": m["format"], "schema_version": 1, "files": files}))
+
+
+def test_a_format_1_corpus_still_replays(cheap_corpus, tmp_path):
+    _as_format_1(cheap_corpus, tmp_path / "v1")
+    corpus = load_corpus(tmp_path / "v1")
+    assert corpus.format == 1 and load_corpus(cheap_corpus).format == 2
+    rep = C.replay_backend(corpus, "numpy", ops=("asentmax_scale", "attention"))
+    assert rep.ok and len(rep.rows) == 3, rep.table()
+
+
+# ----------------------------------------------------------------------------- the readers in C and JavaScript
+
+RUNNERS = Path(C.__file__).parent / "runners"
+
+
+def _compile(src: Path, out: Path) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    res = subprocess.run([cc, "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-O2", "-o", str(out), str(src),
+                          "-lm"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _run_reader(cmd, corpus: Path):
+    res = subprocess.run([*map(str, cmd), str(corpus)], capture_output=True, text=True, timeout=120)
+    summary = res.stdout.strip().splitlines()[-1]
+    return res.returncode, res.stdout, summary
+
+
+def test_c_reader_passes_a_correct_entmax_and_fails_an_off_by_one_support(mini_entmax, tmp_path):
+    src = mini_entmax / "runners" / "check_entmax.c"
+    assert src.read_text() == (RUNNERS / "check_entmax.c").read_text()
+    rc, out, summary = _run_reader([_compile(src, tmp_path / "ok")], mini_entmax)
+    passed = int(re.match(r"(\d+) passed, 0 failed, (\d+) skipped", summary).group(1))
+    assert rc == 0 and passed >= 100 and out.count("PASS entmax-") == passed, summary
+    assert {"0x1p+0", "0x1.8p+0", "0x1p+1"} <= {c["alpha_hex"] for c in _lines(mini_entmax / "entmax.jsonl")}
+    text = src.read_text()
+    good = "1.0 + (k + 1) * work[k] > cum"  # the sparsemax support test
+    assert text.count(good) == 1
+    wrong = tmp_path / "wrong" / "check_entmax.c"
+    wrong.parent.mkdir()
+    shutil.copy(mini_entmax / "runners" / "entmax_corpus.h", wrong.parent)
+    wrong.write_text(text.replace(good, "1.0 + k * work[k] > cum"))
+    rc, out, summary = _run_reader([_compile(wrong, tmp_path / "bad")], mini_entmax)
+    assert rc == 1 and int(re.search(r"(\d+) failed", summary).group(1)) > 5 and "FAIL entmax-" in out
+
+
+def test_c_reader_parses_json_escapes_and_rejects_an_old_corpus(mini_entmax, tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    c = _lines(mini_entmax / "entmax.jsonl")[0]
+    c["why"] = "tab\t quote\" slash\\ snowman \u2603 clef \U0001d11e"
+    (d / "entmax.jsonl").write_text(json.dumps(c) + "\n")  # ensure_ascii: \u escapes and a surrogate pair
+    exe = _compile(mini_entmax / "runners" / "check_entmax.c", tmp_path / "ok")
+    rc, out, summary = _run_reader([exe], d)
+    assert rc == 0 and summary.startswith("1 passed"), out
+    del c["schema"]
+    (d / "entmax.jsonl").write_text(json.dumps(c) + "\n")
+    res = subprocess.run([str(exe), str(d)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "not a format 2 corpus" in res.stderr
+
+
+def test_javascript_reader_passes_softmax_and_sparsemax_and_fails_a_wrong_one(mini_entmax, tmp_path):
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    text = (ROOT / "docs" / "corpus.md").read_text()
-    code = re.search(r"```javascript\n(.*?)```", text, flags=re.S).group(1)
-    assert len(code.splitlines()) <= 40
-    (tmp_path / "check_corpus.js").write_text(code)
-    res = subprocess.run([node, str(tmp_path / "check_corpus.js"), str(small_corpus)], capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    checked = int(re.search(r"(\d+) cases checked, 0 failed", res.stdout).group(1))
-    assert checked >= 300
+    js = mini_entmax / "runners" / "check_corpus.js"
+    rc, out, summary = _run_reader([node, js], mini_entmax)
+    passed = int(re.match(r"(\d+) passed, 0 failed", summary).group(1))
+    assert rc == 0 and passed >= 40 and out.count("PASS entmax-") == passed, out[-2000:]
+    text = js.read_text()
+    good = "if (1 + (k + 1) * v > cum)"
+    assert text.count(good) == 1
+    (tmp_path / "wrong.js").write_text(text.replace(good, "if (1 + k * v > cum)"))
+    rc, out, summary = _run_reader([node, tmp_path / "wrong.js"], mini_entmax)
+    assert rc == 1 and int(re.search(r"(\d+) failed", summary).group(1)) > 5
+
+
+@pytest.mark.slow
+def test_small_corpus_lines_validate_hex_agrees_and_readers_pass(small_corpus, tmp_path):
+    assert _check_lines(small_corpus) > 100_000
+    rows = _lines(small_corpus / "entmax.jsonl")
+    flags = {f for c in rows for f in c["flags"]}
+    assert set(L.FLAGS) - flags == {"ill-posed", "budget-zero", "budget-above-support", "causal", "grouped-query",
+                                    "cross", "key-padding", "empty-query-rows", "alibi", "asentmax"}
+    rc, out, summary = _run_reader([_compile(small_corpus / "runners" / "check_entmax.c", tmp_path / "ok")], small_corpus)
+    assert rc == 0, summary
+    node = shutil.which("node")
+    if node is not None:
+        rc, out, summary = _run_reader([node, small_corpus / "runners" / "check_corpus.js"], small_corpus)
+        assert rc == 0 and int(summary.split()[0]) >= 300, summary
