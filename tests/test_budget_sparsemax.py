@@ -243,3 +243,13 @@ def test_check_battery_passes_the_backends_and_fails_a_perturbed_implementation(
 
     bad = check_budget_sparsemax(sum_slightly_off, 2.5, size="quick", dtypes=("float64",))
     assert not bad.ok
+
+
+def test_vjp_of_huge_upstream_gradients(backend):
+    # g_i - mean_F(g) with sum_F g beyond float64's range: scaled, not -inf or NaN
+    vjp = er.budget_sparsemax_vjp
+    np.testing.assert_array_equal(vjp([0.5, 0.5], [1e308, 1e308], 1.0, backend=backend), [0.0, 0.0])
+    dx = vjp([0.5, 0.25, 0.25, 0.0], [1.5e308, 1.5e308, -1.5e308, 1e308], 1.0, backend=backend)
+    exact = [float(Fraction(1.5e308) - Fraction(1.5e308) / 3), float(Fraction(1.5e308) - Fraction(1.5e308) / 3)]
+    np.testing.assert_allclose(dx[:2], exact, rtol=4 * EPS)
+    assert dx[2] == -np.inf and dx[3] == 0.0  # -1.5e308 - 0.5e308: beyond the range, rounded to -inf

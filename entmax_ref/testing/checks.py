@@ -44,8 +44,12 @@ LEGEND = """\
 ulps: |error| / (eps * max(1, |expected|)), eps of the row's dtype (2.2e-16 float64, 1.2e-7
       float32), the error measured against the float64 NumPy reference of the same input
       (closed-form values for the golden cases); the largest over the corpus.
-tol (ulps): the tolerance of the entry that came closest to its own, in the same units;
-      tolerances come from the dtype, the row length and alpha (docs/validate.md).
+err/tol: each entry's |error| as a fraction of its own tolerance, the largest over the corpus:
+      1.0 is at the limit, above 1 fails; tolerances come from the dtype, the row length and
+      alpha (docs/validate.md).
+NaN, inf: the implementation returned NaN (or an infinite error) somewhere: a failure.
+-: nothing measured (skipped, or the implementation could not be imported or called: see
+      the failures below the table).
 props: property checks passed / run: on the simplex, masked entries exactly 0, all-masked
       rows, shift invariance, permutation equivariance, golden values, dtype kept, support /
       threshold consistency, J 1 = 0, symmetric Jacobian, finite differences, loss >= 0,
@@ -74,6 +78,12 @@ class CheckRow:
     notes: list = field(default_factory=list)
     peer: bool = False  #: a third-party implementation (informational in the command's exit status)
     seconds: float = 0.0
+    measured: bool = False  #: some output was compared (False: nothing ran, or nothing could be read)
+    #: "NaN" when the implementation returned NaN where a number was expected, "inf" for
+    #: another non-finite error; "" when every compared entry was finite
+    nonfinite: str = ""
+    #: the corpus case being run (not a field: named in the note of a call that raises)
+    case = ""
 
     @property
     def failed(self) -> bool:
@@ -89,9 +99,14 @@ class CheckRow:
             self.notes.append(msg)
 
     def measure(self, cmp) -> None:
+        if cmp.problem:  # a shape or dtype that cannot be compared: nothing measured (the note says why)
+            return
+        self.measured = True
         if np.isfinite(cmp.max_abs):
             self.max_abs = max(self.max_abs, cmp.max_abs)
             self.max_ulps = max(self.max_ulps, cmp.max_ulps)
+        elif self.nonfinite != "NaN":
+            self.nonfinite = "NaN" if cmp.actual is not None and np.isnan(cmp.actual) else "inf"
         if np.isfinite(cmp.used) and (cmp.used > self.used or not self.tol_ulps):
             self.used, self.tol_ulps = max(cmp.used, self.used), cmp.tol_ulps
 
@@ -135,14 +150,15 @@ class CheckReport:
 
     def table(self) -> str:
         """The report as a plain-text table (with the notes of failing rows below it)."""
-        head = ("operation", "implementation", "dtype", "max abs err", "ulps", "tol (ulps)", "props", "verdict")
+        head = ("operation", "implementation", "dtype", "max abs err", "ulps", "err/tol", "props", "verdict")
         lines = []
         for r in self.rows:
             skip = r.verdict == "SKIP"
-            lines.append((r.op, r.impl, r.dtype, "-" if skip else f"{r.max_abs:.2e}",
-                          "-" if skip else f"{r.max_ulps:.3g}",
-                          "-" if skip or not r.tol_ulps else f"{r.tol_ulps:.3g}",
-                          "-" if skip else f"{r.props_passed}/{r.props_total}",
+            # "-": nothing measured; NaN / inf: what the implementation returned, not a number
+            figures = (("-",) * 3 if skip or not r.measured else (r.nonfinite,) * 3 if r.nonfinite
+                       else (f"{r.max_abs:.2e}", f"{r.max_ulps:.3g}", f"{r.used:.3g}"))
+            lines.append((r.op, r.impl, r.dtype, *figures,
+                          "-" if skip or not (r.measured or r.props_total) else f"{r.props_passed}/{r.props_total}",
                           r.verdict + (" (peer)" if r.peer and r.failed else "")
                           + (f": {r.notes[0]}" if skip and r.notes else "")))
         widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(head)]
@@ -247,8 +263,17 @@ def _run(row: CheckRow, call, *args, **kw):
     try:
         return call(*args, **kw)
     except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
-        row.fail(f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        row.fail(raised(row, exc))
         return None
+
+
+def raised(row: CheckRow, exc: Exception) -> str:
+    """The failing note of a call that raised ``exc``, naming the corpus case it ran."""
+    msg = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    if row.case == "all-masked":
+        return (f"[all-masked] {msg} (on rows that are entirely -inf, which must give zeros; "
+                "--no-masked-rows, or masked_rows=False, leaves them out)")
+    return f"[{row.case}] {msg}" if row.case else msg
 
 
 def _attention_grads(row: CheckRow, vjp, *args, **kw) -> list | None:
@@ -338,6 +363,7 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
         cases = _rows_of(size, seed, masked_rows)
         seen_dtype = False
         for case in cases:
+            row.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, _ = _ref(x64, a)
@@ -406,6 +432,7 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | 
     for dt, row, call in _battery(report, f"threshold a={a:g}", fn, name, dtypes, peer, 1, "check_threshold",
                                   "fn(x) or fn(x, alpha=...)", alpha_arg):
         for case in _rows_of(size, seed, masked_rows):
+            row.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = _ref(x64, a)
@@ -470,6 +497,7 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
 
         skipped = 0
         for case in _rows_of(size, seed, masked_rows):
+            row.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = _ref(x64, a)
