@@ -173,8 +173,8 @@ def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
 
     ``theta`` is the ``tau`` of ``p = clip(x - tau, 0, 1)`` (the smallest one when it is
     not unique, -inf when every unmasked entry is 1), rounded to float64; ``p`` itself is
-    formed relative to the largest free entry, so it is exact where ``tau`` is not
-    representable; ``n_iter`` is 0 (exact)."""
+    formed from ``tau`` and what that rounding drops, so it is exact where ``tau`` is not
+    representable (``|x| >= 2^53``); ``n_iter`` is 0 (exact)."""
     rows, n = x.shape
     x64 = x.astype(_F64)
     fin = np.isfinite(x64)
@@ -197,9 +197,12 @@ def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
             r = np.where(n_free > 0, (j_up + free_sum - B) / np.maximum(n_free, 1), 0.0)  # tau = c + r
             top = np.where(j_up > 0, s[idx, np.maximum(j_up - 1, 0)], np.inf)  # entries >= top are 1
             low = np.where(j_in < n, s[idx, np.minimum(j_in, n - 1)], -np.inf)  # entries <= low are 0
-            mid = np.clip((xs - c[:, None]) - r[:, None], 0.0, 1.0)
+            # tau = c + r as hi + lo exactly (TwoSum): p = (x - hi) - lo keeps what hi rounds off
+            hi = c + r
+            lo = (c - (hi - (hi - c))) + (r - (hi - c))
+            mid = np.clip((xs - hi[:, None]) - lo[:, None], 0.0, 1.0)
         p[solved] = np.where(xs >= top[:, None], 1.0, np.where(xs <= low[:, None], 0.0, mid))
-        tau[solved] = c + r
+        tau[solved] = hi
     support = (p > 0).sum(axis=1).astype(np.int64)
     return RowSolve(p.astype(x.dtype, copy=False), tau, support, np.zeros(rows, np.int64), np.ones(rows, bool))
 

@@ -11,8 +11,9 @@ set.  ``h`` at a breakpoint is summed from the differences ``x_i - s_j`` (never 
 which rounds to ``s_j`` once ``|s_j| >= 2^53``; a difference that overflows is +-inf and clips
 exactly).  Then ``tau = c + r`` with c the largest free entry and
 ``r = (|U| + sum_F (x_i - c) - budget) / |F|`` (the free entries lie within 1 of c, so the
-differences are exact; the sum Neumaier-compensated), and ``p = clip((x - c) - r, 0, 1)``
-on the free set: exact where ``c + r`` is not representable.  No candidate over the budget:
+differences are exact; the sum Neumaier-compensated), and on the free set
+``p = clip((x - hi) - lo, 0, 1)`` with ``hi + lo = c + r`` exactly (TwoSum): exact where
+tau itself is not representable.  No candidate over the budget:
 every unmasked entry is 1, ``tau = -inf``.  O(n log n) per row.
 
 Rows run in blocks on Python worker threads, each a ``nogil`` kernel
@@ -56,7 +57,7 @@ def _first_over(s, k, B, kind):
 @njit(cache=CACHE)
 def _budget_solve(x, B, c):
     """(c, r, top, low) of one row (``c``: float64 scratch of length >= n): tau = c + r,
-    entries >= top are 1, entries <= low are 0, the others ``clip((x - c) - r, 0, 1)``.
+    entries >= top are 1, entries <= low are 0, the others ``clip(x - (c + r), 0, 1)``.
     A row whose unmasked entries number at most B: (-inf, 0, -inf, -inf) (all 1)."""
     n = x.shape[0]
     k = 0
@@ -99,6 +100,9 @@ def _budget_row(x, out, B, c):
     if ref == -np.inf:  # every unmasked entry is 1
         top = -np.inf
         low = -np.inf
+    # tau = ref + r as hi + lo exactly (TwoSum): p = (x - hi) - lo keeps what hi rounds off
+    hi = ref + r
+    lo = (ref - (hi - (hi - ref))) + (r - (hi - ref)) if ref > -np.inf else 0.0
     cnt = 0
     for i in range(x.shape[0]):
         v = np.float64(x[i])
@@ -107,11 +111,11 @@ def _budget_row(x, out, B, c):
         elif v >= top:
             q = 1.0
         else:
-            q = min(max((v - ref) - r, 0.0), 1.0)
+            q = min(max((v - hi) - lo, 0.0), 1.0)
         if q > 0.0:
             cnt += 1
         out[i] = q
-    return ref + r, cnt
+    return hi, cnt
 
 
 @njit(nogil=True, cache=CACHE)
