@@ -122,6 +122,17 @@ def unavailable_reason(name: str) -> str | None:
     return _REGISTRY[name].probe()
 
 
+def env_backend() -> str | None:
+    """The backend named by the environment variable ``ENTMAX_REF_BACKEND`` (None when it
+    is unset or empty); ValueError in one line naming the variable and the valid values
+    when it names none."""
+    name = os.environ.get("ENTMAX_REF_BACKEND") or None
+    if name is not None and name != "auto" and name not in _REGISTRY:
+        raise ValueError(f"the environment variable ENTMAX_REF_BACKEND={name!r} names no backend; "
+                         f"valid values: auto, {', '.join(sorted(_REGISTRY))} (or unset it)")
+    return name
+
+
 def available_backends() -> list[str]:
     """Names of the backends that can run here, e.g. ``['numpy', 'numba']``."""
     return [name for name in _REGISTRY if unavailable_reason(name) is None]
@@ -176,7 +187,7 @@ def resolve_backend(backend: str | Backend | None, *arrays: Any, need: Need | No
             )
         chosen = backend
     else:
-        name = backend or _current.get() or os.environ.get("ENTMAX_REF_BACKEND") or "auto"
+        name = backend or _current.get() or env_backend() or "auto"
         if name == "auto":
             name = auto_engine(arrays, need, (n for n in _AUTO_CPU if unavailable_reason(n) is None))
         chosen = get_backend(name)

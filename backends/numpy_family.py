@@ -37,6 +37,8 @@ from ._base import RowSolve
 from .constants import MAX_NEWTON
 
 _F64 = np.float64
+#: a row sum of magnitude below this cannot overflow float64 (2^1020: eight times below its largest)
+_SUM_LIMIT = 2.0 ** 1020
 
 
 # ----------------------------------------------------------------------------- normmax
@@ -70,7 +72,8 @@ def normmax_rows(x: np.ndarray, alpha: np.ndarray) -> RowSolve:
     m = x64.max(axis=1, initial=-np.inf)
     live = np.isfinite(m)
     if live.any():
-        y = x64[live] - m[live, None]  # the maximum is 0, masked entries -inf
+        with np.errstate(over="ignore"):  # a gap beyond float64's range is -inf: out of the support, like a mask
+            y = x64[live] - m[live, None]  # the maximum is 0, masked entries -inf
         a = alpha[live][:, None]
         beta = a / (a - 1.0)
         s = -np.sort(-y, axis=1)  # descending, -inf last
@@ -144,69 +147,79 @@ def normmax_vjp_rows(p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndar
 
 
 # ----------------------------------------------------------------------------- budget
-def _box_mass(x: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """``h(t) = sum_i clip(x_i - t, 0, 1)`` per row (-inf entries contribute 0;
-    ``t = -inf`` gives the number of finite entries)."""
-    fin = np.isfinite(x)
-    with np.errstate(invalid="ignore"):
-        c = np.clip(x - t[:, None], 0.0, 1.0)
-    return np.where(fin, c, 0.0).sum(axis=1)
+def _first_over(x: np.ndarray, fin: np.ndarray, s: np.ndarray, k: np.ndarray, budget: np.ndarray,
+                kind: float) -> np.ndarray:
+    """Per row, the first rank ``j < k`` with ``h(s_j - kind) > budget`` (``k`` when none),
+    ``s`` the row sorted descending.  ``h`` at the breakpoint is formed from the differences
+    ``x_i - s_j``, never from ``s_j - 1`` itself (which rounds to ``s_j`` once ``|s_j| >= 2^53``);
+    a difference that overflows is +-inf, and its clip is exact."""
+    idx = np.arange(len(s))
+    lo = np.zeros(len(s), np.int64)
+    hi = k.copy()
+    while np.any(lo < hi):
+        act = lo < hi
+        mid = np.where(act, (lo + hi) // 2, 0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = x - s[idx, mid][:, None]
+            mass = np.where(fin, np.clip(d + kind, 0.0, 1.0), 0.0).sum(axis=1)
+        over = mass > budget
+        hi = np.where(act & over, mid, hi)
+        lo = np.where(act & ~over, mid + 1, lo)
+    return lo
 
 
 def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
     """budget-sparsemax of every row of ``x`` (rows, n); budget (rows,) float64 in [0, n].
 
     ``theta`` is the ``tau`` of ``p = clip(x - tau, 0, 1)`` (the smallest one when it is
-    not unique, -inf when every unmasked entry is 1); ``n_iter`` is 0 (exact)."""
+    not unique, -inf when every unmasked entry is 1), rounded to float64; ``p`` itself is
+    formed from ``tau`` and what that rounding drops, so it is exact where ``tau`` is not
+    representable (``|x| >= 2^53``); ``n_iter`` is 0 (exact)."""
     rows, n = x.shape
     x64 = x.astype(_F64)
     fin = np.isfinite(x64)
+    k = fin.sum(axis=1)
     tau = np.full(rows, -np.inf)
-    if n:
-        brk = -np.sort(-np.concatenate([x64, x64 - 1.0], axis=1), axis=1)  # 2n, descending
-        R = rows
-        idx = np.arange(R)
-        # the first breakpoint index J with h(brk[J]) > budget; h(brk[0]) = h(max) = 0
-        lo = np.zeros(R, np.int64)
-        hi = np.full(R, 2 * n, np.int64)  # 2n: no breakpoint exceeds the budget
-        while np.any(hi - lo > 1):
-            mid = (lo + hi) // 2
-            act = hi - lo > 1
-            hm = _box_mass(x64, brk[idx, np.minimum(mid, 2 * n - 1)])
-            over = hm > budget
-            hi = np.where(act & over, mid, hi)
-            lo = np.where(act & ~over, mid, lo)
-        # at most `budget` unmasked entries: all of them are 1 (h never exceeds the budget)
-        solved = (hi < 2 * n) & (fin.sum(axis=1) > budget)
-        if solved.any():
-            r = idx[solved]
-            up = brk[r, hi[solved] - 1]  # tau lies in [brk[J], brk[J - 1]]
-            down = brk[r, hi[solved]]
-            xs = x64[r]
-            U = xs - 1.0 >= up[:, None]
-            F = (xs >= up[:, None]) & (xs - 1.0 <= down[:, None])
-            # relative to the largest free entry c: the free entries lie within 1 of it
-            c = np.where(F, xs, -np.inf).max(axis=1)
-            sF = np.where(F, xs - c[:, None], 0.0).sum(axis=1)
-            # nF >= 1 where h changes between the two breakpoints; nF = 0 where they have
-            # collapsed in float64 (|x| >= 2^53, x - 1 == x): tau is the upper breakpoint,
-            # where the mass is still <= budget (as the numba walk stops)
-            nF = F.sum(axis=1)
-            t = c + (U.sum(axis=1) + sF - budget[solved]) / np.maximum(nF, 1)
-            tau[r] = np.where(nF > 0, np.clip(t, down, up), up)
-    with np.errstate(invalid="ignore"):
-        p = np.where(fin, np.clip(x64 - tau[:, None], 0.0, 1.0), 0.0)
+    p = fin.astype(_F64)  # rows with at most `budget` unmasked entries: all of them are 1
+    solved = k > budget
+    if solved.any():
+        xs, fs, ks, B = x64[solved], fin[solved], k[solved], budget[solved]
+        s = -np.sort(-xs, axis=1)  # descending, -inf last
+        idx = np.arange(len(s))
+        j_up = _first_over(xs, fs, s, ks, B, 1.0)  # ranks < j_up are 1
+        j_in = _first_over(xs, fs, s, ks, B, 0.0)  # ranks >= j_in are 0; F = [j_up, j_in)
+        c = s[idx, j_up]  # the largest free entry (j_up < k, as k > budget)
+        n_free = j_in - j_up
+        rank = np.arange(n)[None, :]
+        with np.errstate(over="ignore", invalid="ignore"):
+            # the free entries lie within 1 of c: these differences do not round
+            free_sum = np.where((rank >= j_up[:, None]) & (rank < j_in[:, None]), s - c[:, None], 0.0).sum(axis=1)
+            r = np.where(n_free > 0, (j_up + free_sum - B) / np.maximum(n_free, 1), 0.0)  # tau = c + r
+            top = np.where(j_up > 0, s[idx, np.maximum(j_up - 1, 0)], np.inf)  # entries >= top are 1
+            low = np.where(j_in < n, s[idx, np.minimum(j_in, n - 1)], -np.inf)  # entries <= low are 0
+            # tau = c + r as hi + lo exactly (TwoSum): p = (x - hi) - lo keeps what hi rounds off
+            hi = c + r
+            lo = (c - (hi - (hi - c))) + (r - (hi - c))
+            mid = np.clip((xs - hi[:, None]) - lo[:, None], 0.0, 1.0)
+        p[solved] = np.where(xs >= top[:, None], 1.0, np.where(xs <= low[:, None], 0.0, mid))
+        tau[solved] = hi
     support = (p > 0).sum(axis=1).astype(np.int64)
     return RowSolve(p.astype(x.dtype, copy=False), tau, support, np.zeros(rows, np.int64), np.ones(rows, bool))
 
 
 def budget_vjp_rows(p: np.ndarray, g: np.ndarray) -> np.ndarray:
     """dL/dx of budget-sparsemax: ``g_i - mean_F(g)`` on the free set ``F = {0 < p < 1}``,
-    0 elsewhere (all zeros when F is empty)."""
+    0 elsewhere (all zeros when F is empty).  A row whose sum over F could overflow is
+    scaled by a power of two (exact) first; a difference whose true value is beyond
+    float64's range is +-inf."""
     p64 = p.astype(_F64)
     g64 = g.astype(_F64)
     F = (p64 > 0) & (p64 < 1)
     nF = F.sum(axis=1, keepdims=True)
-    mean = np.where(F, g64, 0.0).sum(axis=1, keepdims=True) / np.maximum(nF, 1)
-    dx = np.where(F, g64 - mean, 0.0)
+    big = np.where(F, np.abs(g64), 0.0).max(axis=1, keepdims=True, initial=0.0)
+    scale = np.where(big >= _SUM_LIMIT / np.maximum(nF, 1), np.ldexp(1.0, -np.frexp(big)[1]), 1.0)
+    gs = g64 * scale
+    mean = np.where(F, gs, 0.0).sum(axis=1, keepdims=True) / np.maximum(nF, 1)
+    with np.errstate(over="ignore"):
+        dx = np.where(F, (gs - mean) / scale, 0.0)
     return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)

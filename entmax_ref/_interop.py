@@ -126,23 +126,43 @@ def _convert_out(res: Any, conv: Callable[[np.ndarray], Any]) -> Any:
     if isinstance(res, tuple):
         items = [_convert_out(r, conv) for r in res]
         return type(res)(*items) if hasattr(res, "_fields") else tuple(items)
-    if dataclasses.is_dataclass(res) and not isinstance(res, type):
+    if _is_record(res):
         return dataclasses.replace(
             res, **{f.name: _convert_out(getattr(res, f.name), conv) for f in dataclasses.fields(res)}
         )
     return res
 
 
+def _is_record(x: Any) -> bool:
+    """An info dataclass instance (a forward's result passed back in, e.g. ``info=``)."""
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
+
+
+def _foreign_in(x: Any) -> Any:
+    """The first framework array of an argument: itself, or a field of an info record."""
+    if _is_record(x):
+        return next((f for f in (getattr(x, d.name) for d in dataclasses.fields(x)) if is_foreign(f)), None)
+    return x if is_foreign(x) else None
+
+
+def _arg_to_numpy(x: Any) -> Any:
+    """:func:`to_numpy` of an argument, field by field for an info record."""
+    if _is_record(x):
+        return dataclasses.replace(x, **{f.name: to_numpy(getattr(x, f.name)) for f in dataclasses.fields(x)})
+    return to_numpy(x)
+
+
 def public(fn: Callable) -> Callable:
-    """Decorate a public function: framework arrays in, the same framework's arrays out."""
+    """Decorate a public function: framework arrays in (arguments, and the fields of an
+    info record passed back in), the same framework's arrays out."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        like = next((a for a in (*args, *kwargs.values()) if is_foreign(a)), None)
+        like = next((f for f in map(_foreign_in, (*args, *kwargs.values())) if f is not None), None)
         if like is None:
             return fn(*args, **kwargs)
-        args = tuple(to_numpy(a) for a in args)
-        kwargs = {k: to_numpy(v) for k, v in kwargs.items()}
+        args = tuple(_arg_to_numpy(a) for a in args)
+        kwargs = {k: _arg_to_numpy(v) for k, v in kwargs.items()}
         return _convert_out(fn(*args, **kwargs), _converter(like))
 
     return wrapper

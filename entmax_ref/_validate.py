@@ -105,16 +105,23 @@ def compute_dtype(arr: Any, name: str) -> tuple[np.dtype, np.dtype]:
     raise TypeError(f"{name} has unsupported dtype {dt}; expected a real floating or integer array")
 
 
-def check_finite(arr: Any, name: str, *, allow_neg_inf: bool) -> None:
-    """ValueError naming how many bad values there are and where the first one is."""
+def check_finite(arr: Any, name: str, *, allow_neg_inf: bool, locate: Any = None) -> None:
+    """ValueError naming how many bad values there are and where the first one is
+    (``locate`` maps that index in ``arr`` to the one the message names, for an ``arr``
+    gathered from a larger array; by default the index in ``arr``)."""
     xp = xp_of(arr)
     if arr.size == 0:
         return
     # Fast paths.  One pass: a sum is finite only when every entry is (NaN propagates,
-    # +inf and -inf give an infinite or NaN sum); it may overflow, so an infinite sum
-    # falls through to the max (NaN when any entry is NaN, +inf when one is) and min.
-    if not allow_neg_inf and arr.dtype.kind == "f" and abs(float(xp.sum(arr))) < np.inf:
-        return
+    # +inf and -inf give an infinite or NaN sum).  Finite entries may overflow it, which
+    # is no error of the input: that is silenced here, and an infinite sum falls through
+    # to the max (NaN when any entry is NaN, +inf when one is) and min.  (A sum is a
+    # quarter faster than np.isfinite(arr).all(), which writes a boolean array.)
+    if not allow_neg_inf and arr.dtype.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = float(xp.sum(arr))
+        if abs(total) < np.inf:
+            return
     top = float(xp.max(arr))
     if top < np.inf and (allow_neg_inf or float(xp.min(arr)) > -np.inf):
         return
@@ -122,11 +129,12 @@ def check_finite(arr: Any, name: str, *, allow_neg_inf: bool) -> None:
     count = int(bad.sum())
     if count:
         first = tuple(int(i) for i in np.unravel_index(int(xp.argmax(bad.ravel())), arr.shape))
+        where = first if locate is None else tuple(locate(first))
         what = "NaN or +inf" if allow_neg_inf else "NaN or infinite"
         hint = "; use -inf to mask an entry" if allow_neg_inf else ""
         raise ValueError(
             f"{name} contains {count} {what} value{'s' if count > 1 else ''}; the first is "
-            f"{name}[{', '.join(map(str, first))}] = {arr[first]!r}{hint}"
+            f"{name}[{', '.join(map(str, where))}] = {arr[first]!r}{hint}"
         )
 
 

@@ -9,7 +9,6 @@ from the threshold and the skewed output, is in docs/attention.md.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -22,7 +21,9 @@ from ._interop import public
 from .asentmax import _broadcast, _real, _scale_vjp
 from .asentmax import row_scale as row_scale_of
 from .backends import engine, geometry, resolve_backend
-from .backends._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, tau_to_theta, theta_to_tau, xp_of
+from ._attention_residual import any_big, check_tau, info_alpha, residual_from_info
+from ._attention_shapes import ShapeGuard
+from .backends._base import AttentionResidual, AttentionSpec, theta_to_tau
 from .backends._base import NonFiniteInput
 
 
@@ -130,66 +131,6 @@ def _scalar(x: Any, name: str) -> float:
     if not np.isfinite(val):
         raise ValueError(f"{name} must be finite, got {val!r}")
     return val
-
-
-class _ShapeGuard:
-    """A backend seen through the degenerate shapes' exact answers, so that engines only
-    ever get B * Hq * Nq > 0 and D, Dv >= 1.
-
-    * head dim D = 0: every q . k is the empty sum, 0, so q and k are given one zero column
-      (the scores, hence p, are those of all-zero content scores plus any ALiBi bias) and
-      dq, dk are returned without it (empty);
-    * value dim Dv = 0: v and grad_out get one zero column, so dO . v = 0 and no gradient
-      reaches q, k or the scale; out and the skewed output are returned empty;
-    * no query rows (B, Hq or Nq = 0): empty outputs, and zero gradients for k and v.
-    """
-
-    def __init__(self, backend: Any):
-        self.backend = backend
-        self.name = backend.name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.backend, attr)
-
-    @staticmethod
-    def _pad(a: Any) -> Any:
-        xp = xp_of(a)
-        return xp.ascontiguousarray(xp.concatenate([a, xp.zeros(a.shape[:3] + (1,), a.dtype)], axis=3))
-
-    def attention_forward(self, q, k, v, spec, *rest, **kw):
-        xp = xp_of(q)
-        (B, Hq, Nq, D), Dv = q.shape, v.shape[3]
-        if B * Hq * Nq == 0:
-            rows = (B, Hq, Nq)
-            known = {"out": xp.zeros(rows + (Dv,), q.dtype), "theta": xp.full(rows, -np.inf),
-                     "support": xp.zeros(rows, np.int64), "skew": xp.zeros(rows + (Dv,)),
-                     "row_max": xp.full(rows, -np.inf), "edge": xp.full(rows, -np.inf), "edge_p": xp.zeros(rows)}
-            return AttentionForward(**{f: known.get(f) for f in AttentionForward._fields})
-        if D == 0:
-            q, k = self._pad(q), self._pad(k)
-        fwd = self.backend.attention_forward(q, k, self._pad(v) if Dv == 0 else v, spec, *rest, **kw)
-        if Dv == 0:
-            return fwd._replace(out=fwd.out[..., :Dv], skew=None if fwd.skew is None else fwd.skew[..., :Dv])
-        return fwd
-
-    def attention_backward(self, do, q, k, v, *rest, **kw):
-        xp = xp_of(q)
-        (B, Hq, Nq, D), Dv = q.shape, v.shape[3]
-        if B * Hq * Nq == 0:
-            spec = next(a for a in (*rest, *kw.values()) if isinstance(a, AttentionSpec))
-            ds = None if spec.row_scale is None else xp.zeros((B, Hq, Nq))
-            return AttentionGrads(xp.zeros(q.shape, q.dtype), xp.zeros(k.shape, k.dtype),
-                                  xp.zeros(v.shape, v.dtype), ds, xp.zeros((B, Hq, Nq)) if spec.alpha_grad else None)
-        if D == 0:
-            q, k = self._pad(q), self._pad(k)
-        if Dv == 0:
-            v, do = self._pad(v), self._pad(do)
-            rest = tuple(self._pad(a) if getattr(a, "ndim", 0) == 4 else a for a in rest)  # the skewed output
-        # the padded column's dq, dk are dz times a zero column, NaN where an exact dz
-        # overflows (alpha far above 2); they are sliced off, so that is not a warning
-        with np.errstate(invalid="ignore") if D == 0 else contextlib.nullcontext():
-            g = self.backend.attention_backward(do, q, k, v, *rest, **kw)
-        return g._replace(dq=g.dq[..., :D], dk=g.dk[..., :D], dv=g.dv[..., :Dv])
 
 
 @public
@@ -337,7 +278,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     be = resolve_backend(backend, q, k, v,
                          need=lambda: engine.attention(a if head_alpha is None else head_alpha, forward))
     if B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
-        be = _ShapeGuard(be)
+        be = ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
                          alibi_slopes=slopes, row_scale=row_scale, chunk=chunk, head_alpha=head_alpha,
                          key_mask=key_mask, check_finite=check_finite, residual=residual)
@@ -351,7 +292,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
     # them itself: one pass over the key cache instead of two.  check_finite=False: no
     # scan at all, and the backend is not asked (spec.check_finite tells it not to scan)
     scans = (getattr(be, "attention_scans_inputs", None)
-             if check_finite and forward and not isinstance(be, _ShapeGuard) else None)
+             if check_finite and forward and not isinstance(be, ShapeGuard) else None)
     unscanned = (k, v) if scans is not None and scans(qc, kc, vc, spec) else ()
     if check_finite and not unscanned:
         V.check_finite(k, "k", allow_neg_inf=False)
@@ -483,71 +424,7 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
         return out
     tau = theta_to_tau(fwd.theta, prob.alpha_b)
     return out, AttentionInfo(tau, fwd.support, prob.s_info, prob.n, fwd.skew, fwd.theta, fwd.row_max, fwd.edge,
-                              fwd.edge_p, _info_alpha(prob), fwd.support_keys)
-
-
-def _info_alpha(prob: _Problem):
-    """AttentionInfo.alpha: the call's alpha as a float, or per query head as a tuple of
-    Hq floats when the heads' alphas differ (host values, like alpha itself)."""
-    if prob.spec.head_alpha is None:
-        return prob.spec.alpha
-    return tuple(float(a) for a in prob.spec.head_alpha)
-
-
-def _residual_from_info(info, prob: _Problem, shape: tuple):
-    """(AttentionResidual, skew) of a forward's :class:`AttentionInfo`, checked against the
-    problem: the same alpha, the same keys per row (masks), arrays of the right shape."""
-    if not isinstance(info, AttentionInfo):
-        raise TypeError(f"info must be the AttentionInfo of er.attention(..., return_info=True), got {type(info).__name__}")
-    if info.theta is None or info.alpha is None:
-        raise ValueError("info has no residual (theta, edge); pass the AttentionInfo returned by er.attention")
-    Hq = shape[1]
-    given = _info_alpha(prob)
-    try:
-        same = bool(np.array_equal(np.broadcast_to(np.asarray(info.alpha, np.float64), (Hq,)),
-                                   np.broadcast_to(np.asarray(given, np.float64), (Hq,))))
-    except ValueError:  # not broadcastable to the heads of this call
-        same = False
-    if not same:
-        raise ValueError(f"info comes from a forward with alpha={info.alpha!r}, but alpha={given!r} was given")
-    fields = {"theta": info.theta, "row_max": info.row_max, "edge": info.edge, "edge_p": info.edge_p}
-    for name, a in fields.items():
-        if a is None or tuple(a.shape) != shape:
-            got = None if a is None else tuple(a.shape)
-            raise ValueError(f"info.{name} must have shape {shape} (the rows of this call), got {got}")
-    if tuple(getattr(info.n, "shape", ())) != shape or not bool(V.namespace(prob.n).all(info.n == prob.n)):
-        raise ValueError("info.n (keys per row) differs from this call's: causal / key_lengths differ from the forward's")
-    skew = info.skew
-    B, Hq, Nq = shape
-    if skew is None or tuple(skew.shape)[:3] != shape or tuple(skew.shape)[3] != prob.v.shape[3]:
-        raise ValueError(f"info.skew must have shape {shape + (prob.v.shape[3],)}")
-    keys = info.support_keys
-    if keys is not None and (getattr(keys, "ndim", 0) != 4 or tuple(keys.shape)[:3] != shape
-                             or keys.shape[3] < 1 or getattr(keys, "dtype", None) != np.int32):
-        raise ValueError(f"info.support_keys must be None or int32 of shape {shape} + (width >= 1,), got "
-                         f"{getattr(keys, 'dtype', type(keys).__name__)} {tuple(getattr(keys, 'shape', ()))}")
-    return AttentionResidual(info.theta, info.row_max, info.edge, info.edge_p, keys), skew
-
-
-def _any_big(prob: _Problem) -> bool:
-    """Whether some head has alpha > 2 (its rows need the edge, which tau does not carry)."""
-    if prob.spec.head_alpha is None:
-        return prob.spec.alpha > 2.0
-    return bool(np.any(np.asarray(prob.spec.head_alpha) > 2.0))
-
-
-def _check_tau(tau, prob: _Problem, shape: tuple):
-    """theta from a forward's tau (validated: shape, NaN, -inf only on empty rows)."""
-    t = V.as_array(tau, "tau")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"tau must have shape {shape}, got {tuple(t.shape)}")
-    V.check_finite(t, "tau", allow_neg_inf=True)
-    t = t.astype(np.float64)
-    xp = V.namespace(t)
-    empty = prob.n == 0
-    if bool(xp.any(xp.isneginf(t) & ~empty)):
-        raise ValueError("tau is -inf on a row that has keys to attend; pass the forward's info.tau")
-    return xp.ascontiguousarray(xp.where(empty, -np.inf, tau_to_theta(t, prob.alpha_b)))
+                              fwd.edge_p, info_alpha(prob), fwd.support_keys)
 
 
 @public
@@ -647,14 +524,17 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     if info is not None and tau is not None:
         raise ValueError("pass the forward's residual once: info (recommended) or tau, not both")
     if info is not None:
-        res, skew = _residual_from_info(info, prob, (B, Hq, Nq))
-    elif tau is None or _any_big(prob):
+        if not isinstance(info, AttentionInfo):
+            raise TypeError(f"info must be the AttentionInfo of er.attention(..., return_info=True), "
+                            f"got {type(info).__name__}")
+        res, skew = residual_from_info(info, prob, (B, Hq, Nq))
+    elif tau is None or any_big(prob):
         if tau is not None:  # alpha > 2: checked, but the edge is not in tau: solve again
-            _check_tau(tau, prob, (B, Hq, Nq))
+            check_tau(tau, prob, (B, Hq, Nq))
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
         res, skew = fwd, fwd.skew
     else:
-        theta = _check_tau(tau, prob, (B, Hq, Nq))
+        theta = check_tau(tau, prob, (B, Hq, Nq))
         res = AttentionResidual(theta)
         if out is not None:
             o, _, _ = _tensor(out, "out", 4)

@@ -101,19 +101,27 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("example",):
-        return _example()
-    if argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(_help())
         return 0
-    if argv[0] in ("-V", "--version"):
+    if argv and argv[0] in ("-V", "--version"):
         print(_version())
         return 0
-    module = _SUBCOMMANDS.get(argv[0])
-    if module is None:
-        print(f"entmax-ref: unknown command {argv[0]!r}; choose from: {', '.join(_SUBCOMMANDS)} "
+    if argv and argv[0] != "example" and argv[0] not in _SUBCOMMANDS:
+        print(f"entmax-ref: unknown command {argv[0]!r}; choose from: {', '.join(['example', *_SUBCOMMANDS])} "
               "(entmax-ref --help)", file=sys.stderr)
         return 2
+    from .backends import env_backend
+
+    try:
+        if not {"-h", "--help"} & set(argv[1:]):
+            env_backend()  # a misspelt engine is one line, before any work
+    except ValueError as exc:
+        print(f"entmax-ref: {exc}", file=sys.stderr)
+        return 2
+    if not argv or argv[0] == "example":
+        return _example()
+    module = _SUBCOMMANDS[argv[0]]
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
+from ._interop import public
 from .backends import engine, resolve_backend
 from .backends._base import xp_of
 from .gradients import _pair
@@ -112,6 +113,7 @@ def _solve(x, axis, backend, check_finite, return_info, op, param, info_cls):
 # ----------------------------------------------------------------------------- normmax
 
 
+@public
 def normmax(x, alpha=2.0, axis=-1, *, backend=None, return_info=False, check_finite=True):
     r"""alpha-normmax along ``axis``: the maximiser over the simplex of <x, p> - ||p||_alpha.
 
@@ -170,6 +172,7 @@ def normmax(x, alpha=2.0, axis=-1, *, backend=None, return_info=False, check_fin
                   lambda rows: _normmax_alpha(alpha, rows.batch_shape, xp_of(rows.data)), NormmaxInfo)
 
 
+@public
 def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
     r"""dL/dx of alpha-normmax, given its output ``p`` and the upstream ``grad`` = dL/dp.
 
@@ -178,6 +181,8 @@ def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
     v_i = N (p_i / N) ** (2 - alpha) / (alpha - 1) on the support (0 elsewhere) and
     N = ||p||_alpha; so dL/dx = v * (g - <p, g>) - p * sum_j v_j (g_j - <p, g>).  It is
     zero off the support, on single-entry supports and on all-masked rows; J 1 = 0.
+    Returned in p's shape and in the wider dtype of p and grad (float16/bfloat16 kept,
+    computed in float32 or wider; a 0-d p gives a 0-d result).
 
     >>> import entmax_ref as er
     >>> er.normmax_vjp([0.5, 0.5, 0.0], [1.0, 0.0, 0.0], alpha=2).tolist()
@@ -187,7 +192,7 @@ def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
     be = resolve_backend(backend, p2, g2, need=lambda: engine.family("normmax_vjp"))
     a = _normmax_alpha(alpha, rp.batch_shape, xp_of(p2))
     dx = _op(be, "normmax_vjp")(p2, g2, a)
-    return V.Rows(dx, rp.shape, rp.axis, dx.dtype).restore(dx)
+    return rp.restore(dx)
 
 
 def _alpha_norm(p, alpha, xp):
@@ -208,6 +213,7 @@ def _normmax_pq(x, target, alpha, axis, backend):
     return rows, xp, a, p, q
 
 
+@public
 def normmax_loss(x, target, alpha=2.0, axis=-1, *, backend=None):
     r"""The Fenchel-Young loss of alpha-normmax: L(x; q) = Omega(q) - Omega(p) + <p - q, x>.
 
@@ -233,20 +239,23 @@ def normmax_loss(x, target, alpha=2.0, axis=-1, *, backend=None):
     return rows.per_row(xp.maximum(loss, 0.0))
 
 
+@public
 def normmax_loss_grad(x, target, alpha=2.0, axis=-1, *, backend=None):
-    """Gradient of :func:`normmax_loss` w.r.t. x: normmax(x, alpha) - target (x's shape, float64).
+    """Gradient of :func:`normmax_loss` w.r.t. x: normmax(x, alpha) - target (x's shape, float64;
+    a 0-d x gives a 0-d result).
 
     >>> import entmax_ref as er
     >>> er.normmax_loss_grad([0.0, 0.0], 0, alpha=2).tolist()
     [-0.5, 0.5]
     """
     rows, xp, a, p, q = _normmax_pq(x, target, alpha, axis, backend)
-    return V.Rows(p, rows.shape, rows.axis, np.dtype(np.float64)).restore(p - q)
+    return rows.like(np.float64).restore(p - q)
 
 
 # ----------------------------------------------------------------------------- budget
 
 
+@public
 def budget_sparsemax(x, budget=2.0, axis=-1, *, backend=None, return_info=False, check_finite=True):
     r"""budget-sparsemax along ``axis``: the Euclidean projection of x onto
     {0 <= p <= 1, sum p = budget}.
@@ -301,6 +310,7 @@ def budget_sparsemax(x, budget=2.0, axis=-1, *, backend=None, return_info=False,
                   BudgetInfo)
 
 
+@public
 def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
     r"""dL/dx of budget-sparsemax, given its output ``p`` and ``grad`` = dL/dp.
 
@@ -308,6 +318,7 @@ def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
     with x, so the Jacobian is diag(1_F) - 1_F 1_F^T / |F|: dL/dx_i = g_i - mean_F(g) for
     i in F and 0 elsewhere; all zeros when F is empty (p is locally constant).  The
     budget does not enter; it is validated against n like :func:`budget_sparsemax`'s.
+    Returned in p's shape and in the wider dtype of p and grad (float16/bfloat16 kept).
 
     >>> import entmax_ref as er
     >>> er.budget_sparsemax_vjp([1.0, 0.8, 0.2, 0.0], [3.0, 1.0, 0.0, 5.0], budget=2).tolist()
@@ -317,4 +328,4 @@ def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
     be = resolve_backend(backend, p2, g2, need=lambda: engine.family("budget_vjp"))
     _budget_rows(budget, rp.batch_shape, p2.shape[1], xp_of(p2))
     dx = _op(be, "budget_vjp")(p2, g2)
-    return V.Rows(dx, rp.shape, rp.axis, dx.dtype).restore(dx)
+    return rp.restore(dx)

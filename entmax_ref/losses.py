@@ -36,10 +36,16 @@ def _target_rows(target, rows: V.Rows, xp):
         q = xp.zeros((rows_n, n), dtype=np.float64)
         q[xp.arange(rows_n), idx] = 1.0
         return q
-    if tuple(t.shape) != rows.shape:
+    x_shape = () if rows.scalar else rows.shape  # x as given (a 0-d x is one row of one score)
+    if tuple(t.shape) != x_shape:
         raise ValueError(
             f"target has shape {tuple(t.shape)}; expected class indices of shape {rows.batch_shape} "
-            f"(integer) or probabilities of shape {rows.shape} like x"
+            f"(integer) or probabilities of shape {x_shape} like x"
+        )
+    if n == 0 and rows_n:
+        raise ValueError(
+            f"target is a probability array over 0 classes (x has shape {x_shape}, the axis has length 0): "
+            "no row of it can sum to 1; a loss needs at least one class"
         )
     rt = V.to_rows(t, rows.axis, "target", allow_neg_inf=False, dtype=np.dtype(np.float64))
     q = rt.data

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
+from ._interop import public
 from .asentmax import _broadcast, _real, _reduce_to
 from .attention import AttentionGradients, AttentionInfo, _alpha_arg, attention, attention_vjp
 from .backends.numpy_attention import concat_keys
@@ -96,6 +97,21 @@ class _Packed:
                            "delta": _real(delta, "delta", xp)}
             _broadcast(self.params, (self.total_q, self.Hq))
 
+    def check_finite(self, *extra) -> None:
+        """ValueError naming the first NaN or +-inf of q, of the keys and values some query
+        reads (a sequence without queries reads none), and of ``extra`` ((array, name)
+        pairs packed like q), by its position in the packed array."""
+        for arr, name in ((self.q, "q"), *extra):
+            V.check_finite(arr, name, allow_neg_inf=False)
+        read = [np.arange(k0, k1) for _, _, _, k0, k1 in self.sequences()]
+        used = np.concatenate(read) if read else np.zeros(0, np.int64)
+        for arr, name in ((self.k, "k"), (self.v, "v")):
+            if len(used) == self.total_k:  # every key is read: the packed array as it is
+                V.check_finite(arr, name, allow_neg_inf=False)
+            else:
+                V.check_finite(arr[used], name, allow_neg_inf=False,
+                               locate=lambda i: (int(used[i[0]]),) + tuple(i[1:]))
+
     def sequences(self):
         """(s, q0, q1, k0, k1) of every sequence with at least one query."""
         for s in range(len(self.cq) - 1):
@@ -118,6 +134,7 @@ class _Packed:
                 for name in ("beta", "gamma", "delta")}
 
 
+@public
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=None, causal=False,
                      alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None,
                      return_info=False, backend=None, check_finite=True):
@@ -147,8 +164,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     scale, alibi_slopes, offset, chunk, backend
         As in :func:`entmax_ref.attention`.
     check_finite : bool
-        Reject NaN and +-inf in q, k and v (ValueError naming the first, by its index in
-        the sequence's ``(1, H, N_s, d)`` slice).  Turn off only for speed on inputs
+        Reject NaN and +-inf in q, k and v (ValueError naming the first by its position
+        in the packed array, e.g. ``q[4, 2, 1]``).  Turn off only for speed on inputs
         known to be clean; a non-finite entry then does what it does in
         :func:`entmax_ref.attention` with ``check_finite=False``, per sequence.  The keys
         of a sequence without queries are never read, whatever ``check_finite``.
@@ -186,6 +203,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     [0.0, 1.0, 5.0]
     """
     P = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, alpha, alibi_slopes, beta, gamma, delta, offset)
+    if check_finite:  # here, naming packed positions: the sequences' calls need not scan again
+        P.check_finite()
     xp = V.namespace(P.q)
     out = xp.zeros((P.total_q, P.Hq, P.Dv), P.out_dtype)
     if return_info:
@@ -200,7 +219,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     for _, q0, q1, k0, k1 in P.sequences():
         res = attention(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
                         alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
-                        chunk=chunk, return_info=return_info, backend=backend, check_finite=check_finite,
+                        chunk=chunk, return_info=return_info, backend=backend, check_finite=False,
                         **P.scale_params(q0, q1, beta, gamma, delta))
         o, info = res if return_info else (res, None)
         out[q0:q1] = o[0].transpose(1, 0, 2)
@@ -235,6 +254,7 @@ def _sequence_info(info, q0: int, q1: int):
                          per_key(info.support_keys))
 
 
+@public
 def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=None, out=None, tau=None, alpha=1.5,
                          scale=None, causal=False, alibi_slopes=None, beta=None, gamma=None, delta=1.0,
                          offset=1.0, chunk=None, backend=None, check_finite=True):
@@ -247,7 +267,8 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
     ``out`` and ``tau`` (the forward's output and ``info.tau``, packed as (total_q, Hq,
     Dv) and (total_q, Hq)), are passed on per sequence, with the meaning they have there.
     A sequence's keys get gradient only from its own queries.  ``check_finite`` (default
-    True) rejects NaN and +-inf in q, k, v and grad_out; off, a non-finite entry does
+    True) rejects NaN and +-inf in q, k, v and grad_out (naming the first by its position
+    in the packed array); off, a non-finite entry does
     what it does in :func:`entmax_ref.attention_vjp` with ``check_finite=False``, per
     sequence.
 
@@ -296,6 +317,8 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
             if a is None or tuple(a.shape) != want:
                 got = None if a is None else tuple(a.shape)
                 raise ValueError(f"info.{name} must have shape {want} (the packed rows of this call), got {got}")
+    if check_finite:  # first here, so that the error names a packed position
+        P.check_finite((do, "grad_out"))
     xp = V.namespace(P.q)
 
     def like(x):

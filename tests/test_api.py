@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -247,7 +248,44 @@ def test_public_names():
             "available_backends", "use_backend"} <= set(er.__all__)
 
 
-def test_env_var_unknown_backend(monkeypatch):
+def test_env_var_unknown_backend(monkeypatch, capsys):
     monkeypatch.setenv("ENTMAX_REF_BACKEND", "bogus")
-    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+    want = r"ENTMAX_REF_BACKEND='bogus' names no backend; valid values: auto, cupy, numba, numpy"
+    with pytest.raises(ValueError, match=want) as err:
         er.entmax([1.0])
+    assert "\n" not in str(err.value)
+    from entmax_ref.cli import main
+
+    for argv in ([], ["example"], ["check", "--quick"]):
+        assert main(argv) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1 and "Traceback" not in out.err
+        assert re.search(want, out.err), out.err
+    assert main(["check", "--help"]) == 0  # help needs no engine
+    capsys.readouterr()
+
+
+def test_unknown_command_lists_every_command(capsys):
+    from entmax_ref.cli import _SUBCOMMANDS, main
+
+    assert main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'frobnicate'; choose from: example, " in err
+    assert all(name in err for name in _SUBCOMMANDS)
+
+
+def test_finite_inputs_near_the_float_max_raise_no_warning():
+    """check_finite's one-pass scan may overflow on valid input: no warning, no error
+    (pyproject turns warnings into errors)."""
+    big = np.array([1e308, 1e308])
+    np.testing.assert_array_equal(er.entmax_vjp([0.5, 0.5], big), [0.0, 0.0])
+    np.testing.assert_array_equal(er.normmax_vjp([0.5, 0.5], big), [0.0, 0.0])
+    q = np.zeros((1, 1, 2, 2), np.float16)
+    v = np.full((1, 1, 3, 2), 60000.0, np.float16)  # sums beyond float16's 65504
+    out = er.attention(q, np.zeros((1, 1, 3, 2), np.float16), v, backend="numpy")
+    assert out.dtype == np.float16 and (out == np.float16(60000.0)).all()
+    g = er.attention_vjp(np.full((1, 1, 2, 2), 1e307), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 2)),
+                         np.ones((1, 1, 3, 2)), backend="numpy")
+    np.testing.assert_array_equal(g.dv, np.full((1, 1, 3, 2), 2e307 / 3))
+    with pytest.raises(ValueError, match=r"x\[0, 1\] = "):  # a real +inf is still found
+        er.softmax(np.array([[1e308, np.inf, 1e308]]))

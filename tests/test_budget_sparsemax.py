@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -76,17 +78,60 @@ def test_rows_with_a_huge_dynamic_range(backend):
     np.testing.assert_array_equal(p, [[1.0, 0.0, 0.125, 0.375], [1.0, 0.5, 0.0, 0.0]])
 
 
-def test_rows_beyond_2_53_where_breakpoints_collapse(backend):
-    # |x| >= 2^53: x - 1 rounds to x, so the free set between two breakpoints can be empty
-    # in float64 (numpy divided 0 by 0, numba raised ZeroDivisionError); tau is then the
-    # collapsed breakpoint, and p = clip(x - tau, 0, 1) is what float64 can represent
+def test_rows_beyond_2_53_are_exact(backend):
+    # |x| >= 2^53: x - 1 rounds to x, so breakpoints formed as x - 1 collapse; the
+    # projection is still exact (p relative to the largest free entry), and tau is the
+    # exact threshold rounded to float64
     big = 2.0 ** 53
     x = np.array([[4 * big, 4 * big - 8.0, 0.0], [-big, 0.0, 0.25]])
     p, info = er.budget_sparsemax(backend.asarray(x), 1.5, backend=backend, return_info=True)
     p, tau = backend.numpy(p), backend.numpy(info.tau)
-    assert tau[0] == 4 * big - 8.0  # the upper of the collapsed breakpoints: mass 1 <= 1.5
-    np.testing.assert_array_equal(p[0], [1.0, 0.0, 0.0])  # exact [1, 0.5, 0]: tau not representable
+    np.testing.assert_array_equal(p[0], [1.0, 0.5, 0.0])
+    assert tau[0] == float(Fraction(4 * big - 8) - Fraction(1, 2))  # 4 big - 8.5, rounded
     np.testing.assert_array_equal(p[1], [0.0, 0.625, 0.875])  # ordinary rows are unaffected
+
+
+@pytest.mark.parametrize("x, budget, want", [
+    ([1e16, 1e16], 1.0, [0.5, 0.5]),
+    ([1e17, 1e17, 1e17, 1e17], 1.0, [0.25] * 4),
+    ([-1e17, -1e17], 1.0, [0.5, 0.5]),
+    ([1e300, -1e300], 1.5, [1.0, 0.5]),
+    ([-1e300, 1e300, 1e300], 1.5, [0.0, 0.75, 0.75]),
+    ([1.7e308, 1.6e308, -1.7e308], 1.5, [1.0, 0.5, 0.0]),
+    ([1.7976931348623157e308, -1.7976931348623157e308], 1.25, [1.0, 0.25]),
+    ([1.7976931348623157e308, 1.7976931348623157e308, -np.inf], 1.0, [0.5, 0.5, 0.0]),
+])
+def test_huge_and_near_float_max_rows_are_the_exact_projection(backend, x, budget, want):
+    # differences of entries that overflow are +-inf, never a warning or a wrong sign
+    x = np.array(x)
+    p = backend.numpy(er.budget_sparsemax(backend.asarray(x), budget, backend=backend))
+    np.testing.assert_array_equal(p, want)
+    np.testing.assert_array_equal(p, budget_np(x[None], budget)[0][0])
+
+
+@given(
+    steps=hnp.arrays(np.int64, st.integers(1, 8), elements=st.integers(-8, 8)),
+    shift=st.sampled_from([2.0 ** 50, 2.0 ** 52, 2.0 ** 53, 1e16, -1e17, 2.0 ** 60, 1e300, -1e300, 1.7e308]),
+    masked=st.integers(0, 2),
+    frac=st.floats(0, 1),
+)
+def test_huge_offsets_numpy_numba_and_the_exact_projection_agree(steps, shift, masked, frac):
+    # rows of whole float64 steps (ulps) around a huge offset, with ties, masks and entries
+    # at -offset: the exact projection (rational arithmetic) on both engines, and
+    # sparsemax where the budget is 1
+    x = np.concatenate([shift + np.spacing(abs(shift)) * steps, [-shift] * (masked == 1), [-np.inf] * (masked == 2)])
+    n = len(x)
+    budget = frac * n
+    # the free entries lie within 1 of the largest of them: the error does not grow with the offset
+    tol = budget_agreement_tolerance(np.ones((1, 1)), budget)[0, 0]
+    p = {name: er.budget_sparsemax(x, budget, backend=name) for name in ("numpy", "numba")}
+    p1 = {name: er.budget_sparsemax(x, 1.0, backend=name) for name in ("numpy", "numba")}
+    p_ref, p1_ref = budget_np(x[None], budget)[0][0], budget_np(x[None], 1.0)[0][0]
+    for name in p:
+        np.testing.assert_allclose(p[name], p_ref, rtol=0, atol=tol, err_msg=name)
+        np.testing.assert_allclose(p1[name], p1_ref, rtol=0, atol=tol, err_msg=name)
+    np.testing.assert_allclose(p["numpy"], p["numba"], rtol=0, atol=2 * tol)
+    np.testing.assert_allclose(p1["numba"], er.sparsemax(x, backend="numba"), rtol=0, atol=2 * tol)
 
 
 def test_masks_all_masked_and_saturated_rows(backend):
@@ -198,3 +243,13 @@ def test_check_battery_passes_the_backends_and_fails_a_perturbed_implementation(
 
     bad = check_budget_sparsemax(sum_slightly_off, 2.5, size="quick", dtypes=("float64",))
     assert not bad.ok
+
+
+def test_vjp_of_huge_upstream_gradients(backend):
+    # g_i - mean_F(g) with sum_F g beyond float64's range: scaled, not -inf or NaN
+    vjp = er.budget_sparsemax_vjp
+    np.testing.assert_array_equal(vjp([0.5, 0.5], [1e308, 1e308], 1.0, backend=backend), [0.0, 0.0])
+    dx = vjp([0.5, 0.25, 0.25, 0.0], [1.5e308, 1.5e308, -1.5e308, 1e308], 1.0, backend=backend)
+    exact = [float(Fraction(1.5e308) - Fraction(1.5e308) / 3), float(Fraction(1.5e308) - Fraction(1.5e308) / 3)]
+    np.testing.assert_allclose(dx[:2], exact, rtol=4 * EPS)
+    assert dx[2] == -np.inf and dx[3] == 0.0  # -1.5e308 - 0.5e308: beyond the range, rounded to -inf

@@ -23,6 +23,16 @@ USER_MODULE = textwrap.dedent('''
     def raises(x, alpha):
         raise ValueError("my kernel does not like this")
 
+    def nan_rows(x, alpha):
+        p = er.entmax(x, alpha, backend="numpy")
+        p[::7] = np.nan
+        return p
+
+    def no_masked_rows(x, alpha):
+        if np.isneginf(np.asarray(x)).all(axis=-1).any():
+            raise IndexError("index -1 is out of bounds for dimension 1")
+        return er.entmax(x, alpha, backend="numpy")
+
     def wrong_shape(x, alpha):
         return np.asarray(x)[:, :-1]
 
@@ -129,15 +139,16 @@ def test_impl_module_in_the_current_directory(tmp_path, monkeypatch, capsys):
     assert str(tmp_path) not in __import__("sys").path  # nothing left behind
 
 
-def test_table_has_a_tolerance_column_a_legend_and_progress_on_stderr(user_module, capsys):
-    code, out, err = run(capsys, "--impl", f"{user_module}:good", "--alpha", "1.5", "--dtype", "float64")
+def test_table_has_an_error_over_tolerance_column_a_legend_and_progress_on_stderr(user_module, capsys):
+    code, out, err = run(capsys, "--impl", f"{user_module}:good", "--alpha", "1.5", "--dtype", "float32")
     assert code == 0, out
     head = out.splitlines()[0].split()
-    assert head[:8] == ["operation", "implementation", "dtype", "max", "abs", "err", "ulps", "tol"]
+    assert head[:8] == ["operation", "implementation", "dtype", "max", "abs", "err", "ulps", "err/tol"]
     row = next(ln for ln in out.splitlines() if ln.startswith("entmax a=1.5"))
-    tol = float(row.split()[6])
-    assert tol > 0  # a budget in ulps next to the measured ulps
+    used = float(row.split()[6])
+    assert 0 < used <= 1  # float32 rounds: an error, within its budget
     assert "ulps: |error| / (eps * max(1, |expected|))" in out and "float64 NumPy reference" in out
+    assert "err/tol: each entry's |error| as a fraction of its own tolerance" in out
     assert "props: property checks passed / run" in out
     # stdout is not a terminal here: progress is one plain line per job, on stderr
     assert err.startswith("[1/1 ") and "entmax [" in err and "\r" not in err
@@ -280,3 +291,38 @@ def test_a_failed_peers_process_is_a_failing_peer_row(monkeypatch):
     (row,) = finish().rows
     assert row.failed and row.peer and row.op == "peers"
     assert "ended with status 1 and no report" in row.notes[0]
+
+
+def _table_rows(out):
+    """The table's rows (before its legend) as lists of cells."""
+    body = out.split("\n\n")[0].splitlines()[2:]
+    return [line.split() for line in body]
+
+
+def test_table_shows_nan_dashes_and_error_over_tolerance(user_module, capsys):
+    """A newcomer reads the table right: NaN where the implementation returns NaN, '-'
+    where nothing was measured, and each error as a fraction of its own tolerance."""
+    code, out, _ = run(capsys, "--impl", f"{user_module}:good", "--alpha", "1.5")
+    assert code == 0
+    head = out.splitlines()[0].split()
+    assert "err/tol" in head and "(ulps)" not in head
+    for cells in _table_rows(out):
+        used = float(cells[-3])  # err/tol of a passing row: at most 1
+        assert 0 <= used <= 1 and cells[-1] == "PASS", cells
+    code, out, _ = run(capsys, "--impl", f"{user_module}:nan_rows", "--alpha", "1.5")
+    assert code == 1
+    for cells in _table_rows(out):
+        assert cells[4:7] == ["NaN", "NaN", "NaN"] and cells[-1] == "FAIL", cells
+    code, out, _ = run(capsys, "--impl", f"{user_module}:missing", "--alpha", "1.5")
+    assert code == 1
+    (cells,) = _table_rows(out)
+    assert cells[2:] == ["-", "-", "-", "-", "-", "FAIL"], cells  # dtype, the figures, props
+
+
+def test_an_implementation_failing_on_all_masked_rows_is_told_the_case_and_the_flag(user_module, capsys):
+    code, out, _ = run(capsys, "--impl", f"{user_module}:no_masked_rows", "--alpha", "1.5")
+    assert code == 1
+    assert "[all-masked] raised IndexError: index -1 is out of bounds" in out
+    assert "rows that are entirely -inf" in out and "--no-masked-rows" in out
+    code, out, _ = run(capsys, "--impl", f"{user_module}:no_masked_rows", "--alpha", "1.5", "--no-masked-rows")
+    assert code == 0, out

@@ -290,3 +290,38 @@ def test_check_command_lists_the_family_jobs():
     peers = [label for label, _ in C.peer_jobs("quick", 0)]
     if any(label.startswith("entmax.") for label in peers):
         assert "entmax.normmax_bisect a=2" in peers and "entmax.budget_bisect B=1" in peers
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_family_vjps_keep_low_precision_dtypes(backend, dtype):
+    dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.array([[0.0, -0.5, -2.0], [1.5, 0.8, 0.2]])
+    g = np.array([[1.0, 0.0, 2.0], [3.0, 1.0, 0.0]])
+    for fn, vjp, param in ((er.normmax, er.normmax_vjp, 2.0), (er.budget_sparsemax, er.budget_sparsemax_vjp, 1.5)):
+        p = fn(x.astype(dt), param, backend=backend)
+        assert p.dtype == dt
+        dx = vjp(p, g.astype(dt), param, backend=backend)
+        assert dx.dtype == dt, vjp.__name__
+        # computed in float32 from the same values, rounded once
+        want = vjp(p.astype(np.float32), g.astype(dt).astype(np.float32), param, backend="numpy").astype(dt)
+        np.testing.assert_allclose(dx.astype(np.float64), want.astype(np.float64), rtol=0,
+                                   atol=float(np.finfo(np.float32).eps) * 8)
+
+
+def test_family_results_of_0d_inputs_are_0d(backend):
+    one = np.array(0.7)  # one score: p = 1, every derivative 0
+    assert er.normmax(one, 2.0, backend=backend).shape == ()
+    for dx in (er.normmax_vjp(np.array(1.0), np.array(2.0), 2.0, backend=backend),
+               er.budget_sparsemax_vjp(np.array(1.0), np.array(2.0), 1.0, backend=backend),
+               er.normmax_loss_grad(one, np.array(0), 2.0, backend=backend),
+               er.normmax_loss_grad(one, np.array(1.0), 2.0, backend=backend)):
+        assert dx.shape == () and float(dx) == 0.0
+    assert er.normmax_loss(one, np.array(1.0), 2.0, backend=backend).shape == ()
+
+
+def test_huge_gaps_raise_no_warning_and_give_the_top_entry(backend):
+    # x - max overflows to -inf for an entry 2.7e308 below the max: out of the support, no warning
+    x = np.array([1e308, -1e308, 1.7e308])
+    for alpha in (1.5, 2.0, 4.0):
+        np.testing.assert_array_equal(er.normmax(x, alpha, backend=backend), [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(er.normmax_vjp([0.5, 0.5], [1e308, 1e308], 2.0, backend=backend), [0.0, 0.0])

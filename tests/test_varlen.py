@@ -291,13 +291,15 @@ def test_check_finite_off_is_bit_identical_on_clean_input(deterministic, cfg):
 @pytest.mark.parametrize("where", ["q", "k", "v", "grad_out"])
 def test_check_finite_on_and_off_with_a_nan(backend, where):
     """A NaN in sequence 1 (queries 3..6, keys 5..8): checked, the ValueError naming the
-    array; unchecked, the overflow error for q and k, non-finite results for v and grad_out."""
+    array and the entry's position in the packed array; unchecked, the overflow error for
+    q and k, non-finite results for v and grad_out."""
     rng, q, k, v, cq, ck = packed(8)
     g_out = rng.standard_normal((len(q), 4, 2))
     arrs = dict(q=q, k=k, v=v, grad_out=g_out)
-    arrs[where][{"q": 4, "k": 6, "v": 6, "grad_out": 4}[where], 1, 0] = np.nan
+    row = {"q": 4, "k": 6, "v": 6, "grad_out": 4}[where]
+    arrs[where][row, 1, 0] = np.nan
     q, k, v, g_out = arrs["q"], arrs["k"], arrs["v"], arrs["grad_out"]
-    named = rf"{where} contains 1 NaN or infinite value"
+    named = rf"{where} contains 1 NaN or infinite value; the first is {where}\[{row}, 1, 0\] = "
     if where != "grad_out":
         with pytest.raises(ValueError, match=named):
             er.attention_varlen(q, k, v, cq, ck, backend=backend)
@@ -316,3 +318,20 @@ def test_check_finite_on_and_off_with_a_nan(backend, where):
     assert not np.isfinite(g.dv[5:9]).all() if where == "grad_out" else not np.isfinite(g.dq[3:7]).all()
     for a in (g.dq, g.dk, g.dv):  # the other sequences never see it
         assert np.isfinite(np.delete(a, np.s_[3:7] if a is g.dq else np.s_[5:9], axis=0)).all()
+
+
+def test_check_finite_names_packed_positions_of_the_keys_read():
+    """The keys of a sequence without queries are never read; a bad key elsewhere is named
+    by its packed row, not by its row among the keys that are read."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((5, 2, 3)), rng.standard_normal((9, 1, 3)), rng.standard_normal((9, 1, 2))
+    cq, ck = np.array([0, 0, 5]), np.array([0, 4, 9])  # sequence 0: keys 0..3, no queries
+    k[1, 0, 0] = np.nan  # never read
+    out = er.attention_varlen(q, k, v, cq, ck, backend="numpy")
+    assert np.isfinite(out).all()
+    k[7, 0, 2] = np.inf
+    v[6, 0, 1] = -np.inf
+    with pytest.raises(ValueError, match=r"k contains 1 NaN or infinite value; the first is k\[7, 0, 2\] = "):
+        er.attention_varlen(q, k, v, cq, ck, backend="numpy")
+    with pytest.raises(ValueError, match=r"v contains 1 NaN or infinite value; the first is v\[6, 0, 1\] = "):
+        er.attention_varlen_vjp(np.ones((5, 2, 2)), q, np.where(np.isinf(k), 0.0, k), v, cq, ck, backend="numpy")

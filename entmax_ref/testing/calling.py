@@ -103,8 +103,17 @@ def guarded_call(row: CheckRow, call, *args, **kw):
     try:
         return call(*args, **kw)
     except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
-        row.fail(f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        row.fail(raised(row, exc))
         return None
+
+
+def raised(row: CheckRow, exc: Exception) -> str:
+    """The failing note of a call that raised ``exc``, naming the corpus case it ran."""
+    msg = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    if row.case == "all-masked":
+        return (f"[all-masked] {msg} (on rows that are entirely -inf, which must give zeros; "
+                "--no-masked-rows, or masked_rows=False, leaves them out)")
+    return f"[{row.case}] {msg}" if row.case else msg
 
 
 def attention_grads(row: CheckRow, vjp, *args, **kw) -> list | None:

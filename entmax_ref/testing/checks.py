@@ -79,6 +79,7 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
         cases = rows_of(size, seed, masked_rows)
         seen_dtype = False
         for case in cases:
+            row.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, _ = _ref(x64, a)
@@ -139,6 +140,7 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | 
     for dt, row, call in battery_rows(report, f"threshold a={a:g}", fn, name, dtypes, peer, 1, "check_threshold",
                                   "fn(x) or fn(x, alpha=...)", alpha_arg):
         for case in rows_of(size, seed, masked_rows):
+            row.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = _ref(x64, a)
@@ -204,6 +206,7 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
 
         skipped = 0
         for case in rows_of(size, seed, masked_rows):
+            row.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = _ref(x64, a)

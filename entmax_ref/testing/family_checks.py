@@ -36,7 +36,7 @@ import numpy as np
 from . import tolerance as T
 from ._adapters import from_numpy
 from .assertions import compare
-from .calling import dtypes_of, guarded_call, rows_of, safe_np
+from .calling import dtypes_of, guarded_call, raised, rows_of, safe_np
 from .report import CheckReport, CheckRow
 
 __all__ = [
@@ -175,7 +175,7 @@ def _call2(row, fn, x, prm, framework, device, keyword):
     except TypeError:
         return guarded_call(row, lambda: fn(xin, **{keyword: prm}))
     except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
-        row.fail(f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        row.fail(raised(row, exc))
         return None
 
 
@@ -245,6 +245,9 @@ def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | No
     for dt, frow, vrow, skipped in _dtype_rows(report, fn, vjp, "normmax", f"a={a:g}", label, dtypes, peer,
                                                "alpha >= 2 with an entry at the threshold"):
         for case in rows_of(size, seed, masked_rows):
+            for r in (frow, vrow):
+                if r is not None:
+                    r.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = er.normmax(x64, a, backend="numpy", return_info=True)
@@ -302,6 +305,9 @@ def check_budget_sparsemax(fn: Callable | None, budget: float = 2.0, *, vjp: Cal
         for case in rows_of(size, seed, masked_rows and masks):
             if not masks and case.name == "masks":
                 continue
+            for r in (frow, vrow):
+                if r is not None:
+                    r.case = case.name
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             b = float(min(budget, x.shape[1]))

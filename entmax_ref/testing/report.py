@@ -16,8 +16,12 @@ LEGEND = """\
 ulps: |error| / (eps * max(1, |expected|)), eps of the row's dtype (2.2e-16 float64, 1.2e-7
       float32), the error measured against the float64 NumPy reference of the same input
       (closed-form values for the golden cases); the largest over the corpus.
-tol (ulps): the tolerance of the entry that came closest to its own, in the same units;
-      tolerances come from the dtype, the row length and alpha (docs/validate.md).
+err/tol: each entry's |error| as a fraction of its own tolerance, the largest over the corpus:
+      1.0 is at the limit, above 1 fails; tolerances come from the dtype, the row length and
+      alpha (docs/validate.md).
+NaN, inf: the implementation returned NaN (or an infinite error) somewhere: a failure.
+-: nothing measured (skipped, or the implementation could not be imported or called: see
+      the failures below the table).
 props: property checks passed / run: on the simplex, masked entries exactly 0, all-masked
       rows, shift invariance, permutation equivariance, golden values, dtype kept, support /
       threshold consistency, J 1 = 0, symmetric Jacobian, finite differences, loss >= 0,
@@ -46,6 +50,12 @@ class CheckRow:
     notes: list = field(default_factory=list)
     peer: bool = False  #: a third-party implementation (informational in the command's exit status)
     seconds: float = 0.0
+    measured: bool = False  #: some output was compared (False: nothing ran, or nothing could be read)
+    #: "NaN" when the implementation returned NaN where a number was expected, "inf" for
+    #: another non-finite error; "" when every compared entry was finite
+    nonfinite: str = ""
+    #: the corpus case being run (not a field: named in the note of a call that raises)
+    case = ""
 
     @property
     def failed(self) -> bool:
@@ -61,9 +71,14 @@ class CheckRow:
             self.notes.append(msg)
 
     def measure(self, cmp) -> None:
+        if cmp.problem:  # a shape or dtype that cannot be compared: nothing measured (the note says why)
+            return
+        self.measured = True
         if np.isfinite(cmp.max_abs):
             self.max_abs = max(self.max_abs, cmp.max_abs)
             self.max_ulps = max(self.max_ulps, cmp.max_ulps)
+        elif self.nonfinite != "NaN":
+            self.nonfinite = "NaN" if cmp.actual is not None and np.isnan(cmp.actual) else "inf"
         if np.isfinite(cmp.used) and (cmp.used > self.used or not self.tol_ulps):
             self.used, self.tol_ulps = max(cmp.used, self.used), cmp.tol_ulps
 
@@ -107,14 +122,15 @@ class CheckReport:
 
     def table(self) -> str:
         """The report as a plain-text table (with the notes of failing rows below it)."""
-        head = ("operation", "implementation", "dtype", "max abs err", "ulps", "tol (ulps)", "props", "verdict")
+        head = ("operation", "implementation", "dtype", "max abs err", "ulps", "err/tol", "props", "verdict")
         lines = []
         for r in self.rows:
             skip = r.verdict == "SKIP"
-            lines.append((r.op, r.impl, r.dtype, "-" if skip else f"{r.max_abs:.2e}",
-                          "-" if skip else f"{r.max_ulps:.3g}",
-                          "-" if skip or not r.tol_ulps else f"{r.tol_ulps:.3g}",
-                          "-" if skip else f"{r.props_passed}/{r.props_total}",
+            # "-": nothing measured; NaN / inf: what the implementation returned, not a number
+            figures = (("-",) * 3 if skip or not r.measured else (r.nonfinite,) * 3 if r.nonfinite
+                       else (f"{r.max_abs:.2e}", f"{r.max_ulps:.3g}", f"{r.used:.3g}"))
+            lines.append((r.op, r.impl, r.dtype, *figures,
+                          "-" if skip or not (r.measured or r.props_total) else f"{r.props_passed}/{r.props_total}",
                           r.verdict + (" (peer)" if r.peer and r.failed else "")
                           + (f": {r.notes[0]}" if skip and r.notes else "")))
         widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(head)]
