@@ -9,7 +9,7 @@ batch ``b`` (a prefix).  A query sees keys ``[0, visible_count)``, a prefix, unl
 The public layer (:func:`entmax_ref.keys_visible`, the ASEntmax ``n``), the NumPy driver
 (masks and chunk bounds), the Numba driver (chunk bounds, the query offset), the CuPy
 adaptor (chunk bounds) and the key-mask runs all three drivers take
-(:func:`~entmax_ref.backends.numpy_attention.key_runs`) use these functions; the compiled
+(:func:`~entmax_ref.backends.attention_driver.key_runs`) use these functions; the compiled
 per-row code (Numba ``_visible``, the CUDA kernels) computes the same
 ``min(length, i + offset + 1)`` and is tested against them.
 Every function works on Python integers and NumPy arrays of positions.

@@ -21,7 +21,7 @@ agree with the NumPy reference to a few ulps (identical supports).  See
     the reference's bisection to the last bit, on the same bracket.
 
 Attention (:mod:`entmax_ref.backends.numba.attention`) walks the query chunks of
-:mod:`entmax_ref.backends.numpy_attention` (only the keys a causal chunk can see) on
+:mod:`entmax_ref.backends.attention_driver` (only the keys a causal chunk can see) on
 worker threads.  Per chunk one float32 BLAS product serves as a rigorous filter (an error
 bound on its scores rules out the keys that cannot reach the support window); the keys
 left get their exact float64 scores, and one ``nogil`` kernel per chunk applies scale,
@@ -237,8 +237,8 @@ class NumbaBackend:
         from .numba.attention import attention_forward
 
         if spec.key_mask is not None:
+            from .attention_driver import forward_by_key_runs
             from .numpy_attention import attention_forward as numpy_forward
-            from .numpy_attention import forward_by_key_runs
 
             return forward_by_key_runs(self.attention_forward, q, k, v, spec,
                                        lambda: numpy_forward(self, q, k, v, spec))

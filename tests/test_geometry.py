@@ -46,7 +46,7 @@ def test_key_masks_with_lengths_agree_with_the_definition():
     """attendable_keys (the key mask within the length) and its users: the counts of
     keys_visible with a key mask, and the runs of keys the mask-free drivers take."""
     from entmax_ref.backends._base import AttentionSpec
-    from entmax_ref.backends.numpy_attention import key_runs
+    from entmax_ref.backends.attention_driver import key_runs
 
     rng = np.random.default_rng(7)
     nq, nk = 4, 9

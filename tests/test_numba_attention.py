@@ -171,9 +171,9 @@ def test_rows_that_see_no_key_are_blank(monkeypatch):
     run); a row that no chunk runs (causal with more queries than keys, a batch of length
     0) is the blank row: output and skewed output 0, no support keys, theta -inf.  The
     arrays' memory is poisoned first, so the blank rows must really be written."""
-    from entmax_ref.backends import numpy_attention
+    from entmax_ref.backends import attention_driver
 
-    monkeypatch.setattr(numpy_attention, "np", _PoisonedNumpy())  # empty_forward's np.empty
+    monkeypatch.setattr(attention_driver, "np", _PoisonedNumpy())  # empty_forward's np.empty
     real_keys = nattn.empty_support_keys
 
     def poisoned_keys(*args):  # the kernels' module keeps its np: nothing compiles in here

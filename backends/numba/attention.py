@@ -1,7 +1,7 @@
 """Attention kernels of the numba backend: fused, support-only forward and backward.
 
 Both directions walk the query chunks of the NumPy driver
-(:mod:`entmax_ref.backends.numpy_attention`: the same chunk sizes, the same causal key
+(:mod:`entmax_ref.backends.attention_driver`: the same chunk sizes, the same causal key
 ranges ``[0, key_end)`` per chunk, rows of all query heads of a kv-head together) and
 compute the same quantities in float64 (every score that can carry mass is the float64
 ``s_i * (scale * q_i.k_j) - slope_h |i_abs - j|`` of the reference, operation by
@@ -57,7 +57,7 @@ backward (``bwd_rows`` then ``bwd_scatter``)
 Alpha per head: every row takes its head's alpha (window, solver, weights); the float32
 filter is used only in chunks without a softmax head.  Key masks: when the keys a batch
 may attend form one run ``lo <= j < hi``, the batch runs as the key-sliced problem
-``k[b, :, lo:]`` with ``hi - lo`` valid keys (:func:`entmax_ref.backends.numpy_attention.
+``k[b, :, lo:]`` with ``hi - lo`` valid keys (:func:`entmax_ref.backends.attention_driver.
 forward_by_key_runs`, ``backward_by_key_runs``); masks with holes use the NumPy driver with
 the compiled row solver.  The forward's routing (key runs, then the decoding path of
 :mod:`entmax_ref.backends.numba.decode` or this chunked forward) is the numba backend's
@@ -118,6 +118,7 @@ from numba.extending import intrinsic
 from . import CACHE
 from ._threads import run_items
 from .candidates import MASK_MIN, _set_bits
+from ..attention_driver import backward_by_key_runs, batch_chunks, empty_forward
 from ..geometry import key_offset, visible_keys_end
 from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
@@ -1033,9 +1034,7 @@ def _chunk_cost(i0, i1, key_end):
 
 def _head_items(spec, b, Nq, Nk, group):
     """The driver's chunks (i0, i1, key_end) of batch b, largest first."""
-    from ..numpy_attention import chunk_bounds
-
-    return sorted(chunk_bounds(spec, b, Nq, Nk, group), key=lambda t: -_chunk_cost(*t))
+    return sorted(batch_chunks(spec, b, Nq, Nk, group), key=lambda t: -_chunk_cost(*t))
 
 
 # The kernels get C-contiguous, writable float64 arrays only (a fresh copy of the small
@@ -1343,12 +1342,10 @@ def attention_forward(backend, q, k, v, spec):
 def empty_kernel_forward(B, Hq, Nq, Dv, out_dtype, keep, blank=None):
     """The arrays the numba forwards fill (chunked and decoding): the
     :class:`~entmax_ref.backends._base.AttentionForward` of
-    :func:`~entmax_ref.backends.numpy_attention.empty_forward` with the support keys
+    :func:`~entmax_ref.backends.attention_driver.empty_forward` with the support keys
     (:func:`empty_support_keys`), and the kernels' ``skew`` and ``keys`` arguments.
     Without ``keep`` (``spec.residual`` off) skew and the keys are None, and the kernels get
     zero-size stand-ins of the same types, which they, told so, never index."""
-    from ..numpy_attention import empty_forward
-
     fwd = empty_forward(B, Hq, Nq, Dv, out_dtype, blank, keep)
     if not keep:
         return fwd, (np.empty((0, 0, 0, 0)), np.empty((0, 0, 0, 0), np.int32))
@@ -1365,7 +1362,7 @@ def keys_width(Dv):
 def empty_support_keys(B, Hq, Nq, Dv, blank=None):
     """The forward's ``support_keys`` as a row that sees no key leaves them (all -1); with
     ``blank`` ((B, Hq, Nq) bool) those rows only, the others left for the kernels to
-    write (as :func:`~entmax_ref.backends.numpy_attention.empty_forward`)."""
+    write (as :func:`~entmax_ref.backends.attention_driver.empty_forward`)."""
     if blank is None:
         return np.full((B, Hq, Nq, keys_width(Dv)), -1, np.int32)
     keys = np.empty((B, Hq, Nq, keys_width(Dv)), np.int32)
@@ -1403,8 +1400,6 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     if bool(np.any(heads_alpha == 1.0)):  # a softmax head: the NumPy driver
         return numpy_backward(backend, do, q, k, v, res, skew, spec)
     if spec.key_mask is not None:
-        from ..numpy_attention import backward_by_key_runs
-
         return backward_by_key_runs(lambda *a: attention_backward(backend, *a), do, q, k, v, res, skew, spec,
                                     lambda: numpy_backward(backend, do, q, k, v, res, skew, spec))
     theta = _writable(np.asarray(res.theta))

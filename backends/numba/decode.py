@@ -36,7 +36,7 @@ those of the chunked forward's filter path), so theta, the support, the outputs 
 residual (row max, edge, edge probability) follow the same contract; the row solver is
 seeded with the row's index in the chunked forward's chunk (``h * Nq + i``).  Overflow is
 checked on the keys ``j < key_end`` of the row's chunk in the reference's chunking
-(:func:`entmax_ref.backends.numpy_attention.chunk_bounds`), as the other drivers do.
+(:func:`entmax_ref.backends.attention_driver.batch_chunks`), as the other drivers do.
 
 Taken for ``Nq <= DECODE_MAX_QUERIES``, at most :data:`DECODE_MAX_ROWS` rows per kv-head,
 at least :data:`DECODE_MIN_KEYS` keys per 4 queries, float32 or float64 inputs and every alpha > 1 (a
@@ -55,6 +55,7 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
+from ..attention_driver import batch_chunks
 from ..geometry import key_offset
 from .attention import (_OVERFLOW, _dot, _g_cut, _group_alphas, _group_slopes, _max_cut, _row_result,
                         _row_scale, _run_parallel, _score, _theta_cut, _theta_lower, _writable, _z_range,
@@ -319,10 +320,8 @@ def _scans(spec) -> bool:
 
 def _row_geometry(spec, b, Nq, Nk, group):
     """Per row (``h * Nq + i``) the visible keys and the keys its chunk checks for overflow."""
-    from ..numpy_attention import chunk_bounds
-
     nchk_q = np.zeros(Nq, np.int64)
-    for i0, i1, key_end in chunk_bounds(spec, b, Nq, Nk, group):
+    for i0, i1, key_end in batch_chunks(spec, b, Nq, Nk, group):
         nchk_q[i0:i1] = key_end
     nvis_q = nchk_q
     if spec.causal:
