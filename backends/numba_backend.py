@@ -249,6 +249,6 @@ class NumbaBackend:
     def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         """The support-only chunked backward of :mod:`entmax_ref.backends.numba.attention`
         (the NumPy driver's at alpha = 1, where the support is dense)."""
-        from .numba.attention import attention_backward
+        from .numba.attention_backward import attention_backward
 
         return attention_backward(self, do, q, k, v, res, skew, spec)

@@ -57,9 +57,10 @@ from numba import njit
 from . import CACHE
 from ..attention_driver import batch_chunks
 from ..geometry import key_offset
-from .attention import (_OVERFLOW, _dot, _g_cut, _group_alphas, _group_slopes, _max_cut, _row_result,
-                        _row_scale, _run_parallel, _score, _theta_cut, _theta_lower, _writable, _z_range,
-                        empty_kernel_forward, score_errors, trimmed_keys)
+from .attention_chunks import (_OVERFLOW, _group_alphas, _group_slopes, _row_scale, _run_parallel, _writable,
+                               empty_kernel_forward, trimmed_keys)
+from .attention_filter import _dot, _g_cut, _max_cut, _score, _theta_cut, _theta_lower, _z_range, score_errors
+from .attention_rows import _row_result
 from .rows import _solver_scratch
 
 #: the decoding path is taken up to this many queries per head ...
