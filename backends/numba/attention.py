@@ -39,7 +39,7 @@ from ..geometry import key_offset, visible_keys_end
 from .attention_chunks import (_OVERFLOW, _chunk_cost, _filter_bound, _group_alphas, _group_slopes, _head_items,
                                _Heads, _product, _row_scale, _run_chunks, _single_threaded_blas, _writable,
                                empty_kernel_forward, trimmed_keys)
-from .attention_rows import fwd_rows
+from .attention_rows import ForwardArrays, chunk_rows, fwd_rows
 
 
 #: Bytes of a chunk's float32 filter product formed at a time: the forward forms it and
@@ -81,6 +81,7 @@ def attention_forward(backend, q, k, v, spec):
     (out, theta, support, skew, row_max, edge, edge_p, support_keys), (skew_w, keys_w) = \
         empty_kernel_forward(B, Hq, Nq, Dv, q.dtype, keep, blank)
     causal, scale = bool(spec.causal), float(spec.scale)
+    fwd = ForwardArrays(skew_w, theta, support, row_max, edge, edge_p, keys_w, bool(keep))
     workers = numba.get_num_threads()
     state = {"filter": shared.FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
     heads = _Heads(k, v)
@@ -101,7 +102,7 @@ def attention_forward(backend, q, k, v, spec):
         o = np.empty((rows, Dv), f64)  # the output rows in float64; the rest goes to its place
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
-        slopes = _group_slopes(spec, h0, group)
+        rows_rec = chunk_rows(b, h0, nc, i0, offset, causal, scale, rs, _group_slopes(spec, h0, group), alphas)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
             # at least D rows: a block reads the keys once (D floats a key), and fewer rows
@@ -123,9 +124,7 @@ def attention_forward(backend, q, k, v, spec):
                     g = np.matmul(q32[a:e], head.k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
                 else:
                     g = _product(qc, kk.T, None)  # head.rows gave the float64 keys
-                fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], b, h0, nc, i0, offset, causal, scale, rs, slopes, alphas,
-                         vv, o[a:e], skew_w, theta, support, row_max, edge, edge_p, ncand[a:e], bad[a:e], keys_w,
-                         keep)
+                fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], vv, rows_rec, fwd, o[a:e], ncand[a:e], bad[a:e])
         if bad.any():
             raise ValueError(_OVERFLOW)
         if probe and filt and ncand.sum() > shared.FILTER_FRACTION * rows * key_end:

@@ -24,7 +24,7 @@ from ..geometry import key_offset
 from .attention_chunks import (_OVERFLOW, _chunk_cost, _group_alphas, _group_slopes, _Head, _head_items, _InOrder,
                                _row_scale, _run_chunks, _run_parallel, _scores, _single_threaded_blas,
                                _support_keys, _writable)
-from .attention_rows import bwd_rows, bwd_scatter, expand
+from .attention_rows import BackwardOut, BackwardRows, bwd_rows, bwd_scatter, chunk_rows, expand
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
 #: dK and dV with BLAS on dense blocks instead of the support-only scatter.
@@ -163,8 +163,9 @@ class _Backward:
         dsc = np.empty(rows, f64)
         bad = np.empty(rows, np.int8)
         dal = np.empty(0, f64) if self.dalpha is None else np.empty(rows, f64)
-        bwd_rows(g, filt, qc, kk, err, nc, i0, self.offset, self.causal, self.scale, rs, slopes, alphas, th, rm, ce,
-                 qe, doc, sk, vv, idx, pb, ub, cnt, dqc, dsc, bad, dal, kc)
+        rec = chunk_rows(b, h0, nc, i0, self.offset, self.causal, self.scale, rs, slopes, alphas)
+        bwd_rows(g, filt, qc, kk, err, vv, rec, BackwardRows(th, rm, ce, qe, doc, sk, kc),
+                 BackwardOut(idx, pb, ub, cnt, dqc, dsc, bad, dal))
         if (bad == 2).any():
             raise ValueError("support_keys do not belong to this call (a key out of order or not "
                              "visible to its row): pass the residual of this problem's forward")

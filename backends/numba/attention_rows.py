@@ -38,6 +38,7 @@ backward (``bwd_rows`` then ``bwd_scatter``)
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
@@ -49,6 +50,39 @@ from .compensated import acc as _acc
 from .elementwise import _p_u
 from .grads import _alpha_vjp_row, _alpha_vjp_row_big, _signed_exp, _skew
 from .rows import _kind, _solve_default, _solver_scratch
+
+
+#: A chunk's place and its rows' parameters, as the row kernels take them (one record, which
+#: numba passes as a tuple): batch ``b``, first query head ``h0``, queries per head ``nc``,
+#: first query ``i0``, the absolute position of query 0 (``offset``), the causal flag, the
+#: score scale, the rows' ASEntmax scales (``row_scale``, (rows,) or empty), and per query
+#: head of the group the ALiBi ``slopes`` and ``alphas`` ((group,) float64).
+ChunkRows = namedtuple("ChunkRows", "b h0 nc i0 offset causal scale row_scale slopes alphas")
+
+#: The forward's arrays every row writes at its place ``[b, hq, i]`` (the whole
+#: ``(B, Hq, Nq, ...)`` arrays): the skewed output, theta, the support, the residual (row
+#: maximum, edge, edge probability) and the support keys; ``keep``: whether the skewed
+#: output and the keys are formed (otherwise ``skew`` and ``keys`` are zero-size stand-ins).
+ForwardArrays = namedtuple("ForwardArrays", "skew theta support rmax edge edge_p keys keep")
+
+#: The backward's inputs per row of a chunk: theta, the residual of alpha > 2 (row max,
+#: edge, edge probability; theta again where unused), dO, the forward's skewed output
+#: ((rows, Dv) or (0, Dv)) and its support keys ((rows, cap) or (0, cap)).
+BackwardRows = namedtuple("BackwardRows", "th rmax edge edge_p doc skew keys")
+
+#: What the backward's row kernel writes per row of a chunk: the compacted support (key
+#: ``idx``, ``pb`` = p, ``ub`` = s dZ, ``cnt`` entries), ``dq``, ``ds``, ``bad`` and
+#: ``dal`` (dalpha, or empty).
+BackwardOut = namedtuple("BackwardOut", "idx pb ub cnt dq ds bad dal")
+
+
+def chunk_rows(b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas):
+    """A :data:`ChunkRows` whose scalar fields have the types the kernels are compiled
+    for (int64, bool, float64), whatever integer or float types the caller has: one
+    specialization per array type."""
+    return ChunkRows(int(b), int(h0), int(nc), int(i0), int(offset), bool(causal), float(scale), row_scale, slopes,
+                     alphas)
+
 
 
 @njit(cache=CACHE)
@@ -65,16 +99,18 @@ def _visible(r, nc, i0, offset, key_end, causal):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale, has_s):
-    """Row ``r`` of a chunk: :func:`_visible`'s (h, i_abs, n), then its head's ``a1 =
-    alpha - 1``, ``a2 = 2 - alpha``, whether alpha > 2, the support window ``1/a1``
-    (inf at alpha = 1) and the row's ASEntmax scale ``s`` (1 without one)."""
-    h, i_abs, n = _visible(r, nc, i0, offset, key_end, causal)
-    a1 = alphas[h] - 1.0
-    a2 = 2.0 - alphas[h]
+def _row_params(r, rows, key_end, has_s):
+    """Row ``r`` of a chunk (``rows`` its :data:`ChunkRows`): :func:`_visible`'s (h, i_abs,
+    n), then its head's ``a1 = alpha - 1``, ``a2 = 2 - alpha``, whether alpha > 2, the
+    support window ``1/a1`` (inf at alpha = 1) and the row's ASEntmax scale ``s`` (1
+    without one)."""
+    h, i_abs, n = _visible(r, rows.nc, rows.i0, rows.offset, key_end, rows.causal)
+    alpha = rows.alphas[h]
+    a1 = alpha - 1.0
+    a2 = 2.0 - alpha
     window = 1.0 / a1 if a1 > 0.0 else np.inf
-    s = row_scale[r] if has_s else 1.0
-    return h, i_abs, n, a1, a2, alphas[h] > 2.0, window, s
+    s = rows.row_scale[r] if has_s else 1.0
+    return h, i_abs, n, a1, a2, alpha > 2.0, window, s
 
 
 @njit(cache=CACHE, _nrt=False)
@@ -147,17 +183,23 @@ def _store_keys(m, pc, idx, row):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _row_result(r, b, hq, i, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
-                out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep):
-    """Everything one forward row writes, from its ``m`` candidates (``ok``: its scores
-    were finite): row ``r`` of the caller's float64 ``out`` (the driver converts it to
-    q's dtype) and flags ``bad``, ``ncand``; then (:func:`_solve_weigh`, seeded with
-    ``seed``, the row's index in its chunk) theta, the support, the residual, the skewed
-    output (the output itself at alpha = 1, as the reference has it) and the support's
-    keys (:func:`_store_keys`) straight into their place ``[b, hq, i]`` of the forward's
-    arrays; without ``keep`` (no backward will follow) the last two are neither formed
-    nor written.  A row without candidates, or with overflowed scores, attends nothing.
+def _row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, ncand):
+    """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
+    idx)`` (exact scores, room for their p, keys; ``ok``: its scores were finite): row
+    ``r`` of the caller's float64 ``out`` (the driver converts it to q's dtype) and flags
+    ``bad``, ``ncand``; then (:func:`_solve_weigh`, seeded with ``seed``, the row's index
+    in its chunk; ``alpha = (a1, a2, big)``; ``scratch = (o, sk, c, aux, aux2)``) theta,
+    the support, the residual, the skewed output (the output itself at alpha = 1, as the
+    reference has it) and the support's keys (:func:`_store_keys`) straight into their
+    place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`ForwardArrays`);
+    without ``fwd.keep`` (no backward will follow) the last two are neither formed nor
+    written.  A row without candidates, or with overflowed scores, attends nothing.
     Shared by the chunked forward and the decoding path, so both write the same bits."""
+    b, hq, i = place
+    zc, pc, idx = cand
+    a1, a2, big = alpha
+    o, sk, c, aux, aux2 = scratch
+    keep = fwd.keep
     bad[r] = 0 if ok else 1
     ncand[r] = m
     for d in range(o.shape[0]):
@@ -174,73 +216,73 @@ def _row_result(r, b, hq, i, seed, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c
             L = -np.inf
             ce = -np.inf
             qe = 0.0
-    theta[b, hq, i] = th
-    support[b, hq, i] = cnt
-    rmax[b, hq, i] = L
-    edge[b, hq, i] = ce
-    edge_p[b, hq, i] = qe
+    fwd.theta[b, hq, i] = th
+    fwd.support[b, hq, i] = cnt
+    fwd.rmax[b, hq, i] = L
+    fwd.edge[b, hq, i] = ce
+    fwd.edge_p[b, hq, i] = qe
     for d in range(o.shape[0]):
         out[r, d] = o[d]
     if keep:
-        _store_keys(m if cnt > 0 else np.int64(0), pc, idx, keys[b, hq, i])
+        _store_keys(m if cnt > 0 else np.int64(0), pc, idx, fwd.keys[b, hq, i])
         src = o if a1 == 0.0 else sk
         for d in range(o.shape[0]):
-            skew[b, hq, i, d] = src[d]
+            fwd.skew[b, hq, i, d] = src[d]
 
 
 @njit(nogil=True, cache=CACHE)
-def fwd_rows(g, r0, filt, qc, kk, err, b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas, vv,
-             out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys, keep):
-    """Fused forward of rows ``r0 .. r0 + rows - 1`` of a chunk (all of it, or a block of
-    it: see :data:`FILTER_BLOCK_BYTES`): ``g`` (rows, key_end) is their q.k (float64, or
-    float32 as a filter when ``filt``; see :func:`_candidates`), ``err`` (rows,) its score
-    error bound; ``row_scale`` (the chunk's rows,) or empty; ``slopes`` and ``alphas``
-    (group,) float64 (per query head of the group; ``filt`` needs every alpha > 1).
-    ``qc``, ``err``, ``out`` (float64, rows x Dv), ``ncand`` (candidates) and ``bad``
-    (1 for a row whose scores overflowed) hold these rows only.  The chunk's query heads
-    are ``h0 .. h0 + group - 1`` of batch ``b``, its queries ``i0 .. i0 + nc - 1``; each
-    row writes ``skew``, ``theta``, ``support``, the residual ``rmax``, ``edge``,
-    ``edge_p`` (the row maximum m, ``c = min_{p > 0} (z - m)`` and its p) and ``keys``
-    (the support's keys, :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...)
-    arrays (:func:`_row_result`; ``skew`` and ``keys`` only with ``keep``).  For
-    alpha > 2 the skewed output is formed from ``w = u / max u`` (u overflows at the
-    support's edge; the factor cancels in the ratio)."""
-    rows, key_end = g.shape
+def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
+    """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of
+    it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``g`` (n, key_end) is their q.k
+    (float64, or float32 as a filter when ``filt``; see
+    :func:`~.attention_filter._candidates`), ``err`` (n,) its score error bound; ``rows``
+    the chunk's :data:`ChunkRows` (``filt`` needs every alpha > 1).  ``qc``, ``err``,
+    ``out`` (float64, n x Dv), ``ncand`` (candidates) and ``bad`` (1 for a row whose
+    scores overflowed) hold these rows only.  Each row writes ``fwd``
+    (:data:`ForwardArrays`: the skewed output, theta, the support, the residual: the row
+    maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's keys,
+    :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
+    (:func:`_row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
+    max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
+    n_rows, key_end = g.shape
     dv = vv.shape[1]
-    has_s = row_scale.shape[0] > 0
+    has_s = rows.row_scale.shape[0] > 0
     za, idx, zc, gx = _candidate_buffers(key_end)
     pc = np.empty(key_end, np.float64)
     c, aux, aux2 = _solver_scratch(key_end)
     o = np.empty(dv, np.float64)
     sk = np.empty(dv, np.float64)
-    for r in range(rows):
+    for r in range(n_rows):
         rc = r0 + r
-        h, i_abs, n, a1, a2, big, window, s = _row_params(rc, nc, i0, offset, key_end, causal, alphas,
-                                                          row_scale, has_s)
-        m, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
+        h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
+        m, ok = _candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
                                  np.bool_(True), 0.0, za, idx, zc, gx)
-        _row_result(r, b, h0 + h, i0 + (rc - h * nc), rc, m, ok, zc, pc, idx, a1, a2, big, vv, o, sk, c, aux, aux2,
-                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep)
+        _row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), rc, m, ok, (zc, pc, idx), (a1, a2, big),
+                    vv, (o, sk, c, aux, aux2), fwd, out, bad, ncand)
 
 
 @njit(nogil=True, cache=CACHE)
-def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slopes, alphas, th, rmax, edge,
-             edge_p, doc, skew_in, vv, idx, pb, ub, cnt, dq, ds, bad, dal, keys):
+def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
     """Per-row backward of one chunk over the support only (see the module docstring).
-    ``g``, ``filt``, ``err``, ``alphas`` (every one > 1 here) as in :func:`fwd_rows`;
-    ``th`` (rows,) theta (-inf: empty row), and for the rows whose alpha > 2 the
-    forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which p is rebuilt as the row
-    solver wrote it (:func:`~.big_alpha._edge_p`); ``skew_in`` (rows, Dv) or an empty (0, Dv)
-    array (then recomputed from p); writes the compacted support ``idx``, ``pb`` (p),
-    ``ub`` (s dZ), ``cnt`` per row, and ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1``
-    where a score overflowed.  alpha > 2: :func:`_dz_big`.  ``dal`` (rows,) or empty:
-    dL/dalpha of each row, the row transform's alpha VJP
-    (:mod:`entmax_ref.backends.numba.grads`) on the support's p and dL/dp = dO . v.
-    ``keys`` (rows, cap) or (0, cap): the forward's support keys (:func:`_store_keys`); a
-    row that has them takes its candidates from them (:func:`_stored_candidates`) and
-    reads nothing of ``g``, which may then be empty when every row has them; ``bad[r] =
-    2`` where they do not belong to this call."""
-    rows = th.shape[0]
+    ``g``, ``filt``, ``err``, ``rows`` (every alpha > 1 here) as in :func:`fwd_rows`;
+    ``inp`` (:data:`BackwardRows`): ``th`` (rows,) theta (-inf: empty row), and for the
+    rows whose alpha > 2 the forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which
+    p is rebuilt as the row solver wrote it (:func:`~.big_alpha._edge_p`); ``doc`` dO;
+    ``skew`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p); ``keys``
+    (rows, cap) or (0, cap): the forward's support keys (:func:`_store_keys`); a row that
+    has them takes its candidates from them (:func:`_stored_candidates`) and reads
+    nothing of ``g``, which may then be empty when every row has them.  Writes ``res``
+    (:data:`BackwardOut`): the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ),
+    ``cnt`` per row, ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1`` where a score
+    overflowed, 2 where the keys do not belong to this call.  alpha > 2:
+    :func:`_dz_big`.  ``dal`` (rows,) or empty: dL/dalpha of each row, the row
+    transform's alpha VJP (:mod:`entmax_ref.backends.numba.grads`) on the support's p and
+    dL/dp = dO . v."""
+    th, rmax, edge, edge_p, doc, skew_in, keys = inp
+    idx, pb, ub, cnt, dq, ds, bad, dal = res
+    scale, slopes = rows.scale, rows.slopes
+    row_scale = rows.row_scale
+    n_rows = th.shape[0]
     key_end = kk.shape[0]
     use_keys = keys.shape[0] > 0
     dv = vv.shape[1]
@@ -253,9 +295,8 @@ def bwd_rows(g, filt, qc, kk, err, nc, i0, offset, causal, scale, row_scale, slo
     gd = np.empty(key_end, np.float64)
     sk = np.empty(dv, np.float64)
     acc = np.empty(D, np.float64)
-    for r in range(rows):
-        h, i_abs, n, a1, a2, big, window, s = _row_params(r, nc, i0, offset, key_end, causal, alphas, row_scale,
-                                                          has_s)
+    for r in range(n_rows):
+        h, i_abs, n, a1, a2, big, window, s = _row_params(r, rows, key_end, has_s)
         t = th[r]
         for d in range(D):
             acc[d] = 0.0

@@ -50,6 +50,8 @@ candidates of a row).
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba
 import numpy as np
 from numba import njit
@@ -60,8 +62,13 @@ from ..geometry import key_offset
 from .attention_chunks import (_OVERFLOW, _group_alphas, _group_slopes, _row_scale, _run_parallel, _writable,
                                empty_kernel_forward, trimmed_keys)
 from .attention_filter import _dot, _g_cut, _max_cut, _score, _theta_cut, _theta_lower, _z_range, score_errors
-from .attention_rows import _row_result
+from .attention_rows import ForwardArrays, _row_result, chunk_rows
 from .rows import _solver_scratch
+
+#: Per row of a kv-head, what phase 2 takes from the geometry and from phase 1: the
+#: visible keys ``nvis``, the keys checked for overflow ``nchk``, the largest approximate
+#: score ``lmax``, the count of suspect scores ``suspect`` and the score error bound ``err``.
+DecodeBounds = namedtuple("DecodeBounds", "nvis nchk lmax suspect err")
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -217,13 +224,17 @@ def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
 
 
 @njit(nogil=True, cache=CACHE)
-def decode_rows(g, qc, kf, vf, r0, r1, b, h0, nq, nvis, nchk, offset, scale, row_scale, slopes, alphas, lmax,
-                suspect, err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys, keep):
-    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring), the
-    query heads ``h0 ..`` of batch ``b``: ``lmax`` and ``suspect`` (rows,) are phase 1's
-    over all blocks, ``err`` (rows,) the score error bound; writes the outputs as
-    :func:`entmax_ref.backends.numba.attention.fwd_rows` does (``out``, ``ncand``: exact
-    dot products, and ``bad`` per row of the kv-head; the rest into the forward's arrays)."""
+def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
+    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring): ``rows``
+    the kv-head's :data:`~.attention_rows.ChunkRows` (its query heads ``h0 ..`` of batch
+    ``b``, ``nc`` = Nq queries each); ``bounds`` (:data:`DecodeBounds`): per row the
+    visible keys, the keys checked for overflow, phase 1's largest approximate score and
+    suspect count over all blocks, and the score error bound; writes the outputs as
+    :func:`~.attention_rows.fwd_rows` does (``out``, ``ncand``: exact dot products, and
+    ``bad`` per row of the kv-head; the rest into the forward's arrays ``fwd``)."""
+    nvis, nchk, lmax, suspect, err = bounds
+    b, h0, nq, offset, scale, row_scale = rows.b, rows.h0, rows.nc, rows.offset, rows.scale, rows.row_scale
+    slopes, alphas = rows.slopes, rows.alphas
     dv = vf.shape[1]
     has_s = row_scale.shape[0] > 0
     cap = KEY_BUDGET
@@ -284,8 +295,8 @@ def decode_rows(g, qc, kf, vf, r0, r1, b, h0, nq, nvis, nchk, offset, scale, row
             pc = np.empty(idx.shape[0], np.float64)
             c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-        _row_result(r, b, h0 + h, r - h * nq, r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
-                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep)
+        _row_result(r, (b, h0 + h, r - h * nq), r, m, ok, (zc, pc, idx), (a1, a2, big), vf, (o, sk, c, aux, aux2),
+                    fwd, out, bad, ncand)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -345,6 +356,7 @@ def decode_forward(q, k, v, spec):
     keep = spec.residual
     (out, theta, support, skew, row_max, edge, edge_p, support_keys), (skew_w, keys_w) = \
         empty_kernel_forward(B, Hq, Nq, Dv, q.dtype, keep)
+    fwd = ForwardArrays(skew_w, theta, support, row_max, edge, edge_p, keys_w, bool(keep))
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
     # check_finite on: every key is read, so scan k and v for NaN/inf too.  Off: V is read
@@ -410,9 +422,10 @@ def decode_forward(q, k, v, spec):
         def phase2(slot, item):
             i, r0, r1 = item
             hd = hds[i]
-            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, hd["b"], hd["h0"], Nq, hd["nvis"], hd["nchk"],
-                        offset, scale, hd["rs"], hd["slopes"], hd["alphas"], lrow[i], srow[i], err[i], o[i], skew_w,
-                        theta, support, row_max, edge, edge_p, ncand[i], bad[i], keys_w, keep)
+            rows = chunk_rows(hd["b"], hd["h0"], Nq, 0, offset, spec.causal, scale, hd["rs"], hd["slopes"],
+                              hd["alphas"])
+            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, rows,
+                        DecodeBounds(hd["nvis"], hd["nchk"], lrow[i], srow[i], err[i]), fwd, o[i], ncand[i], bad[i])
 
         def phase1(slot, item):
             i, j, j0, j1 = item
