@@ -50,6 +50,7 @@ import numpy as np
 from . import geometry
 from ._base import AttentionForward, AttentionGrads, AttentionSpec
 from .attention_driver import batch_chunks, empty_forward
+from .constants import EDGE_TIE_ULPS
 from .numpy_elementwise import e_alpha, skew_weights
 from .numpy_elementwise import edge_p as _edge_p
 from .numpy_elementwise import normalised_skew as _normalised_skew
@@ -175,7 +176,7 @@ def _rebuild_edge(z, a1, live, m, c, q):
         d = np.where(live[:, None], (z - mm) - cc, -np.inf)
         # scores computed elsewhere (another engine, another BLAS order) may differ by an
         # ulp: an entry within rounding of the edge is the edge (p = q)
-        tie = np.isfinite(d) & (np.abs(d) <= 8.0 * np.finfo(_F64).eps * (np.abs(z) + np.abs(mm)))
+        tie = np.isfinite(d) & (np.abs(d) <= EDGE_TIE_ULPS * np.finfo(_F64).eps * (np.abs(z) + np.abs(mm)))
         d = np.where(tie, 0.0, d)
         on = d > 0
         Ld = np.where(on, np.log(np.where(on, a1[:, None] * d, 1.0)), -np.inf)

@@ -47,6 +47,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import CACHE
+from ..constants import FILTER_MARGIN, FILTER_SLACK, G_CUT_MARGIN, G_CUT_TINY
 from .candidates import MASK_MIN, _set_bits
 
 
@@ -115,7 +116,7 @@ def _theta_lower(zc, m, L, a1):
             if not (f > 0.0) or not (df > 0.0):
                 break
             A += f / df
-    return (L + A) - 1e-9 * (1.0 + abs(L) + A)
+    return (L + A) - FILTER_MARGIN * (1.0 + abs(L) + A)
 
 
 @njit(cache=CACHE)
@@ -124,14 +125,14 @@ def _max_cut(L, window, err):
     line, below the row maximum ``L`` of the approximate scores by the window and ``3 err``
     (with margins for rounding), has ``p = 0``.  Shared by every filter pass (the chunked
     forward's and the decoding path's) so that they keep the same keys."""
-    return L - (window * (1.0 + 1e-9) + 3.0 * err + 1e-12) - 1e-12 * abs(L)
+    return L - (window * (1.0 + FILTER_MARGIN) + 3.0 * err + FILTER_SLACK) - FILTER_SLACK * abs(L)
 
 
 @njit(cache=CACHE)
 def _theta_cut(t, window, err):
     """The second cut: below ``t - window - 2 err`` (``t`` the threshold or a lower bound of
     it, with margins for rounding) a key's approximate score leaves ``p = 0``."""
-    return t - window * (1.0 + 1e-9) - 2.0 * err - 1e-12 * (1.0 + abs(t))
+    return t - window * (1.0 + FILTER_MARGIN) - 2.0 * err - FILTER_SLACK * (1.0 + abs(t))
 
 
 @njit(cache=CACHE, _nrt=False)
@@ -320,7 +321,7 @@ def _g_cut(cut, scale, s):
     """A float32 line below which no ``g`` has ``z(g) = (scale g) s > cut`` (``scale s > 0``):
     ``cut / (scale s)`` lowered by far more than the roundings of z and of float32."""
     x = cut / (scale * s)
-    return np.float32(x - abs(x) * 1e-6 - 1e-37)
+    return np.float32(x - abs(x) * G_CUT_MARGIN - G_CUT_TINY)
 
 
 @njit(cache=CACHE, _nrt=False)

@@ -44,6 +44,8 @@ import numpy as np
 from numba import njit
 
 from . import CACHE
+from ..constants import EDGE_TIE_ULPS
+from ..geometry import visible_count
 from .attention_filter import _candidate_buffers, _candidates_fast, _dot, _score
 from .big_alpha import _edge_p, _lqa
 from .compensated import acc as _acc
@@ -85,17 +87,19 @@ def chunk_rows(b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas):
 
 
 
+_EPS = float(np.finfo(np.float64).eps)
+
+#: The compiled twin of :func:`entmax_ref.backends.geometry.visible_count`: that very
+#: function, compiled (tests/test_geometry.py ties the two).
+_visible_count = njit(visible_count)
+
+
 @njit(cache=CACHE)
 def _visible(r, nc, i0, offset, key_end, causal):
     """(query head index within the group, absolute query index, visible key count)."""
     h = r // nc
     i_abs = i0 + (r - h * nc) + offset
-    n = key_end
-    if causal:
-        n = min(key_end, i_abs + 1)
-        if n < 0:
-            n = 0
-    return h, i_abs, n
+    return h, i_abs, _visible_count(i_abs, key_end, causal)
 
 
 @njit(cache=CACHE, _nrt=False)
@@ -319,7 +323,7 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
                 # float32 filter's state decides per chunk): an entry within rounding of
                 # the edge is the edge (p = q), not an entry outside or far inside it
                 d = (zc[c] - L) - ce
-                if d - d == 0.0 and abs(d) <= 8.0 * 2.220446049250313e-16 * (abs(zc[c]) + abs(L)):
+                if d - d == 0.0 and abs(d) <= EDGE_TIE_ULPS * _EPS * (abs(zc[c]) + abs(L)):
                     d = 0.0
                 p = _edge_p(d, a1, qe, lqa)
                 if p > 0.0:

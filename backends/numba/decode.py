@@ -58,7 +58,7 @@ from numba import njit
 
 from . import CACHE
 from ..attention_driver import batch_chunks
-from ..geometry import key_offset
+from ..geometry import key_offset, visible_counts
 from .attention_chunks import (_OVERFLOW, _group_alphas, _group_slopes, _row_scale, _run_parallel, _writable,
                                empty_kernel_forward, trimmed_keys)
 from .attention_filter import _dot, _g_cut, _max_cut, _score, _theta_cut, _theta_lower, _z_range, score_errors
@@ -335,10 +335,33 @@ def _row_geometry(spec, b, Nq, Nk, group):
     nchk_q = np.zeros(Nq, np.int64)
     for i0, i1, key_end in batch_chunks(spec, b, Nq, Nk, group):
         nchk_q[i0:i1] = key_end
-    nvis_q = nchk_q
-    if spec.causal:
-        nvis_q = np.clip(np.minimum(nchk_q, np.arange(Nq) + (Nk - Nq) + 1), 0, None)
+    nvis_q = visible_counts(np.arange(Nq) + key_offset(Nq, Nk), nchk_q, spec.causal)
     return np.tile(nchk_q, group), np.ascontiguousarray(np.tile(nvis_q, group), np.int64)
+
+
+def _head_inputs(q, qd, k, v, spec, heads, geometry, nblks):
+    """Per kv-head in flight (``heads``: (b, hk, key end)) the arrays its kernels take (its
+    rows' queries in the input dtype ``qf`` and in float64 ``qc``, its keys and values,
+    the rows' geometry, the float32 score block ``g``, row scales, slopes, alphas), and
+    the phase-1 work items (kv-head, block, first key, end key) of its ``nblks`` blocks."""
+    Hq, Nq, D = q.shape[1], q.shape[2], q.shape[3]
+    group = Hq // k.shape[1]
+    R = group * Nq
+    hds, items = [], []
+    for i, (b, hk, kend) in enumerate(heads):
+        h0 = hk * group
+        nchk, nvis = geometry[b]
+        # C-contiguous and writable (a read-only view is copied): numba compiles one
+        # specialization per argument type, and read-only is part of the type
+        qf = _writable(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
+        hds.append(dict(b=b, h0=h0, qf=qf, qc=qd[b, h0:h0 + group].reshape(R, D),
+                        kf=_writable(np.ascontiguousarray(k[b, hk])), vf=_writable(np.ascontiguousarray(v[b, hk])),
+                        nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
+                        rs=_row_scale(spec, b, h0, group, 0, Nq), slopes=_group_slopes(spec, h0, group),
+                        alphas=_group_alphas(spec, h0, group)))
+        bounds = [(kend * j) // nblks[i] for j in range(nblks[i] + 1)]
+        items += [(i, j, bounds[j], bounds[j + 1]) for j in range(nblks[i])]
+    return hds, items
 
 
 def decode_forward(q, k, v, spec):
@@ -388,22 +411,7 @@ def decode_forward(q, k, v, spec):
         suspect = np.zeros((H, R, nb), np.int64)
         kn = np.zeros((H, nb))
         vn = np.zeros((H, nb))
-        hds = []
-        items = []
-        for i, (b, hk, kend) in enumerate(heads):
-            h0 = hk * group
-            nchk, nvis = geometry[b]
-            # C-contiguous and writable (a read-only view is copied): numba compiles one
-            # specialization per argument type, and read-only is part of the type
-            qf = _writable(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
-            hd = dict(b=b, h0=h0, qf=qf, qc=qd[b, h0:h0 + group].reshape(R, D),
-                      kf=_writable(np.ascontiguousarray(k[b, hk])), vf=_writable(np.ascontiguousarray(v[b, hk])),
-                      nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
-                      rs=_row_scale(spec, b, h0, group, 0, Nq), slopes=_group_slopes(spec, h0, group),
-                      alphas=_group_alphas(spec, h0, group))
-            hds.append(hd)
-            bounds = [(kend * j) // nblks[i] for j in range(nblks[i] + 1)]
-            items += [(i, j, bounds[j], bounds[j + 1]) for j in range(nblks[i])]
+        hds, items = _head_inputs(q, qd, k, v, spec, heads, geometry, nblks)
 
         err = np.empty((H, R))
         lrow = np.empty((H, R))
