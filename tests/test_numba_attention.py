@@ -490,3 +490,45 @@ def test_filter_keys_above_the_line():
             idx = np.full(g.shape[1], -7, np.int64)
             m = nfilter._above(g, r, n, gc, idx, np.empty(g.shape[1]))
             np.testing.assert_array_equal(idx[:m], np.flatnonzero(g[r, :n] > gc))
+
+
+@pytest.mark.parametrize("mask", ["run", "holes"])
+def test_key_masks_are_routed_once(monkeypatch, mask):
+    """The numba backend routes a key mask once, forward and backward: one run of keys per
+    batch reaches the numba drivers as unmasked per-batch problems (the backend's entry is
+    not called again, the NumPy reference not at all); a mask with holes goes to the
+    NumPy reference's driver with the compiled row solver, once."""
+    from entmax_ref.backends import numpy_attention
+    from entmax_ref.backends.numba_backend import NumbaBackend
+
+    seen = {"entry": [], "fwd": [], "bwd": [], "ref_fwd": [], "ref_bwd": []}
+
+    def spy(owner, name, key, spec_at):
+        real = getattr(owner, name)
+
+        def wrapped(*a):
+            seen[key].append(a[spec_at].key_mask is not None)
+            return real(*a)
+
+        monkeypatch.setattr(owner, name, wrapped)
+
+    spy(NumbaBackend, "attention_forward", "entry", 4)
+    spy(nattn, "attention_forward", "fwd", 4)
+    spy(nbwd, "attention_backward", "bwd", 7)
+    spy(numpy_attention, "attention_forward", "ref_fwd", 4)
+    spy(numpy_attention, "attention_backward", "ref_bwd", 7)
+    rng, q, k, v = problem(35, B=2, Hq=2, Hkv=1, Nq=40, Nk=90, D=8, Dv=4, spread=2.0)
+    keep = np.ones((2, 90), bool)
+    keep[0, :17] = False  # left padding: one run of keys
+    if mask == "holes":
+        keep[1, 30:35] = False
+    kw = dict(alpha=1.5, key_padding_mask=keep, backend="numba")
+    out, info = er.attention(q, k, v, return_info=True, **kw)
+    er.attention_vjp(np.ones_like(out), q, k, v, info=info, out=out, **kw)
+    assert seen["entry"] == [True]
+    if mask == "run":
+        assert seen["fwd"] == [False, False] and seen["bwd"] == [False, False]
+        assert seen["ref_fwd"] == [] and seen["ref_bwd"] == []
+    else:
+        assert seen["fwd"] == [] and seen["bwd"] == []
+        assert seen["ref_fwd"] == [True] and seen["ref_bwd"] == [True]

@@ -18,9 +18,10 @@ filter is used only in chunks without a softmax head.  Key masks: when the keys 
 may attend form one run ``lo <= j < hi``, the batch runs as the key-sliced problem
 ``k[b, :, lo:]`` with ``hi - lo`` valid keys (:func:`entmax_ref.backends.attention_driver.
 forward_by_key_runs`, ``backward_by_key_runs``); masks with holes use the NumPy driver with
-the compiled row solver.  The forward's routing (key runs, then the decoding path of
+the compiled row solver.  The routing (key runs, then the decoding path of
 :mod:`entmax_ref.backends.numba.decode` or this chunked forward) is the numba backend's
-``attention_forward``; :func:`attention_forward` hands a key-masked call back to it.
+``attention_forward`` and ``attention_backward``, done once: the drivers here take
+problems without a key mask.
 
 The forward, per chunk: the float32 filter product a block of rows at a time
 (:data:`FILTER_BLOCK_BYTES`), up to the last key the block's rows see, and ``fwd_rows``
@@ -64,8 +65,9 @@ def attention_forward(backend, q, k, v, spec):
     conventions (out in q's dtype, float64 theta and skew, int64 support)."""
     from .._base import AttentionForward
 
-    if spec.key_mask is not None:  # the backend routes key masks (key runs, or the NumPy driver)
-        return backend.attention_forward(q, k, v, spec)
+    if spec.key_mask is not None:
+        raise ValueError("the chunked forward takes problems without a key mask: the backend routes key masks "
+                         "(attention_driver.forward_by_key_runs)")
     f64 = np.float64
     q, k, v = (_writable(np.asarray(a)) for a in (q, k, v))
     B, Hq, Nq, D = q.shape

@@ -10,7 +10,8 @@ BLAS on the expanded blocks.  Each worker adds into its own dK, dV accumulator o
 kv-head (the items given to the workers in advance, so the sums do not depend on thread
 timing), or all into one in chunk order beyond :data:`ACCUMULATOR_BYTES`.  Softmax heads
 (alpha = 1, a dense support) use the NumPy reference's backward with the compiled row
-VJP; key masks are routed as in the forward (:mod:`entmax_ref.backends.attention_driver`).
+VJP.  Key masks are routed by the numba backend, once, before this driver
+(:mod:`entmax_ref.backends.attention_driver`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numba
 import numpy as np
 
 from . import attention_chunks as shared
-from ..attention_driver import backward_by_key_runs
 from ..geometry import key_offset
 from .attention_chunks import (_OVERFLOW, _chunk_cost, _group_alphas, _group_slopes, _Head, _head_items, _InOrder,
                                _row_scale, _run_chunks, _run_parallel, _scores, _single_threaded_blas,
@@ -49,8 +49,8 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     if bool(np.any(heads_alpha == 1.0)):  # a softmax head: the NumPy driver
         return numpy_backward(backend, do, q, k, v, res, skew, spec)
     if spec.key_mask is not None:
-        return backward_by_key_runs(lambda *a: attention_backward(backend, *a), do, q, k, v, res, skew, spec,
-                                    lambda: numpy_backward(backend, do, q, k, v, res, skew, spec))
+        raise ValueError("the chunked backward takes problems without a key mask: the backend routes key masks "
+                         "(attention_driver.backward_by_key_runs)")
     call = _Backward(do, q, k, v, res, skew, spec, bool(np.any(heads_alpha > 2.0)))
     with _single_threaded_blas():
         for b in range(call.B):
