@@ -54,6 +54,32 @@ CANDIDATE_MARGIN = 1e-9
 #: and these 8 units keep every entry it does compute inside that range.
 SOFTMAX_EXP_FLOOR = -700.0
 
+#: Relative margin of the numba attention's float32 filter (``attention_filter``): the
+#: Newton lower bound of a row's threshold is lowered by this much of its magnitude, and
+#: the support window ``1/(alpha - 1)`` widened by it.  Their sums are taken in any order
+#: (vectorised), which moves their last bits (about 1e-15 relative); this margin is far
+#: outside that, and keeps only a handful more candidate keys.
+FILTER_MARGIN = 1e-9
+
+#: Absolute (score units) and relative slack of the filter's cut lines, for the rounding
+#: of the float64 arithmetic that forms the lines themselves (a few ulps of scores of
+#: order one; the cut only chooses candidates, so any slack is safe).
+FILTER_SLACK = 1e-12
+
+#: Relative lowering of the filter's float32 line (below which no float32 ``g`` can give
+#: a score above a cut, ``attention_filter._g_cut``): 1e-6 is about 8 float32 ulps, more
+#: than the roundings of the division and of the conversion to float32.
+G_CUT_MARGIN = 1e-6
+
+#: Absolute lowering of that float32 line: a few times float32's smallest normal
+#: (1.2e-38), so that a line near zero is lowered too.
+G_CUT_TINY = 1e-37
+
+#: Ulps of float64 epsilon within which a rebuilt entry's distance to the support's edge
+#: (alpha > 2) is taken as exactly 0: scores formed by another engine or another
+#: summation order may differ from the forward's by an ulp or two of ``|z| + |m|``.
+EDGE_TIE_ULPS = 8.0
+
 #: Most threads per block the CUDA adaptor launches (the kernels' ``__launch_bounds__``).
 MAX_BLOCK = 512
 

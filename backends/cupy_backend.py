@@ -41,7 +41,7 @@ from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
 from .constants import CUDA_MAX_PASSES
 from .geometry import chunk_bounds, key_offset
-from .numpy_attention import backward_by_key_runs, forward_by_key_runs
+from .attention_driver import backward_by_key_runs, forward_by_key_runs
 
 _METHODS = {None: 0, "bisect": 1}  # the kernels' method codes (the table says which exist)
 _ROWS = "entmax_rows.cu"

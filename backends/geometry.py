@@ -9,9 +9,9 @@ batch ``b`` (a prefix).  A query sees keys ``[0, visible_count)``, a prefix, unl
 The public layer (:func:`entmax_ref.keys_visible`, the ASEntmax ``n``), the NumPy driver
 (masks and chunk bounds), the Numba driver (chunk bounds, the query offset), the CuPy
 adaptor (chunk bounds) and the key-mask runs all three drivers take
-(:func:`~entmax_ref.backends.numpy_attention.key_runs`) use these functions; the compiled
-per-row code (Numba ``_visible``, the CUDA kernels) computes the same
-``min(length, i + offset + 1)`` and is tested against them.
+(:func:`~entmax_ref.backends.attention_driver.key_runs`) use these functions; the compiled
+per-row code of numba compiles :func:`visible_count` itself (``_visible``); the CUDA
+kernels compute the same ``min(length, i + offset + 1)`` and are tested against it.
 Every function works on Python integers and NumPy arrays of positions.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["attendable_keys", "chunk_bounds", "key_offset", "keys_visible", "sees", "visible_keys_end"]
+__all__ = ["attendable_keys", "chunk_bounds", "key_offset", "keys_visible", "sees", "visible_count", "visible_counts",
+           "visible_keys_end"]
 
 
 def key_offset(nq: int, nk: int) -> int:
@@ -27,10 +28,25 @@ def key_offset(nq: int, nk: int) -> int:
     return nk - nq
 
 
+def visible_count(i_abs: int, length: int, causal: bool) -> int:
+    """The causal rule: the query at absolute position ``i_abs`` sees keys ``[0, n)`` of the
+    ``length`` it may attend, ``n = min(length, i_abs + 1)`` (at least 0) under the causal
+    mask, else ``length``.  Plain integer arithmetic on Python or NumPy integers: the
+    numba kernels compile this very function (``numba.attention_rows._visible_count``)."""
+    return max(0, min(length, i_abs + 1)) if causal else length
+
+
+def visible_counts(i_abs, length, causal: bool) -> np.ndarray:
+    """:func:`visible_count` of arrays of positions and lengths (broadcast), int64."""
+    i_abs, length = np.asarray(i_abs, np.int64), np.asarray(length, np.int64)
+    if not causal:
+        return np.broadcast_to(length, np.broadcast(i_abs, length).shape).copy()
+    return np.maximum(np.minimum(length, i_abs + 1), 0)
+
+
 def visible_keys_end(i1: int, offset: int, length: int, causal: bool) -> int:
     """Keys ``[0, end)`` that some query ``i < i1`` sees (the last one sees the most)."""
-    end = min(length, i1 + offset) if causal else length
-    return max(0, end)
+    return max(0, visible_count(i1 - 1 + offset, length, causal))
 
 
 def sees(i_abs, j, causal: bool):
@@ -60,12 +76,10 @@ def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, ba
         # before[b, e] = number of attendable keys among 0 .. e-1
         before = np.concatenate([np.zeros((keep.shape[0], 1), np.int64), np.cumsum(keep, axis=1, dtype=np.int64)],
                                 axis=1)
-        ends = np.clip(np.arange(nq) + key_offset(nq, nk) + 1, 0, nk) if causal else np.full(nq, nk)
+        ends = visible_counts(np.arange(nq) + key_offset(nq, nk), nk, causal)
         return np.ascontiguousarray(before[:, None, ends], dtype=np.int64)
     lengths = np.full(batch, nk, np.int64) if key_lengths is None else np.asarray(key_lengths, np.int64)
-    n = np.broadcast_to(lengths[:, None, None], (len(lengths), 1, nq))
-    if causal:
-        n = np.minimum(n, np.clip(np.arange(nq) + key_offset(nq, nk) + 1, 0, None)[None, None, :])
+    n = visible_counts((np.arange(nq) + key_offset(nq, nk))[None, None, :], lengths[:, None, None], causal)
     return np.ascontiguousarray(n, dtype=np.int64)
 
 

@@ -21,7 +21,7 @@ agree with the NumPy reference to a few ulps (identical supports).  See
     the reference's bisection to the last bit, on the same bracket.
 
 Attention (:mod:`entmax_ref.backends.numba.attention`) walks the query chunks of
-:mod:`entmax_ref.backends.numpy_attention` (only the keys a causal chunk can see) on
+:mod:`entmax_ref.backends.attention_driver` (only the keys a causal chunk can see) on
 worker threads.  Per chunk one float32 BLAS product serves as a rigorous filter (an error
 bound on its scores rules out the keys that cannot reach the support window); the keys
 left get their exact float64 scores, and one ``nogil`` kernel per chunk applies scale,
@@ -237,25 +237,36 @@ class NumbaBackend:
         """The fused chunked forward of :mod:`entmax_ref.backends.numba.attention` (BLAS
         score products, then one row kernel: masks, bias, row solve, support-only output),
         or for decoding (a few queries over a long key cache) the key-split forward of
-        :mod:`entmax_ref.backends.numba.decode`; a key mask that is one run of keys per
-        batch is run per batch on its key-sliced problem (either of them), a mask with
-        holes on the NumPy driver with the compiled row solver."""
+        :mod:`entmax_ref.backends.numba.decode`.  Key masks are routed here, once: a mask
+        that is one run of keys per batch runs per batch on its key-sliced problem (either
+        of the two), a mask with holes on the NumPy reference's driver with the compiled
+        row solver (:mod:`entmax_ref.backends.attention_driver`)."""
+        if spec.key_mask is not None:
+            from .attention_driver import forward_by_key_runs
+            from .numpy_attention import attention_forward as numpy_forward
+
+            return forward_by_key_runs(self._unmasked_forward, q, k, v, spec,
+                                       lambda: numpy_forward(self, q, k, v, spec))
+        return self._unmasked_forward(q, k, v, spec)
+
+    def _unmasked_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         from .numba import decode
         from .numba.attention import attention_forward
 
-        if spec.key_mask is not None:
-            from .numpy_attention import attention_forward as numpy_forward
-            from .numpy_attention import forward_by_key_runs
-
-            return forward_by_key_runs(self.attention_forward, q, k, v, spec,
-                                       lambda: numpy_forward(self, q, k, v, spec))
         if decode.eligible(q, k, v, spec):
             return decode.decode_forward(q, k, v, spec)
         return attention_forward(self, q, k, v, spec)
 
     def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
-        """The support-only chunked backward of :mod:`entmax_ref.backends.numba.attention`
-        (the NumPy driver's at alpha = 1, where the support is dense)."""
-        from .numba.attention import attention_backward
+        """The support-only chunked backward of :mod:`entmax_ref.backends.numba.attention_backward`
+        (the NumPy reference's driver at alpha = 1, where the support is dense); key masks
+        are routed as in :meth:`attention_forward`."""
+        from .numba.attention_backward import attention_backward
 
+        if spec.key_mask is not None:
+            from .attention_driver import backward_by_key_runs
+            from .numpy_attention import attention_backward as numpy_backward
+
+            return backward_by_key_runs(lambda *a: attention_backward(self, *a), do, q, k, v, res, skew, spec,
+                                        lambda: numpy_backward(self, do, q, k, v, res, skew, spec))
         return attention_backward(self, do, q, k, v, res, skew, spec)

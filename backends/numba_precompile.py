@@ -137,7 +137,7 @@ def _attention_vjp(dt):
     """The backward on float32-filtered and on float64 scores, with a sparse support
     (the scatter) and a dense one (the expanded blocks)."""
     import entmax_ref as er
-    from entmax_ref.backends.numba import attention as _att
+    from entmax_ref.backends.numba import attention_chunks as _att
 
     for q, k, v in (_qkv(4, 8), _qkv(2, 64, spread=20.0)):
         q, k, v = (a.astype(dt) for a in (q, k, v))

@@ -24,7 +24,7 @@ from . import _validate as V
 from ._interop import public
 from .asentmax import _broadcast, _real, _reduce_to
 from .attention import AttentionGradients, AttentionInfo, _alpha_arg, attention, attention_vjp
-from .backends.numpy_attention import concat_keys
+from .backends.attention_driver import concat_keys
 
 __all__ = ["attention_varlen", "attention_varlen_vjp"]
 

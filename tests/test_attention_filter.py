@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.numba
 
-nattn = pytest.importorskip("entmax_ref.backends.numba.attention")
+nfilter = pytest.importorskip("entmax_ref.backends.numba.attention_filter")
 
 
 def _run(fn, g, r, n, qc, kk, scale, s, slope, err, window, use_max, t):
@@ -24,8 +24,8 @@ def _run(fn, g, r, n, qc, kk, scale, s, slope, err, window, use_max, t):
 
 
 def _same(*args):
-    a = _run(nattn._candidates, *args)
-    b = _run(nattn._candidates_fast, *args)
+    a = _run(nfilter._candidates, *args)
+    b = _run(nfilter._candidates_fast, *args)
     assert a[0] == b[0] and a[1] == b[1]
     if a[1]:  # the candidates of a finite row (a row with a non-finite score raises in the driver)
         for x, y in zip(a[2:], b[2:]):

@@ -46,7 +46,7 @@ def test_key_masks_with_lengths_agree_with_the_definition():
     """attendable_keys (the key mask within the length) and its users: the counts of
     keys_visible with a key mask, and the runs of keys the mask-free drivers take."""
     from entmax_ref.backends._base import AttentionSpec
-    from entmax_ref.backends.numpy_attention import key_runs
+    from entmax_ref.backends.attention_driver import key_runs
 
     rng = np.random.default_rng(7)
     nq, nk = 4, 9
@@ -75,3 +75,23 @@ def test_cuda_defines_carry_every_constant_the_sources_use():
     src = (L.cuda_dir() / "entmax_core.cuh").read_text()
     assert "k < ER_SERIES_TERMS" in src and "ER_EDGE_ULPS *" in src
     assert set(constants.cuda_defines()) <= set(L.OPTIONS)
+
+
+def test_the_causal_rule_and_its_compiled_twin_agree():
+    """The causal rule is :func:`geometry.visible_count`; its array form, the chunk ends
+    and the numba kernels' per-row count (that very function, compiled) agree with it and
+    with the definition written out, for every position, length and mask."""
+    rows = pytest.importorskip("entmax_ref.backends.numba.attention_rows")
+    assert rows._visible_count.py_func is geometry.visible_count
+    positions, lengths = np.arange(-4, 12), np.arange(0, 9)
+    for causal in (False, True):
+        want = np.array([[sum(1 for j in range(n) if not causal or j <= i) for n in lengths] for i in positions])
+        got = np.array([[geometry.visible_count(int(i), int(n), causal) for n in lengths] for i in positions])
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(geometry.visible_counts(positions[:, None], lengths[None, :], causal), want)
+        for i, n in itertools.product(positions, lengths):
+            assert rows._visible_count(int(i), int(n), causal) == want[i - positions[0], n]
+            # the row kernels' helper: head 0 of a chunk starting at query 0, offset i
+            assert rows._visible(0, 1, 0, int(i), int(n), causal) == (0, i, want[i - positions[0], n])
+        ends = [geometry.visible_keys_end(int(i) + 1, 0, int(n), causal) for i in positions for n in lengths]
+        np.testing.assert_array_equal(np.array(ends).reshape(want.shape), want)

@@ -24,24 +24,27 @@ from test_attention import check_against_dense, dense, grad_tols, problem
 pytestmark = pytest.mark.numba
 
 nattn = pytest.importorskip("entmax_ref.backends.numba.attention")
+nbwd = pytest.importorskip("entmax_ref.backends.numba.attention_backward")
+nshared = pytest.importorskip("entmax_ref.backends.numba.attention_chunks")
+nfilter = pytest.importorskip("entmax_ref.backends.numba.attention_filter")
 
 
 @pytest.fixture(params=["scatter", "dense", "shared"])
 def path(request, monkeypatch):
     if request.param == "scatter":
-        monkeypatch.setattr(nattn, "DENSE_FRACTION", 2.0)
+        monkeypatch.setattr(nbwd, "DENSE_FRACTION", 2.0)
     elif request.param == "dense":
-        monkeypatch.setattr(nattn, "DENSE_FRACTION", -1.0)
+        monkeypatch.setattr(nbwd, "DENSE_FRACTION", -1.0)
     else:
-        monkeypatch.setattr(nattn, "ACCUMULATOR_BYTES", 0)
-        monkeypatch.setattr(nattn, "DENSE_FRACTION", 2.0)
+        monkeypatch.setattr(nbwd, "ACCUMULATOR_BYTES", 0)
+        monkeypatch.setattr(nbwd, "DENSE_FRACTION", 2.0)
     return request.param
 
 
 @pytest.fixture(params=["filter", "float64"])
 def scores(request, monkeypatch):
     """The float32 filter kept for every chunk, or float64 score products throughout."""
-    monkeypatch.setattr(nattn, "FILTER_FRACTION", 2.0 if request.param == "filter" else 0.0)
+    monkeypatch.setattr(nshared, "FILTER_FRACTION", 2.0 if request.param == "filter" else 0.0)
     return request.param
 
 
@@ -134,7 +137,7 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
     rng, q, k, v = problem(int(alpha * 7), B=1, Hq=4, Hkv=2, Nq=40, Nk=400, D=8, Dv=4, spread=1.0)
     kw = dict(causal=True, alibi_slopes=[0.01, 0.0, 0.0, 0.02], beta=rng.uniform(0.5, 1.5, (4, 1)), gamma=1.0,
               chunk=16)
-    monkeypatch.setattr(nattn, "FILTER_FRACTION", 2.0)
+    monkeypatch.setattr(nshared, "FILTER_FRACTION", 2.0)
     whole = er.attention(q, k, v, alpha=alpha, return_info=True, backend="numba", **kw)
     calls = []
     kernel = nattn.fwd_rows
@@ -171,17 +174,17 @@ def test_rows_that_see_no_key_are_blank(monkeypatch):
     run); a row that no chunk runs (causal with more queries than keys, a batch of length
     0) is the blank row: output and skewed output 0, no support keys, theta -inf.  The
     arrays' memory is poisoned first, so the blank rows must really be written."""
-    from entmax_ref.backends import numpy_attention
+    from entmax_ref.backends import attention_driver
 
-    monkeypatch.setattr(numpy_attention, "np", _PoisonedNumpy())  # empty_forward's np.empty
-    real_keys = nattn.empty_support_keys
+    monkeypatch.setattr(attention_driver, "np", _PoisonedNumpy())  # empty_forward's np.empty
+    real_keys = nshared.empty_support_keys
 
     def poisoned_keys(*args):  # the kernels' module keeps its np: nothing compiles in here
         with monkeypatch.context() as m:
-            m.setattr(nattn, "np", _PoisonedNumpy())
+            m.setattr(nshared, "np", _PoisonedNumpy())
             return real_keys(*args)
 
-    monkeypatch.setattr(nattn, "empty_support_keys", poisoned_keys)
+    monkeypatch.setattr(nshared, "empty_support_keys", poisoned_keys)
     rng, q, k, v = problem(3, B=2, Hq=4, Hkv=2, Nq=90, Nk=60, D=8, Dv=4)
     out, info, _ = check_against_dense("numba", q, k, v, 1.5, causal=True, key_lengths=[60, 0], chunk=16)
     dead = info.n == 0
@@ -229,7 +232,7 @@ def test_each_kv_head_is_copied_once(monkeypatch, n):
     first chunk), each once per call and batch of heads, and the result does not depend
     on who made them."""
     made = []
-    real = nattn._Head.__init__
+    real = nshared._Head.__init__
 
     def init(self, k, v, b, hk):
         made.append((b, hk))
@@ -239,7 +242,7 @@ def test_each_kv_head_is_copied_once(monkeypatch, n):
     kw = dict(alpha=1.5, causal=True, chunk=16, backend="numba")
     with _threads(1):
         want = er.attention(q, k, v, **kw)
-    monkeypatch.setattr(nattn._Head, "__init__", init)
+    monkeypatch.setattr(nshared._Head, "__init__", init)
     with _threads(n):
         got = er.attention(q, k, v, **kw)
     assert sorted(made) == [(b, hk) for b in range(2) for hk in range(2)]
@@ -340,7 +343,7 @@ def test_backward_from_the_support_keys(path, threads, monkeypatch, alpha, cap, 
     if cap == "median":
         d = dense(q, k, v, alpha=alpha, **kw)
         cap = int(np.median(d.support[d.n > 0]))
-    monkeypatch.setattr(nattn, "keys_width", lambda dv: cap)
+    monkeypatch.setattr(nshared, "keys_width", lambda dv: cap)
     out, info, d = check_against_dense("numba", q, k, v, alpha, chunk=7, **kw)
     assert info.support_keys.dtype == np.int32
     assert np.array_equal(info.support_keys, _keys_of_dense(d, cap))
@@ -412,7 +415,7 @@ def test_backward_with_support_keys_forms_no_score_product(monkeypatch):
         raise AssertionError("the backward formed a score product")
 
     with monkeypatch.context() as m:
-        m.setattr(nattn, "_scores", no_product)
+        m.setattr(nbwd, "_scores", no_product)
         g = er.attention_vjp(g_out, q, k, v, info=info, **kw)
         for a, b_, t in zip(g[:3], g_ref[:3], tols):
             np.testing.assert_allclose(a, b_, rtol=0, atol=t)
@@ -461,14 +464,14 @@ def test_range_pass_extrema_and_nan_count():
     g[4] = -g[4] ** 2 - 1.0  # all negative
     for r in range(5):
         for j0, j1 in [(0, 300), (7, 8), (3, 299), (11, 150)]:
-            lo, hi, nan = nattn._g_range(g, r, j0, j1)
+            lo, hi, nan = nfilter._g_range(g, r, j0, j1)
             seg = g[r, j0:j1]
             assert nan == np.isnan(seg).sum()
             if nan == 0:
                 assert (lo, hi) == (seg.min(), seg.max())
-    lo, hi, nan = nattn._g_range(g, 2, 4, 7)
+    lo, hi, nan = nfilter._g_range(g, 2, 4, 7)
     assert (lo, hi, nan) == (-1.0, 0.0, 0) and not np.signbit(hi)
-    assert nattn._g_range(g, 0, 5, 5) == (np.inf, -np.inf, 0)
+    assert nfilter._g_range(g, 0, 5, 5) == (np.inf, -np.inf, 0)
 
 
 def test_filter_keys_above_the_line():
@@ -485,5 +488,47 @@ def test_filter_keys_above_the_line():
         gc = np.float32(gc)
         for n in (0, 1, 63, 64, MASK_MIN - 1, MASK_MIN, MASK_MIN + 65, g.shape[1]):
             idx = np.full(g.shape[1], -7, np.int64)
-            m = nattn._above(g, r, n, gc, idx, np.empty(g.shape[1]))
+            m = nfilter._above(g, r, n, gc, idx, np.empty(g.shape[1]))
             np.testing.assert_array_equal(idx[:m], np.flatnonzero(g[r, :n] > gc))
+
+
+@pytest.mark.parametrize("mask", ["run", "holes"])
+def test_key_masks_are_routed_once(monkeypatch, mask):
+    """The numba backend routes a key mask once, forward and backward: one run of keys per
+    batch reaches the numba drivers as unmasked per-batch problems (the backend's entry is
+    not called again, the NumPy reference not at all); a mask with holes goes to the
+    NumPy reference's driver with the compiled row solver, once."""
+    from entmax_ref.backends import numpy_attention
+    from entmax_ref.backends.numba_backend import NumbaBackend
+
+    seen = {"entry": [], "fwd": [], "bwd": [], "ref_fwd": [], "ref_bwd": []}
+
+    def spy(owner, name, key, spec_at):
+        real = getattr(owner, name)
+
+        def wrapped(*a):
+            seen[key].append(a[spec_at].key_mask is not None)
+            return real(*a)
+
+        monkeypatch.setattr(owner, name, wrapped)
+
+    spy(NumbaBackend, "attention_forward", "entry", 4)
+    spy(nattn, "attention_forward", "fwd", 4)
+    spy(nbwd, "attention_backward", "bwd", 7)
+    spy(numpy_attention, "attention_forward", "ref_fwd", 4)
+    spy(numpy_attention, "attention_backward", "ref_bwd", 7)
+    rng, q, k, v = problem(35, B=2, Hq=2, Hkv=1, Nq=40, Nk=90, D=8, Dv=4, spread=2.0)
+    keep = np.ones((2, 90), bool)
+    keep[0, :17] = False  # left padding: one run of keys
+    if mask == "holes":
+        keep[1, 30:35] = False
+    kw = dict(alpha=1.5, key_padding_mask=keep, backend="numba")
+    out, info = er.attention(q, k, v, return_info=True, **kw)
+    er.attention_vjp(np.ones_like(out), q, k, v, info=info, out=out, **kw)
+    assert seen["entry"] == [True]
+    if mask == "run":
+        assert seen["fwd"] == [False, False] and seen["bwd"] == [False, False]
+        assert seen["ref_fwd"] == [] and seen["ref_bwd"] == []
+    else:
+        assert seen["fwd"] == [] and seen["bwd"] == []
+        assert seen["ref_fwd"] == [True] and seen["ref_bwd"] == [True]

@@ -36,7 +36,7 @@ those of the chunked forward's filter path), so theta, the support, the outputs 
 residual (row max, edge, edge probability) follow the same contract; the row solver is
 seeded with the row's index in the chunked forward's chunk (``h * Nq + i``).  Overflow is
 checked on the keys ``j < key_end`` of the row's chunk in the reference's chunking
-(:func:`entmax_ref.backends.numpy_attention.chunk_bounds`), as the other drivers do.
+(:func:`entmax_ref.backends.attention_driver.batch_chunks`), as the other drivers do.
 
 Taken for ``Nq <= DECODE_MAX_QUERIES``, at most :data:`DECODE_MAX_ROWS` rows per kv-head,
 at least :data:`DECODE_MIN_KEYS` keys per 4 queries, float32 or float64 inputs and every alpha > 1 (a
@@ -50,16 +50,25 @@ candidates of a row).
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba
 import numpy as np
 from numba import njit
 
 from . import CACHE
-from ..geometry import key_offset
-from .attention import (_OVERFLOW, _dot, _g_cut, _group_alphas, _group_slopes, _max_cut, _row_result,
-                        _row_scale, _run_parallel, _score, _theta_cut, _theta_lower, _writable, _z_range,
-                        empty_kernel_forward, score_errors, trimmed_keys)
+from ..attention_driver import batch_chunks
+from ..geometry import key_offset, visible_counts
+from .attention_chunks import (_OVERFLOW, _group_alphas, _group_slopes, _row_scale, _run_parallel, _writable,
+                               empty_kernel_forward, trimmed_keys)
+from .attention_filter import _dot, _g_cut, _max_cut, _score, _theta_cut, _theta_lower, _z_range, score_errors
+from .attention_rows import ForwardArrays, _row_result, chunk_rows
 from .rows import solver_scratch as _solver_scratch
+
+#: Per row of a kv-head, what phase 2 takes from the geometry and from phase 1: the
+#: visible keys ``nvis``, the keys checked for overflow ``nchk``, the largest approximate
+#: score ``lmax``, the count of suspect scores ``suspect`` and the score error bound ``err``.
+DecodeBounds = namedtuple("DecodeBounds", "nvis nchk lmax suspect err")
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -215,13 +224,17 @@ def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
 
 
 @njit(nogil=True, cache=CACHE)
-def decode_rows(g, qc, kf, vf, r0, r1, b, h0, nq, nvis, nchk, offset, scale, row_scale, slopes, alphas, lmax,
-                suspect, err, out, skew, theta, support, rmax, edge, edge_p, ncand, bad, keys, keep):
-    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring), the
-    query heads ``h0 ..`` of batch ``b``: ``lmax`` and ``suspect`` (rows,) are phase 1's
-    over all blocks, ``err`` (rows,) the score error bound; writes the outputs as
-    :func:`entmax_ref.backends.numba.attention.fwd_rows` does (``out``, ``ncand``: exact
-    dot products, and ``bad`` per row of the kv-head; the rest into the forward's arrays)."""
+def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
+    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring): ``rows``
+    the kv-head's :data:`~.attention_rows.ChunkRows` (its query heads ``h0 ..`` of batch
+    ``b``, ``nc`` = Nq queries each); ``bounds`` (:data:`DecodeBounds`): per row the
+    visible keys, the keys checked for overflow, phase 1's largest approximate score and
+    suspect count over all blocks, and the score error bound; writes the outputs as
+    :func:`~.attention_rows.fwd_rows` does (``out``, ``ncand``: exact dot products, and
+    ``bad`` per row of the kv-head; the rest into the forward's arrays ``fwd``)."""
+    nvis, nchk, lmax, suspect, err = bounds
+    b, h0, nq, offset, scale, row_scale = rows.b, rows.h0, rows.nc, rows.offset, rows.scale, rows.row_scale
+    slopes, alphas = rows.slopes, rows.alphas
     dv = vf.shape[1]
     has_s = row_scale.shape[0] > 0
     cap = KEY_BUDGET
@@ -282,8 +295,8 @@ def decode_rows(g, qc, kf, vf, r0, r1, b, h0, nq, nvis, nchk, offset, scale, row
             pc = np.empty(idx.shape[0], np.float64)
             c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-        _row_result(r, b, h0 + h, r - h * nq, r, m, ok, zc, pc, idx, a1, a2, big, vf, o, sk, c, aux, aux2,
-                    out, skew, theta, support, rmax, edge, edge_p, bad, ncand, keys, keep)
+        _row_result(r, (b, h0 + h, r - h * nq), r, m, ok, (zc, pc, idx), (a1, a2, big), vf, (o, sk, c, aux, aux2),
+                    fwd, out, bad, ncand)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -319,15 +332,36 @@ def _scans(spec) -> bool:
 
 def _row_geometry(spec, b, Nq, Nk, group):
     """Per row (``h * Nq + i``) the visible keys and the keys its chunk checks for overflow."""
-    from ..numpy_attention import chunk_bounds
-
     nchk_q = np.zeros(Nq, np.int64)
-    for i0, i1, key_end in chunk_bounds(spec, b, Nq, Nk, group):
+    for i0, i1, key_end in batch_chunks(spec, b, Nq, Nk, group):
         nchk_q[i0:i1] = key_end
-    nvis_q = nchk_q
-    if spec.causal:
-        nvis_q = np.clip(np.minimum(nchk_q, np.arange(Nq) + (Nk - Nq) + 1), 0, None)
+    nvis_q = visible_counts(np.arange(Nq) + key_offset(Nq, Nk), nchk_q, spec.causal)
     return np.tile(nchk_q, group), np.ascontiguousarray(np.tile(nvis_q, group), np.int64)
+
+
+def _head_inputs(q, qd, k, v, spec, heads, geometry, nblks):
+    """Per kv-head in flight (``heads``: (b, hk, key end)) the arrays its kernels take (its
+    rows' queries in the input dtype ``qf`` and in float64 ``qc``, its keys and values,
+    the rows' geometry, the float32 score block ``g``, row scales, slopes, alphas), and
+    the phase-1 work items (kv-head, block, first key, end key) of its ``nblks`` blocks."""
+    Hq, Nq, D = q.shape[1], q.shape[2], q.shape[3]
+    group = Hq // k.shape[1]
+    R = group * Nq
+    hds, items = [], []
+    for i, (b, hk, kend) in enumerate(heads):
+        h0 = hk * group
+        nchk, nvis = geometry[b]
+        # C-contiguous and writable (a read-only view is copied): numba compiles one
+        # specialization per argument type, and read-only is part of the type
+        qf = _writable(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
+        hds.append(dict(b=b, h0=h0, qf=qf, qc=qd[b, h0:h0 + group].reshape(R, D),
+                        kf=_writable(np.ascontiguousarray(k[b, hk])), vf=_writable(np.ascontiguousarray(v[b, hk])),
+                        nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
+                        rs=_row_scale(spec, b, h0, group, 0, Nq), slopes=_group_slopes(spec, h0, group),
+                        alphas=_group_alphas(spec, h0, group)))
+        bounds = [(kend * j) // nblks[i] for j in range(nblks[i] + 1)]
+        items += [(i, j, bounds[j], bounds[j + 1]) for j in range(nblks[i])]
+    return hds, items
 
 
 def decode_forward(q, k, v, spec):
@@ -345,6 +379,7 @@ def decode_forward(q, k, v, spec):
     keep = spec.residual
     (out, theta, support, skew, row_max, edge, edge_p, support_keys), (skew_w, keys_w) = \
         empty_kernel_forward(B, Hq, Nq, Dv, q.dtype, keep)
+    fwd = ForwardArrays(skew_w, theta, support, row_max, edge, edge_p, keys_w, bool(keep))
     workers = numba.get_num_threads()
     zero = q.dtype.type(0)
     # check_finite on: every key is read, so scan k and v for NaN/inf too.  Off: V is read
@@ -376,22 +411,7 @@ def decode_forward(q, k, v, spec):
         suspect = np.zeros((H, R, nb), np.int64)
         kn = np.zeros((H, nb))
         vn = np.zeros((H, nb))
-        hds = []
-        items = []
-        for i, (b, hk, kend) in enumerate(heads):
-            h0 = hk * group
-            nchk, nvis = geometry[b]
-            # C-contiguous and writable (a read-only view is copied): numba compiles one
-            # specialization per argument type, and read-only is part of the type
-            qf = _writable(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
-            hd = dict(b=b, h0=h0, qf=qf, qc=qd[b, h0:h0 + group].reshape(R, D),
-                      kf=_writable(np.ascontiguousarray(k[b, hk])), vf=_writable(np.ascontiguousarray(v[b, hk])),
-                      nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
-                      rs=_row_scale(spec, b, h0, group, 0, Nq), slopes=_group_slopes(spec, h0, group),
-                      alphas=_group_alphas(spec, h0, group))
-            hds.append(hd)
-            bounds = [(kend * j) // nblks[i] for j in range(nblks[i] + 1)]
-            items += [(i, j, bounds[j], bounds[j + 1]) for j in range(nblks[i])]
+        hds, items = _head_inputs(q, qd, k, v, spec, heads, geometry, nblks)
 
         err = np.empty((H, R))
         lrow = np.empty((H, R))
@@ -410,9 +430,10 @@ def decode_forward(q, k, v, spec):
         def phase2(slot, item):
             i, r0, r1 = item
             hd = hds[i]
-            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, hd["b"], hd["h0"], Nq, hd["nvis"], hd["nchk"],
-                        offset, scale, hd["rs"], hd["slopes"], hd["alphas"], lrow[i], srow[i], err[i], o[i], skew_w,
-                        theta, support, row_max, edge, edge_p, ncand[i], bad[i], keys_w, keep)
+            rows = chunk_rows(hd["b"], hd["h0"], Nq, 0, offset, spec.causal, scale, hd["rs"], hd["slopes"],
+                              hd["alphas"])
+            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, rows,
+                        DecodeBounds(hd["nvis"], hd["nchk"], lrow[i], srow[i], err[i]), fwd, o[i], ncand[i], bad[i])
 
         def phase1(slot, item):
             i, j, j0, j1 = item

@@ -1,0 +1,338 @@
+"""What the numba attention drivers share: worker threads, kv-heads, score products.
+
+Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest first)
+from a queue (the backward: each from its own list, fixed in advance); each runs a BLAS
+product and a ``nogil`` kernel (no ``prange``) on its chunk, so the kernels need no
+thread-safe numba threading layer.  Results do not depend on thread timing
+(:func:`_run_parallel`).  While any attention call runs,
+BLAS is held at one thread (:func:`_single_threaded_blas`: threadpoolctl, shared by
+concurrent calls, and the caller's count restored when the last one ends; a multi-threaded
+BLAS alternating with the kernels leaves two thread pools spinning against each other).
+Each worker accumulates dK, dV of the current kv-head in its own float64 buffer, summed in
+worker order at the head's end (one shared buffer, the chunks' parts added in chunk order,
+when those would exceed :data:`~.attention_backward.ACCUMULATOR_BYTES`).
+
+Memory of the drivers: per worker, one ``(rows, key_end)`` score block (float32 on the filter path) and
+in the backward three more of the compacted support (int32 key, float64 ``p`` and
+``u`` / ``s dZ``; ``(rows, width)`` and no score block where the chunk's rows have
+their keys); the chunk is the driver's (a float64 block of ~8 MiB).  The forward's
+support keys take at most 4 bytes x :func:`keys_width` a row (no more than the float64
+skewed output), and are trimmed to the largest support when the forward ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+
+from ..attention_driver import batch_chunks, empty_forward
+from ._threads import run_items
+from .attention_filter import key_norms, score_errors
+
+
+#: The fewest support keys the forward keeps room for per row (``AttentionForward.support_keys``,
+#: int32; :func:`keys_width`); a row with a larger support has it found again by the
+#: backward's filter.
+SUPPORT_KEYS = 64
+
+#: The float32 filter is kept while the candidates it leaves are at most this fraction of
+#: the visible keys (beyond it, one float64 product per chunk is cheaper than the exact
+#: dot products of the candidates); 0 turns the filter off.
+FILTER_FRACTION = 0.25
+
+_OVERFLOW = ("attention scores overflowed (non-finite s * scale * q.k + bias); "
+             "rescale q, k, the scale or the ASEntmax scale")
+
+
+_BLAS_LOCK = threading.Lock()
+_BLAS_STATE = {"users": 0, "limiter": None, "controller": None}
+
+
+@contextlib.contextmanager
+def _single_threaded_blas():
+    """BLAS on one thread while any attention call of this process runs, restored when the
+    last one ends.  The drivers run ``workers`` Python threads that each call BLAS and a
+    ``nogil`` kernel in turn; a multi-threaded BLAS between them would have two thread
+    pools busy-waiting against each other on the same cores (about 3x slower on 2 cores).
+    threadpoolctl sets and restores the limit; a count of the calls in flight (under a
+    lock) makes concurrent calls share one limit, so the count the caller had is always
+    restored (setting it per call raced: after concurrent calls the process was left at
+    one BLAS thread)."""
+    with _BLAS_LOCK:
+        st = _BLAS_STATE
+        if st["users"] == 0:
+            if st["controller"] is None:
+                from threadpoolctl import ThreadpoolController
+
+                st["controller"] = ThreadpoolController()
+            st["limiter"] = st["controller"].limit(limits=1, user_api="blas")
+        st["users"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            st["users"] -= 1
+            if st["users"] == 0:
+                st["limiter"].restore_original_limits()
+                st["limiter"] = None
+
+
+def _run_parallel(items, work, workers, cost=None):
+    """Run ``work(slot, item)`` for every item on ``workers`` threads (slot = the worker's
+    index); re-raises the first exception.
+
+    The threads pull the items from one queue, or, given ``cost(item)``, run the items
+    given to their slot in advance (each item, in order, to the slot with the least cost
+    so far), so that which slot runs which item does not depend on timing: the backward's per-slot dK, dV sums
+    are then the same, bit for bit, from run to run.  Nothing else that a chunk computes
+    may depend on which chunks ran before it: the drivers let the first (largest) chunk
+    alone decide, before the others start, whether the float32 filter pays, because
+    exact scores from the filter's candidates and from a float64 BLAS product round
+    differently, and a decision taken by whichever chunk finished first gave results that
+    changed with thread timing."""
+    if workers <= 1 or len(items) <= 1:
+        for it in items:
+            work(0, it)
+        return
+    plans = None
+    if cost is not None:
+        plans, load = [[] for _ in range(workers)], [0] * workers
+        for item in items:
+            slot = load.index(min(load))
+            plans[slot].append(item)
+            load[slot] += cost(item)
+    run_items(work, workers, items=items, plans=plans)
+
+
+def _run_chunks(items, work, workers, cost=None, setup=()):
+    """A driver's chunks, largest first: the first, as the probe that decides whether the
+    float32 filter pays (``work(0, item, probe=True)``, on slot 0; see
+    :func:`_run_parallel`), while the other workers run the callables of ``setup`` (the
+    forward: the kv-heads' copies, which the chunks would otherwise make when they first
+    need them); then the others on ``workers`` threads."""
+    if items:
+        if workers > 1 and setup:
+            def first(slot, it):
+                if slot == 0:
+                    work(0, it, probe=True)
+                else:
+                    it()
+
+            run_items(first, workers, plans=[[items[0]]] + [list(setup[s::workers - 1]) for s in range(workers - 1)])
+        else:
+            work(0, items[0], probe=True)
+    _run_parallel(items[1:], work, workers, cost)
+
+
+class _InOrder:
+    """``self(n, add)`` calls the ``add`` of every n = 0, 1, 2, ... in that order, whichever
+    thread brings it and when (an add waits, kept, until those before it are done)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.next = 0
+        self.waiting = {}
+
+    def __call__(self, n, add):
+        with self.lock:
+            self.waiting[n] = add
+            while self.next in self.waiting:
+                self.waiting.pop(self.next)()
+                self.next += 1
+
+
+def _chunk_cost(i0, i1, key_end):
+    """A chunk's work, for "largest first" and the backward's static plan: its scores."""
+    return (i1 - i0) * key_end
+
+
+def _head_items(spec, b, Nq, Nk, group):
+    """The driver's chunks (i0, i1, key_end) of batch b, largest first."""
+    return sorted(batch_chunks(spec, b, Nq, Nk, group), key=lambda t: -_chunk_cost(*t))
+
+
+# The kernels get C-contiguous, writable float64 arrays only (a fresh copy of the small
+# per-head / per-row parameters, the caller's q, k, v ... copied when read-only): numba
+# compiles one specialization per argument type, and read-only is part of the type.
+
+
+def _writable(a):
+    return a if a is None or a.flags.writeable else a.copy()
+
+
+def _group_alphas(spec, h0, group):
+    if spec.head_alpha is None:
+        return np.full(group, float(spec.alpha))
+    return np.array(spec.head_alpha[h0:h0 + group], np.float64, order="C")
+
+
+def _group_slopes(spec, h0, group):
+    if spec.alibi_slopes is None:
+        return np.zeros(group)
+    return np.array(spec.alibi_slopes[h0:h0 + group], np.float64, order="C")
+
+
+def _row_scale(spec, b, h0, group, i0, i1):
+    if spec.row_scale is None:
+        return np.empty(0)
+    return np.array(spec.row_scale[b, h0:h0 + group, i0:i1], np.float64, order="C").reshape(-1)
+
+
+class _Head:
+    """One kv-head's K and V as the drivers' chunks use them: the float32 keys transposed
+    (``k32t``, (D, Nk) C-contiguous: the filter product's right operand, see
+    :func:`_product`), the keys and values in the input's precision (``kx``, ``vx``:
+    what the filtered chunks' kernels read, the same arrays the decoding path passes, so
+    that :func:`_dot` rounds the same way in both; the float32 input is converted
+    exactly where it is read), the float64 key norms ``kn`` (a float32 overflow only
+    turns the filter off) and, made by the first chunk that needs them (the float64
+    product), the float64 keys ``kk`` and values; :meth:`rows` gives a chunk's pair."""
+
+    def __init__(self, k, v, b, hk):
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.k32t = np.ascontiguousarray(k[b, hk].T, np.float32)
+        self.kx = _writable(np.ascontiguousarray(k[b, hk]))
+        self.kn = key_norms(self.kx)
+        self.vx = _writable(np.ascontiguousarray(v[b, hk]))
+        self._kk = self.kx if k.dtype == np.float64 else None
+        self._v64 = self.vx if v.dtype == np.float64 else None
+        self.lock = threading.Lock()
+
+    @property
+    def kk(self):
+        """The float64 keys (a copy of a float32 input, made once)."""
+        with self.lock:
+            if self._kk is None:
+                self._kk = np.ascontiguousarray(self.kx, np.float64)
+        return self._kk
+
+    def rows(self, filt, key_end):
+        """(K, V) up to ``key_end`` for a chunk's kernel: in the input's precision with the
+        float32 filter (the exact dot products then round as the decoding path's); with
+        the float64 product, whose rows the kernel scores from the product itself, the
+        float64 copies, so that a float32 input compiles no kernel variant beyond the
+        float64 input's (the values are the same: float32 converts exactly)."""
+        if filt:
+            return self.kx[:key_end], self.vx[:key_end]
+        kk = self.kk
+        with self.lock:
+            if self._v64 is None:
+                self._v64 = np.ascontiguousarray(self.vx, np.float64)
+        return kk[:key_end], self._v64[:key_end]
+
+
+class _Heads:
+    """The :class:`_Head` of each kv-head, made once (under that head's lock) by whichever
+    worker first needs it: the other workers while the probe chunk runs
+    (:func:`_run_chunks`' ``setup``), or the first chunk of the head.  The copies and key
+    norms (about 0.6 ms a head at 4,096 x 64, 4.6-5.5 ms for 8) ran on the calling thread
+    before the chunks, and the probe alone after them: both serial."""
+
+    def __init__(self, k, v):
+        self.k, self.v = k, v
+        self.lock = threading.Lock()
+        self.made = {}
+
+    def get(self, b, hk):
+        with self.lock:
+            entry = self.made.setdefault((b, hk), [threading.Lock(), None])
+        with entry[0]:
+            if entry[1] is None:
+                entry[1] = _Head(self.k, self.v, b, hk)
+        return entry[1]
+
+    def clear(self):
+        self.made.clear()
+
+
+def _filter_bound(filt, qc, kn, key_end, scale, rs):
+    """(filt, err): whether a chunk uses the float32 filter (``filt``: it is on and may be
+    used for this chunk; and the error bound is finite) and the per-row bound (zeros
+    without the filter)."""
+    if filt:
+        err = np.empty(qc.shape[0])
+        if score_errors(qc, float(kn[:key_end].max()), scale, rs, err):
+            return True, err
+    return False, np.zeros(qc.shape[0])
+
+
+def _scores(filt, qsl, qc, head, key_end, scale, rs, need=None):
+    """A chunk's score block for the row kernels: with ``filt`` (see :func:`_filter_bound`)
+    the float32 product of the chunk's queries ``qsl`` with the keys of ``head`` (a
+    :class:`_Head`) and its per-row error bound; else the float64 product of ``qc``
+    (``qsl`` as float64 rows) and a zero bound (only this makes the float64 keys).
+    With ``need`` (a bool mask of the rows) only those rows of the block are formed (the
+    others are left unwritten: their kernel rows do not read them).  Returns (g, err,
+    filt)."""
+    filt, err = _filter_bound(filt, qc, head.kn, key_end, scale, rs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if filt:
+            g = _product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), head.k32t[:, :key_end], need)
+        else:
+            g = _product(qc, head.kk[:key_end].T, need)
+    return g, err, filt
+
+
+def _product(a, bt, need):
+    """``a @ bt``, or only its rows where ``need`` (the others unwritten).  For the float32
+    filter ``bt`` is a slice of the C-contiguous transposed keys (``_Head.k32t``): OpenBLAS
+    packs the keys, the product's long side, at every call, and from that layout (its
+    no-transpose copy) the product runs about 1.25x faster than from the transposed view
+    of the row-major keys (8 heads of 4,096 causal keys in 64-row blocks, one thread)."""
+    if need is None or need.all():
+        return a @ bt
+    g = np.empty((a.shape[0], bt.shape[1]), a.dtype)
+    g[need] = a[need] @ bt
+    return g
+
+
+def empty_kernel_forward(B, Hq, Nq, Dv, out_dtype, keep, blank=None):
+    """The arrays the numba forwards fill (chunked and decoding): the
+    :class:`~entmax_ref.backends._base.AttentionForward` of
+    :func:`~entmax_ref.backends.attention_driver.empty_forward` with the support keys
+    (:func:`empty_support_keys`), and the kernels' ``skew`` and ``keys`` arguments.
+    Without ``keep`` (``spec.residual`` off) skew and the keys are None, and the kernels get
+    zero-size stand-ins of the same types, which they, told so, never index."""
+    fwd = empty_forward(B, Hq, Nq, Dv, out_dtype, blank, keep)
+    if not keep:
+        return fwd, (np.empty((0, 0, 0, 0)), np.empty((0, 0, 0, 0), np.int32))
+    keys = empty_support_keys(B, Hq, Nq, Dv, blank)
+    return fwd._replace(support_keys=keys), (fwd.skew, keys)
+
+
+def keys_width(Dv):
+    """Support keys the forward keeps room for per row: :data:`SUPPORT_KEYS`, or ``2 Dv``
+    when that is more (4 bytes a key: never more than the float64 skewed output)."""
+    return max(SUPPORT_KEYS, 2 * Dv)
+
+
+def empty_support_keys(B, Hq, Nq, Dv, blank=None):
+    """The forward's ``support_keys`` as a row that sees no key leaves them (all -1); with
+    ``blank`` ((B, Hq, Nq) bool) those rows only, the others left for the kernels to
+    write (as :func:`~entmax_ref.backends.attention_driver.empty_forward`)."""
+    if blank is None:
+        return np.full((B, Hq, Nq, keys_width(Dv)), -1, np.int32)
+    keys = np.empty((B, Hq, Nq, keys_width(Dv)), np.int32)
+    keys[blank] = -1
+    return keys
+
+
+def trimmed_keys(keys, support):
+    """``keys`` cut to the most keys a row holds (at least one column): the keys of every
+    row that has them, and the -2 of those that do not.  A row holds its ``support`` keys
+    when they fit (:func:`_store_keys`), none otherwise, so the width comes from the
+    support counts, not from a pass over the keys.  None stays None."""
+    if keys is None:
+        return None
+    fits = support[support <= keys.shape[3]]
+    width = max(1, int(fits.max(initial=0)))
+    return keys if width == keys.shape[3] else np.ascontiguousarray(keys[..., :width])
+
+
+def _support_keys(res):
+    """The forward's support keys in ``res`` when they are this backend's (a NumPy array;
+    the public layer checked dtype and shape), else None."""
+    keys = getattr(res, "support_keys", None)
+    return np.ascontiguousarray(keys) if isinstance(keys, np.ndarray) else None

@@ -1,0 +1,449 @@
+"""The float32 filter of the numba attention: which keys of a row can carry probability.
+
+For alpha > 1 a row's support lies within ``W = 1/(alpha - 1)`` of its
+threshold (``p_j > 0`` only if ``z_j > theta - W``), so most keys carry nothing.  Per
+chunk, one *float32* BLAS product ``g32 = q.k`` serves as a filter: with the rigorous
+bound ``|z(g32) - z| <= err_i`` (:func:`score_errors`; Higham's ``gamma_{D+3} ||q|| ||k||``
+scaled by ``scale |s_i|``), a key whose approximate score is below ``theta_lb - W -
+2 err`` (``theta_lb`` a lower bound of the threshold: four Newton steps, from the left,
+on the approximate scores, :func:`_theta_lower`) certainly has ``p = 0``; the other keys
+(the candidates, about the support size) get their exact float64 score by a dot product.
+The row solver then runs on the candidates only, which gives the threshold and support of
+the whole row (the others contribute exactly 0 at every threshold at or above it).  A
+row whose float32 scores are not finite or huge, alpha = 1 (no window), and chunks where
+the candidates exceed :data:`~.attention_chunks.FILTER_FRACTION` of the keys use a float64 BLAS product
+instead.  The reference's overflow check (any non-finite score in the block raises) is
+kept: exactly where the float32 scores are suspect.  The forward forms the float32 product
+a block of a chunk's rows at a time (:data:`~.attention.FILTER_BLOCK_BYTES`), up to the last key the
+block's rows see, and runs ``fwd_rows`` on each block while its scores are in cache.
+
+Compile cost.  The helpers are plain ``@njit`` functions, not ``inline="always"``:
+numba's IR-level inlining types every inlined body again at each call site (``_candidates``
+three times in each direction, ``_score`` a dozen times), most of the attention units'
+compile time, while LLVM inlines the small helpers into their callers anyway at no cost
+in run time.  Constants
+that reach a callee are run-time values (``np.int64(0)``, ``np.bool_(True)``): numba
+compiles a separate copy of the callee for each literal argument, the forward's and the
+backward's ``_candidates`` were two copies (``use_max`` True and False), and a counter
+that starts at a literal ``0`` and is passed on (``m = 0; ...; f(m)``) compiles the callee
+twice, once for the ``Literal[int](0)`` that type inference sees first and once for int64.
+
+Reference counts.  numba increfs every array argument of a compiled function on entry
+and decrefs it on return (an atomic add each, on a counter the threads share): about 60
+pairs a forward row, through the per-row helpers, were 4-5% of a forward's time.  The
+per-row helpers of both directions (:func:`_candidates_fast` and what it calls,
+:mod:`.attention_rows`' ``_row_result``, ``_solve_weigh``, the backward's row helpers) allocate nothing
+and return no array, so they are compiled without reference counting (``_nrt=False``):
+they borrow the arrays of the kernel that calls them, which holds them for the call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from . import CACHE
+from ..constants import FILTER_MARGIN, FILTER_SLACK, G_CUT_MARGIN, G_CUT_TINY
+from .candidates import MASK_MIN, set_bits as _set_bits
+
+
+@njit(cache=CACHE)
+def _candidate_buffers(key_end):
+    """Scratch of :func:`_candidates` for rows of up to ``key_end`` keys: the approximate
+    scores ``za`` and the candidates' key ``idx``, exact score ``zc`` and exact q.k ``gx``."""
+    return (np.empty(key_end, np.float64), np.empty(key_end, np.int64), np.empty(key_end, np.float64),
+            np.empty(key_end, np.float64))
+
+
+@njit(cache=CACHE)
+def _score(gv, scale, s, has_s, slope, i_abs, j):
+    """The reference's z: ``a = scale * g``, ``z = a * s``, ``z = z - slope * |i_abs - j|``."""
+    z = scale * gv
+    if has_s:
+        z = z * s
+    if slope != 0.0:
+        z = z - slope * np.float64(abs(i_abs - j))
+    return z
+
+
+@njit(cache=CACHE, fastmath={"reassoc", "contract"})
+def _dot(qc, r, kk, j):
+    """q_r . k_j (``qc[r] . kk[j]``; the backward's dO_r . v_j too) in float64, summed in
+    the order the compiler vectorises (``fastmath`` reassociation and fused multiply-adds:
+    any order is as exact as BLAS's, and vector lanes are not one serial chain of D
+    additions; twice as fast as four explicit partial sums).  ``kk`` is float64 or the
+    float32 input itself (converted exactly).  The order depends on the argument types
+    and the machine only, so every driver passes K (and V) in the input's precision:
+    the chunked forward, the decoding path and the backward then get the same bits."""
+    a = 0.0
+    for d in range(qc.shape[1]):
+        a += qc[r, d] * kk[j, d]
+    return a
+
+
+@njit(cache=CACHE, fastmath={"reassoc", "contract"}, _nrt=False)
+def _theta_lower(zc, m, L, a1):
+    """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
+    that can carry mass is among them).  For alpha <= 2 the mass ``f(A) = sum_j
+    [1 + a1 (z_j - L - A)]_+^(1/a1) - 1`` is convex and decreasing in A, so Newton's
+    iterates from A = 0 (where f >= 0) increase and stay below the root; four steps (a
+    tighter bound saves more exact dot products and solver work than a step costs, up to
+    the fourth), then a relative margin for rounding.
+    The sums may be taken in any order (``fastmath`` reassociation: LLVM then vectorises
+    them, 3x faster): that changes their last bits, far inside the margin.
+    For alpha > 2 (f not convex): L itself."""
+    A = 0.0
+    if a1 <= 1.0:
+        for _ in range(4):
+            f = -1.0
+            df = 0.0
+            if a1 == 0.5:  # branch-free: p = tt^2, dp/dA = -tt
+                for i in range(m):
+                    tt = max(1.0 + 0.5 * ((zc[i] - L) - A), 0.0)
+                    f += tt * tt
+                    df += tt
+            else:
+                for i in range(m):
+                    tt = 1.0 + a1 * ((zc[i] - L) - A)
+                    if tt > 0.0:
+                        p = tt if a1 == 1.0 else math.exp(math.log(tt) / a1)
+                        f += p
+                        df += p / tt
+            if not (f > 0.0) or not (df > 0.0):
+                break
+            A += f / df
+    return (L + A) - FILTER_MARGIN * (1.0 + abs(L) + A)
+
+
+@njit(cache=CACHE)
+def _max_cut(L, window, err):
+    """The first cut of the float32 filter: a key whose approximate score is at most this
+    line, below the row maximum ``L`` of the approximate scores by the window and ``3 err``
+    (with margins for rounding), has ``p = 0``.  Shared by every filter pass (the chunked
+    forward's and the decoding path's) so that they keep the same keys."""
+    return L - (window * (1.0 + FILTER_MARGIN) + 3.0 * err + FILTER_SLACK) - FILTER_SLACK * abs(L)
+
+
+@njit(cache=CACHE)
+def _theta_cut(t, window, err):
+    """The second cut: below ``t - window - 2 err`` (``t`` the threshold or a lower bound of
+    it, with margins for rounding) a key's approximate score leaves ``p = 0``."""
+    return t - window * (1.0 + FILTER_MARGIN) - 2.0 * err - FILTER_SLACK * (1.0 + abs(t))
+
+
+@njit(cache=CACHE, _nrt=False)
+def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                za, idx, zc, gx):
+    """The keys of row ``r`` that can carry probability, with their exact float64 scores.
+
+    ``filt = False``: ``g`` holds the float64 q.k; every visible key is a candidate.
+    ``filt = True``: ``g`` holds a float32 q.k, within ``err`` of the exact score after
+    :func:`_score` (a rigorous bound, see :func:`score_errors`).  A key whose exact score
+    is at most ``m - window`` (``m`` the row maximum: forward, ``use_max``) or
+    ``t - window`` (``t = theta``: backward) gets ``p = 0`` exactly; it is dropped when
+    even its approximate score plus the error cannot reach that line.  The exact score of
+    each candidate is then the float64 dot product.  Rows whose approximate scores are
+    not finite (or huge) take every key, exactly.  Writes ``idx[:m]`` (key), ``zc[:m]``
+    (exact z), ``gx[:m]`` (exact q.k); returns (m, whether every score of the row up to
+    ``g.shape[1]`` is finite, checked on the exact scores as the reference does)."""
+    key_end = g.shape[1]
+    if not filt:
+        nonfinite = 0
+        for j in range(n):
+            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
+            idx[j] = j
+            zc[j] = z
+            gx[j] = g[r, j]
+            nonfinite += (z - z) != 0.0
+        for j in range(n, key_end):
+            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
+            nonfinite += (z - z) != 0.0
+        return n, nonfinite == 0
+    suspect = 0
+    L = -np.inf
+    m1 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
+    if use_max:
+        # the scores and their maximum L (four running maxima: no serial dependency),
+        # then, branch-free, every key within the window (+ 3 err) of L
+        L0 = -np.inf
+        L1 = -np.inf
+        L2 = -np.inf
+        L3 = -np.inf
+        j = np.int64(0)
+        while j + 4 <= n:
+            z0 = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            z1 = _score(np.float64(g[r, j + 1]), scale, s, has_s, slope, i_abs, j + 1)
+            z2 = _score(np.float64(g[r, j + 2]), scale, s, has_s, slope, i_abs, j + 2)
+            z3 = _score(np.float64(g[r, j + 3]), scale, s, has_s, slope, i_abs, j + 3)
+            za[j] = z0
+            za[j + 1] = z1
+            za[j + 2] = z2
+            za[j + 3] = z3
+            L0 = max(L0, z0)
+            L1 = max(L1, z1)
+            L2 = max(L2, z2)
+            L3 = max(L3, z3)
+            j += 4
+        while j < n:
+            z0 = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            za[j] = z0
+            L0 = max(L0, z0)
+            j += 1
+        L = max(max(L0, L1), max(L2, L3))
+        suspect += not (abs(L) < 1e300) and n > 0
+        cut = _max_cut(L, window, err)
+        for j in range(n):
+            zj = za[j]
+            suspect += not (zj > -1e300)
+            idx[m1] = j
+            zc[m1] = zj
+            m1 += zj > cut
+    else:
+        for j in range(n):
+            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            za[j] = z
+            suspect += not (abs(z) < 1e300)
+    for j in range(n, key_end):
+        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        suspect += not (abs(z) < 1e300)
+    if suspect == 0:
+        if use_max:
+            # a lower bound of the threshold of the approximate scores, which is within
+            # err of the exact one (theta is 1-Lipschitz in the max norm of the scores)
+            t = _theta_lower(zc, m1, L, 1.0 / window)
+            for i in range(m1):
+                za[i] = zc[i]
+        else:
+            m1 = n
+        cut = _theta_cut(t, window, err)
+        m = 0
+        for i in range(m1):
+            j = idx[i] if use_max else i
+            if za[i] > cut:
+                gv = _dot(qc, r, kk, j)
+                idx[m] = j
+                gx[m] = gv
+                zc[m] = _score(gv, scale, s, has_s, slope, i_abs, j)
+                m += 1
+        return m, True
+    # the float32 product overflowed or is near the float64 range: everything exactly
+    nonfinite = 0
+    for j in range(key_end):
+        gv = _dot(qc, r, kk, j)
+        z = _score(gv, scale, s, has_s, slope, i_abs, j)
+        nonfinite += (z - z) != 0.0
+        if j < n:
+            idx[j] = j
+            gx[j] = gv
+            zc[j] = z
+    return n, nonfinite == 0
+
+
+@intrinsic
+def _sortable(typingctx, x):
+    """The integer of float ``x``'s width whose signed order is the order of the floats
+    (NaN aside): the bits, with those below the sign flipped for a negative ``x`` (``-0``
+    sorts just below ``+0``).  Integer extrema vectorise where float ones, with their NaN
+    rules, do not."""
+    if x not in (types.float32, types.float64):
+        return None
+    w = x.bitwidth
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(w)
+        b = builder.bitcast(args[0], ity)
+        sign = builder.ashr(b, ir.Constant(ity, w - 1))
+        return builder.xor(b, builder.and_(sign, ir.Constant(ity, (1 << (w - 1)) - 1)))
+
+    return (types.int32 if w == 32 else types.int64)(x), codegen
+
+
+@intrinsic
+def _unsortable(typingctx, s):
+    """The float whose :func:`_sortable` is ``s`` (the same flip undoes it)."""
+    if s not in (types.int32, types.int64):
+        return None
+    w = s.bitwidth
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(w)
+        sign = builder.ashr(args[0], ir.Constant(ity, w - 1))
+        b = builder.xor(args[0], builder.and_(sign, ir.Constant(ity, (1 << (w - 1)) - 1)))
+        return builder.bitcast(b, ir.FloatType() if w == 32 else ir.DoubleType())
+
+    return (types.float32 if w == 32 else types.float64)(s), codegen
+
+
+@njit(cache=CACHE, _nrt=False)
+def _g_range(g, r, j0, j1):
+    """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` ((inf, -inf, 0) when empty): the
+    extrema on :func:`_sortable` integers, a loop LLVM vectorises (a NaN makes them
+    meaningless, and the caller then checks the row exactly).  The loop runs over a slice
+    of the row: its index then provably needs no wraparound test for a negative start,
+    which with a run-time ``j0`` made the loop 2.4x slower."""
+    if j1 <= j0:
+        return np.float32(np.inf), np.float32(-np.inf), 0
+    row = g[r, j0:j1]
+    lo = hi = _sortable(row[0])
+    nan = 0
+    for j in range(row.shape[0]):
+        x = row[j]
+        nan += x != x
+        b = _sortable(x)
+        lo = min(lo, b)
+        hi = max(hi, b)
+    return _unsortable(lo), _unsortable(hi), nan
+
+
+@njit(cache=CACHE, _nrt=False)
+def _z_range(g, r, j0, j1, scale, s, has_s, i_abs):
+    """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
+    the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
+    one of them is non-finite or huge (``|z| >= 1e300``, or a NaN ``g``), from the float32
+    range of ``g`` (:func:`_g_range`, a loop LLVM vectorises) in place of a
+    float64 score of every key.  Without a NaN, that largest z is bit for bit the largest
+    score (a monotone rounding keeps the order); with one the row is suspect and its
+    largest z is not used."""
+    if j1 <= j0:
+        return -np.inf, 0
+    lo, hi, nan = _g_range(g, r, j0, j1)
+    L = _score(np.float64(hi), scale, s, has_s, 0.0, i_abs, j0)
+    z_lo = _score(np.float64(lo), scale, s, has_s, 0.0, i_abs, j0)
+    return L, int(nan > 0 or not (z_lo > -1e300 and L < 1e300))
+
+
+@njit(cache=CACHE)
+def _g_cut(cut, scale, s):
+    """A float32 line below which no ``g`` has ``z(g) = (scale g) s > cut`` (``scale s > 0``):
+    ``cut / (scale s)`` lowered by far more than the roundings of z and of float32."""
+    x = cut / (scale * s)
+    return np.float32(x - abs(x) * G_CUT_MARGIN - G_CUT_TINY)
+
+
+@njit(cache=CACHE, _nrt=False)
+def _above(g, r, n, gc, idx, scratch):
+    """The keys ``j < n`` with ``g[r, j] > gc`` into ``idx``, ascending; returns their count.
+    As the row solvers' gathers (:func:`.candidates._gather_alive`): for a long row a bit
+    mask of the test (a loop LLVM vectorises; its words in ``scratch``, float64 of at least
+    ``n // 64`` entries, free at this point) and then its set bits only, and a pass with no
+    branch on the data (every key stored, the count advanced by the test) for the rest."""
+    m1 = 0
+    j0 = 0
+    if n >= MASK_MIN:
+        words = scratch[:n // 64].view(np.uint64)
+        for w in range(words.shape[0]):
+            gb = g[r, 64 * w:64 * (w + 1)]
+            b = np.uint64(0)
+            for t in range(64):
+                b |= np.uint64(gb[t] > gc) << np.uint64(t)
+            words[w] = b
+        m1 = _set_bits(words, idx)
+        j0 = 64 * words.shape[0]
+    for j in range(j0, n):
+        idx[m1] = j
+        m1 += g[r, j] > gc
+    return m1
+
+
+@njit(cache=CACHE, _nrt=False)
+def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                     za, idx, zc, gx):
+    """:func:`_candidates`, the same keys in the same order with the same scores, for the
+    float32 filter when ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
+    the row's range, maximum and the window's line are taken on the float32 ``g`` itself
+    (no float64 score of every key), and only the keys above a float32 line just below
+    the float64 cut get their approximate float64 score, compared with the cut exactly as
+    :func:`_candidates` does.  Anything else (and a suspect row) is :func:`_candidates`."""
+    key_end = g.shape[1]
+    if not filt or slope != 0.0 or not (scale * s > 0.0) or n == 0:
+        return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                           za, idx, zc, gx)
+    j0 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
+    L, bad = _z_range(g, r, j0, n, scale, s, has_s, i_abs)  # L = max_j z(g_j): z is monotone
+    if not bad:  # the keys checked for overflow beyond the visible ones
+        bad = _z_range(g, r, n, key_end, scale, s, has_s, i_abs)[1]
+    if bad:  # the float64 path of the row, exactly as before
+        return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+                           za, idx, zc, gx)
+    if use_max:
+        cut = _max_cut(L, window, err)
+    else:
+        cut = _theta_cut(t, window, err)
+    gc = _g_cut(cut, scale, s)
+    m1 = _above(g, r, n, gc, idx, za)  # za is free on this path
+    m = np.int64(0)
+    for i in range(m1):  # the approximate float64 scores of the survivors, the exact cut
+        j = idx[i]
+        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        if z > cut:
+            idx[m] = j
+            zc[m] = z
+            m += 1
+    if use_max:
+        # the lower bound of the threshold and the second cut of _candidates
+        t = _theta_lower(zc, m, L, 1.0 / window)
+        cut = _theta_cut(t, window, err)
+    m1 = m
+    m = 0
+    for i in range(m1):
+        if zc[i] > cut:
+            j = idx[i]
+            gv = _dot(qc, r, kk, j)
+            idx[m] = j
+            gx[m] = gv
+            zc[m] = _score(gv, scale, s, has_s, slope, i_abs, j)
+            m += 1
+    return m, True
+
+
+_U32 = 2.0**-24
+
+
+@njit(cache=CACHE)
+def score_errors(qc, kmax, scale, rs, err):
+    """Per-row bound ``err[r]`` on |z(float32 q.k) - z(exact q.k)| for the float32 filter;
+    returns whether every bound is below 1e290 (a larger one, or NaN, turns the filter
+    off for the rows' chunk).
+
+    The float32 product sums D products of the float32-rounded q, k in some order, so
+    (Higham, Thm 3.1 with the input roundings) ``|fl32(q.k) - q.k| <= gamma_{D+3}
+    sum_d |q_d k_d| <= gamma_{D+3} ||q|| ||k||`` (Cauchy-Schwarz, ``kmax`` the largest
+    key norm); z scales it by ``scale |s|`` (``rs``: the rows' ASEntmax scales, or
+    empty).  A factor 2 covers the float64 rounding of the norms and of z, and an
+    absolute term float32 underflow (subnormal inputs and products)."""
+    R, D = qc.shape
+    gam = (D + 3) * _U32 / (1.0 - (D + 3) * _U32)
+    has_s = rs.shape[0] > 0
+    small = D * 2.0**-140
+    fits = True
+    for r in range(R):
+        a = 0.0
+        for d in range(D):
+            a += qc[r, d] * qc[r, d]
+        qn = math.sqrt(a)
+        s = abs(rs[r]) if has_s else 1.0
+        e = 2.0 * scale * s * (gam * qn * kmax + small * (1.0 + qn + kmax))
+        err[r] = e
+        fits = fits and e < 1e290
+    return fits
+
+
+@njit(nogil=True, cache=CACHE)
+def key_norms(kk):
+    """``||k_j||`` of every key (row of ``kk``), from float64 sums of the exact float64
+    squares (a float32 input converts exactly; a float64 input's squares may overflow
+    to inf, which turns the float32 filter off).  Any order of summation is inside
+    :func:`score_errors`' factor 2 for the rounding of the norms.  (The einsum this
+    replaces took 0.25 ms a head of 4,096 x 64 on the calling thread, before the chunks.)"""
+    n = np.empty(kk.shape[0])
+    for j in range(kk.shape[0]):
+        a = 0.0
+        for d in range(kk.shape[1]):
+            x = np.float64(kk[j, d])
+            a += x * x
+        n[j] = math.sqrt(a)
+    return n

@@ -1,0 +1,541 @@
+"""The row kernels of the numba attention: one chunk's rows, forward and backward.
+
+Each kernel is a ``nogil`` serial loop over the rows of one chunk (the drivers run one per
+worker thread); the candidates of a row and their exact scores come from the float32
+filter (:mod:`.attention_filter`), the threshold from the compiled row solver.
+
+forward (``fwd_rows``, per row)
+    candidates and exact scores; the compiled row solver of
+    :mod:`entmax_ref.backends.numba.rows`; then ``o_i = sum_{p_ij > 0} p_ij v_j`` and the
+    skewed output ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``).  The row's
+    residual goes straight into the forward's arrays (:func:`_row_result`); only ``o_i``
+    passes through a float64 scratch row, which the driver converts to q's dtype.  A
+    forward that keeps no residual (``AttentionSpec.residual`` off: ``er.attention``
+    without ``return_info``) forms neither the skewed output nor the support keys.
+
+backward (``bwd_rows`` then ``bwd_scatter``)
+    the candidates: the support's keys the forward kept (``AttentionForward.support_keys``,
+    :func:`_store_keys`: up to :func:`~.attention_chunks.keys_width` a row), whose exact scores are the only
+    ones computed (a chunk whose rows all have them forms no score product and runs no
+    filter pass); else the filter against the forward's theta.  ``p_j = e_alpha(z_j - theta_i)`` and ``u_j =
+    p_j^(2 - alpha)`` as the row solvers' output pass forms them
+    (:func:`~.elementwise._p_u`: the reference's ``exp(log1p(a1 y) / a1)``, closed forms at
+    alpha = 1.5 and 2) on them (alpha > 2: edge-relative
+    from the forward's row max, edge and edge probability, :func:`~.big_alpha._edge_p`, and dZ in
+    the row VJP's overflow-free form, :func:`_dz_big`); the support is compacted
+    (key, ``p``, ``u``), the skewed output recomputed from it when the caller has none,
+    ``delta_i = dO_i . skew_i``, ``dZ_ij = u_ij (dO_i . v_j - delta_i)`` (a dot product per
+    *support* entry, no dense ``dO V^T``), ``ds_i = sum_j dZ_ij a_ij``, ``dQ_i = scale sum_j
+    s_i dZ_ij k_j``.  ``bwd_scatter`` adds ``dV_j += p_ij dO_i`` and ``dK_j += scale s_i
+    dZ_ij q_i`` over the compacted entries.  When a chunk's support is dense (more than
+    :data:`~.attention_backward.DENSE_FRACTION` of its block) the entries are expanded into dense blocks and dK,
+    dV use BLAS.  alpha = 1 (softmax: the support is every visible key) uses the NumPy
+    driver's backward.  With ``spec.alpha_grad`` each row's dL/dalpha is the compiled row alpha
+    VJP (:mod:`entmax_ref.backends.numba.grads`) of the compacted support's ``p`` and
+    ``dO . v_j``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from . import CACHE
+from ..constants import EDGE_TIE_ULPS
+from ..geometry import visible_count
+from .attention_filter import _candidate_buffers, _candidates_fast, _dot, _score
+from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p
+from .compensated import acc as _acc
+from .elementwise import p_u as _p_u
+from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
+from .grads import signed_exp as _signed_exp, skew as _skew
+from .rows import kind_of as _kind, solve_default as _solve_default, solver_scratch as _solver_scratch
+
+
+#: A chunk's place and its rows' parameters, as the row kernels take them (one record, which
+#: numba passes as a tuple): batch ``b``, first query head ``h0``, queries per head ``nc``,
+#: first query ``i0``, the absolute position of query 0 (``offset``), the causal flag, the
+#: score scale, the rows' ASEntmax scales (``row_scale``, (rows,) or empty), and per query
+#: head of the group the ALiBi ``slopes`` and ``alphas`` ((group,) float64).
+ChunkRows = namedtuple("ChunkRows", "b h0 nc i0 offset causal scale row_scale slopes alphas")
+
+#: The forward's arrays every row writes at its place ``[b, hq, i]`` (the whole
+#: ``(B, Hq, Nq, ...)`` arrays): the skewed output, theta, the support, the residual (row
+#: maximum, edge, edge probability) and the support keys; ``keep``: whether the skewed
+#: output and the keys are formed (otherwise ``skew`` and ``keys`` are zero-size stand-ins).
+ForwardArrays = namedtuple("ForwardArrays", "skew theta support rmax edge edge_p keys keep")
+
+#: The backward's inputs per row of a chunk: theta, the residual of alpha > 2 (row max,
+#: edge, edge probability; theta again where unused), dO, the forward's skewed output
+#: ((rows, Dv) or (0, Dv)) and its support keys ((rows, cap) or (0, cap)).
+BackwardRows = namedtuple("BackwardRows", "th rmax edge edge_p doc skew keys")
+
+#: What the backward's row kernel writes per row of a chunk: the compacted support (key
+#: ``idx``, ``pb`` = p, ``ub`` = s dZ, ``cnt`` entries), ``dq``, ``ds``, ``bad`` and
+#: ``dal`` (dalpha, or empty).
+BackwardOut = namedtuple("BackwardOut", "idx pb ub cnt dq ds bad dal")
+
+
+def chunk_rows(b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas):
+    """A :data:`ChunkRows` whose scalar fields have the types the kernels are compiled
+    for (int64, bool, float64), whatever integer or float types the caller has: one
+    specialization per array type."""
+    return ChunkRows(int(b), int(h0), int(nc), int(i0), int(offset), bool(causal), float(scale), row_scale, slopes,
+                     alphas)
+
+
+
+_EPS = float(np.finfo(np.float64).eps)
+
+#: The compiled twin of :func:`entmax_ref.backends.geometry.visible_count`: that very
+#: function, compiled (tests/test_geometry.py ties the two).
+_visible_count = njit(visible_count)
+
+
+@njit(cache=CACHE)
+def _visible(r, nc, i0, offset, key_end, causal):
+    """(query head index within the group, absolute query index, visible key count)."""
+    h = r // nc
+    i_abs = i0 + (r - h * nc) + offset
+    return h, i_abs, _visible_count(i_abs, key_end, causal)
+
+
+@njit(cache=CACHE, _nrt=False)
+def _row_params(r, rows, key_end, has_s):
+    """Row ``r`` of a chunk (``rows`` its :data:`ChunkRows`): :func:`_visible`'s (h, i_abs,
+    n), then its head's ``a1 = alpha - 1``, ``a2 = 2 - alpha``, whether alpha > 2, the
+    support window ``1/a1`` (inf at alpha = 1) and the row's ASEntmax scale ``s`` (1
+    without one)."""
+    h, i_abs, n = _visible(r, rows.nc, rows.i0, rows.offset, key_end, rows.causal)
+    alpha = rows.alphas[h]
+    a1 = alpha - 1.0
+    a2 = 2.0 - alpha
+    window = 1.0 / a1 if a1 > 0.0 else np.inf
+    s = rows.row_scale[r] if has_s else 1.0
+    return h, i_abs, n, a1, a2, alpha > 2.0, window, s
+
+
+@njit(cache=CACHE, _nrt=False)
+def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep):
+    """The exact solve of one row's candidate scores ``zc[:m]`` (keys ``idx[:m]``) into
+    ``pc[:m]``, then ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
+    wanted), the skewed output ``sk = sum u_j v_j / sum u_j`` (``u = p^(2 - alpha)``,
+    divided by its maximum, the edge's, when ``big``: alpha > 2) on the support only; ``o``
+    and ``sk`` come zeroed (``o`` gets the same bits either way).  Shared by the chunked
+    forward and the decoding path, so both give the same bits.  Returns (theta, support,
+    L, ce, qe): the row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its
+    probability ``qe``."""
+    th, cnt, _, _ = _solve_default(zc[:m], pc[:m], a1, c, aux, aux2, seed)
+    L = -np.inf
+    for ci in range(m):
+        if zc[ci] > L:
+            L = zc[ci]
+    ce = np.inf
+    qe = 0.0
+    for ci in range(m):
+        if pc[ci] > 0.0:
+            y = zc[ci] - L
+            if y < ce:
+                ce = y
+                qe = pc[ci]
+    dv = o.shape[0]
+    if not keep:
+        for ci in range(m):
+            pj = pc[ci]
+            if pj > 0.0:
+                j = idx[ci]
+                for d in range(dv):
+                    o[d] += pj * np.float64(vv[j, d])
+        return th, cnt, L, ce, qe
+    lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
+    su = 0.0
+    for ci in range(m):
+        pj = pc[ci]
+        if pj > 0.0:
+            j = idx[ci]
+            u = math.exp(a2 * math.log(pj) - lmax) if big else _skew(pj, a2)
+            su += u
+            for d in range(dv):
+                vjd = np.float64(vv[j, d])
+                o[d] += pj * vjd
+                sk[d] += u * vjd
+    inv = 1.0 / su if su > 0.0 else 0.0
+    for d in range(dv):
+        sk[d] *= inv
+    return th, cnt, L, ce, qe
+
+
+@njit(cache=CACHE, _nrt=False)
+def _store_keys(m, pc, idx, row):
+    """A row's support keys into ``row`` (:func:`keys_width` wide): the keys of the
+    candidates with ``p > 0`` in candidate (ascending key) order, then -1; -2 and then -1
+    when there are more than fit (the backward finds that row's support again)."""
+    cap = row.shape[0]
+    t = 0
+    for ci in range(m):
+        if pc[ci] > 0.0:
+            if t == cap:
+                row[0] = -2
+                t = 1
+                break
+            row[t] = idx[ci]
+            t += 1
+    for c in range(t, cap):
+        row[c] = -1
+
+
+@njit(cache=CACHE, _nrt=False)
+def _row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, ncand):
+    """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
+    idx)`` (exact scores, room for their p, keys; ``ok``: its scores were finite): row
+    ``r`` of the caller's float64 ``out`` (the driver converts it to q's dtype) and flags
+    ``bad``, ``ncand``; then (:func:`_solve_weigh`, seeded with ``seed``, the row's index
+    in its chunk; ``alpha = (a1, a2, big)``; ``scratch = (o, sk, c, aux, aux2)``) theta,
+    the support, the residual, the skewed output (the output itself at alpha = 1, as the
+    reference has it) and the support's keys (:func:`_store_keys`) straight into their
+    place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`ForwardArrays`);
+    without ``fwd.keep`` (no backward will follow) the last two are neither formed nor
+    written.  A row without candidates, or with overflowed scores, attends nothing.
+    Shared by the chunked forward and the decoding path, so both write the same bits."""
+    b, hq, i = place
+    zc, pc, idx = cand
+    a1, a2, big = alpha
+    o, sk, c, aux, aux2 = scratch
+    keep = fwd.keep
+    bad[r] = 0 if ok else 1
+    ncand[r] = m
+    for d in range(o.shape[0]):
+        o[d] = 0.0
+        sk[d] = 0.0
+    L = -np.inf
+    ce = -np.inf
+    qe = 0.0
+    th = -np.inf
+    cnt = np.int64(0)
+    if m > 0 and ok:
+        th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep)
+        if cnt == 0:  # the residual (the row maximum, the support's edge) of a row with a support only
+            L = -np.inf
+            ce = -np.inf
+            qe = 0.0
+    fwd.theta[b, hq, i] = th
+    fwd.support[b, hq, i] = cnt
+    fwd.rmax[b, hq, i] = L
+    fwd.edge[b, hq, i] = ce
+    fwd.edge_p[b, hq, i] = qe
+    for d in range(o.shape[0]):
+        out[r, d] = o[d]
+    if keep:
+        _store_keys(m if cnt > 0 else np.int64(0), pc, idx, fwd.keys[b, hq, i])
+        src = o if a1 == 0.0 else sk
+        for d in range(o.shape[0]):
+            fwd.skew[b, hq, i, d] = src[d]
+
+
+@njit(nogil=True, cache=CACHE)
+def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
+    """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of
+    it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``g`` (n, key_end) is their q.k
+    (float64, or float32 as a filter when ``filt``; see
+    :func:`~.attention_filter._candidates`), ``err`` (n,) its score error bound; ``rows``
+    the chunk's :data:`ChunkRows` (``filt`` needs every alpha > 1).  ``qc``, ``err``,
+    ``out`` (float64, n x Dv), ``ncand`` (candidates) and ``bad`` (1 for a row whose
+    scores overflowed) hold these rows only.  Each row writes ``fwd``
+    (:data:`ForwardArrays`: the skewed output, theta, the support, the residual: the row
+    maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's keys,
+    :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
+    (:func:`_row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
+    max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
+    n_rows, key_end = g.shape
+    dv = vv.shape[1]
+    has_s = rows.row_scale.shape[0] > 0
+    za, idx, zc, gx = _candidate_buffers(key_end)
+    pc = np.empty(key_end, np.float64)
+    c, aux, aux2 = _solver_scratch(key_end)
+    o = np.empty(dv, np.float64)
+    sk = np.empty(dv, np.float64)
+    for r in range(n_rows):
+        rc = r0 + r
+        h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
+        m, ok = _candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
+                                 np.bool_(True), 0.0, za, idx, zc, gx)
+        _row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), rc, m, ok, (zc, pc, idx), (a1, a2, big),
+                    vv, (o, sk, c, aux, aux2), fwd, out, bad, ncand)
+
+
+@njit(nogil=True, cache=CACHE)
+def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
+    """Per-row backward of one chunk over the support only (see the module docstring).
+    ``g``, ``filt``, ``err``, ``rows`` (every alpha > 1 here) as in :func:`fwd_rows`;
+    ``inp`` (:data:`BackwardRows`): ``th`` (rows,) theta (-inf: empty row), and for the
+    rows whose alpha > 2 the forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which
+    p is rebuilt as the row solver wrote it (:func:`~.big_alpha._edge_p`); ``doc`` dO;
+    ``skew`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p); ``keys``
+    (rows, cap) or (0, cap): the forward's support keys (:func:`_store_keys`); a row that
+    has them takes its candidates from them (:func:`_stored_candidates`) and reads
+    nothing of ``g``, which may then be empty when every row has them.  Writes ``res``
+    (:data:`BackwardOut`): the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ),
+    ``cnt`` per row, ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1`` where a score
+    overflowed, 2 where the keys do not belong to this call.  alpha > 2:
+    :func:`_dz_big`.  ``dal`` (rows,) or empty: dL/dalpha of each row, the row
+    transform's alpha VJP (:mod:`entmax_ref.backends.numba.grads`) on the support's p and
+    dL/dp = dO . v."""
+    th, rmax, edge, edge_p, doc, skew_in, keys = inp
+    idx, pb, ub, cnt, dq, ds, bad, dal = res
+    scale, slopes = rows.scale, rows.slopes
+    row_scale = rows.row_scale
+    n_rows = th.shape[0]
+    key_end = kk.shape[0]
+    use_keys = keys.shape[0] > 0
+    dv = vv.shape[1]
+    D = kk.shape[1]
+    want_dal = dal.shape[0] > 0
+    has_s = row_scale.shape[0] > 0
+    have_skew = skew_in.shape[0] > 0
+    za, ci, zc, gx = _candidate_buffers(key_end)
+    gs = np.empty(key_end, np.float64)
+    gd = np.empty(key_end, np.float64)
+    sk = np.empty(dv, np.float64)
+    acc = np.empty(D, np.float64)
+    for r in range(n_rows):
+        h, i_abs, n, a1, a2, big, window, s = _row_params(r, rows, key_end, has_s)
+        t = th[r]
+        for d in range(D):
+            acc[d] = 0.0
+        live = t > -np.inf
+        if use_keys and keys[r, 0] != -2:
+            mc, status = _stored_candidates(r, n, qc, kk, scale, s, has_s, slopes[h], i_abs, keys, ci, zc, gx)
+            bad[r] = status
+        else:
+            mc, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
+                                      np.bool_(False), t, za, ci, zc, gx)
+            bad[r] = 0 if ok else 1
+        m = np.int64(0)
+        if live and big:
+            L = rmax[r]
+            ce = edge[r]
+            qe = edge_p[r]
+            lqa = _lqa(qe, a1)
+            for c in range(mc):
+                # the scores may differ from the forward's by an ulp (BLAS or _dot, as the
+                # float32 filter's state decides per chunk): an entry within rounding of
+                # the edge is the edge (p = q), not an entry outside or far inside it
+                d = (zc[c] - L) - ce
+                if d - d == 0.0 and abs(d) <= EDGE_TIE_ULPS * _EPS * (abs(zc[c]) + abs(L)):
+                    d = 0.0
+                p = _edge_p(d, a1, qe, lqa)
+                if p > 0.0:
+                    idx[r, m] = ci[c]
+                    pb[r, m] = p
+                    ub[r, m] = a2 * math.log(p)  # log u, for _dz_big
+                    gs[m] = gx[c]
+                    m += 1
+        elif live:
+            kind = _kind(a1)
+            for c in range(mc):
+                p, u = _p_u(zc[c] - t, a1, kind)  # the row solvers' e_alpha and p^(2 - alpha)
+                if p > 0.0:
+                    idx[r, m] = ci[c]
+                    pb[r, m] = p
+                    ub[r, m] = u
+                    gs[m] = gx[c]
+                    m += 1
+        cnt[r] = m
+        mref = 0  # the first entry of largest u (the reference point of ds)
+        if big:
+            mref = _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd)
+        else:
+            for c in range(1, m):
+                if ub[r, c] > ub[r, mref]:
+                    mref = c
+            _row_skew(r, m, idx, ub, np.bool_(False), 0.0, 0.0, vv, skew_in, have_skew, sk)
+            delta = _output_grads(r, m, idx, doc, vv, sk, gd)
+            for c in range(m):
+                ub[r, c] = ub[r, c] * (gd[c] - delta)
+        dsr = 0.0
+        a_ref = scale * gs[mref] if m > 0 else 0.0
+        for c in range(m):
+            j = idx[r, c]
+            dz = ub[r, c]
+            if has_s:
+                # ds = sum dZ a as sum dZ (a - a_ref): the dZ sum to 0, and the huge ones
+                # (alpha > 2, at the edge) sit where a is nearly a_ref; a term with a =
+                # a_ref is 0, also where dZ overflowed (not inf * 0 = NaN)
+                da = scale * gs[c] - a_ref
+                if da != 0.0:
+                    dsr += dz * da
+                dz = dz * s
+            ub[r, c] = dz
+            for d in range(D):
+                acc[d] += dz * kk[j, d]
+        ds[r] = dsr
+        for d in range(D):
+            dq[r, d] = scale * acc[d]
+        if want_dal:  # gd[:m] = dO . v_j on the support (both branches above)
+            if a1 > 1.0:
+                dal[r] = _alpha_vjp_row_big(pb[r, :m], gd[:m], a1)
+            else:
+                dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
+
+
+@njit(cache=CACHE, _nrt=False)
+def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, zc, gx):
+    """Row r's candidates from the forward's support keys ``keys[r]`` (ascending, then -1):
+    their keys ``idx``, exact scores ``zc`` and exact q.k ``gx``, as :func:`_candidates`
+    gives them.  Returns (m, status): status 0, 1 where a score is not finite, 2 (and m =
+    0) where a key is not ascending or not one the row sees (keys of another call)."""
+    m = np.int64(0)
+    prev = np.int64(-1)
+    status = np.int8(0)
+    for c in range(keys.shape[1]):
+        j = np.int64(keys[r, c])
+        if j == -1:
+            break
+        if j <= prev or j >= n:
+            return np.int64(0), np.int8(2)
+        gv = _dot(qc, r, kk, j)
+        z = _score(gv, scale, s, has_s, slope, i_abs, j)
+        if (z - z) != 0.0:
+            status = np.int8(1)
+        idx[m] = j
+        gx[m] = gv
+        zc[m] = z
+        m += 1
+        prev = j
+    return m, status
+
+
+@njit(cache=CACHE, _nrt=False)
+def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
+    """Row r's skewed output into ``sk``: the forward's (``skew_in[r]``) when the caller
+    kept it, else ``sum_c w_c v_j / sum_c w_c`` over the compacted support (key ``idx[r,
+    c]``): ``w = u = ub[r, c]``, or for alpha > 2 (``big``; ``ub`` holds log u) ``w = u /
+    max u = exp(ub[r, c] - lmax)`` with its compensated sum ``S``."""
+    dv = sk.shape[0]
+    if have_skew:
+        for d in range(dv):
+            sk[d] = skew_in[r, d]
+        return
+    for d in range(dv):
+        sk[d] = 0.0
+    su = 0.0
+    for c in range(m):
+        w = math.exp(ub[r, c] - lmax) if big else ub[r, c]
+        su += w
+        j = idx[r, c]
+        for d in range(dv):
+            sk[d] += w * vv[j, d]
+    norm = S if big else su
+    if norm > 0.0:
+        for d in range(dv):
+            sk[d] /= norm
+
+
+@njit(cache=CACHE, _nrt=False)
+def _output_grads(r, m, idx, doc, vv, sk, gd):
+    """``gd[c] = dO_r . v_j`` over the compacted support of row r (key ``j = idx[r, c]``);
+    returns ``delta = dO_r . skew_r``."""
+    dv = sk.shape[0]
+    delta = 0.0
+    for d in range(dv):
+        delta += doc[r, d] * sk[d]
+    for c in range(m):
+        gd[c] = _dot(doc, r, vv, idx[r, c])
+    return delta
+
+
+@njit(cache=CACHE, _nrt=False)
+def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
+    """alpha > 2: ``dZ_rc = u_c (g_c - delta_r)`` over the compacted support of row r, in
+    the overflow-free form of the row VJP (``NumpyBackend.entmax_vjp``), with ``g_c = dO_r
+    . v_j``.  On entry ``ub[r, :m]`` holds ``log u``; on exit dZ.  With ``w = u / max u``
+    (log space), ``S = sum w``, the skewed output ``sum w v / S`` (or the forward's) and
+    ``delta = dO . skew``: entries other than the first of largest u (the edge) get ``u_c
+    (g_c - delta)`` (``sign exp(log u_c + log|g_c - delta|)`` where u_c overflows); that
+    entry, whose ``g_m - delta`` is a tiny difference times a huge u, gets ``sum_{c != m}
+    u_c (g_m - g_c) / S`` (scaled by the second largest u where that is not finite).
+    Returns the index of that entry (0 when ``m = 0``)."""
+    if m == 0:
+        return 0
+    mi = 0
+    lmax = ub[r, 0]
+    for c in range(1, m):
+        if ub[r, c] > lmax:
+            lmax = ub[r, c]
+            mi = c
+    S = 0.0
+    cS = 0.0
+    for c in range(m):
+        S, cS = _acc(S, cS, math.exp(ub[r, c] - lmax))
+    S = S + cS
+    _row_skew(r, m, idx, ub, np.bool_(True), lmax, S, vv, skew_in, have_skew, sk)
+    delta = _output_grads(r, m, idx, doc, vv, sk, gd)
+    l2 = -np.inf
+    for c in range(m):
+        if c != mi and ub[r, c] > l2:
+            l2 = ub[r, c]
+    gm = gd[mi]
+    Dm = 0.0
+    cD = 0.0
+    for c in range(m):
+        if c != mi:
+            Dm, cD = _acc(Dm, cD, math.exp(ub[r, c]) * (gm - gd[c]))
+    Dm = (Dm + cD) / S
+    if not (Dm - Dm == 0.0):  # beyond float64: scaled by the second largest u
+        T = 0.0
+        cT = 0.0
+        for c in range(m):
+            if c != mi:
+                T, cT = _acc(T, cT, math.exp(ub[r, c] - l2) * (gm - gd[c]))
+        Dm = _signed_exp(l2, (T + cT) / S)
+    if l2 == -np.inf:  # the edge alone on the support
+        Dm = 0.0
+    for c in range(m):
+        if c == mi:
+            continue
+        lu = ub[r, c]
+        diff = gd[c] - delta
+        u = math.exp(lu)
+        if diff == 0.0:
+            ub[r, c] = 0.0
+        elif u == np.inf:
+            ub[r, c] = _signed_exp(lu, diff)
+        else:
+            ub[r, c] = u * diff
+    ub[r, mi] = Dm
+    return mi
+
+
+@njit(nogil=True, cache=CACHE)
+def bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc):
+    """``dv_acc[j] += p dO_r`` and ``dk_acc[j] += scale (s dZ) q_r`` over the compacted
+    support of one chunk."""
+    rows = idx.shape[0]
+    Dv = doc.shape[1]
+    D = qc.shape[1]
+    for r in range(rows):
+        for c in range(cnt[r]):
+            j = idx[r, c]
+            p = pb[r, c]
+            for d in range(Dv):
+                dv_acc[j, d] += p * doc[r, d]
+            dz = scale * ub[r, c]
+            for d in range(D):
+                dk_acc[j, d] += dz * qc[r, d]
+
+
+@njit(nogil=True, cache=CACHE)
+def expand(idx, pb, ub, cnt, P, U):
+    """Dense blocks ``P``, ``U`` (rows, key_end) from the compacted support (zeros off it)."""
+    rows, n = P.shape
+    for r in range(rows):
+        for j in range(n):
+            P[r, j] = 0.0
+            U[r, j] = 0.0
+        for c in range(cnt[r]):
+            j = idx[r, c]
+            P[r, j] = pb[r, c]
+            U[r, j] = ub[r, c]
