@@ -67,7 +67,7 @@ FILTER_MARGIN = 1e-9
 FILTER_SLACK = 1e-12
 
 #: Relative lowering of the filter's float32 line (below which no float32 ``g`` can give
-#: a score above a cut, ``attention_filter._g_cut``): 1e-6 is about 8 float32 ulps, more
+#: a score above a cut, ``attention_filter.g_cut``): 1e-6 is about 8 float32 ulps, more
 #: than the roundings of the division and of the conversion to float32.
 G_CUT_MARGIN = 1e-6
 

@@ -74,7 +74,7 @@ class ASEntmaxInfo:
     __repr__ = short_repr
 
 
-def _real(a: Any, name: str, xp: Any = np) -> Any:
+def real_param(a: Any, name: str, xp: Any = np) -> Any:
     """A real float64 parameter in namespace ``xp`` (host values are moved there explicitly)."""
     if xp is np:
         arr = V.real_array(a, name)
@@ -87,7 +87,7 @@ def _real(a: Any, name: str, xp: Any = np) -> Any:
     return arr
 
 
-def _broadcast(named: dict[str, np.ndarray], target: tuple | None = None) -> tuple:
+def broadcast_params(named: dict[str, np.ndarray], target: tuple | None = None) -> tuple:
     """The common shape of the named arrays (and ``target``, which must not grow)."""
     shapes = [a.shape for a in named.values()]
     try:
@@ -102,7 +102,7 @@ def _broadcast(named: dict[str, np.ndarray], target: tuple | None = None) -> tup
     return shape
 
 
-def _reduce_to(g: np.ndarray, shape: tuple) -> np.ndarray:
+def reduce_to(g: np.ndarray, shape: tuple) -> np.ndarray:
     """Sum a broadcast gradient back to ``shape`` (the adjoint of np.broadcast_to)."""
     lead = g.ndim - len(shape)
     g = g.sum(axis=tuple(range(lead))) if lead > 0 else g
@@ -121,14 +121,14 @@ def _scale_parts(n, beta, gamma, delta, offset, live=None, what="n at index"):
     the domain and overflow checks apply there only, and L is 1 elsewhere (a row with
     nothing to attend has no scale; its value must not fail the call)."""
     xp = V.namespace(n, beta, gamma, delta, offset, live)
-    n = _real(n, "n", xp)
-    beta, gamma, delta = _real(beta, "beta", xp), _real(gamma, "gamma", xp), _real(delta, "delta", xp)
-    off = _real(offset, "offset", xp)
+    n = real_param(n, "n", xp)
+    beta, gamma, delta = real_param(beta, "beta", xp), real_param(gamma, "gamma", xp), real_param(delta, "delta", xp)
+    off = real_param(offset, "offset", xp)
     if off.ndim:
         raise ValueError(f"offset must be a scalar, got shape {off.shape}")
     if bool(xp.any(n < 0)):
         raise ValueError(f"n must be >= 0, got {float(n[n < 0].ravel()[0])!r}")
-    shape = _broadcast({"n": n, "beta": beta, "gamma": gamma, "delta": delta})
+    shape = broadcast_params({"n": n, "beta": beta, "gamma": gamma, "delta": delta})
     use = xp.ones(shape, dtype=bool) if live is None else xp.broadcast_to(xp.asarray(live), shape)
     arg = xp.broadcast_to(n + off, shape)
     bad = use & (arg <= 1.0)  # log(n + offset) <= 0
@@ -220,23 +220,23 @@ def asentmax_scale_vjp(grad_s, n, beta, gamma, delta=1.0, offset=1.0):
     >>> float(g.dbeta), float(g.dgamma), float(g.ddelta)  # L = 1: L**3 = 1, log L = 0
     (2.0, 0.0, 2.0)
     """
-    return _scale_vjp(grad_s, n, beta, gamma, delta, offset)
+    return scale_vjp(grad_s, n, beta, gamma, delta, offset)
 
 
-def _scale_vjp(grad_s, n, beta, gamma, delta, offset, live=None, what="n at index", finite=True):
+def scale_vjp(grad_s, n, beta, gamma, delta, offset, live=None, what="n at index", finite=True):
     """``finite=False``: grad_s is not checked for NaN/inf (attention_vjp with
     ``check_finite=False``, where a non-finite input reaches the scale's gradient)."""
     n, beta, gamma, delta, log_n, use = _scale_parts(n, beta, gamma, delta, offset, live, what)
     _scale_of(n, beta, gamma, delta, log_n, use, what)
     xp = V.namespace(log_n)
-    g = _real(grad_s, "grad_s", xp) if finite else xp.asarray(grad_s).astype(np.float64)
-    shape = _broadcast({"grad_s": g, "n": n, "beta": beta, "gamma": gamma, "delta": delta})
+    g = real_param(grad_s, "grad_s", xp) if finite else xp.asarray(grad_s).astype(np.float64)
+    shape = broadcast_params({"grad_s": g, "n": n, "beta": beta, "gamma": gamma, "delta": delta})
     g = xp.where(xp.broadcast_to(use, shape), xp.broadcast_to(g, shape), 0.0)
     power = log_n ** gamma
     return ScaleGrads(
-        _reduce_to(g * power, beta.shape),
-        _reduce_to(g * beta * power * xp.log(log_n), gamma.shape),
-        _reduce_to(g, delta.shape),
+        reduce_to(g * power, beta.shape),
+        reduce_to(g * beta * power * xp.log(log_n), gamma.shape),
+        reduce_to(g, delta.shape),
     )
 
 
@@ -246,8 +246,8 @@ def _row_setup(x, axis, beta, gamma, delta, offset):
     data = rows.data.astype(np.float64, copy=False)
     xp = V.namespace(data)
     n = xp.isfinite(data).sum(axis=1).reshape(rows.batch_shape)
-    params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp), "delta": _real(delta, "delta", xp)}
-    _broadcast(params, rows.batch_shape)
+    params = {"beta": real_param(beta, "beta", xp), "gamma": real_param(gamma, "gamma", xp), "delta": real_param(delta, "delta", xp)}
+    broadcast_params(params, rows.batch_shape)
     live = n > 0
     s = row_scale(n, params, offset, live)
     return rows, data, n, live, params, s
@@ -382,7 +382,7 @@ def asentmax_vjp(grad, x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, p=No
     dx = xp.where(finite, dz * s.reshape(-1, 1), 0.0)
     ds = xp.where(finite, dz * xp.where(finite, data, 0.0), 0.0).sum(axis=1).reshape(rows.batch_shape)
     ds = xp.where(live, ds, 0.0)
-    grads = _scale_vjp(ds, n, params["beta"], params["gamma"], params["delta"], offset, live, "row")
+    grads = scale_vjp(ds, n, params["beta"], params["gamma"], params["delta"], offset, live, "row")
     out = rows.like(V.result_dtype(rows.out_dtype, rg.out_dtype))
     return ASEntmaxGrads(out.restore(dx), *grads)
 

@@ -18,7 +18,7 @@ import numpy as np
 from ._repr import short_repr
 from . import _validate as V
 from ._interop import public
-from .asentmax import _broadcast, _real, _scale_vjp
+from .asentmax import broadcast_params, real_param, scale_vjp
 from .asentmax import row_scale as row_scale_of
 from .backends import engine, geometry, resolve_backend
 from ._attention_residual import any_big, check_tau, info_alpha, residual_from_info
@@ -155,7 +155,7 @@ def keys_visible(nq: int, nk: int, *, causal: bool = False, key_lengths=None, ba
     return V.namespace(key_lengths, key_padding_mask).asarray(n)  # in the masks' namespace
 
 
-def _alpha_arg(alpha: Any, Hq: int, q_shape: tuple) -> tuple[float, Any, tuple | None]:
+def alpha_arg(alpha: Any, Hq: int, q_shape: tuple) -> tuple[float, Any, tuple | None]:
     """(alpha of the spec, (Hq,) float64 per-head alpha or None, the array shape of alpha
     or None for a scalar).  An array alpha of equal values runs as a scalar."""
     if isinstance(alpha, (bool, np.bool_)):
@@ -222,7 +222,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         )
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    a, head_alpha, alpha_shape = _alpha_arg(alpha, Hq, q.shape)
+    a, head_alpha, alpha_shape = alpha_arg(alpha, Hq, q.shape)
     key_mask = _key_mask_arg(key_padding_mask, B, Nk, k.shape)
     if scale is None:
         # head dim 0: every score q . k is the empty sum 0, whatever the scale
@@ -242,7 +242,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         lengths = np.ascontiguousarray(kl, np.int64)
     slopes = None
     if alibi_slopes is not None:
-        sl = _real(V.to_host(alibi_slopes), "alibi_slopes")
+        sl = real_param(V.to_host(alibi_slopes), "alibi_slopes")
         if sl.shape != (Hq,):
             raise ValueError(
                 f"alibi_slopes must have one slope per query head, shape ({Hq},) for q "
@@ -262,9 +262,9 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         raise ValueError("beta and gamma must be given together (SSMax: gamma=1, delta=0, alpha=1)")
     if beta is not None:
         off = _scalar(offset, "offset")
-        params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp),
-                  "delta": _real(delta, "delta", xp)}
-        _broadcast(params, (B, Hq, Nq))
+        params = {"beta": real_param(beta, "beta", xp), "gamma": real_param(gamma, "gamma", xp),
+                  "delta": real_param(delta, "delta", xp)}
+        broadcast_params(params, (B, Hq, Nq))
         live = n > 0
         # checked (domain, overflow) on the rows that attend something only; the error names (b, h, i)
         row_scale = row_scale_of(xp.ascontiguousarray(n), params, off, live, "query row (b, h, i) =")
@@ -557,6 +557,6 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     xp = V.namespace(prob.n)
     ds = xp.where(live, grads.drow_scale.astype(np.float64, copy=False), 0.0)
     p = prob.params
-    sg = _scale_vjp(ds, prob.n, p["beta"], p["gamma"], p["delta"], p["offset"], live, "query row (b, h, i) =",
+    sg = scale_vjp(ds, prob.n, p["beta"], p["gamma"], p["delta"], p["offset"], live, "query row (b, h, i) =",
                     finite=prob.spec.check_finite)  # unchecked input may reach ds: NaN in dbeta, not an error
     return AttentionGradients(dq, dk, dv, sg.dbeta, sg.dgamma, sg.ddelta, dalpha)

@@ -16,8 +16,8 @@ from . import _validate as V
 from ._interop import public
 from .backends import engine, resolve_backend
 from .backends._base import xp_of
-from .gradients import _pair
-from .losses import _target_rows
+from .gradients import pair_rows
+from .losses import target_rows
 
 __all__ = [
     "BudgetInfo",
@@ -188,7 +188,7 @@ def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
     >>> er.normmax_vjp([0.5, 0.5, 0.0], [1.0, 0.0, 0.0], alpha=2).tolist()
     [0.3535533905932738, -0.3535533905932738, 0.0]
     """
-    rp, p2, g2 = _pair(p, grad, axis)
+    rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2, need=lambda: engine.family("normmax_vjp"))
     a = _normmax_alpha(alpha, rp.batch_shape, xp_of(p2))
     dx = _op(be, "normmax_vjp")(p2, g2, a)
@@ -208,7 +208,7 @@ def _normmax_pq(x, target, alpha, axis, backend):
     xp = xp_of(rows.data)
     be = resolve_backend(backend, rows.data, need=lambda: engine.family("normmax_forward"))
     a = _normmax_alpha(alpha, rows.batch_shape, xp)
-    q = _target_rows(target, rows, xp)
+    q = target_rows(target, rows, xp)
     p = _op(be, "normmax_forward")(rows.data, a).p.astype(np.float64)
     return rows, xp, a, p, q
 
@@ -324,7 +324,7 @@ def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
     >>> er.budget_sparsemax_vjp([1.0, 0.8, 0.2, 0.0], [3.0, 1.0, 0.0, 5.0], budget=2).tolist()
     [0.0, 0.5, -0.5, 0.0]
     """
-    rp, p2, g2 = _pair(p, grad, axis)
+    rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2, need=lambda: engine.family("budget_vjp"))
     _budget_rows(budget, rp.batch_shape, p2.shape[1], xp_of(p2))
     dx = _op(be, "budget_vjp")(p2, g2)

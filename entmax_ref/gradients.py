@@ -8,7 +8,7 @@ from .backends import engine, resolve_backend
 from .backends._base import xp_of
 
 
-def _pair(p, grad, axis, names=("p", "grad")):
+def pair_rows(p, grad, axis, names=("p", "grad")):
     rp = V.to_rows(p, axis, names[0], allow_neg_inf=False)
     rg = V.to_rows(grad, axis, names[1], allow_neg_inf=False)
     V.same_shape(rp, rg, names)
@@ -32,7 +32,7 @@ def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     >>> er.entmax_vjp([0.0, 0.25, 0.75], [0.0, 1.0, 0.0], alpha=2).tolist()
     [0.0, 0.5, -0.5]
     """
-    rp, p2, g2 = _pair(p, grad, axis)
+    rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2, need=lambda: engine.entmax_vjp(alpha))
     a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
     # rows of length 0 have nothing to differentiate (engines are not asked about them)
@@ -55,7 +55,7 @@ def entmax_alpha_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     >>> float(er.entmax_alpha_vjp([0.5, 0.5], [1.0, 0.0], alpha=1.5))
     0.0
     """
-    rp, p2, g2 = _pair(p, grad, axis)
+    rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2, need=lambda: engine.entmax_alpha_vjp(alpha))
     a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
     da = be.entmax_alpha_vjp(p2, g2, a) if p2.shape[1] else xp_of(p2).zeros(p2.shape[0])

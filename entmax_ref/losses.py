@@ -23,7 +23,7 @@ def _tsallis_omega(p, alpha, xp):
     return xp.where(on, p * ratio, 0.0).sum(axis=1) / alpha
 
 
-def _target_rows(target, rows: V.Rows, xp):
+def target_rows(target, rows: V.Rows, xp):
     """The target as a float64 (rows, n) probability array, in x's namespace (host lists and
     NumPy arrays are moved there explicitly)."""
     t = xp.asarray(V.as_array(target, "target")) if V.xp_of(target) is np else target
@@ -64,7 +64,7 @@ def _prediction_and_target(x, target, alpha, axis, backend):
     xp = xp_of(rows.data)
     be = resolve_backend(backend, rows.data, need=lambda: engine.entmax_forward(alpha))
     a = V.alpha_rows(alpha, rows.batch_shape, xp)
-    q = _target_rows(target, rows, xp)
+    q = target_rows(target, rows, xp)
     p = be.entmax_forward(rows.data, a, None).p.astype(np.float64)
     return rows, xp, a, p, q
 

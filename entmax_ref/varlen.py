@@ -22,8 +22,8 @@ import numpy as np
 
 from . import _validate as V
 from ._interop import public
-from .asentmax import _broadcast, _real, _reduce_to
-from .attention import AttentionGradients, AttentionInfo, _alpha_arg, attention, attention_vjp
+from .asentmax import broadcast_params, real_param, reduce_to
+from .attention import AttentionGradients, AttentionInfo, alpha_arg, attention, attention_vjp
 from .backends.attention_driver import concat_keys
 
 __all__ = ["attention_varlen", "attention_varlen_vjp"]
@@ -82,7 +82,7 @@ class _Packed:
                 "shape (num_sequences + 1,)"
             )
         self.out_dtype = np.result_type(oq, ok, ov)
-        a, head_alpha, self.alpha_shape = _alpha_arg(alpha, self.Hq, q.shape)  # validated once, here
+        a, head_alpha, self.alpha_shape = alpha_arg(alpha, self.Hq, q.shape)  # validated once, here
         # AttentionInfo.alpha, as er.attention writes it
         self.info_alpha = a if head_alpha is None else tuple(float(h) for h in head_alpha)
         if alibi_slopes is not None and np.shape(alibi_slopes) != (self.Hq,):
@@ -93,9 +93,9 @@ class _Packed:
         self.params = None
         if beta is not None and gamma is not None:
             xp = V.namespace(q)
-            self.params = {"beta": _real(beta, "beta", xp), "gamma": _real(gamma, "gamma", xp),
-                           "delta": _real(delta, "delta", xp)}
-            _broadcast(self.params, (self.total_q, self.Hq))
+            self.params = {"beta": real_param(beta, "beta", xp), "gamma": real_param(gamma, "gamma", xp),
+                           "delta": real_param(delta, "delta", xp)}
+            broadcast_params(self.params, (self.total_q, self.Hq))
 
     def check_finite(self, *extra) -> None:
         """ValueError naming the first NaN or +-inf of q, of the keys and values some query
@@ -349,5 +349,5 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
         dalpha = V.namespace(alpha).asarray(np.zeros(P.alpha_shape))
     if dscale is None:
         return AttentionGradients(dq, dk, dv, dalpha=dalpha)
-    red = {name: _reduce_to(dscale[name], P.params[name].shape) for name in dscale}
+    red = {name: reduce_to(dscale[name], P.params[name].shape) for name in dscale}
     return AttentionGradients(dq, dk, dv, red["beta"], red["gamma"], red["delta"], dalpha)

@@ -1,4 +1,4 @@
-"""The numba attention's float32 filter pass on the float32 scores (``_candidates_fast``)
+"""The numba attention's float32 filter pass on the float32 scores (``candidates_fast``)
 against the float64 pass it replaces (``_candidates``): the same candidates, in the same
 order, with the same scores, bit for bit, for the forward (row maximum) and the backward
 (threshold) cuts, rows with ties, rows whose float32 scores overflow or are NaN, masked
@@ -25,7 +25,7 @@ def _run(fn, g, r, n, qc, kk, scale, s, slope, err, window, use_max, t):
 
 def _same(*args):
     a = _run(nfilter._candidates, *args)
-    b = _run(nfilter._candidates_fast, *args)
+    b = _run(nfilter.candidates_fast, *args)
     assert a[0] == b[0] and a[1] == b[1]
     if a[1]:  # the candidates of a finite row (a row with a non-finite score raises in the driver)
         for x, y in zip(a[2:], b[2:]):

@@ -157,13 +157,13 @@ def test_decode_key_blocks_and_fused_heads(taken, monkeypatch, hkv):
     round).  Both give the dense formula's results and the chunked forward's bits."""
     monkeypatch.setattr(dec, "KEY_BLOCK", 64)
     rounds = []
-    real = dec._run_parallel
+    real = dec.run_parallel
 
     def counted(items, work, workers, cost=None):
         rounds.append(len(items))
         return real(items, work, workers, cost)
 
-    monkeypatch.setattr(dec, "_run_parallel", counted)
+    monkeypatch.setattr(dec, "run_parallel", counted)
     before = numba.get_num_threads()
     numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
     try:

@@ -232,7 +232,7 @@ def test_each_kv_head_is_copied_once(monkeypatch, n):
     first chunk), each once per call and batch of heads, and the result does not depend
     on who made them."""
     made = []
-    real = nshared._Head.__init__
+    real = nshared.Head.__init__
 
     def init(self, k, v, b, hk):
         made.append((b, hk))
@@ -242,7 +242,7 @@ def test_each_kv_head_is_copied_once(monkeypatch, n):
     kw = dict(alpha=1.5, causal=True, chunk=16, backend="numba")
     with _threads(1):
         want = er.attention(q, k, v, **kw)
-    monkeypatch.setattr(nshared._Head, "__init__", init)
+    monkeypatch.setattr(nshared.Head, "__init__", init)
     with _threads(n):
         got = er.attention(q, k, v, **kw)
     assert sorted(made) == [(b, hk) for b in range(2) for hk in range(2)]
@@ -415,7 +415,7 @@ def test_backward_with_support_keys_forms_no_score_product(monkeypatch):
         raise AssertionError("the backward formed a score product")
 
     with monkeypatch.context() as m:
-        m.setattr(nbwd, "_scores", no_product)
+        m.setattr(nbwd, "chunk_scores", no_product)
         g = er.attention_vjp(g_out, q, k, v, info=info, **kw)
         for a, b_, t in zip(g[:3], g_ref[:3], tols):
             np.testing.assert_allclose(a, b_, rtol=0, atol=t)

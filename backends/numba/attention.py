@@ -37,8 +37,8 @@ import numpy as np
 
 from . import attention_chunks as shared
 from ..geometry import key_offset, visible_keys_end
-from .attention_chunks import (_OVERFLOW, _chunk_cost, _filter_bound, _group_alphas, _group_slopes, _head_items,
-                               _Heads, _product, _row_scale, _run_chunks, _single_threaded_blas, _writable,
+from .attention_chunks import (OVERFLOW, chunk_cost, filter_bound, group_alphas, group_slopes, head_items,
+                               Heads, chunk_product, chunk_row_scale, run_chunks, single_threaded_blas, writable_copy,
                                empty_kernel_forward, trimmed_keys)
 from .attention_rows import ForwardArrays, chunk_rows, fwd_rows
 
@@ -69,12 +69,12 @@ def attention_forward(backend, q, k, v, spec):
         raise ValueError("the chunked forward takes problems without a key mask: the backend routes key masks "
                          "(attention_driver.forward_by_key_runs)")
     f64 = np.float64
-    q, k, v = (_writable(np.asarray(a)) for a in (q, k, v))
+    q, k, v = (writable_copy(np.asarray(a)) for a in (q, k, v))
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = key_offset(Nq, Nk)
-    bounds = [_head_items(spec, b, Nq, Nk, group) for b in range(B)]  # the chunks of each batch
+    bounds = [head_items(spec, b, Nq, Nk, group) for b in range(B)]  # the chunks of each batch
     blank = np.ones((B, Hq, Nq), bool)  # the rows no chunk runs
     for b, chunks in enumerate(bounds):
         for i0, i1, _ in chunks:
@@ -86,7 +86,7 @@ def attention_forward(backend, q, k, v, spec):
     fwd = ForwardArrays(skew_w, theta, support, row_max, edge, edge_p, keys_w, bool(keep))
     workers = numba.get_num_threads()
     state = {"filter": shared.FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
-    heads = _Heads(k, v)
+    heads = Heads(k, v)
 
     def work(slot, item, probe=False):
         b, hk, i0, i1, key_end = item
@@ -95,16 +95,16 @@ def attention_forward(backend, q, k, v, spec):
         nc = i1 - i0
         qsl = q[b, h0:h0 + group, i0:i1]
         qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
-        rs = _row_scale(spec, b, h0, group, i0, i1)
-        alphas = _group_alphas(spec, h0, group)
-        filt, err = _filter_bound(state["filter"] and bool(np.all(alphas > 1.0)), qc, head.kn, key_end, scale,
+        rs = chunk_row_scale(spec, b, h0, group, i0, i1)
+        alphas = group_alphas(spec, h0, group)
+        filt, err = filter_bound(state["filter"] and bool(np.all(alphas > 1.0)), qc, head.kn, key_end, scale,
                                   rs)
         kk, vv = head.rows(filt, key_end)
         rows = qc.shape[0]
         o = np.empty((rows, Dv), f64)  # the output rows in float64; the rest goes to its place
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
-        rows_rec = chunk_rows(b, h0, nc, i0, offset, causal, scale, rs, _group_slopes(spec, h0, group), alphas)
+        rows_rec = chunk_rows(b, h0, nc, i0, offset, causal, scale, rs, group_slopes(spec, h0, group), alphas)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
             # at least D rows: a block reads the keys once (D floats a key), and fewer rows
@@ -125,10 +125,10 @@ def attention_forward(backend, q, k, v, spec):
                         kend = min(key_end, visible_keys_end(i0 + (e - 1) % nc + 1, offset, key_end, True))
                     g = np.matmul(q32[a:e], head.k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
                 else:
-                    g = _product(qc, kk.T, None)  # head.rows gave the float64 keys
+                    g = chunk_product(qc, kk.T, None)  # head.rows gave the float64 keys
                 fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], vv, rows_rec, fwd, o[a:e], ncand[a:e], bad[a:e])
         if bad.any():
-            raise ValueError(_OVERFLOW)
+            raise ValueError(OVERFLOW)
         if probe and filt and ncand.sum() > shared.FILTER_FRACTION * rows * key_end:
             state["filter"] = False
         out[b, h0:h0 + group, i0:i1] = o.reshape(group, nc, Dv)
@@ -138,12 +138,12 @@ def attention_forward(backend, q, k, v, spec):
     per_head = 20 * Nk * max(D, Dv) + 1
     step = max(1, HEAD_BYTES // per_head)
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
-    with _single_threaded_blas():
+    with single_threaded_blas():
         for p0 in range(0, len(pairs), step):
             batch = pairs[p0:p0 + step]
             heads.clear()
             items = [(b, hk) + it for b, hk in batch for it in bounds[b]]
-            items.sort(key=lambda t: -_chunk_cost(*t[2:]))
-            _run_chunks(items, work, workers, setup=[functools.partial(heads.get, b, hk) for b, hk in batch])
+            items.sort(key=lambda t: -chunk_cost(*t[2:]))
+            run_chunks(items, work, workers, setup=[functools.partial(heads.get, b, hk) for b, hk in batch])
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
                             trimmed_keys(support_keys, support))

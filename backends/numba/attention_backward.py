@@ -1,6 +1,6 @@
 """Attention of the numba backend: the support-only chunked backward.
 
-Per chunk of the driver (:func:`~.attention_chunks._head_items`), on a worker thread: the
+Per chunk of the driver (:func:`~.attention_chunks.head_items`), on a worker thread: the
 rows' candidates (the forward's support keys, or the float32 filter against the forward's
 theta, or a float64 score product), then the row kernel ``bwd_rows``
 (:mod:`.attention_rows`: p rebuilt from the forward's residual, dZ on the support only,
@@ -21,9 +21,9 @@ import numpy as np
 
 from . import attention_chunks as shared
 from ..geometry import key_offset
-from .attention_chunks import (_OVERFLOW, _chunk_cost, _group_alphas, _group_slopes, _Head, _head_items, _InOrder,
-                               _row_scale, _run_chunks, _run_parallel, _scores, _single_threaded_blas,
-                               _support_keys, _writable)
+from .attention_chunks import (OVERFLOW, chunk_cost, group_alphas, group_slopes, Head, head_items, InOrder,
+                               chunk_row_scale, run_chunks, run_parallel, chunk_scores, single_threaded_blas,
+                               own_support_keys, writable_copy)
 from .attention_rows import BackwardOut, BackwardRows, bwd_rows, bwd_scatter, chunk_rows, expand
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
@@ -52,9 +52,9 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
         raise ValueError("the chunked backward takes problems without a key mask: the backend routes key masks "
                          "(attention_driver.backward_by_key_runs)")
     call = _Backward(do, q, k, v, res, skew, spec, bool(np.any(heads_alpha > 2.0)))
-    with _single_threaded_blas():
+    with single_threaded_blas():
         for b in range(call.B):
-            items = list(enumerate(_head_items(spec, b, call.Nq, call.Nk, call.group)))
+            items = list(enumerate(head_items(spec, b, call.Nq, call.Nk, call.group)))
             for hk in range(call.Hkv):
                 call.head(b, hk, items)
     return AttentionGrads(call.dq.astype(q.dtype, copy=False), call.dk.astype(k.dtype, copy=False),
@@ -67,15 +67,15 @@ class _Backward:
 
     def __init__(self, do, q, k, v, res, skew, spec, big):
         f64 = np.float64
-        self.theta = _writable(np.asarray(res.theta))
+        self.theta = writable_copy(np.asarray(res.theta))
         if big:
             if res.row_max is None or res.edge is None or res.edge_p is None:
                 raise ValueError("alpha > 2 needs the forward's row_max, edge and edge_p to rebuild p exactly")
-            self.resid = tuple(_writable(np.asarray(a)) for a in (res.row_max, res.edge, res.edge_p))
+            self.resid = tuple(writable_copy(np.asarray(a)) for a in (res.row_max, res.edge, res.edge_p))
         else:
             self.resid = None
-        self.do, self.q, self.k, self.v = (_writable(np.asarray(a)) for a in (do, q, k, v))
-        self.skew = None if skew is None else _writable(np.asarray(skew))
+        self.do, self.q, self.k, self.v = (writable_copy(np.asarray(a)) for a in (do, q, k, v))
+        self.skew = None if skew is None else writable_copy(np.asarray(skew))
         self.spec = spec
         self.B, Hq, self.Nq, self.D = self.q.shape
         self.Hkv, self.Nk, self.Dv = self.v.shape[1], self.v.shape[2], self.v.shape[3]
@@ -86,7 +86,7 @@ class _Backward:
         self.dv = np.zeros((self.B, self.Hkv, self.Nk, self.Dv), f64)
         self.ds = np.zeros((self.B, Hq, self.Nq), f64) if spec.row_scale is not None else None
         self.dalpha = np.zeros((self.B, Hq, self.Nq), f64) if spec.alpha_grad else None
-        self.keys_all = _support_keys(res)
+        self.keys_all = own_support_keys(res)
         self.all_stored = self.keys_all is not None and bool(np.all(self.keys_all[..., 0] != -2))
         self.causal, self.scale = bool(spec.causal), float(spec.scale)
         self.workers = numba.get_num_threads()
@@ -101,18 +101,18 @@ class _Backward:
         """dQ (ds, dalpha) of the chunks ``items`` of kv-head ``hk`` of batch ``b``, and
         that kv-head's dK, dV."""
         h0 = hk * self.group
-        self.at = (b, h0, _Head(self.k, self.v, b, hk), _group_slopes(self.spec, h0, self.group),
-                   _group_alphas(self.spec, h0, self.group))
+        self.at = (b, h0, Head(self.k, self.v, b, hk), group_slopes(self.spec, h0, self.group),
+                   group_alphas(self.spec, h0, self.group))
         self.accs = [(self.dk[b, hk], self.dv[b, hk])]
         for dk_w, dv_w in self.extra:
             dk_w[:] = 0.0
             dv_w[:] = 0.0
             self.accs.append((dk_w, dv_w))
-        self.in_order = _InOrder()
+        self.in_order = InOrder()
         if self.all_stored:  # no filter to probe; a chunk's work is its rows' supports
-            _run_parallel(items, self.work, self.workers, cost=lambda it: it[1][1] - it[1][0])
+            run_parallel(items, self.work, self.workers, cost=lambda it: it[1][1] - it[1][0])
         else:
-            _run_chunks(items, self.work, self.workers, cost=lambda it: _chunk_cost(*it[1]))
+            run_chunks(items, self.work, self.workers, cost=lambda it: chunk_cost(*it[1]))
         for dk_w, dv_w in self.accs[1:]:
             self.dk[b, hk] += dk_w
             self.dv[b, hk] += dv_w
@@ -126,7 +126,7 @@ class _Backward:
         b, h0 = sl[0], sl[1].start
         qc = np.ascontiguousarray(np.asarray(self.q[sl], f64).reshape(-1, D))
         doc = np.ascontiguousarray(np.asarray(self.do[sl], f64).reshape(-1, Dv))
-        rs = _row_scale(spec, b, h0, self.group, sl[2].start, sl[2].stop)
+        rs = chunk_row_scale(spec, b, h0, self.group, sl[2].start, sl[2].stop)
         rows = qc.shape[0]
         kc = _NO_KEYS if self.keys_all is None else np.ascontiguousarray(self.keys_all[sl]).reshape(rows, -1)
         need = None if self.keys_all is None else kc[:, 0] == -2  # rows that find their support again
@@ -134,7 +134,7 @@ class _Backward:
         if stored:  # every row has its support's keys: no product, no filter pass
             g, err, filt = _NO_G, np.zeros(rows), True
         else:  # the product of the rows without keys only
-            g, err, filt = _scores(self.filter, self.q[sl], qc, head, key_end, self.scale, rs, need)
+            g, err, filt = chunk_scores(self.filter, self.q[sl], qc, head, key_end, self.scale, rs, need)
         th = np.ascontiguousarray(np.asarray(self.theta[sl], f64).reshape(-1))
         if self.resid is None:
             resid = (th, th, th)  # not read for alpha <= 2
@@ -170,7 +170,7 @@ class _Backward:
             raise ValueError("support_keys do not belong to this call (a key out of order or not "
                              "visible to its row): pass the residual of this problem's forward")
         if bad.any():
-            raise ValueError(_OVERFLOW)
+            raise ValueError(OVERFLOW)
         if probe and filt and not stored and cnt.sum() > shared.FILTER_FRACTION * rows * key_end:
             self.filter = False
         self.dq[sl] = dqc.reshape(group, nc, self.D)

@@ -4,8 +4,8 @@ Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest
 from a queue (the backward: each from its own list, fixed in advance); each runs a BLAS
 product and a ``nogil`` kernel (no ``prange``) on its chunk, so the kernels need no
 thread-safe numba threading layer.  Results do not depend on thread timing
-(:func:`_run_parallel`).  While any attention call runs,
-BLAS is held at one thread (:func:`_single_threaded_blas`: threadpoolctl, shared by
+(:func:`run_parallel`).  While any attention call runs,
+BLAS is held at one thread (:func:`single_threaded_blas`: threadpoolctl, shared by
 concurrent calls, and the caller's count restored when the last one ends; a multi-threaded
 BLAS alternating with the kernels leaves two thread pools spinning against each other).
 Each worker accumulates dK, dV of the current kv-head in its own float64 buffer, summed in
@@ -42,7 +42,7 @@ SUPPORT_KEYS = 64
 #: dot products of the candidates); 0 turns the filter off.
 FILTER_FRACTION = 0.25
 
-_OVERFLOW = ("attention scores overflowed (non-finite s * scale * q.k + bias); "
+OVERFLOW = ("attention scores overflowed (non-finite s * scale * q.k + bias); "
              "rescale q, k, the scale or the ASEntmax scale")
 
 
@@ -51,7 +51,7 @@ _BLAS_STATE = {"users": 0, "limiter": None, "controller": None}
 
 
 @contextlib.contextmanager
-def _single_threaded_blas():
+def single_threaded_blas():
     """BLAS on one thread while any attention call of this process runs, restored when the
     last one ends.  The drivers run ``workers`` Python threads that each call BLAS and a
     ``nogil`` kernel in turn; a multi-threaded BLAS between them would have two thread
@@ -79,7 +79,7 @@ def _single_threaded_blas():
                 st["limiter"] = None
 
 
-def _run_parallel(items, work, workers, cost=None):
+def run_parallel(items, work, workers, cost=None):
     """Run ``work(slot, item)`` for every item on ``workers`` threads (slot = the worker's
     index); re-raises the first exception.
 
@@ -106,10 +106,10 @@ def _run_parallel(items, work, workers, cost=None):
     run_items(work, workers, items=items, plans=plans)
 
 
-def _run_chunks(items, work, workers, cost=None, setup=()):
+def run_chunks(items, work, workers, cost=None, setup=()):
     """A driver's chunks, largest first: the first, as the probe that decides whether the
     float32 filter pays (``work(0, item, probe=True)``, on slot 0; see
-    :func:`_run_parallel`), while the other workers run the callables of ``setup`` (the
+    :func:`run_parallel`), while the other workers run the callables of ``setup`` (the
     forward: the kv-heads' copies, which the chunks would otherwise make when they first
     need them); then the others on ``workers`` threads."""
     if items:
@@ -123,10 +123,10 @@ def _run_chunks(items, work, workers, cost=None, setup=()):
             run_items(first, workers, plans=[[items[0]]] + [list(setup[s::workers - 1]) for s in range(workers - 1)])
         else:
             work(0, items[0], probe=True)
-    _run_parallel(items[1:], work, workers, cost)
+    run_parallel(items[1:], work, workers, cost)
 
 
-class _InOrder:
+class InOrder:
     """``self(n, add)`` calls the ``add`` of every n = 0, 1, 2, ... in that order, whichever
     thread brings it and when (an add waits, kept, until those before it are done)."""
 
@@ -143,14 +143,14 @@ class _InOrder:
                 self.next += 1
 
 
-def _chunk_cost(i0, i1, key_end):
+def chunk_cost(i0, i1, key_end):
     """A chunk's work, for "largest first" and the backward's static plan: its scores."""
     return (i1 - i0) * key_end
 
 
-def _head_items(spec, b, Nq, Nk, group):
+def head_items(spec, b, Nq, Nk, group):
     """The driver's chunks (i0, i1, key_end) of batch b, largest first."""
-    return sorted(batch_chunks(spec, b, Nq, Nk, group), key=lambda t: -_chunk_cost(*t))
+    return sorted(batch_chunks(spec, b, Nq, Nk, group), key=lambda t: -chunk_cost(*t))
 
 
 # The kernels get C-contiguous, writable float64 arrays only (a fresh copy of the small
@@ -158,34 +158,34 @@ def _head_items(spec, b, Nq, Nk, group):
 # compiles one specialization per argument type, and read-only is part of the type.
 
 
-def _writable(a):
+def writable_copy(a):
     return a if a is None or a.flags.writeable else a.copy()
 
 
-def _group_alphas(spec, h0, group):
+def group_alphas(spec, h0, group):
     if spec.head_alpha is None:
         return np.full(group, float(spec.alpha))
     return np.array(spec.head_alpha[h0:h0 + group], np.float64, order="C")
 
 
-def _group_slopes(spec, h0, group):
+def group_slopes(spec, h0, group):
     if spec.alibi_slopes is None:
         return np.zeros(group)
     return np.array(spec.alibi_slopes[h0:h0 + group], np.float64, order="C")
 
 
-def _row_scale(spec, b, h0, group, i0, i1):
+def chunk_row_scale(spec, b, h0, group, i0, i1):
     if spec.row_scale is None:
         return np.empty(0)
     return np.array(spec.row_scale[b, h0:h0 + group, i0:i1], np.float64, order="C").reshape(-1)
 
 
-class _Head:
+class Head:
     """One kv-head's K and V as the drivers' chunks use them: the float32 keys transposed
     (``k32t``, (D, Nk) C-contiguous: the filter product's right operand, see
-    :func:`_product`), the keys and values in the input's precision (``kx``, ``vx``:
+    :func:`chunk_product`), the keys and values in the input's precision (``kx``, ``vx``:
     what the filtered chunks' kernels read, the same arrays the decoding path passes, so
-    that :func:`_dot` rounds the same way in both; the float32 input is converted
+    that :func:`dot64` rounds the same way in both; the float32 input is converted
     exactly where it is read), the float64 key norms ``kn`` (a float32 overflow only
     turns the filter off) and, made by the first chunk that needs them (the float64
     product), the float64 keys ``kk`` and values; :meth:`rows` gives a chunk's pair."""
@@ -193,9 +193,9 @@ class _Head:
     def __init__(self, k, v, b, hk):
         with np.errstate(over="ignore", invalid="ignore"):
             self.k32t = np.ascontiguousarray(k[b, hk].T, np.float32)
-        self.kx = _writable(np.ascontiguousarray(k[b, hk]))
+        self.kx = writable_copy(np.ascontiguousarray(k[b, hk]))
         self.kn = key_norms(self.kx)
-        self.vx = _writable(np.ascontiguousarray(v[b, hk]))
+        self.vx = writable_copy(np.ascontiguousarray(v[b, hk]))
         self._kk = self.kx if k.dtype == np.float64 else None
         self._v64 = self.vx if v.dtype == np.float64 else None
         self.lock = threading.Lock()
@@ -223,10 +223,10 @@ class _Head:
         return kk[:key_end], self._v64[:key_end]
 
 
-class _Heads:
-    """The :class:`_Head` of each kv-head, made once (under that head's lock) by whichever
+class Heads:
+    """The :class:`Head` of each kv-head, made once (under that head's lock) by whichever
     worker first needs it: the other workers while the probe chunk runs
-    (:func:`_run_chunks`' ``setup``), or the first chunk of the head.  The copies and key
+    (:func:`run_chunks`' ``setup``), or the first chunk of the head.  The copies and key
     norms (about 0.6 ms a head at 4,096 x 64, 4.6-5.5 ms for 8) ran on the calling thread
     before the chunks, and the probe alone after them: both serial."""
 
@@ -240,14 +240,14 @@ class _Heads:
             entry = self.made.setdefault((b, hk), [threading.Lock(), None])
         with entry[0]:
             if entry[1] is None:
-                entry[1] = _Head(self.k, self.v, b, hk)
+                entry[1] = Head(self.k, self.v, b, hk)
         return entry[1]
 
     def clear(self):
         self.made.clear()
 
 
-def _filter_bound(filt, qc, kn, key_end, scale, rs):
+def filter_bound(filt, qc, kn, key_end, scale, rs):
     """(filt, err): whether a chunk uses the float32 filter (``filt``: it is on and may be
     used for this chunk; and the error bound is finite) and the per-row bound (zeros
     without the filter)."""
@@ -258,26 +258,26 @@ def _filter_bound(filt, qc, kn, key_end, scale, rs):
     return False, np.zeros(qc.shape[0])
 
 
-def _scores(filt, qsl, qc, head, key_end, scale, rs, need=None):
-    """A chunk's score block for the row kernels: with ``filt`` (see :func:`_filter_bound`)
+def chunk_scores(filt, qsl, qc, head, key_end, scale, rs, need=None):
+    """A chunk's score block for the row kernels: with ``filt`` (see :func:`filter_bound`)
     the float32 product of the chunk's queries ``qsl`` with the keys of ``head`` (a
-    :class:`_Head`) and its per-row error bound; else the float64 product of ``qc``
+    :class:`Head`) and its per-row error bound; else the float64 product of ``qc``
     (``qsl`` as float64 rows) and a zero bound (only this makes the float64 keys).
     With ``need`` (a bool mask of the rows) only those rows of the block are formed (the
     others are left unwritten: their kernel rows do not read them).  Returns (g, err,
     filt)."""
-    filt, err = _filter_bound(filt, qc, head.kn, key_end, scale, rs)
+    filt, err = filter_bound(filt, qc, head.kn, key_end, scale, rs)
     with np.errstate(over="ignore", invalid="ignore"):
         if filt:
-            g = _product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), head.k32t[:, :key_end], need)
+            g = chunk_product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), head.k32t[:, :key_end], need)
         else:
-            g = _product(qc, head.kk[:key_end].T, need)
+            g = chunk_product(qc, head.kk[:key_end].T, need)
     return g, err, filt
 
 
-def _product(a, bt, need):
+def chunk_product(a, bt, need):
     """``a @ bt``, or only its rows where ``need`` (the others unwritten).  For the float32
-    filter ``bt`` is a slice of the C-contiguous transposed keys (``_Head.k32t``): OpenBLAS
+    filter ``bt`` is a slice of the C-contiguous transposed keys (``Head.k32t``): OpenBLAS
     packs the keys, the product's long side, at every call, and from that layout (its
     no-transpose copy) the product runs about 1.25x faster than from the transposed view
     of the row-major keys (8 heads of 4,096 causal keys in 64-row blocks, one thread)."""
@@ -331,7 +331,7 @@ def trimmed_keys(keys, support):
     return keys if width == keys.shape[3] else np.ascontiguousarray(keys[..., :width])
 
 
-def _support_keys(res):
+def own_support_keys(res):
     """The forward's support keys in ``res`` when they are this backend's (a NumPy array;
     the public layer checked dtype and shape), else None."""
     keys = getattr(res, "support_keys", None)

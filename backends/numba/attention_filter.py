@@ -6,7 +6,7 @@ chunk, one *float32* BLAS product ``g32 = q.k`` serves as a filter: with the rig
 bound ``|z(g32) - z| <= err_i`` (:func:`score_errors`; Higham's ``gamma_{D+3} ||q|| ||k||``
 scaled by ``scale |s_i|``), a key whose approximate score is below ``theta_lb - W -
 2 err`` (``theta_lb`` a lower bound of the threshold: four Newton steps, from the left,
-on the approximate scores, :func:`_theta_lower`) certainly has ``p = 0``; the other keys
+on the approximate scores, :func:`theta_lower`) certainly has ``p = 0``; the other keys
 (the candidates, about the support size) get their exact float64 score by a dot product.
 The row solver then runs on the candidates only, which gives the threshold and support of
 the whole row (the others contribute exactly 0 at every threshold at or above it).  A
@@ -19,7 +19,7 @@ block's rows see, and runs ``fwd_rows`` on each block while its scores are in ca
 
 Compile cost.  The helpers are plain ``@njit`` functions, not ``inline="always"``:
 numba's IR-level inlining types every inlined body again at each call site (``_candidates``
-three times in each direction, ``_score`` a dozen times), most of the attention units'
+three times in each direction, ``score_at`` a dozen times), most of the attention units'
 compile time, while LLVM inlines the small helpers into their callers anyway at no cost
 in run time.  Constants
 that reach a callee are run-time values (``np.int64(0)``, ``np.bool_(True)``): numba
@@ -31,8 +31,8 @@ twice, once for the ``Literal[int](0)`` that type inference sees first and once 
 Reference counts.  numba increfs every array argument of a compiled function on entry
 and decrefs it on return (an atomic add each, on a counter the threads share): about 60
 pairs a forward row, through the per-row helpers, were 4-5% of a forward's time.  The
-per-row helpers of both directions (:func:`_candidates_fast` and what it calls,
-:mod:`.attention_rows`' ``_row_result``, ``_solve_weigh``, the backward's row helpers) allocate nothing
+per-row helpers of both directions (:func:`candidates_fast` and what it calls,
+:mod:`.attention_rows`' ``row_result``, ``_solve_weigh``, the backward's row helpers) allocate nothing
 and return no array, so they are compiled without reference counting (``_nrt=False``):
 they borrow the arrays of the kernel that calls them, which holds them for the call.
 """
@@ -52,7 +52,7 @@ from .candidates import MASK_MIN, set_bits as _set_bits
 
 
 @njit(cache=CACHE)
-def _candidate_buffers(key_end):
+def candidate_buffers(key_end):
     """Scratch of :func:`_candidates` for rows of up to ``key_end`` keys: the approximate
     scores ``za`` and the candidates' key ``idx``, exact score ``zc`` and exact q.k ``gx``."""
     return (np.empty(key_end, np.float64), np.empty(key_end, np.int64), np.empty(key_end, np.float64),
@@ -60,7 +60,7 @@ def _candidate_buffers(key_end):
 
 
 @njit(cache=CACHE)
-def _score(gv, scale, s, has_s, slope, i_abs, j):
+def score_at(gv, scale, s, has_s, slope, i_abs, j):
     """The reference's z: ``a = scale * g``, ``z = a * s``, ``z = z - slope * |i_abs - j|``."""
     z = scale * gv
     if has_s:
@@ -71,7 +71,7 @@ def _score(gv, scale, s, has_s, slope, i_abs, j):
 
 
 @njit(cache=CACHE, fastmath={"reassoc", "contract"})
-def _dot(qc, r, kk, j):
+def dot64(qc, r, kk, j):
     """q_r . k_j (``qc[r] . kk[j]``; the backward's dO_r . v_j too) in float64, summed in
     the order the compiler vectorises (``fastmath`` reassociation and fused multiply-adds:
     any order is as exact as BLAS's, and vector lanes are not one serial chain of D
@@ -86,7 +86,7 @@ def _dot(qc, r, kk, j):
 
 
 @njit(cache=CACHE, fastmath={"reassoc", "contract"}, _nrt=False)
-def _theta_lower(zc, m, L, a1):
+def theta_lower(zc, m, L, a1):
     """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
     that can carry mass is among them).  For alpha <= 2 the mass ``f(A) = sum_j
     [1 + a1 (z_j - L - A)]_+^(1/a1) - 1`` is convex and decreasing in A, so Newton's
@@ -120,7 +120,7 @@ def _theta_lower(zc, m, L, a1):
 
 
 @njit(cache=CACHE)
-def _max_cut(L, window, err):
+def max_cut(L, window, err):
     """The first cut of the float32 filter: a key whose approximate score is at most this
     line, below the row maximum ``L`` of the approximate scores by the window and ``3 err``
     (with margins for rounding), has ``p = 0``.  Shared by every filter pass (the chunked
@@ -129,7 +129,7 @@ def _max_cut(L, window, err):
 
 
 @njit(cache=CACHE)
-def _theta_cut(t, window, err):
+def theta_cut(t, window, err):
     """The second cut: below ``t - window - 2 err`` (``t`` the threshold or a lower bound of
     it, with margins for rounding) a key's approximate score leaves ``p = 0``."""
     return t - window * (1.0 + FILTER_MARGIN) - 2.0 * err - FILTER_SLACK * (1.0 + abs(t))
@@ -142,7 +142,7 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
 
     ``filt = False``: ``g`` holds the float64 q.k; every visible key is a candidate.
     ``filt = True``: ``g`` holds a float32 q.k, within ``err`` of the exact score after
-    :func:`_score` (a rigorous bound, see :func:`score_errors`).  A key whose exact score
+    :func:`score_at` (a rigorous bound, see :func:`score_errors`).  A key whose exact score
     is at most ``m - window`` (``m`` the row maximum: forward, ``use_max``) or
     ``t - window`` (``t = theta``: backward) gets ``p = 0`` exactly; it is dropped when
     even its approximate score plus the error cannot reach that line.  The exact score of
@@ -154,13 +154,13 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
     if not filt:
         nonfinite = 0
         for j in range(n):
-            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
+            z = score_at(g[r, j], scale, s, has_s, slope, i_abs, j)
             idx[j] = j
             zc[j] = z
             gx[j] = g[r, j]
             nonfinite += (z - z) != 0.0
         for j in range(n, key_end):
-            z = _score(g[r, j], scale, s, has_s, slope, i_abs, j)
+            z = score_at(g[r, j], scale, s, has_s, slope, i_abs, j)
             nonfinite += (z - z) != 0.0
         return n, nonfinite == 0
     suspect = 0
@@ -175,10 +175,10 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
         L3 = -np.inf
         j = np.int64(0)
         while j + 4 <= n:
-            z0 = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
-            z1 = _score(np.float64(g[r, j + 1]), scale, s, has_s, slope, i_abs, j + 1)
-            z2 = _score(np.float64(g[r, j + 2]), scale, s, has_s, slope, i_abs, j + 2)
-            z3 = _score(np.float64(g[r, j + 3]), scale, s, has_s, slope, i_abs, j + 3)
+            z0 = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            z1 = score_at(np.float64(g[r, j + 1]), scale, s, has_s, slope, i_abs, j + 1)
+            z2 = score_at(np.float64(g[r, j + 2]), scale, s, has_s, slope, i_abs, j + 2)
+            z3 = score_at(np.float64(g[r, j + 3]), scale, s, has_s, slope, i_abs, j + 3)
             za[j] = z0
             za[j + 1] = z1
             za[j + 2] = z2
@@ -189,13 +189,13 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
             L3 = max(L3, z3)
             j += 4
         while j < n:
-            z0 = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            z0 = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
             za[j] = z0
             L0 = max(L0, z0)
             j += 1
         L = max(max(L0, L1), max(L2, L3))
         suspect += not (abs(L) < 1e300) and n > 0
-        cut = _max_cut(L, window, err)
+        cut = max_cut(L, window, err)
         for j in range(n):
             zj = za[j]
             suspect += not (zj > -1e300)
@@ -204,37 +204,37 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
             m1 += zj > cut
     else:
         for j in range(n):
-            z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            z = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
             za[j] = z
             suspect += not (abs(z) < 1e300)
     for j in range(n, key_end):
-        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        z = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
         suspect += not (abs(z) < 1e300)
     if suspect == 0:
         if use_max:
             # a lower bound of the threshold of the approximate scores, which is within
             # err of the exact one (theta is 1-Lipschitz in the max norm of the scores)
-            t = _theta_lower(zc, m1, L, 1.0 / window)
+            t = theta_lower(zc, m1, L, 1.0 / window)
             for i in range(m1):
                 za[i] = zc[i]
         else:
             m1 = n
-        cut = _theta_cut(t, window, err)
+        cut = theta_cut(t, window, err)
         m = 0
         for i in range(m1):
             j = idx[i] if use_max else i
             if za[i] > cut:
-                gv = _dot(qc, r, kk, j)
+                gv = dot64(qc, r, kk, j)
                 idx[m] = j
                 gx[m] = gv
-                zc[m] = _score(gv, scale, s, has_s, slope, i_abs, j)
+                zc[m] = score_at(gv, scale, s, has_s, slope, i_abs, j)
                 m += 1
         return m, True
     # the float32 product overflowed or is near the float64 range: everything exactly
     nonfinite = 0
     for j in range(key_end):
-        gv = _dot(qc, r, kk, j)
-        z = _score(gv, scale, s, has_s, slope, i_abs, j)
+        gv = dot64(qc, r, kk, j)
+        z = score_at(gv, scale, s, has_s, slope, i_abs, j)
         nonfinite += (z - z) != 0.0
         if j < n:
             idx[j] = j
@@ -300,7 +300,7 @@ def _g_range(g, r, j0, j1):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _z_range(g, r, j0, j1, scale, s, has_s, i_abs):
+def z_range(g, r, j0, j1, scale, s, has_s, i_abs):
     """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
     the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
     one of them is non-finite or huge (``|z| >= 1e300``, or a NaN ``g``), from the float32
@@ -311,13 +311,13 @@ def _z_range(g, r, j0, j1, scale, s, has_s, i_abs):
     if j1 <= j0:
         return -np.inf, 0
     lo, hi, nan = _g_range(g, r, j0, j1)
-    L = _score(np.float64(hi), scale, s, has_s, 0.0, i_abs, j0)
-    z_lo = _score(np.float64(lo), scale, s, has_s, 0.0, i_abs, j0)
+    L = score_at(np.float64(hi), scale, s, has_s, 0.0, i_abs, j0)
+    z_lo = score_at(np.float64(lo), scale, s, has_s, 0.0, i_abs, j0)
     return L, int(nan > 0 or not (z_lo > -1e300 and L < 1e300))
 
 
 @njit(cache=CACHE)
-def _g_cut(cut, scale, s):
+def g_cut(cut, scale, s):
     """A float32 line below which no ``g`` has ``z(g) = (scale g) s > cut`` (``scale s > 0``):
     ``cut / (scale s)`` lowered by far more than the roundings of z and of float32."""
     x = cut / (scale * s)
@@ -350,7 +350,7 @@ def _above(g, r, n, gc, idx, scratch):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
+def candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                      za, idx, zc, gx):
     """:func:`_candidates`, the same keys in the same order with the same scores, for the
     float32 filter when ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
@@ -363,39 +363,39 @@ def _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, 
         return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                            za, idx, zc, gx)
     j0 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
-    L, bad = _z_range(g, r, j0, n, scale, s, has_s, i_abs)  # L = max_j z(g_j): z is monotone
+    L, bad = z_range(g, r, j0, n, scale, s, has_s, i_abs)  # L = max_j z(g_j): z is monotone
     if not bad:  # the keys checked for overflow beyond the visible ones
-        bad = _z_range(g, r, n, key_end, scale, s, has_s, i_abs)[1]
+        bad = z_range(g, r, n, key_end, scale, s, has_s, i_abs)[1]
     if bad:  # the float64 path of the row, exactly as before
         return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                            za, idx, zc, gx)
     if use_max:
-        cut = _max_cut(L, window, err)
+        cut = max_cut(L, window, err)
     else:
-        cut = _theta_cut(t, window, err)
-    gc = _g_cut(cut, scale, s)
+        cut = theta_cut(t, window, err)
+    gc = g_cut(cut, scale, s)
     m1 = _above(g, r, n, gc, idx, za)  # za is free on this path
     m = np.int64(0)
     for i in range(m1):  # the approximate float64 scores of the survivors, the exact cut
         j = idx[i]
-        z = _score(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        z = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
         if z > cut:
             idx[m] = j
             zc[m] = z
             m += 1
     if use_max:
         # the lower bound of the threshold and the second cut of _candidates
-        t = _theta_lower(zc, m, L, 1.0 / window)
-        cut = _theta_cut(t, window, err)
+        t = theta_lower(zc, m, L, 1.0 / window)
+        cut = theta_cut(t, window, err)
     m1 = m
     m = 0
     for i in range(m1):
         if zc[i] > cut:
             j = idx[i]
-            gv = _dot(qc, r, kk, j)
+            gv = dot64(qc, r, kk, j)
             idx[m] = j
             gx[m] = gv
-            zc[m] = _score(gv, scale, s, has_s, slope, i_abs, j)
+            zc[m] = score_at(gv, scale, s, has_s, slope, i_abs, j)
             m += 1
     return m, True
 

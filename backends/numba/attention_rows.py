@@ -8,7 +8,7 @@ forward (``fwd_rows``, per row)
     candidates and exact scores; the compiled row solver of
     :mod:`entmax_ref.backends.numba.rows`; then ``o_i = sum_{p_ij > 0} p_ij v_j`` and the
     skewed output ``skew_i = sum u_ij v_j / sum u_ij`` (``u = p^(2 - alpha)``).  The row's
-    residual goes straight into the forward's arrays (:func:`_row_result`); only ``o_i``
+    residual goes straight into the forward's arrays (:func:`row_result`); only ``o_i``
     passes through a float64 scratch row, which the driver converts to q's dtype.  A
     forward that keeps no residual (``AttentionSpec.residual`` off: ``er.attention``
     without ``return_info``) forms neither the skewed output nor the support keys.
@@ -46,7 +46,7 @@ from numba import njit
 from . import CACHE
 from ..constants import EDGE_TIE_ULPS
 from ..geometry import visible_count
-from .attention_filter import _candidate_buffers, _candidates_fast, _dot, _score
+from .attention_filter import candidate_buffers, candidates_fast, dot64, score_at
 from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p
 from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
@@ -188,7 +188,7 @@ def _store_keys(m, pc, idx, row):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, ncand):
+def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, ncand):
     """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
     idx)`` (exact scores, room for their p, keys; ``ok``: its scores were finite): row
     ``r`` of the caller's float64 ``out`` (the driver converts it to q's dtype) and flags
@@ -247,12 +247,12 @@ def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
     (:data:`ForwardArrays`: the skewed output, theta, the support, the residual: the row
     maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's keys,
     :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
-    (:func:`_row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
+    (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
     max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
     n_rows, key_end = g.shape
     dv = vv.shape[1]
     has_s = rows.row_scale.shape[0] > 0
-    za, idx, zc, gx = _candidate_buffers(key_end)
+    za, idx, zc, gx = candidate_buffers(key_end)
     pc = np.empty(key_end, np.float64)
     c, aux, aux2 = _solver_scratch(key_end)
     o = np.empty(dv, np.float64)
@@ -260,9 +260,9 @@ def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
     for r in range(n_rows):
         rc = r0 + r
         h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
-        m, ok = _candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
+        m, ok = candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
                                  np.bool_(True), 0.0, za, idx, zc, gx)
-        _row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), rc, m, ok, (zc, pc, idx), (a1, a2, big),
+        row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), rc, m, ok, (zc, pc, idx), (a1, a2, big),
                     vv, (o, sk, c, aux, aux2), fwd, out, bad, ncand)
 
 
@@ -295,7 +295,7 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
     want_dal = dal.shape[0] > 0
     has_s = row_scale.shape[0] > 0
     have_skew = skew_in.shape[0] > 0
-    za, ci, zc, gx = _candidate_buffers(key_end)
+    za, ci, zc, gx = candidate_buffers(key_end)
     gs = np.empty(key_end, np.float64)
     gd = np.empty(key_end, np.float64)
     sk = np.empty(dv, np.float64)
@@ -310,7 +310,7 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
             mc, status = _stored_candidates(r, n, qc, kk, scale, s, has_s, slopes[h], i_abs, keys, ci, zc, gx)
             bad[r] = status
         else:
-            mc, ok = _candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
+            mc, ok = candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
                                       np.bool_(False), t, za, ci, zc, gx)
             bad[r] = 0 if ok else 1
         m = np.int64(0)
@@ -320,7 +320,7 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
             qe = edge_p[r]
             lqa = _lqa(qe, a1)
             for c in range(mc):
-                # the scores may differ from the forward's by an ulp (BLAS or _dot, as the
+                # the scores may differ from the forward's by an ulp (BLAS or dot64, as the
                 # float32 filter's state decides per chunk): an entry within rounding of
                 # the edge is the edge (p = q), not an entry outside or far inside it
                 d = (zc[c] - L) - ce
@@ -396,8 +396,8 @@ def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, z
             break
         if j <= prev or j >= n:
             return np.int64(0), np.int8(2)
-        gv = _dot(qc, r, kk, j)
-        z = _score(gv, scale, s, has_s, slope, i_abs, j)
+        gv = dot64(qc, r, kk, j)
+        z = score_at(gv, scale, s, has_s, slope, i_abs, j)
         if (z - z) != 0.0:
             status = np.int8(1)
         idx[m] = j
@@ -443,7 +443,7 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
     for d in range(dv):
         delta += doc[r, d] * sk[d]
     for c in range(m):
-        gd[c] = _dot(doc, r, vv, idx[r, c])
+        gd[c] = dot64(doc, r, vv, idx[r, c])
     return delta
 
 

@@ -25,7 +25,7 @@ the same work item, with no barrier between the phases)
     within ``window + 3 err`` of the row maximum (into a buffer, shared by the rows of a
     work item, that starts at :data:`KEY_BUDGET` keys and grows only when a row has more
     candidates), a lower bound ``t`` of the threshold (Newton from the left on the
-    approximate scores), then the exact float64 score (``_dot``, the chunked forward's own
+    approximate scores), then the exact float64 score (``dot64``, the chunked forward's own
     product) of the keys above ``t - window - 2 err`` only, the compiled row solver on
     those, and the output and skewed output from V on the support only.  A row whose
     approximate scores are suspect (non-finite, huge, or a non-finite error bound) takes
@@ -59,10 +59,10 @@ from numba import njit
 from . import CACHE
 from ..attention_driver import batch_chunks
 from ..geometry import key_offset, visible_counts
-from .attention_chunks import (_OVERFLOW, _group_alphas, _group_slopes, _row_scale, _run_parallel, _writable,
+from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_scale, run_parallel, writable_copy,
                                empty_kernel_forward, trimmed_keys)
-from .attention_filter import _dot, _g_cut, _max_cut, _score, _theta_cut, _theta_lower, _z_range, score_errors
-from .attention_rows import ForwardArrays, _row_result, chunk_rows
+from .attention_filter import dot64, g_cut, max_cut, score_at, theta_cut, theta_lower, z_range, score_errors
+from .attention_rows import ForwardArrays, row_result, chunk_rows
 from .rows import solver_scratch as _solver_scratch
 
 #: Per row of a kv-head, what phase 2 takes from the geometry and from phase 1: the
@@ -141,19 +141,19 @@ def scan_block(qf, kf, vf, scan_v, j0, j1, blk, g, zero, nq, nvis, nchk, offset,
         e = max(n, min(nchk[r], j1))
         if slope == 0.0 and scale * s > 0.0:
             # z(g) is nondecreasing in g: the extremes of the float32 g give those of z
-            L, bad = _z_range(g, r, j0, n, scale, s, has_s, i_abs)
-            bad += _z_range(g, r, n, e, scale, s, has_s, i_abs)[1]
+            L, bad = z_range(g, r, j0, n, scale, s, has_s, i_abs)
+            bad += z_range(g, r, n, e, scale, s, has_s, i_abs)[1]
         else:
             L = -np.inf
             bad = 0
             gv = g[r, j0:n]  # slices: no wraparound test of a run-time start in the loops
             for jj in range(gv.shape[0]):
-                z = _score(np.float64(gv[jj]), scale, s, has_s, slope, i_abs, j0 + jj)
+                z = score_at(np.float64(gv[jj]), scale, s, has_s, slope, i_abs, j0 + jj)
                 L = max(L, z)
                 bad += not (abs(z) < 1e300)
             gc = g[r, n:e]
             for jj in range(gc.shape[0]):
-                bad += not (abs(_score(np.float64(gc[jj]), scale, s, has_s, slope, i_abs, n + jj)) < 1e300)
+                bad += not (abs(score_at(np.float64(gc[jj]), scale, s, has_s, slope, i_abs, n + jj)) < 1e300)
         lmax[r, blk] = L
         suspect[r, blk] = bad
     return kn, vn
@@ -200,22 +200,22 @@ def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
     ``j1 - j0`` of them: the caller leaves that much room) to ``idx``, ``zc[m:]``.  When
     ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``) a key's float32 ``g``
     is first compared with a line below which no z exceeds the cut
-    (:func:`~.attention._g_cut`), and only the keys above it are scored: the same keys,
+    (:func:`~.attention.g_cut`), and only the keys above it are scored: the same keys,
     scores and order.  The loops run over a slice of the row (no wraparound test of a
     run-time start)."""
     gr = g[r, j0:j1]
     if slope == 0.0 and scale * s > 0.0:
-        gc = _g_cut(cut, scale, s)
+        gc = g_cut(cut, scale, s)
         for jj in range(gr.shape[0]):
             if gr[jj] > gc:
-                z = _score(np.float64(gr[jj]), scale, s, has_s, 0.0, i_abs, j0)
+                z = score_at(np.float64(gr[jj]), scale, s, has_s, 0.0, i_abs, j0)
                 if z > cut:
                     idx[m] = j0 + jj
                     zc[m] = z
                     m += 1
         return m
     for jj in range(gr.shape[0]):
-        z = _score(np.float64(gr[jj]), scale, s, has_s, slope, i_abs, j0 + jj)
+        z = score_at(np.float64(gr[jj]), scale, s, has_s, slope, i_abs, j0 + jj)
         if z > cut:
             idx[m] = j0 + jj
             zc[m] = z
@@ -259,7 +259,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
         L = lmax[r]
         ok = True
         if suspect[r] == 0 and e < 1e290 and (n == 0 or abs(L) < 1e300):
-            cut = _max_cut(L, window, e)
+            cut = max_cut(L, window, e)
             m1 = np.int64(0)  # run-time values, not literals (the attention module's "Compile cost")
             j = np.int64(0)
             while j < n:  # stretches that cannot overflow the buffer (one key at most per key)
@@ -269,14 +269,14 @@ def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
                 j1 = min(n, j + (idx.shape[0] - m1))
                 m1 = _gather(g, r, j, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m1)
                 j = j1
-            t = _theta_lower(zc, m1, L, 1.0 / window)
-            cut = _theta_cut(t, window, e)
+            t = theta_lower(zc, m1, L, 1.0 / window)
+            cut = theta_cut(t, window, e)
             m = 0
             for i in range(m1):
                 if zc[i] > cut:
                     j = idx[i]
                     idx[m] = j
-                    zc[m] = _score(_dot(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
+                    zc[m] = score_at(dot64(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
                     m += 1
         else:  # every key exactly, with the reference's overflow check
             while idx.shape[0] < n:
@@ -284,7 +284,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
                 zc = _grown(zc, np.int64(0))
             nonfinite = 0
             for j in range(nchk[r]):
-                z = _score(_dot(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
+                z = score_at(dot64(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
                 nonfinite += (z - z) != 0.0
                 if j < n:
                     idx[j] = j
@@ -295,7 +295,7 @@ def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
             pc = np.empty(idx.shape[0], np.float64)
             c, aux, aux2 = _solver_scratch(idx.shape[0])
         # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-        _row_result(r, (b, h0 + h, r - h * nq), r, m, ok, (zc, pc, idx), (a1, a2, big), vf, (o, sk, c, aux, aux2),
+        row_result(r, (b, h0 + h, r - h * nq), r, m, ok, (zc, pc, idx), (a1, a2, big), vf, (o, sk, c, aux, aux2),
                     fwd, out, bad, ncand)
 
 
@@ -353,12 +353,12 @@ def _head_inputs(q, qd, k, v, spec, heads, geometry, nblks):
         nchk, nvis = geometry[b]
         # C-contiguous and writable (a read-only view is copied): numba compiles one
         # specialization per argument type, and read-only is part of the type
-        qf = _writable(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
+        qf = writable_copy(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
         hds.append(dict(b=b, h0=h0, qf=qf, qc=qd[b, h0:h0 + group].reshape(R, D),
-                        kf=_writable(np.ascontiguousarray(k[b, hk])), vf=_writable(np.ascontiguousarray(v[b, hk])),
+                        kf=writable_copy(np.ascontiguousarray(k[b, hk])), vf=writable_copy(np.ascontiguousarray(v[b, hk])),
                         nchk=nchk, nvis=nvis, g=np.empty((R, kend), np.float32),
-                        rs=_row_scale(spec, b, h0, group, 0, Nq), slopes=_group_slopes(spec, h0, group),
-                        alphas=_group_alphas(spec, h0, group)))
+                        rs=chunk_row_scale(spec, b, h0, group, 0, Nq), slopes=group_slopes(spec, h0, group),
+                        alphas=group_alphas(spec, h0, group)))
         bounds = [(kend * j) // nblks[i] for j in range(nblks[i] + 1)]
         items += [(i, j, bounds[j], bounds[j + 1]) for j in range(nblks[i])]
     return hds, items
@@ -389,7 +389,7 @@ def decode_forward(q, k, v, spec):
 
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
     geometry = {}  # per batch: the kv-heads of a batch share their rows' geometry
-    qd = _writable(np.ascontiguousarray(q, f64))  # the queries in float64 (B, Hq, Nq, D: small), writable
+    qd = writable_copy(np.ascontiguousarray(q, f64))  # the queries in float64 (B, Hq, Nq, D: small), writable
     step = max(1, BLOCK_BYTES // (4 * R * Nk + 1))
     for p0 in range(0, len(pairs), step):
         heads = []
@@ -445,7 +445,7 @@ def decode_forward(q, k, v, spec):
                 between(i)
                 phase2(slot, (i, 0, R))
 
-        _run_parallel(items, phase1, workers)
+        run_parallel(items, phase1, workers)
         if scan and not np.isfinite(vn.sum()):  # a NaN/inf entry (or finite ones past 1e154)
             for hd in hds:
                 if not (np.isfinite(hd["kf"]).all() and np.isfinite(hd["vf"]).all()):
@@ -454,9 +454,9 @@ def decode_forward(q, k, v, spec):
             for i in range(H):
                 between(i)
             per = max(1, -(-R * H // (4 * workers)))
-            _run_parallel([(i, r0, min(R, r0 + per)) for i in range(H) for r0 in range(0, R, per)], phase2, workers)
+            run_parallel([(i, r0, min(R, r0 + per)) for i in range(H) for r0 in range(0, R, per)], phase2, workers)
         if bad.any():
-            raise ValueError(_OVERFLOW)
+            raise ValueError(OVERFLOW)
         for i, hd in enumerate(hds):
             out[hd["b"], hd["h0"]:hd["h0"] + group] = o[i].reshape(group, Nq, Dv)
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,

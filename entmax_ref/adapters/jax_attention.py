@@ -8,7 +8,7 @@ from functools import partial
 
 import numpy as np
 
-from .jax_ops import _call, _spec, jax, jnp
+from .jax_ops import host_call, shape_spec, jax, jnp
 
 import entmax_ref as er
 
@@ -63,15 +63,15 @@ def _forward(q, k, v, alpha_t, params, aux, static):
     varlen = static[-1]
     rows = tuple(q.shape[:2]) if varlen else tuple(q.shape[:3])
     dv = v.shape[-1]
-    out = _spec(rows + (dv,), jnp.result_type(q.dtype, k.dtype, v.dtype))
-    shapes = (out, *(_spec(rows + ((dv, 2) if name == "skew" else (2,)), jnp.uint32) for name in RESIDUAL))
+    out = shape_spec(rows + (dv,), jnp.result_type(q.dtype, k.dtype, v.dtype))
+    shapes = (out, *(shape_spec(rows + ((dv, 2) if name == "skew" else (2,)), jnp.uint32) for name in RESIDUAL))
 
     def host(q, k, v, alpha_t, params, aux):
         fwd = _library(varlen)[0]
         o, info = fwd(*_positional(q, k, v, aux, varlen), return_info=True, **_kwargs(static, alpha_t, params, aux))
         return (o, *(_pack(getattr(info, name), name) for name in RESIDUAL))
 
-    res = _call(host, shapes, q, k, v, alpha_t, params, aux, vmap="sequential")
+    res = host_call(host, shapes, q, k, v, alpha_t, params, aux, vmap="sequential")
     return res[0], res[1:]
 
 
@@ -84,7 +84,7 @@ def _attention_bwd(static, res, g):
     q, k, v, alpha_t, params, aux, residual = res
     alpha, varlen = static[0], static[-1]
     like = (q, k, v, alpha_t, params)
-    shapes = jax.tree.map(lambda t: _spec(t.shape, t.dtype), like)
+    shapes = jax.tree.map(lambda t: shape_spec(t.shape, t.dtype), like)
 
     def host(g, q, k, v, alpha_t, params, aux, residual):
         fields = {name: _unpack(r, name) for name, r in zip(RESIDUAL, residual)}
@@ -94,7 +94,7 @@ def _attention_bwd(static, res, g):
         gr = vjp(g, *_positional(q, k, v, aux, varlen), info=info, **_kwargs(static, alpha_t, params, aux))
         return (gr.dq, gr.dk, gr.dv, gr.dalpha, None if params is None else (gr.dbeta, gr.dgamma, gr.ddelta))
 
-    dq, dk, dv, dalpha, dparams = _call(host, shapes, g, q, k, v, alpha_t, params, aux, residual, vmap="sequential")
+    dq, dk, dv, dalpha, dparams = host_call(host, shapes, g, q, k, v, alpha_t, params, aux, residual, vmap="sequential")
     return dq, dk, dv, dalpha, dparams, None
 
 

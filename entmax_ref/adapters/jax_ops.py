@@ -34,7 +34,7 @@ def _float64() -> Any:
     return jax.dtypes.canonicalize_dtype(np.float64)
 
 
-def _call(fn: Any, shapes: Any, *args: Any, vmap: str = "broadcast_all") -> Any:
+def host_call(fn: Any, shapes: Any, *args: Any, vmap: str = "broadcast_all") -> Any:
     """``fn(*host arrays)`` through pure_callback, its results cast to the declared dtypes."""
 
     def host(*a):
@@ -46,7 +46,7 @@ def _call(fn: Any, shapes: Any, *args: Any, vmap: str = "broadcast_all") -> Any:
     return jax.pure_callback(host, shapes, *args, vmap_method=vmap)
 
 
-def _spec(shape: Any, dtype: Any) -> Any:
+def shape_spec(shape: Any, dtype: Any) -> Any:
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
@@ -70,7 +70,7 @@ _TRANSFORMS = {"entmax": (er.entmax, er.entmax_vjp), "normmax": (er.normmax, er.
 def transform(x, kind, param, axis, opts):
     """``kind``'s forward of x along ``axis`` with the constant ``param`` (alpha or budget)."""
     fwd = _TRANSFORMS[kind][0]
-    return _call(lambda a: fwd(a, param, axis, **dict(opts)), _spec(x.shape, x.dtype), x)
+    return host_call(lambda a: fwd(a, param, axis, **dict(opts)), shape_spec(x.shape, x.dtype), x)
 
 
 def _transform_fwd(x, kind, param, axis, opts):
@@ -81,7 +81,7 @@ def _transform_fwd(x, kind, param, axis, opts):
 def _transform_bwd(kind, param, axis, opts, p, g):
     vjp = _TRANSFORMS[kind][1]
     backend = dict(opts).get("backend")
-    return (_call(lambda a, b: vjp(a, b, param, axis, backend=backend), _spec(p.shape, p.dtype), p, g),)
+    return (host_call(lambda a, b: vjp(a, b, param, axis, backend=backend), shape_spec(p.shape, p.dtype), p, g),)
 
 
 transform.defvjp(_transform_fwd, _transform_bwd)
@@ -93,7 +93,7 @@ transform.defvjp(_transform_fwd, _transform_bwd)
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def entmax_rows(x, alpha, axis, opts):
     """alpha-entmax with ``alpha`` one per row (x's shape without ``axis``), differentiable."""
-    return _call(lambda a, al: er.entmax(a, al, axis, **dict(opts)), _spec(x.shape, x.dtype), x, alpha)
+    return host_call(lambda a, al: er.entmax(a, al, axis, **dict(opts)), shape_spec(x.shape, x.dtype), x, alpha)
 
 
 def _entmax_rows_fwd(x, alpha, axis, opts):
@@ -104,8 +104,8 @@ def _entmax_rows_fwd(x, alpha, axis, opts):
 def _entmax_rows_bwd(axis, opts, res, g):
     p, alpha = res
     backend = dict(opts).get("backend")
-    dx = _call(lambda a, b, al: er.entmax_vjp(a, b, al, axis, backend=backend), _spec(p.shape, p.dtype), p, g, alpha)
-    da = _call(lambda a, b, al: er.entmax_alpha_vjp(a, b, al, axis, backend=backend), _spec(alpha.shape, alpha.dtype),
+    dx = host_call(lambda a, b, al: er.entmax_vjp(a, b, al, axis, backend=backend), shape_spec(p.shape, p.dtype), p, g, alpha)
+    da = host_call(lambda a, b, al: er.entmax_alpha_vjp(a, b, al, axis, backend=backend), shape_spec(alpha.shape, alpha.dtype),
                p, g, alpha)
     return dx, da
 
@@ -122,7 +122,7 @@ _LOSSES = {"entmax": (er.entmax_loss, er.entmax_loss_grad), "normmax": (er.normm
 def loss(x, target, kind, alpha, axis, backend):
     """The Fenchel-Young loss per row (float64 under x64, else float32); not differentiated in target."""
     fn = _LOSSES[kind][0]
-    return _call(lambda a, t: fn(a, t, alpha, axis, backend=backend), _spec(rows_shape(x, axis), _float64()), x, target)
+    return host_call(lambda a, t: fn(a, t, alpha, axis, backend=backend), shape_spec(rows_shape(x, axis), _float64()), x, target)
 
 
 def _loss_fwd(x, target, kind, alpha, axis, backend):
@@ -132,7 +132,7 @@ def _loss_fwd(x, target, kind, alpha, axis, backend):
 def _loss_bwd(kind, alpha, axis, backend, res, g):
     x, target = res
     fn = _LOSSES[kind][1]
-    grad = _call(lambda a, t: fn(a, t, alpha, axis, backend=backend), _spec(x.shape, x.dtype), x, target)
+    grad = host_call(lambda a, t: fn(a, t, alpha, axis, backend=backend), shape_spec(x.shape, x.dtype), x, target)
     dx = (grad * jnp.expand_dims(g, axis)).astype(x.dtype)
     return dx, None
 
@@ -149,7 +149,7 @@ def asentmax(x, alpha, beta, gamma, delta, offset, axis, backend):
     def fwd(a, b, g, d):
         return er.asentmax(a, alpha, beta=b, gamma=g, delta=d, offset=offset, axis=axis, backend=backend)
 
-    return _call(fwd, _spec(x.shape, x.dtype), x, beta, gamma, delta, vmap="sequential")
+    return host_call(fwd, shape_spec(x.shape, x.dtype), x, beta, gamma, delta, vmap="sequential")
 
 
 def _asentmax_fwd(x, alpha, beta, gamma, delta, offset, axis, backend):
@@ -164,8 +164,8 @@ def _asentmax_bwd(alpha, offset, axis, backend, res, g):
         return tuple(er.asentmax_vjp(gr, a, alpha, beta=b, gamma=gm, delta=d, offset=offset, p=pp, axis=axis,
                                      backend=backend))
 
-    shapes = tuple(_spec(t.shape, t.dtype) for t in (x, beta, gamma, delta))
-    return _call(vjp, shapes, g, x, p, beta, gamma, delta, vmap="sequential")
+    shapes = tuple(shape_spec(t.shape, t.dtype) for t in (x, beta, gamma, delta))
+    return host_call(vjp, shapes, g, x, p, beta, gamma, delta, vmap="sequential")
 
 
 asentmax.defvjp(_asentmax_fwd, _asentmax_bwd)
