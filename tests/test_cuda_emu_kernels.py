@@ -220,3 +220,67 @@ def launches(cupy, request):
     scalar = "double" if dtype == np.float64 else "float"
     want = {f"{k}<{scalar}>" for k in EXPECTED[(what, team)]}
     assert want <= launched, sorted(want - launched)
+
+
+# ---------------------------------------------------------------------- the g++ harness
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory) -> Harness:
+    return Harness(build_harness(tmp_path_factory, "harness.cpp"))
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("team,lanes", [("warp", 32), ("block", 256)])
+def test_teams_match_the_harness_bit_for_bit(cupy, harness, team, lanes):
+    """The warp (32 lanes) and a 256-thread block reduce in the orders HostTeam<32> and
+    HostTeam<256> reproduce: forward, VJP and alpha-VJP give the same bits."""
+    gpu = _engine(team, block=256)
+    x = np.ascontiguousarray(X[::2])
+    g = np.random.default_rng(9).standard_normal(x.shape)
+    for alpha in (1.0, 1.5, 2.0, 3.0):
+        a = np.full(len(x), alpha)
+        got = gpu.entmax_forward(cupy.asarray(x), a, None)
+        p, theta, support, n_iter, conv = harness.forward(x, a, 0, lanes)
+        assert _same_bits(got.p.get(), p) and _same_bits(got.theta.get(), theta)
+        assert _same_bits(got.support.get(), support) and _same_bits(got.n_iter.get(), n_iter)
+        assert _same_bits(got.converged.get(), conv)
+        assert _same_bits(gpu.entmax_vjp(got.p, cupy.asarray(g), a).get(), harness.vjp(p, g, a, lanes))
+        assert _same_bits(gpu.entmax_alpha_vjp(got.p, cupy.asarray(g), a).get(), harness.alpha_vjp(p, g, a, lanes))
+
+
+# ---------------------------------------------------------------------- the launcher's checks
+def test_launcher_refuses_what_a_gpu_gets_wrong(cupy):
+    kernel = cupy.RawModule(code=_cuda_loader.read_source("entmax_rows.cu"),
+                            options=(*_cuda_loader.OPTIONS, f"-I{_cuda_loader.cuda_dir()}"),
+                            name_expressions=list(_cuda_loader.name_expressions("entmax_rows.cu"))
+                            ).get_function("entmax_forward_block<double>")
+    rows, n = 2, 5
+    x, alpha = cupy.zeros((rows, n)), cupy.full(rows, 1.5)
+    outs = (cupy.empty((rows, n)), cupy.empty(rows), cupy.empty(rows, np.int64), cupy.empty(rows, np.int64),
+            cupy.empty(rows, np.bool_))
+
+    def args(**change):
+        a = dict(x=x, rows=np.int64(rows), n=np.int32(n), alpha=alpha, method=np.int32(0), max_iter=np.int32(50))
+        a.update(change)
+        return (*a.values(), *outs)
+
+    kernel((rows,), (64,), args())  # a valid launch
+    np.testing.assert_allclose(outs[0].get(), np.full((rows, n), 1 / n), rtol=4 * EPS[np.float64])
+    with pytest.raises(TypeError, match="host NumPy array"):
+        kernel((rows,), (64,), args(x=np.zeros((rows, n))))
+    with pytest.raises(TypeError, match="argument 2 is i64, the parameter i32"):
+        kernel((rows,), (64,), args(n=np.int64(n)))
+    with pytest.raises(TypeError, match="argument 1 is a int"):
+        kernel((rows,), (64,), args(rows=rows))
+    with pytest.raises(TypeError, match="argument 3 is f64, the parameter p64"):
+        kernel((rows,), (64,), args(alpha=np.float64(1.5)))
+    with pytest.raises(TypeError, match="not C-contiguous"):
+        kernel((rows,), (64,), args(x=cupy.zeros((n, rows)).T))
+    with pytest.raises(TypeError, match="10 arguments for 11 parameters"):
+        kernel((rows,), (64,), args()[:-1])
+    with pytest.raises(LaunchError, match=r"1024 threads per block, above the kernel's __launch_bounds__\(512\)"):
+        kernel((rows,), (1024,), args())
+    assert all(k.launch_bound == 512 for m in cupy.MODULES.values() for k in m.kernels.values())
