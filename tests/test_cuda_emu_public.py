@@ -127,11 +127,29 @@ def test_attention_and_vjp(gpu, case):
     assert_attention_grads_close(grads, do, q, k, v, **kw)
 
 
-def test_attention_alpha_per_head_is_a_clear_error(gpu):
-    """The cupy backend has no alpha per head yet: a ValueError that says so and where to go."""
+def test_attention_alpha_per_head(gpu):
+    """Heads grouped by alpha (two groups read both key/value heads), with what is per head
+    (ALiBi slope, ASEntmax beta) and a padding mask, against the NumPy engine."""
+    kw = dict(alpha=np.array([1.5, 3.0, 1.0, 1.5]), causal=True, alibi_slopes=np.array([0.0, 0.25, 0.5, 1.0]),
+              beta=np.array([[0.5], [1.0], [1.5], [2.0]]), gamma=1.2,
+              key_padding_mask=np.arange(11)[None, :] < np.array([[11], [8]]))
+    q, k, v, do = _qkv(np.random.default_rng(5))
+    _same(gpu.call(er.attention, q, k, v, chunk=3, **kw), er.attention(q, k, v, backend="numpy", **kw), 11 * 8)
+    got = gpu.call(er.attention_vjp, do, q, k, v, chunk=3, **kw)
+    want = er.attention_vjp(do, q, k, v, backend="numpy", **kw)
+    for a, b in zip(got[:3], want[:3]):
+        _same(a, b, 11 * 8 * 8)
+    _same(got.dalpha, want.dalpha, 11 * 8 * 2 * 7)  # per head: a sum over 2 batches of 7 query rows
+
+
+def test_attention_key_mask_with_holes_is_a_clear_error(gpu):
+    """The cupy kernels mask keys by a length per batch: a key_padding_mask with holes (not
+    one run of keys per batch) is a ValueError that says so and where to go."""
     q, k, v, _ = _qkv(np.random.default_rng(4))
-    with pytest.raises(ValueError, match="alpha per head"):
-        gpu.call(er.attention, q, k, v, alpha=np.array([1.5, 2.0, 1.5, 2.0]))
+    mask = np.ones((2, 11), bool)
+    mask[1, 3] = False
+    with pytest.raises(ValueError, match="key_padding_mask with holes"):
+        gpu.call(er.attention, q, k, v, alpha=1.5, key_padding_mask=mask)
 
 
 def test_attention_varlen(gpu):
