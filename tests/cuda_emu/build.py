@@ -122,7 +122,7 @@ def _key(code: str, flags: list[str], includes: list[Path], name_expressions, va
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as f:
         if fcntl is not None:
@@ -179,7 +179,7 @@ def build(code: str, nvrtc_options, name_expressions, variant: str = "fibers") -
     key = _key(code, flags, includes, name_expressions, variant, cxx)
     folder = cache_dir()
     library, meta = folder / f"{variant}-{key}.so", folder / f"{variant}-{key}.json"
-    with _locked(folder / f"{variant}-{key}.lock"):
+    with locked(folder / f"{variant}-{key}.lock"):
         if not (library.exists() and meta.exists()):
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 unit = Path(tmp) / "unit.cpp"
