@@ -40,7 +40,7 @@ from . import _cuda_loader as L
 from ._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, RowSolve
 from .capabilities import require
 from .constants import CUDA_MAX_PASSES
-from .geometry import chunk_bounds, key_offset
+from .geometry import attendable_keys, chunk_bounds, key_offset
 from .numpy_attention import backward_by_key_runs, forward_by_key_runs
 
 _METHODS = {None: 0, "bisect": 1}  # the kernels' method codes (the table says which exist)
@@ -127,6 +127,26 @@ def _gather_heads(parts, fields, B: int, Hq: int):
         for heads, piece in pieces:
             full[:, heads] = piece
         out[name] = full
+    return out
+
+
+def _key_holes(spec: AttentionSpec, Nk: int):
+    """For a key_padding_mask with holes: the attendable keys of each batch (host index
+    arrays) and the problem on them moved to the front (no mask, a key length per batch).
+    Scores without a causal bound or ALiBi do not depend on a key's position, so this is
+    the same problem; with either, a ValueError."""
+    if spec.causal or spec.alibi_slopes is not None:
+        raise ValueError("the cupy backend's attention does not support a key_padding_mask with holes together "
+                         "with causal or ALiBi (only one run of keys per batch); use backend='numba' or "
+                         "'numpy' (move the arrays to the host)")
+    idx = [np.flatnonzero(row) for row in attendable_keys(Nk, spec.key_mask, spec.key_lengths)]
+    return idx, replace(spec, key_mask=None, key_lengths=np.array([len(i) for i in idx], np.int64))
+
+
+def _keys_to_front(t, idx):
+    out = cupy.zeros(t.shape, t.dtype)
+    for b, i in enumerate(idx):
+        out[b, :, :len(i)] = t[b][:, i.tolist()]
     return out
 
 
@@ -225,10 +245,8 @@ class CupyBackend:
 
     # ------------------------------------------------------------------ attention
     def _attn_setup(self, q, k, v, spec: AttentionSpec):
-        if spec.key_mask is not None:
-            raise ValueError("the cupy backend's attention does not support a key_padding_mask with holes yet "
-                             "(only one run of keys per batch); use backend='numba' or 'numpy' (move the arrays "
-                             "to the host)")
+        if spec.key_mask is not None:  # the drivers above take every mask off first
+            raise ValueError("key_mask must be resolved before the kernels' setup")
         B, Hq, Nq, D = q.shape
         Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
         if Hq % Hkv:
@@ -260,7 +278,7 @@ class CupyBackend:
             return AttentionForward(**_gather_heads(parts, names, q.shape[0], q.shape[1]))
         if spec.key_mask is not None:  # padding (one run of keys per batch): per batch, key-sliced
             return forward_by_key_runs(self.attention_forward, q, k, v, spec,
-                                       lambda: self._attn_setup(q, k, v, spec))
+                                       lambda: self._forward_holes(q, k, v, spec))
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
         offset = key_offset(Nq, Nk)
@@ -296,6 +314,22 @@ class CupyBackend:
             skew[:, :, i0:i1] = sk.reshape(B, Hq, cc, Dv)
         self._check(bad)
         return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
+
+    def _forward_holes(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
+        idx, sub = _key_holes(spec, k.shape[2])
+        k, v = cupy.asarray(k), cupy.asarray(v)
+        return self.attention_forward(q, _keys_to_front(k, idx), _keys_to_front(v, idx), sub)
+
+    def _backward_holes(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
+        """dK and dV of the keys moved to the front, put back in place (0 on masked keys)."""
+        idx, sub = _key_holes(spec, k.shape[2])
+        k, v = cupy.asarray(k), cupy.asarray(v)
+        g = self.attention_backward(do, q, _keys_to_front(k, idx), _keys_to_front(v, idx), res, skew, sub)
+        dk, dv = cupy.zeros(k.shape, g.dk.dtype), cupy.zeros(v.shape, g.dv.dtype)
+        for b, i in enumerate(idx):
+            dk[b][:, i.tolist()] = g.dk[b, :, :len(i)]
+            dv[b][:, i.tolist()] = g.dv[b, :, :len(i)]
+        return g._replace(dk=dk, dv=dv)
 
     def _backward_per_head_alpha(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         """The backward of the forward's split by alpha: dK and dV summed over the query
@@ -333,7 +367,7 @@ class CupyBackend:
             return self._backward_per_head_alpha(do, q, k, v, res, skew, spec)
         if spec.key_mask is not None:
             return backward_by_key_runs(self.attention_backward, do, q, k, v, res, skew, spec,
-                                        lambda: self._attn_setup(q, k, v, spec))
+                                        lambda: self._backward_holes(do, q, k, v, res, skew, spec))
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
         offset = key_offset(Nq, Nk)

@@ -142,14 +142,25 @@ def test_attention_alpha_per_head(gpu):
     _same(got.dalpha, want.dalpha, 11 * 8 * 2 * 7)  # per head: a sum over 2 batches of 7 query rows
 
 
-def test_attention_key_mask_with_holes_is_a_clear_error(gpu):
-    """The cupy kernels mask keys by a length per batch: a key_padding_mask with holes (not
-    one run of keys per batch) is a ValueError that says so and where to go."""
-    q, k, v, _ = _qkv(np.random.default_rng(4))
+def test_attention_key_mask_with_holes(gpu):
+    """A key_padding_mask with holes: without a causal bound or ALiBi the attendable keys
+    move to the front (with ASEntmax, alpha per head, GQA), against the NumPy engine; with
+    either, a ValueError that says so and where to go."""
+    q, k, v, do = _qkv(np.random.default_rng(8))
     mask = np.ones((2, 11), bool)
-    mask[1, 3] = False
-    with pytest.raises(ValueError, match="key_padding_mask with holes"):
-        gpu.call(er.attention, q, k, v, alpha=1.5, key_padding_mask=mask)
+    mask[0, [2, 3, 7]] = False
+    mask[1, [0, 5, 10]] = False
+    kw = dict(alpha=np.array([1.5, 3.0, 1.0, 1.5]), key_padding_mask=mask, key_lengths=np.array([11, 9]),
+              beta=np.array([[0.5], [1.0], [1.5], [2.0]]), gamma=1.2)
+    _same(gpu.call(er.attention, q, k, v, chunk=3, **kw), er.attention(q, k, v, backend="numpy", **kw), 11 * 8)
+    got = gpu.call(er.attention_vjp, do, q, k, v, chunk=3, **kw)
+    want = er.attention_vjp(do, q, k, v, backend="numpy", **kw)
+    for a, b in zip(got, want):
+        if b is not None:
+            _same(a, b, 11 * 8 * 8 * 2 * 7)
+    for bad in (dict(causal=True), dict(alibi_slopes=np.array([0.0, 0.25, 0.5, 1.0]))):
+        with pytest.raises(ValueError, match="with holes together with causal or ALiBi"):
+            gpu.call(er.attention, q, k, v, alpha=1.5, key_padding_mask=mask, **bad)
 
 
 def test_attention_varlen(gpu):
