@@ -1,17 +1,22 @@
 """A small run of every kernel of one CUDA source through the cupy backend, checked.
 
-``python tests/cuda_emu/workload.py VARIANT SOURCE [CUDA_DIR]`` (run from the project
-root) installs the CuPy stand-in with the build ``VARIANT`` (cuda_emu.build.VARIANTS),
-optionally compiling the sources of ``CUDA_DIR`` instead of the package's (a mutant), and
-launches every kernel of ``SOURCE`` with warp and block teams in both dtypes on tiny
-inputs.  Each answer is compared with the NumPy engine; a disagreement or a failed
-launch exits with status 3 and says what.  The exhaustive tier runs it under the
-sanitizers (their runtime preloaded), with shuffled fiber orders, and on mutants.
+``python tests/cuda_emu/workload.py VARIANT SOURCE [CUDA_DIR] [--seeds=S1,S2,...]`` (run
+from the project root) installs the CuPy stand-in with the build ``VARIANT``
+(cuda_emu.build.VARIANTS), optionally compiling the sources of ``CUDA_DIR`` instead of the
+package's (a mutant), and launches every kernel of ``SOURCE`` with warp and block teams in
+both dtypes on tiny inputs (in fiber mode the row kernels also against the g++ harness,
+bit for bit), once per fiber schedule seed of ``--seeds`` (``EMU_SEED``; 0 is the threads
+in order), or once with the environment's ``EMU_SEED``.  Each answer is compared with the
+NumPy engine; a disagreement or a failed launch exits with status 3 and says what.  The
+exhaustive tier runs it under the sanitizers (their runtime preloaded), with shuffled
+fiber orders, and on mutants.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +48,48 @@ def _close(what, got, want, dtype):
     err = np.abs(got[live] - want[live])
     if (err > AGREE[dtype] * (1.0 + np.abs(want[live]))).any():
         raise AssertionError(f"{what}: off by {err.max():.3g}")
+
+
+def _harness():
+    """The g++ harness of the package's sources (HostTeam<32> and <256> reproduce the warp's
+    and a 256-thread block's reduction orders), built before a mutant's sources are put in."""
+    from cuda_cases import build_harness
+    from test_cuda_core import Harness
+
+    class Folders:  # what build_harness asks of pytest's tmp_path_factory
+        def mktemp(self, name):
+            return Path(tempfile.mkdtemp(prefix=name))
+
+    return Harness(build_harness(Folders(), "harness.cpp"))
+
+
+def _same_bits(what, got, want):
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    if got.dtype != want.dtype or got.tobytes() != want.tobytes():
+        raise AssertionError(f"{what}: not the harness's bits")
+
+
+def rows_bits(cupy, harness):
+    """Forward, VJP and alpha-VJP give the harness's bits (a reduction order or a
+    compensation term changed by one ulp is seen here, not within a tolerance)."""
+    from entmax_ref.backends.cupy_backend import CupyBackend, CupyTuning
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 70)) * 2
+    x[1, ::4] = -np.inf
+    g = rng.standard_normal(x.shape)
+    for lanes, gpu in ((32, CupyBackend(CupyTuning(warps_per_block=2))),
+                       (256, CupyBackend(CupyTuning(warp_max_n=0, block=256)))):
+        for alpha in (1.0, 1.5, 2.0, 3.0):
+            a = np.full(3, alpha)
+            got = gpu.entmax_forward(cupy.asarray(x), a, None)
+            p, theta = harness.forward(x, a, 0, lanes)[:2]
+            _same_bits(f"entmax_forward {lanes} lanes {alpha}", got.p.get(), p)
+            _same_bits(f"entmax_forward theta {lanes} lanes {alpha}", got.theta.get(), theta)
+            _same_bits(f"entmax_vjp {lanes} lanes {alpha}", gpu.entmax_vjp(got.p, cupy.asarray(g), a).get(),
+                       harness.vjp(p, g, a, lanes))
+            _same_bits(f"entmax_alpha_vjp {lanes} lanes {alpha}",
+                       gpu.entmax_alpha_vjp(got.p, cupy.asarray(g), a).get(), harness.alpha_vjp(p, g, a, lanes))
 
 
 def rows(cupy, dtype):
@@ -101,17 +148,27 @@ WORKLOADS = {"entmax_rows.cu": rows, "family_rows.cu": family, "entmax_attention
 
 
 def main(argv) -> int:
+    seeds = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--seeds=")]
+    argv = [a for a in argv if not a.startswith("--seeds=")]
     variant, source = argv[1], argv[2]
+    # bit for bit in fiber mode (a mutant's one-ulp change); the sanitizers look for races
+    harness = _harness() if source == "entmax_rows.cu" and variant == "fibers" else None
     if len(argv) > 3:  # a mutant's folder of sources
         mutant = Path(argv[3])
         _cuda_loader.cuda_dir = lambda: mutant
     with stand_in_cupy(variant) as cupy:
-        try:
-            for dtype in (np.float64, np.float32):
-                WORKLOADS[source](cupy, dtype)
-        except Exception as e:  # noqa: BLE001 - the report of a run, for the caller
-            print(f"workload failed: {type(e).__name__}: {e}", flush=True)
-            return 3
+        for seed in seeds[0] if seeds else [None]:
+            if seed is not None:  # read by the emulator at every block
+                os.environ["EMU_SEED"] = seed
+            try:
+                for dtype in (np.float64, np.float32):
+                    WORKLOADS[source](cupy, dtype)
+                if harness is not None:
+                    rows_bits(cupy, harness)
+            except Exception as e:  # noqa: BLE001 - the report of a run, for the caller
+                print(f"workload failed (EMU_SEED={os.environ.get('EMU_SEED', '0')}): {type(e).__name__}: {e}",
+                      flush=True)
+                return 3
         launched = sorted(n for m in cupy.MODULES.values() for n in m.launched)
     missing = set(_cuda_loader.name_expressions(source)) - set(launched)
     if missing:
