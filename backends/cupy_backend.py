@@ -31,16 +31,16 @@ above) and ``"bisect"``; ``"sort"`` and ``"newton"`` (Newton for every alpha) ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cupy
 import numpy as np
 
 from . import _cuda_loader as L
-from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
+from ._base import AttentionForward, AttentionGrads, AttentionResidual, AttentionSpec, RowSolve
 from .capabilities import require
 from .constants import CUDA_MAX_PASSES
-from .geometry import chunk_bounds, key_offset
+from .geometry import attendable_keys, chunk_bounds, key_offset
 from .attention_driver import backward_by_key_runs, forward_by_key_runs
 
 _METHODS = {None: 0, "bisect": 1}  # the kernels' method codes (the table says which exist)
@@ -95,6 +95,59 @@ def _compute_dtype(dtype) -> np.dtype:
 def _device(a, dtype=None):
     """A C-contiguous device array (uploads NumPy parameter arrays, copies only if needed)."""
     return cupy.ascontiguousarray(cupy.asarray(a, dtype=dtype))
+
+
+def _alpha_groups(spec: AttentionSpec, Hq: int, Hkv: int):
+    """For alpha per query head: [(heads, kv heads, spec)] per distinct alpha, each spec a
+    scalar-alpha problem on those query heads (their ALiBi slopes and row scales), whose
+    key/value heads are the ones they read (one per query head)."""
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    ha = np.asarray(spec.head_alpha, np.float64)
+    out = []
+    for a in np.unique(ha):
+        heads = np.flatnonzero(ha == a).tolist()
+        out.append((heads, [h // (Hq // Hkv) for h in heads], replace(
+            spec, alpha=float(a), head_alpha=None,
+            alibi_slopes=None if spec.alibi_slopes is None else spec.alibi_slopes[heads],
+            row_scale=None if spec.row_scale is None else spec.row_scale[:, heads])))
+    return out
+
+
+def _gather_heads(parts, fields, B: int, Hq: int):
+    """Per field, the (B, Hq, ...) array whose heads come from the groups' ``parts``
+    ([(heads, result)]); None where the groups return None."""
+    out = {}
+    for name in fields:
+        pieces = [(heads, getattr(r, name)) for heads, r in parts]
+        if any(piece is None for _, piece in pieces):
+            out[name] = None
+            continue
+        full = cupy.empty((B, Hq) + pieces[0][1].shape[2:], pieces[0][1].dtype)
+        for heads, piece in pieces:
+            full[:, heads] = piece
+        out[name] = full
+    return out
+
+
+def _key_holes(spec: AttentionSpec, Nk: int):
+    """For a key_padding_mask with holes: the attendable keys of each batch (host index
+    arrays) and the problem on them moved to the front (no mask, a key length per batch).
+    Scores without a causal bound or ALiBi do not depend on a key's position, so this is
+    the same problem; with either, a ValueError."""
+    if spec.causal or spec.alibi_slopes is not None:
+        raise ValueError("the cupy backend's attention does not support a key_padding_mask with holes together "
+                         "with causal or ALiBi (only one run of keys per batch); use backend='numba' or "
+                         "'numpy' (move the arrays to the host)")
+    idx = [np.flatnonzero(row) for row in attendable_keys(Nk, spec.key_mask, spec.key_lengths)]
+    return idx, replace(spec, key_mask=None, key_lengths=np.array([len(i) for i in idx], np.int64))
+
+
+def _keys_to_front(t, idx):
+    out = cupy.zeros(t.shape, t.dtype)
+    for b, i in enumerate(idx):
+        out[b, :, :len(i)] = t[b][:, i.tolist()]
+    return out
 
 
 class CupyBackend:
@@ -192,12 +245,8 @@ class CupyBackend:
 
     # ------------------------------------------------------------------ attention
     def _attn_setup(self, q, k, v, spec: AttentionSpec):
-        unsupported = [name for name, on in (("alpha per head", spec.head_alpha is not None),
-                                             ("a key_padding_mask with holes", spec.key_mask is not None),
-                                             ("the gradient of alpha", spec.alpha_grad)) if on]
-        if unsupported:
-            raise ValueError(f"the cupy backend's attention does not support {', '.join(unsupported)} yet; "
-                             "use backend='numba' or 'numpy' (move the arrays to the host)")
+        if spec.key_mask is not None:  # the drivers above take every mask off first
+            raise ValueError("key_mask must be resolved before the kernels' setup")
         B, Hq, Nq, D = q.shape
         Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
         if Hq % Hkv:
@@ -222,9 +271,14 @@ class CupyBackend:
         return (B, Hq, Nq, D, Hkv, Nk, Dv, group), cdt, (qc, kc, vc), params, chunk, max_len
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
+        if spec.head_alpha is not None:  # one launch sequence per distinct alpha
+            parts = [(heads, self.attention_forward(q[:, heads], k[:, kv], v[:, kv], sub))
+                     for heads, kv, sub in _alpha_groups(spec, q.shape[1], k.shape[1])]
+            names = [n for n in AttentionForward._fields if n != "support_keys"]
+            return AttentionForward(**_gather_heads(parts, names, q.shape[0], q.shape[1]))
         if spec.key_mask is not None:  # padding (one run of keys per batch): per batch, key-sliced
             return forward_by_key_runs(self.attention_forward, q, k, v, spec,
-                                       lambda: self._attn_setup(q, k, v, spec))
+                                       lambda: self._forward_holes(q, k, v, spec))
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
         offset = key_offset(Nq, Nk)
@@ -261,6 +315,42 @@ class CupyBackend:
         self._check(bad)
         return AttentionForward(out.astype(q.dtype, copy=False), theta, support, skew, row_max, edge, edge_p)
 
+    def _forward_holes(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
+        idx, sub = _key_holes(spec, k.shape[2])
+        k, v = cupy.asarray(k), cupy.asarray(v)
+        return self.attention_forward(q, _keys_to_front(k, idx), _keys_to_front(v, idx), sub)
+
+    def _backward_holes(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
+        """dK and dV of the keys moved to the front, put back in place (0 on masked keys)."""
+        idx, sub = _key_holes(spec, k.shape[2])
+        k, v = cupy.asarray(k), cupy.asarray(v)
+        g = self.attention_backward(do, q, _keys_to_front(k, idx), _keys_to_front(v, idx), res, skew, sub)
+        dk, dv = cupy.zeros(k.shape, g.dk.dtype), cupy.zeros(v.shape, g.dv.dtype)
+        for b, i in enumerate(idx):
+            dk[b][:, i.tolist()] = g.dk[b, :, :len(i)]
+            dv[b][:, i.tolist()] = g.dv[b, :, :len(i)]
+        return g._replace(dk=dk, dv=dv)
+
+    def _backward_per_head_alpha(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
+        """The backward of the forward's split by alpha: dK and dV summed over the query
+        heads that read each key/value head."""
+        B, Hq = q.shape[:2]
+        q, k, v, do = (cupy.asarray(t) for t in (q, k, v, do))
+        dk, dv, parts = None, None, []
+        for heads, kv, sub in _alpha_groups(spec, Hq, k.shape[1]):
+            res_h = AttentionResidual(*(None if f is None else f[:, heads]
+                                        for f in (getattr(res, n, None) for n in AttentionResidual._fields)))
+            g = self.attention_backward(do[:, heads], q[:, heads], k[:, kv], v[:, kv], res_h,
+                                        None if skew is None else skew[:, heads], sub)
+            if dk is None:
+                dk, dv = cupy.zeros(k.shape, g.dk.dtype), cupy.zeros(v.shape, g.dv.dtype)
+            for j, h in enumerate(kv):
+                dk[:, h] += g.dk[:, j]
+                dv[:, h] += g.dv[:, j]
+            parts.append((heads, g))
+        got = _gather_heads(parts, ("dq", "drow_scale", "dalpha"), B, Hq)
+        return AttentionGrads(got["dq"], dk, dv, got["drow_scale"], got["dalpha"])
+
     @staticmethod
     def _check(bad) -> None:
         status = int(bad.get()[0])  # the one scalar read back per call
@@ -273,9 +363,11 @@ class CupyBackend:
     def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         """From the forward's residual ``res``: theta, and for alpha > 2 the edge (row_max,
         edge, edge_p), from which the kernels rebuild p as the row solver wrote it."""
+        if spec.head_alpha is not None:
+            return self._backward_per_head_alpha(do, q, k, v, res, skew, spec)
         if spec.key_mask is not None:
             return backward_by_key_runs(self.attention_backward, do, q, k, v, res, skew, spec,
-                                        lambda: self._attn_setup(q, k, v, spec))
+                                        lambda: self._backward_holes(do, q, k, v, res, skew, spec))
         (B, Hq, Nq, D, Hkv, Nk, Dv, G), cdt, (qc, kc, vc), prm, chunk, max_len = self._attn_setup(q, k, v, spec)
         scalar = _scalar_name(cdt)
         offset = key_offset(Nq, Nk)
@@ -290,6 +382,7 @@ class CupyBackend:
         dk = cupy.zeros((B, Hkv, Nk, D), cdt)
         dv = cupy.zeros((B, Hkv, Nk, Dv), cdt)
         ds = cupy.zeros((B, Hq, Nq), np.float64) if spec.row_scale is not None else None
+        da = cupy.zeros((B, Hq, Nq), np.float64) if spec.alpha_grad else None
         q5 = qc.reshape(B, Hkv, G, Nq, D)
         do5 = doc.reshape(B, Hkv, G, Nq, Dv)
         common_tail = (prm["row_scale"], prm["slopes"], prm["lengths"], np.int32(bool(spec.causal)))
@@ -322,11 +415,15 @@ class CupyBackend:
                 sk = skew_all[:, :, i0:i1].reshape(B, Hkv, G * cc, Dv)
             delta = cupy.ascontiguousarray((doch.astype(np.float64) * sk).sum(axis=-1)).reshape(rows)
             dp = cupy.ascontiguousarray(cupy.matmul(doch, vv.transpose(0, 1, 3, 2)))  # dO v^T
+            dp_up = None if da is None else dp.copy()
             kernel, grid, block = self._attn_kernel("attn_backward", kend, rows, scalar)
             kernel(grid, block, (s, dp, *head, *common_tail, th, *resid, delta, _NULL if ds is None else ds))
             # s now holds p, dp holds s_i * dZ.
+            if da is not None:  # dL/dalpha of each row at fixed scores: the row alpha-VJP of p and dO v^T
+                da[:, :, i0:i1] = self.entmax_alpha_vjp(s.reshape(rows, kend), dp_up.reshape(rows, kend),
+                                                        np.full(rows, spec.alpha)).reshape(B, Hq, cc)
             dv[:, :, :kend] += cupy.matmul(s.transpose(0, 1, 3, 2), doch)
             dq[:, :, i0:i1] = (spec.scale * cupy.matmul(dp, kk)).reshape(B, Hq, cc, D)
             dk[:, :, :kend] += spec.scale * cupy.matmul(dp.transpose(0, 1, 3, 2), qch)
         return AttentionGrads(dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
-                              dv.astype(v.dtype, copy=False), ds)
+                              dv.astype(v.dtype, copy=False), ds, da)

@@ -5,12 +5,15 @@ harness.  Their error budgets are in agreement.py (engine agreement)."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
+from cuda_emu.build import cache_dir, locked
 from entmax_ref.backends import _cuda_loader
 from entmax_ref.backends.constants import cuda_defines
 
@@ -24,16 +27,32 @@ BIG_ALPHAS = (20.0, 100.0, 1000.0)
 def build_harness(tmp_path_factory, source: str) -> ctypes.CDLL:
     """backends/cuda/<source> compiled by g++ into a shared library and loaded: C++17, the
     -D defines of backends/constants.py (the ones NVRTC gets), no FMA contraction (as
-    _cuda_loader asks of NVRTC), every warning an error.  Skips without a C++ compiler."""
+    _cuda_loader asks of NVRTC), every warning an error.  Skips without a C++ compiler.
+    The library is cached beside the emulation's builds (cuda_emu.build.cache_dir), named
+    by a hash of the command, every file of backends/cuda/ and the compiler's version, so
+    that the test files that load one harness share one build."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++) to build the CPU harness of the CUDA core")
     src = _cuda_loader.cuda_dir()
-    out = tmp_path_factory.mktemp(source.replace(".", "_")) / (source.rsplit(".", 1)[0] + ".so")
-    cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
-           *cuda_defines(), f"-I{src}", str(src / source), "-o", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    flags = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
+             *cuda_defines(), f"-I{src}"]
+    h = hashlib.sha256(repr((flags, source)).encode())
+    h.update(subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.encode())
+    for f in sorted(src.glob("*")):
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    stem = f"harness-{source.rsplit('.', 1)[0]}-{h.hexdigest()[:24]}"
+    folder = cache_dir()
+    out = folder / f"{stem}.so"
+    with locked(folder / f"{stem}.lock"):
+        if not out.exists():
+            tmp = tmp_path_factory.mktemp(source.replace(".", "_")) / "harness.so"
+            cmd = [cxx, *flags, str(src / source), "-o", str(tmp)]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+            shutil.copyfile(tmp, folder / f"{stem}.tmp")
+            os.replace(folder / f"{stem}.tmp", out)
     return ctypes.CDLL(str(out))
 
 

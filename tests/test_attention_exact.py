@@ -198,11 +198,6 @@ def test_info_is_checked():
         er.attention_vjp(do, q, k, v, info=info.tau, alpha=3.0, backend="numpy")
 
 
-def _no_head_alpha_on_cupy(backend):
-    if str(backend) == "cupy":
-        pytest.skip("cupy rejects alpha per head with a ValueError (tests/test_cupy_backend.py)")
-
-
 HEAD_ALPHAS = {
     "sparse": (1.0 + 1e-9, 1.5, 10.0, 100.0),  # no softmax head: numba's fused kernels
     "with_softmax": (1.0, 2.0, 3.0, 1000.0),  # a softmax head: every backend's NumPy driver
@@ -215,7 +210,6 @@ def test_alpha_per_head_is_exact(backend, heads):
     is rebuilt by its own head's rule (edge-relative above 2, from theta below), so every
     head's gradients match the dense reference of its alpha to 1e-12, on the recompute,
     info= and tau= paths."""
-    _no_head_alpha_on_cupy(backend)
     alphas = HEAD_ALPHAS[heads]
     x = backend.asarray
     qs, ks, vs, dos, want = [], [], [], [], []
@@ -256,7 +250,6 @@ def test_alpha_per_head_key_runs_are_exact(backend):
     each batch's run of keys, its residual slice passed along) with alpha per head across
     2: the gradients of each batch are the dense reference of its run, 0 on masked keys,
     on the recompute and info= paths."""
-    _no_head_alpha_on_cupy(backend)
     alphas = HEAD_ALPHAS["sparse"]
     rng = np.random.default_rng(7)
     lo = (0, 3)  # batch 0: right padding; batch 1: left and right padding

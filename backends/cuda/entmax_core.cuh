@@ -34,7 +34,11 @@
 namespace er {
 
 // ------------------------------------------------------------------------ small helpers
+#ifdef __CUDA_ARCH__  // NVRTC has no __builtin_huge_val
+ER_HD inline double inf() { return __longlong_as_double(0x7ff0000000000000LL); }
+#else
 ER_HD inline double inf() { return __builtin_huge_val(); }
+#endif
 ER_HD inline bool is_finite(double v) { return (v - v) == 0.0; }  // false for +-inf, nan
 ER_HD inline double dmax(double a, double b) { return a > b ? a : b; }
 
@@ -72,7 +76,8 @@ struct Acc {
 // teams: element i goes to lane i % LANES; lanes are reduced by a halving tree inside
 // each group of 32 (what __shfl_xor_sync computes in every lane), then the groups are
 // merged in order 0, 1, ... (what BlockTeam does through shared memory).  LANES = 1 is a
-// plain serial loop.
+// plain serial loop.  Host only: NVRTC compiles device code alone and rejects it.
+#ifndef ER_ON_DEVICE
 template <int LANES>
 struct HostTeam {
     bool leader() const { return true; }
@@ -100,6 +105,7 @@ struct HostTeam {
         for (int i = 0; i < n; ++i) f(i);
     }
 };
+#endif  // ER_ON_DEVICE
 
 // ------------------------------------------------------------------------ alpha
 enum Mode { SOFTMAX = 0, SPARSEMAX = 1, ENTMAX15 = 2, GENERAL = 3, GENERAL_GT2 = 4 };

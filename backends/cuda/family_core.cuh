@@ -192,16 +192,18 @@ ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, 
     // U: entries at 1 or more above m; F: the free entries in [m, lo + 1] not in U, whose
     // count and sum of (v - m) go to sums k and k + 1
     const auto in_U = [&](double v) { return v - 1.0 >= m; };
-    const auto add_F = [&](auto& a, int k, double v) {
-        if (v >= m && v - 1.0 <= lo && !in_U(v)) {
-            a.add(k, 1.0);
-            a.add(k + 1, v - m);
-        }
-    };
+    // (not a generic lambda taking the accumulator: NVRTC compiles those as host code)
+    const auto in_F = [&](double v) { return v >= m && v - 1.0 <= lo && !in_U(v); };
     if constexpr (SplitFinalSums<Team>::value) {
         double a1[1], a2[2];
         team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (in_U(x(i))) a.add(0, 1.0); }, a1);
-        team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) { add_F(a, 0, x(i)); }, a2);
+        team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
+            const double v = x(i);
+            if (in_F(v)) {
+                a.add(0, 1.0);
+                a.add(1, v - m);
+            }
+        }, a2);
         nU = a1[0];
         nF = a2[0];
         sF = a2[1];
@@ -209,8 +211,12 @@ ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, 
         double a3[3];
         team.template reduce_sum<3>(n, [&](int i, Acc<3>& a) {
             const double v = x(i);
-            if (in_U(v)) a.add(0, 1.0);
-            else add_F(a, 1, v);
+            if (in_U(v)) {
+                a.add(0, 1.0);
+            } else if (in_F(v)) {
+                a.add(1, 1.0);
+                a.add(2, v - m);
+            }
         }, a3);
         nU = a3[0];
         nF = a3[1];

@@ -1,0 +1,179 @@
+"""Every public function with ``backend="cupy"``, end to end on the emulated GPU.
+
+The CuPy stand-in (tests/cuda_emu/) is installed as ``cupy``; inputs are moved to it, the
+public layer dispatches to the unchanged cupy backend, whose kernels run under emulation,
+and the results come back through ``.get()``.  The oracle assertions of
+:mod:`entmax_ref.testing` check the row transforms and attention (formula 5 budgets);
+the other functions are checked against the NumPy engine's answer, within the agreement
+budget of two engines that each solve to a few ulps per entry of the row
+(:func:`_agreement`).  Small shapes: the emulator runs every CUDA thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import entmax_ref as er
+from conftest import BackendName
+from cuda_emu import stand_in_cupy
+from entmax_ref.testing import (assert_attention_close, assert_attention_grads_close, assert_entmax_close,
+                                assert_entmax_vjp_close)
+from entmax_ref.testing.tolerance import unit_roundoff
+
+pytestmark = pytest.mark.cuda_emu
+
+NUMPY = BackendName("numpy")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    with stand_in_cupy() as cupy:
+        yield BackendName("cupy")
+        assert sum(sum(m.launched.values()) for m in cupy.MODULES.values()) > 0, "no kernel was launched"
+
+
+def _agreement(want, n: int) -> np.ndarray:
+    """Two engines' float64 answers differ by at most a few ulps per entry of a row of n
+    (each sums n terms in its own order) relative to the answer's size."""
+    return 16 * n * unit_roundoff(np.float64) * (1.0 + np.abs(want))
+
+
+def _same(got, want, n):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    live = np.isfinite(want)
+    assert (np.abs(got[live] - want[live]) <= _agreement(want[live], n)).all(), np.abs(got - want)[live].max()
+
+
+RNG = np.random.default_rng(17)
+X = RNG.standard_normal((3, 4, 20)) * 2
+X[0, 1, ::3] = -np.inf
+X[2, 3] = -np.inf
+G = RNG.standard_normal(X.shape)
+TARGET = np.eye(20)[RNG.integers(0, 20, (3, 4))]
+
+
+def test_row_transforms_and_vjps(gpu):
+    for dtype in (np.float64, np.float32):
+        x = X.astype(dtype)
+        for fn, alpha in ((er.softmax, 1.0), (er.entmax15, 1.5), (er.sparsemax, 2.0)):
+            assert_entmax_close(gpu.call(fn, x), x, alpha)
+        for alpha in (1.25, 3.0):
+            p = gpu.call(er.entmax, x, alpha=alpha)
+            assert p.dtype == dtype
+            assert_entmax_close(p, x, alpha)
+    x = X[1]
+    alpha = np.array([1.0, 1.5, 2.0, 2.5])  # one alpha per row
+    assert_entmax_close(gpu.call(er.entmax, x, alpha=alpha), x, alpha)
+    assert_entmax_vjp_close(gpu.call(er.entmax_vjp, er.entmax(x, alpha=alpha), G[1], alpha=alpha), x, G[1], alpha)
+    tau = gpu.call(er.entmax_threshold, X, alpha=1.5)
+    _same(tau, er.entmax_threshold(X, alpha=1.5, backend="numpy"), X.shape[-1])
+    for name in ("entmax_alpha_vjp",):
+        a3 = np.full((3, 4), 1.7)
+        p = er.entmax(X, alpha=a3, backend="numpy")
+        _same(gpu.call(getattr(er, name), p, G, alpha=a3), getattr(er, name)(p, G, alpha=a3, backend="numpy"), 20)
+    jac = gpu.call(er.entmax_jacobian, X[0, 0], alpha=1.5)
+    _same(jac, er.entmax_jacobian(X[0, 0], alpha=1.5, backend="numpy"), 20)
+
+
+def test_losses_normmax_budget(gpu):
+    for fn, kw in ((er.entmax_loss, dict(alpha=1.5)), (er.entmax_loss_grad, dict(alpha=1.5)),
+                   (er.normmax_loss, dict(alpha=2.0)), (er.normmax_loss_grad, dict(alpha=3.0))):
+        _same(gpu.call(fn, X, TARGET, **kw), fn(X, TARGET, backend="numpy", **kw), 20)
+    for alpha in (1.5, 2.0, 4.0):
+        p = gpu.call(er.normmax, X, alpha=alpha)
+        want = er.normmax(X, alpha=alpha, backend="numpy")
+        _same(p, want, 20)
+        _same(gpu.call(er.normmax_vjp, want, G, alpha=alpha), er.normmax_vjp(want, G, alpha=alpha, backend="numpy"), 20)
+    for budget in (1.0, 3.0, 20.0):
+        want = er.budget_sparsemax(X, budget=budget, backend="numpy")
+        _same(gpu.call(er.budget_sparsemax, X, budget=budget), want, 20)
+        _same(gpu.call(er.budget_sparsemax_vjp, want, G, budget=budget),
+              er.budget_sparsemax_vjp(want, G, budget=budget, backend="numpy"), 20)
+
+
+def test_asentmax_ssmax(gpu):
+    kw = dict(alpha=1.5, beta=0.7, gamma=1.3)
+    _same(gpu.call(er.asentmax, X, **kw), er.asentmax(X, backend="numpy", **kw), 20)
+    p = er.asentmax(X, backend="numpy", **kw)
+    got, want = gpu.call(er.asentmax_vjp, G, X, p=p, **kw), er.asentmax_vjp(G, X, p=p, backend="numpy", **kw)
+    for a, b in zip(got, want):
+        _same(a, b, 20 * X.size)
+    _same(gpu.call(er.ssmax, X, beta=0.8), er.ssmax(X, beta=0.8, backend="numpy"), 20)
+
+
+def _qkv(rng, B=2, Hq=4, Hkv=2, Nq=7, Nk=11, D=8):
+    return (rng.standard_normal((B, Hq, Nq, D)), rng.standard_normal((B, Hkv, Nk, D)),
+            rng.standard_normal((B, Hkv, Nk, D)), rng.standard_normal((B, Hq, Nq, D)))
+
+
+ATTENTION = {
+    "plain-gqa": dict(alpha=1.5),
+    "causal-alibi": dict(alpha=2.0, causal=True, alibi_slopes=np.array([0.0, 0.25, 0.5, 1.0])),
+    "softmax-lengths": dict(alpha=1.0, key_lengths=np.array([11, 5])),
+    "asentmax": dict(alpha=1.5, causal=True, beta=np.array([[0.5], [1.0], [1.5], [2.0]]), gamma=1.2),
+    "alpha3-padding-mask": dict(alpha=3.0, key_padding_mask=np.arange(11)[None, :] >= np.array([[0], [4]])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION))
+def test_attention_and_vjp(gpu, case):
+    kw = ATTENTION[case]
+    q, k, v, do = _qkv(np.random.default_rng(3))
+    out, info = gpu.call(er.attention, q, k, v, return_info=True, chunk=3, **kw)
+    assert_attention_close(out, q, k, v, **kw)
+    grads = gpu.call(er.attention_vjp, do, q, k, v, chunk=3, **kw)
+    assert_attention_grads_close(grads, do, q, k, v, **kw)
+
+
+def test_attention_alpha_per_head(gpu):
+    """Heads grouped by alpha (two groups read both key/value heads), with what is per head
+    (ALiBi slope, ASEntmax beta) and a padding mask, against the NumPy engine."""
+    kw = dict(alpha=np.array([1.5, 3.0, 1.0, 1.5]), causal=True, alibi_slopes=np.array([0.0, 0.25, 0.5, 1.0]),
+              beta=np.array([[0.5], [1.0], [1.5], [2.0]]), gamma=1.2,
+              key_padding_mask=np.arange(11)[None, :] < np.array([[11], [8]]))
+    q, k, v, do = _qkv(np.random.default_rng(5))
+    _same(gpu.call(er.attention, q, k, v, chunk=3, **kw), er.attention(q, k, v, backend="numpy", **kw), 11 * 8)
+    got = gpu.call(er.attention_vjp, do, q, k, v, chunk=3, **kw)
+    want = er.attention_vjp(do, q, k, v, backend="numpy", **kw)
+    for a, b in zip(got[:3], want[:3]):
+        _same(a, b, 11 * 8 * 8)
+    _same(got.dalpha, want.dalpha, 11 * 8 * 2 * 7)  # per head: a sum over 2 batches of 7 query rows
+
+
+def test_attention_key_mask_with_holes(gpu):
+    """A key_padding_mask with holes: without a causal bound or ALiBi the attendable keys
+    move to the front (with ASEntmax, alpha per head, GQA), against the NumPy engine; with
+    either, a ValueError that says so and where to go."""
+    q, k, v, do = _qkv(np.random.default_rng(8))
+    mask = np.ones((2, 11), bool)
+    mask[0, [2, 3, 7]] = False
+    mask[1, [0, 5, 10]] = False
+    kw = dict(alpha=np.array([1.5, 3.0, 1.0, 1.5]), key_padding_mask=mask, key_lengths=np.array([11, 9]),
+              beta=np.array([[0.5], [1.0], [1.5], [2.0]]), gamma=1.2)
+    _same(gpu.call(er.attention, q, k, v, chunk=3, **kw), er.attention(q, k, v, backend="numpy", **kw), 11 * 8)
+    got = gpu.call(er.attention_vjp, do, q, k, v, chunk=3, **kw)
+    want = er.attention_vjp(do, q, k, v, backend="numpy", **kw)
+    for a, b in zip(got, want):
+        if b is not None:
+            _same(a, b, 11 * 8 * 8 * 2 * 7)
+    for bad in (dict(causal=True), dict(alibi_slopes=np.array([0.0, 0.25, 0.5, 1.0]))):
+        with pytest.raises(ValueError, match="with holes together with causal or ALiBi"):
+            gpu.call(er.attention, q, k, v, alpha=1.5, key_padding_mask=mask, **bad)
+
+
+def test_attention_varlen(gpu):
+    rng = np.random.default_rng(6)
+    cu_q, cu_k = np.array([0, 3, 8]), np.array([0, 5, 12])
+    q, k, v = (rng.standard_normal((n, 2, 8)) for n in (8, 12, 12))
+    do = rng.standard_normal(q.shape)
+    for causal in (False, True):
+        kw = dict(alpha=1.5, causal=causal)
+        out = gpu.call(er.attention_varlen, q, k, v, cu_q, cu_k, **kw)
+        want = er.attention_varlen(q, k, v, cu_q, cu_k, backend="numpy", **kw)
+        _same(out, want, 12 * 8)
+        got = gpu.call(er.attention_varlen_vjp, do, q, k, v, cu_q, cu_k, **kw)
+        want = er.attention_varlen_vjp(do, q, k, v, cu_q, cu_k, backend="numpy", **kw)
+        for a, b in zip(got[:3], want[:3]):
+            _same(a, b, 12 * 8 * 8)
