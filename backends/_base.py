@@ -198,6 +198,14 @@ def xp_of(x: Any):
     return np
 
 
+def narrow(a: Any, dtype: Any) -> Any:
+    """``a``, a result computed in a wider dtype, in ``dtype``: a value beyond ``dtype``'s
+    range rounds to +-inf, as IEEE rounding does, without a warning (a gradient of a valid
+    input may exceed float32's range, e.g. attention at a large alpha)."""
+    with np.errstate(over="ignore"):
+        return a.astype(dtype, copy=False)
+
+
 def theta_to_tau(theta: Any, alpha: Any) -> Any:
     """Convert the x-space threshold to design.md's tau."""
     xp = xp_of(theta)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import geometry
-from ._base import AttentionForward, AttentionGrads, AttentionSpec
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, narrow
 from .attention_driver import batch_chunks, empty_forward
 from .constants import EDGE_TIE_ULPS
 from .numpy_elementwise import e_alpha, skew_weights
@@ -300,7 +300,4 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
             da = dz
         dq[sl] = (spec.scale * (da @ kk)).reshape(group, i1 - i0, D)
         dk[b, hk, :key_end] += spec.scale * (da.T @ qc)
-    return AttentionGrads(
-        dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
-        dv.astype(v.dtype, copy=False), ds, dalpha,
-    )
+    return AttentionGrads(narrow(dq, q.dtype), narrow(dk, k.dtype), narrow(dv, v.dtype), ds, dalpha)

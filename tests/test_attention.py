@@ -872,3 +872,19 @@ def test_row_scale_gradient_with_overflowing_dz_on_equal_scores(backend):
     g = er.attention_vjp(np.ones(out.shape), q, k, v, **kw)
     assert (g.dbeta, g.dgamma, g.ddelta) == (0.0, 0.0, 0.0)
     assert np.all(g.dv == g.dv[0, 0, 0, 0]) and abs(g.dv.sum() - 1.0) <= 4 * np.finfo(np.float64).eps
+
+
+def test_a_gradient_beyond_float32s_range_is_inf_without_a_warning(backend):
+    """Two tied keys at alpha = 1000: p = (1/2, 1/2), and the score gradient is
+    p^(2 - alpha) (g - mean g) = 2^998 * (+-1/2), finite in float64 but beyond float32's
+    range, so the float32 dk rounds to -+inf, as IEEE rounding does (valid input, no
+    RuntimeWarning: the suite turns warnings into errors); dq (their sum, times q) is 0."""
+    q = np.ones((1, 1, 1, 1), np.float32)
+    k = np.ones((1, 1, 2, 1), np.float32)
+    v = np.array([1.0, 0.0], np.float32).reshape(1, 1, 2, 1)
+    out = er.attention(q, k, v, alpha=1000.0, backend=backend)
+    g = er.attention_vjp(np.ones_like(out), q, k, v, alpha=1000.0, backend=backend)
+    assert out.ravel().tolist() == [0.5]
+    assert g.dq.ravel().tolist() == [0.0]
+    assert g.dk.ravel().tolist() == [np.inf, -np.inf]
+    assert g.dv.ravel().tolist() == [0.5, 0.5]

@@ -20,10 +20,10 @@ from cuda_emu import stand_in_cupy
 from cuda_emu.launcher import LaunchError
 from entmax_ref.backends import AttentionSpec, _cuda_loader, get_backend
 from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows, normmax_rows, normmax_vjp_rows
-from entmax_ref.testing.tolerance import budget_agreement_tolerance, core_alpha_vjp_tolerance, core_vjp_tolerance
-from entmax_ref.testing.tolerance import core_p_tolerance as p_tol
-from entmax_ref.testing.tolerance import core_theta_tolerance as theta_tol
-from entmax_ref.testing.tolerance import family_threshold_agreement
+from agreement import budget_agreement_tolerance, core_alpha_vjp_tolerance, core_vjp_tolerance
+from agreement import core_p_tolerance as p_tol
+from agreement import core_theta_tolerance as theta_tol
+from agreement import family_threshold_agreement
 from test_cuda_core import Harness
 
 pytestmark = pytest.mark.cuda_emu

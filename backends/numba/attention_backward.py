@@ -42,7 +42,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     """Chunked support-only backward from the forward's residual ``res`` (theta; for
     alpha > 2 also row_max, edge, edge_p; with alpha per head, for the rows of heads with
     alpha > 2) (see the module docstring); the NumPy driver's outputs and conventions."""
-    from .._base import AttentionGrads
+    from .._base import AttentionGrads, narrow
     from ..numpy_attention import attention_backward as numpy_backward
 
     heads_alpha = np.asarray([spec.alpha] if spec.head_alpha is None else spec.head_alpha, np.float64)
@@ -57,8 +57,8 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
             items = list(enumerate(head_items(spec, b, call.Nq, call.Nk, call.group)))
             for hk in range(call.Hkv):
                 call.head(b, hk, items)
-    return AttentionGrads(call.dq.astype(q.dtype, copy=False), call.dk.astype(k.dtype, copy=False),
-                          call.dv.astype(v.dtype, copy=False), call.ds, call.dalpha)
+    return AttentionGrads(narrow(call.dq, q.dtype), narrow(call.dk, k.dtype), narrow(call.dv, v.dtype),
+                          call.ds, call.dalpha)
 
 
 class _Backward:
