@@ -46,8 +46,8 @@ neither TBB nor OpenMP is installed, aborts the process on concurrent parallel l
 no lock is needed).  Each row call runs its ``nogil`` kernels on worker threads that wait
 between calls (:func:`entmax_ref.backends.numba._threads.run_blocks`; a call made while
 another uses them starts threads of its own); the attention's workers run only ``nogil``
-serial kernels and BLAS (held at one thread while attention calls run, through
-threadpoolctl, and restored after the last).
+serial kernels and BLAS products cut into calls that BLAS runs on the calling thread
+(:mod:`entmax_ref.backends.numba.products`), so BLAS's own settings are never touched.
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);

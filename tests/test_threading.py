@@ -90,7 +90,7 @@ def test_eight_threads_never_abort(layer):
 
 _BLAS = textwrap.dedent(
     """
-    import threading
+    import threading, time
     import numpy as np
     import threadpoolctl
     import entmax_ref as er
@@ -98,38 +98,83 @@ _BLAS = textwrap.dedent(
     def blas_threads():
         return {i["filepath"]: i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
 
-    import scipy.special  # noqa: F401 - load every BLAS the library will load
+    import scipy.linalg.cython_blas  # noqa: F401 - load every BLAS the library will load
     threadpoolctl.threadpool_limits(limits=2, user_api="blas")  # the caller's choice (>= 2 to be testable)
     before = blas_threads()
-    assert before and all(n == 2 for n in before.values()), before
+    assert len(before) >= 1 and all(n == 2 for n in before.values()), before
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 4, 256, 16)).astype(np.float32) for _ in range(3))
-    do = rng.standard_normal((1, 4, 256, 16)).astype(np.float32)
-    seen = []
+    q, k, v = (rng.standard_normal((1, 4, 1024, 32)).astype(np.float32) for _ in range(3))
+    do = rng.standard_normal((1, 4, 1024, 32)).astype(np.float32)
+    seen, done = [], threading.Event()
+
+    def watch():  # another thread's view of the BLAS settings while the calls run
+        while not done.is_set():
+            seen.append(blas_threads())
+            time.sleep(0.005)
 
     def call():
-        for _ in range(3):
-            o, info = er.attention(q, k, v, alpha=1.5, causal=True, return_info=True, backend="numba")
-            seen.append(blas_threads())
-            er.attention_vjp(do, q, k, v, alpha=1.5, causal=True, info=info, backend="numba")
+        for alpha in (1.5, 1.01):  # the float32 filter, and the float64 product
+            o, info = er.attention(q, k, v, alpha=alpha, causal=True, return_info=True, backend="numba")
+            er.attention_vjp(do, q, k, v, alpha=alpha, causal=True, info=info, backend="numba")
 
+    call()  # compiles
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     call()
-    assert blas_threads() == before, (before, blas_threads())
-    threads = [threading.Thread(target=call) for _ in range(4)]
+    threads = [threading.Thread(target=call) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    done.set()
+    watcher.join()
+    assert len(seen) >= 10, len(seen)
+    changed = [s for s in seen if s != before]
+    assert not changed, (before, changed[:3])
     after = blas_threads()
     assert after == before, (before, after)
-    print("OK", before, after)
+    print("OK", len(seen), before)
+    """
+)
+
+_PRODUCTS = textwrap.dedent(
+    """
+    import time
+    import numpy as np
+    import threadpoolctl
+    from entmax_ref.backends.numba.products import matmul_into
+
+    threadpoolctl.threadpool_limits(limits=2, user_api="blas")
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float64):
+        q = rng.standard_normal((256, 64)).astype(dt)
+        kt = rng.standard_normal((64, 4096)).astype(dt)
+        out = np.empty((256, 4096), dt)
+        matmul_into(q, kt, out, 0.0)  # compiles
+        assert np.allclose(out, q.astype(np.float64) @ kt, rtol=1e-4, atol=1e-3)
+        wall, cpu = time.perf_counter(), time.process_time()
+        while time.perf_counter() - wall < 1.0:
+            matmul_into(q, kt, out, 0.0)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        # one thread cannot use more CPU time than wall time; a BLAS pool would
+        assert cpu < 1.15 * wall, (dt, cpu, wall)
+    print("OK")
     """
 )
 
 
-def test_blas_thread_count_is_restored():
-    """Concurrent attention calls leave the process's BLAS thread count as it was (the old
-    per-call ctypes set/restore raced and left it at 1)."""
+def test_blas_settings_unchanged_during_and_after_attention():
+    """Seen from another thread, the process's BLAS thread counts (threadpoolctl) stay what
+    the caller set, during attention calls (one, then three at once) and after them."""
     res = _run(_BLAS, {})
+    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+    assert "OK" in res.stdout
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs: a BLAS pool is then 2 threads")
+def test_products_run_on_the_calling_thread():
+    """The attention's products (``products.matmul_into``) wake no BLAS thread: with BLAS
+    allowed 2 threads, a second of products takes no more CPU time than wall time."""
+    res = _run(_PRODUCTS, {})
     assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
     assert "OK" in res.stdout

@@ -38,9 +38,10 @@ import numpy as np
 from . import attention_chunks as shared
 from ..geometry import key_offset, visible_keys_end
 from .attention_chunks import (OVERFLOW, chunk_cost, filter_bound, group_alphas, group_slopes, head_items,
-                               Heads, chunk_product, chunk_row_scale, run_chunks, single_threaded_blas, writable_copy,
+                               Heads, chunk_product, chunk_row_scale, run_chunks, writable_copy,
                                empty_kernel_forward, trimmed_keys)
 from .attention_rows import ForwardArrays, chunk_rows, fwd_rows
+from .products import matmul_into
 
 
 #: Bytes of a chunk's float32 filter product formed at a time: the forward forms it and
@@ -123,9 +124,10 @@ def attention_forward(backend, q, k, v, spec):
                     kend = key_end
                     if causal and a // nc == (e - 1) // nc:
                         kend = min(key_end, visible_keys_end(i0 + (e - 1) % nc + 1, offset, key_end, True))
-                    g = np.matmul(q32[a:e], head.k32t[:, :kend], out=buf[:(e - a) * kend].reshape(e - a, kend))
+                    g = buf[:(e - a) * kend].reshape(e - a, kend)
+                    matmul_into(q32[a:e], head.k32t[:, :kend], g, 0.0)
                 else:
-                    g = chunk_product(qc, kk.T, None)  # head.rows gave the float64 keys
+                    g = chunk_product(qc, head.kkt[:, :key_end], None)
                 fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], vv, rows_rec, fwd, o[a:e], ncand[a:e], bad[a:e])
         if bad.any():
             raise ValueError(OVERFLOW)
@@ -138,12 +140,11 @@ def attention_forward(backend, q, k, v, spec):
     per_head = 20 * Nk * max(D, Dv) + 1
     step = max(1, HEAD_BYTES // per_head)
     pairs = [(b, hk) for b in range(B) for hk in range(Hkv)]
-    with single_threaded_blas():
-        for p0 in range(0, len(pairs), step):
-            batch = pairs[p0:p0 + step]
-            heads.clear()
-            items = [(b, hk) + it for b, hk in batch for it in bounds[b]]
-            items.sort(key=lambda t: -chunk_cost(*t[2:]))
-            run_chunks(items, work, workers, setup=[functools.partial(heads.get, b, hk) for b, hk in batch])
+    for p0 in range(0, len(pairs), step):
+        batch = pairs[p0:p0 + step]
+        heads.clear()
+        items = [(b, hk) + it for b, hk in batch for it in bounds[b]]
+        items.sort(key=lambda t: -chunk_cost(*t[2:]))
+        run_chunks(items, work, workers, setup=[functools.partial(heads.get, b, hk) for b, hk in batch])
     return AttentionForward(out, theta, support, skew, row_max, edge, edge_p,
                             trimmed_keys(support_keys, support))

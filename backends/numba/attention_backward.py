@@ -22,9 +22,10 @@ import numpy as np
 from . import attention_chunks as shared
 from ..geometry import key_offset
 from .attention_chunks import (OVERFLOW, chunk_cost, group_alphas, group_slopes, Head, head_items, InOrder,
-                               chunk_row_scale, run_chunks, run_parallel, chunk_scores, single_threaded_blas,
+                               chunk_row_scale, run_chunks, run_parallel, chunk_scores,
                                own_support_keys, writable_copy)
 from .attention_rows import BackwardOut, BackwardRows, bwd_rows, bwd_scatter, chunk_rows, expand
+from .products import matmul_into
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms
 #: dK and dV with BLAS on dense blocks instead of the support-only scatter.
@@ -52,11 +53,10 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
         raise ValueError("the chunked backward takes problems without a key mask: the backend routes key masks "
                          "(attention_driver.backward_by_key_runs)")
     call = _Backward(do, q, k, v, res, skew, spec, bool(np.any(heads_alpha > 2.0)))
-    with single_threaded_blas():
-        for b in range(call.B):
-            items = list(enumerate(head_items(spec, b, call.Nq, call.Nk, call.group)))
-            for hk in range(call.Hkv):
-                call.head(b, hk, items)
+    for b in range(call.B):
+        items = list(enumerate(head_items(spec, b, call.Nq, call.Nk, call.group)))
+        for hk in range(call.Hkv):
+            call.head(b, hk, items)
     return AttentionGrads(narrow(call.dq, q.dtype), narrow(call.dk, k.dtype), narrow(call.dv, v.dtype),
                           call.ds, call.dalpha)
 
@@ -192,8 +192,11 @@ class _Backward:
             P = np.empty((rows, key_end), f64)
             U = g if g.dtype == f64 else np.empty((rows, key_end), f64)  # g is done with
             expand(idx, pb, ub, cnt, P, U)
-            dv_part = P.T @ doc
-            dk_part = self.scale * (U.T @ qc)
+            dv_part = np.empty((key_end, doc.shape[1]), f64)
+            dk_part = np.empty((key_end, qc.shape[1]), f64)
+            matmul_into(P.T, doc, dv_part, 0.0)
+            matmul_into(U.T, qc, dk_part, 0.0)
+            dk_part *= self.scale
 
             def add():
                 np.add(dv_acc, dv_part, out=dv_acc)

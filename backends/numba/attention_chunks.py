@@ -4,10 +4,9 @@ Threads.  ``numba.get_num_threads()`` Python worker threads take chunks (largest
 from a queue (the backward: each from its own list, fixed in advance); each runs a BLAS
 product and a ``nogil`` kernel (no ``prange``) on its chunk, so the kernels need no
 thread-safe numba threading layer.  Results do not depend on thread timing
-(:func:`run_parallel`).  While any attention call runs,
-BLAS is held at one thread (:func:`single_threaded_blas`: threadpoolctl, shared by
-concurrent calls, and the caller's count restored when the last one ends; a multi-threaded
-BLAS alternating with the kernels leaves two thread pools spinning against each other).
+(:func:`run_parallel`).  The products run on the worker's own thread, in BLAS calls small
+enough that BLAS starts no threads of its own (:mod:`.products`): the caller's BLAS
+settings are never changed.
 Each worker accumulates dK, dV of the current kv-head in its own float64 buffer, summed in
 worker order at the head's end (one shared buffer, the chunks' parts added in chunk order,
 when those would exceed :data:`~.attention_backward.ACCUMULATOR_BYTES`).
@@ -22,7 +21,6 @@ skewed output), and are trimmed to the largest support when the forward ends.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import numpy as np
@@ -30,6 +28,7 @@ import numpy as np
 from ..attention_driver import batch_chunks, empty_forward
 from ._threads import run_items
 from .attention_filter import key_norms, score_errors
+from .products import matmul_into
 
 
 #: The fewest support keys the forward keeps room for per row (``AttentionForward.support_keys``,
@@ -44,39 +43,6 @@ FILTER_FRACTION = 0.25
 
 OVERFLOW = ("attention scores overflowed (non-finite s * scale * q.k + bias); "
              "rescale q, k, the scale or the ASEntmax scale")
-
-
-_BLAS_LOCK = threading.Lock()
-_BLAS_STATE = {"users": 0, "limiter": None, "controller": None}
-
-
-@contextlib.contextmanager
-def single_threaded_blas():
-    """BLAS on one thread while any attention call of this process runs, restored when the
-    last one ends.  The drivers run ``workers`` Python threads that each call BLAS and a
-    ``nogil`` kernel in turn; a multi-threaded BLAS between them would have two thread
-    pools busy-waiting against each other on the same cores (about 3x slower on 2 cores).
-    threadpoolctl sets and restores the limit; a count of the calls in flight (under a
-    lock) makes concurrent calls share one limit, so the count the caller had is always
-    restored (setting it per call raced: after concurrent calls the process was left at
-    one BLAS thread)."""
-    with _BLAS_LOCK:
-        st = _BLAS_STATE
-        if st["users"] == 0:
-            if st["controller"] is None:
-                from threadpoolctl import ThreadpoolController
-
-                st["controller"] = ThreadpoolController()
-            st["limiter"] = st["controller"].limit(limits=1, user_api="blas")
-        st["users"] += 1
-    try:
-        yield
-    finally:
-        with _BLAS_LOCK:
-            st["users"] -= 1
-            if st["users"] == 0:
-                st["limiter"].restore_original_limits()
-                st["limiter"] = None
 
 
 def run_parallel(items, work, workers, cost=None):
@@ -197,6 +163,7 @@ class Head:
         self.kn = key_norms(self.kx)
         self.vx = writable_copy(np.ascontiguousarray(v[b, hk]))
         self._kk = self.kx if k.dtype == np.float64 else None
+        self._kkt = None
         self._v64 = self.vx if v.dtype == np.float64 else None
         self.lock = threading.Lock()
 
@@ -207,6 +174,16 @@ class Head:
             if self._kk is None:
                 self._kk = np.ascontiguousarray(self.kx, np.float64)
         return self._kk
+
+    @property
+    def kkt(self):
+        """The float64 keys transposed ((D, Nk) C-contiguous, made once): the right operand
+        of the float64 product (:func:`chunk_product`)."""
+        kk = self.kk
+        with self.lock:
+            if self._kkt is None:
+                self._kkt = np.ascontiguousarray(kk.T)
+        return self._kkt
 
     def rows(self, filt, key_end):
         """(K, V) up to ``key_end`` for a chunk's kernel: in the input's precision with the
@@ -267,24 +244,27 @@ def chunk_scores(filt, qsl, qc, head, key_end, scale, rs, need=None):
     others are left unwritten: their kernel rows do not read them).  Returns (g, err,
     filt)."""
     filt, err = filter_bound(filt, qc, head.kn, key_end, scale, rs)
-    with np.errstate(over="ignore", invalid="ignore"):
-        if filt:
-            g = chunk_product(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1]), head.k32t[:, :key_end], need)
-        else:
-            g = chunk_product(qc, head.kk[:key_end].T, need)
+    if filt:
+        g = chunk_product(np.ascontiguousarray(np.asarray(qsl, np.float32).reshape(-1, qc.shape[1])),
+                          head.k32t[:, :key_end], need)
+    else:
+        g = chunk_product(qc, head.kkt[:, :key_end], need)
     return g, err, filt
 
 
 def chunk_product(a, bt, need):
-    """``a @ bt``, or only its rows where ``need`` (the others unwritten).  For the float32
-    filter ``bt`` is a slice of the C-contiguous transposed keys (``Head.k32t``): OpenBLAS
-    packs the keys, the product's long side, at every call, and from that layout (its
-    no-transpose copy) the product runs about 1.25x faster than from the transposed view
-    of the row-major keys (8 heads of 4,096 causal keys in 64-row blocks, one thread)."""
-    if need is None or need.all():
-        return a @ bt
+    """``a @ bt`` (:func:`~.products.matmul_into`, on this thread), or only its rows where
+    ``need`` (the others unwritten).  ``bt`` is a slice of transposed keys stored
+    C-contiguous (``Head.k32t``, ``Head.kkt``): BLAS packs the keys, the product's long
+    side, at every call, and from that layout the product runs 1.1-1.5x faster than from
+    the transposed view of the row-major keys (64-4096 rows x 4,096 keys x 64, one
+    thread).  Overflows are left to the kernels to report."""
+    if need is not None and not need.all():
+        g = np.empty((a.shape[0], bt.shape[1]), a.dtype)
+        g[need] = chunk_product(np.ascontiguousarray(a[need]), bt, None)
+        return g
     g = np.empty((a.shape[0], bt.shape[1]), a.dtype)
-    g[need] = a[need] @ bt
+    matmul_into(a, bt, g, 0.0)
     return g
 
 

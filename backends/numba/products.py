@@ -1,0 +1,151 @@
+"""Matrix products of the numba attention, on the calling thread: BLAS without a thread cap.
+
+The attention drivers run ``numba.get_num_threads()`` worker threads, each alternating a
+score product and a ``nogil`` row kernel.  A multi-threaded BLAS called from them wakes its
+own thread pool, whose threads then spin against the workers on the same cores (about 3x
+slower on 2 cores); capping BLAS at one thread would change the caller's whole process.
+:func:`matmul_into` instead cuts a product into BLAS calls of at most
+:data:`CALL_MADDS` multiply-adds, which OpenBLAS runs on the calling thread (it starts its
+pool only for larger products: its ``GEMM_MULTITHREAD_THRESHOLD`` of 4 x 65,536), so the
+caller's BLAS settings are neither read nor changed and no BLAS thread wakes.  The calls go
+to SciPy's BLAS (``scipy.linalg.cython_blas``, through numba's own ``numba_xxgemm``
+wrapper, the function behind numba's ``np.dot``), with leading dimensions, so the blocks
+are read and written in place: a slice of the keys, a transposed view, a block of the
+output, no copies.
+
+The blocks change how a product's sums are split (over the inner dimension beyond
+:data:`INNER_BLOCK`), never what is computed: every product here is a filter (whose
+rounding the error bound of :func:`~.attention_filter.score_errors` covers), a float64
+product that BLAS rounds in an unspecified order anyway, or a dK, dV part of the dense
+backward.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from numba.np.linalg import ensure_blas, get_blas_kind
+
+from . import CACHE
+
+#: The most multiply-adds of one BLAS call (2^18): OpenBLAS runs a product of at most
+#: this size on the calling thread.  Blocks of 64 x 64 scores at D = 64 run at the speed
+#: of one whole-product call with BLAS held at one thread (float32 and float64, AVX-512).
+CALL_MADDS = 2**18
+
+#: The most rows of the output in one block.
+ROW_BLOCK = 64
+
+#: The longest inner dimension of one block (longer sums are split and added up).
+INNER_BLOCK = 256
+
+_CHAR = ir.IntType(8)
+_VOIDP = ir.IntType(8).as_pointer()
+
+
+@intrinsic
+def _xxgemm(typingctx, transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+    """Fortran ``?gemm``: ``c = op(a) op(b) + beta c`` (column-major, alpha 1) on the
+    data of the arrays ``a``, ``b``, ``c`` (their first element), ``trans*`` 0 for "N" and 1
+    for "T"; returns the wrapper's status (0)."""
+    ensure_blas()
+    kind = get_blas_kind(c.dtype)
+    sig = types.intc(transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc)
+
+    def codegen(context, builder, sig, args):
+        from numba.np.arrayobj import make_array
+
+        ta, tb, m_, n_, k_, av, lda_, bv, ldb_, beta_, cv, ldc_ = args
+        fnty = ir.FunctionType(ir.IntType(32), [_CHAR, _CHAR, _CHAR, cgutils.intp_t, cgutils.intp_t,
+                                                cgutils.intp_t, _VOIDP, _VOIDP, cgutils.intp_t, _VOIDP,
+                                                cgutils.intp_t, _VOIDP, _VOIDP, cgutils.intp_t])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "numba_xxgemm")
+        dtype = sig.args[10].dtype
+        one = cgutils.alloca_once_value(builder, context.get_constant(dtype, 1.0))
+        bslot = cgutils.alloca_once_value(builder, context.cast(builder, beta_, sig.args[9], dtype))
+
+        def trans(flag):
+            return builder.select(builder.icmp_signed("!=", flag, flag.type(0)), _CHAR(ord("t")), _CHAR(ord("n")))
+
+        def data(ty, val):
+            return builder.bitcast(make_array(ty)(context, builder, val).data, _VOIDP)
+
+        def intp(ty, val):
+            return context.cast(builder, val, ty, types.intp)
+
+        res = builder.call(fn, (
+            _CHAR(ord(kind)), trans(ta), trans(tb),
+            intp(sig.args[2], m_), intp(sig.args[3], n_), intp(sig.args[4], k_),
+            builder.bitcast(one, _VOIDP), data(sig.args[5], av), intp(sig.args[6], lda_),
+            data(sig.args[7], bv), intp(sig.args[8], ldb_), builder.bitcast(bslot, _VOIDP),
+            data(sig.args[10], cv), intp(sig.args[11], ldc_)))
+        return res
+
+    return sig, codegen
+
+
+@njit(cache=CACHE, _nrt=False)
+def _orient(a):
+    """(transposed, leading dimension) of a 2-D view for BLAS: 0 when its rows are
+    contiguous (row-major), 1 when its columns are; (-1, 0) for any other strides."""
+    size = a.itemsize
+    rows, cols = a.shape
+    if a.strides[1] == size or cols <= 1:
+        if rows <= 1:
+            return 0, max(cols, 1)
+        if a.strides[0] % size == 0 and a.strides[0] // size >= max(cols, 1):
+            return 0, a.strides[0] // size
+    if a.strides[0] == size or rows <= 1:
+        if cols <= 1:
+            return 1, max(rows, 1)
+        if a.strides[1] % size == 0 and a.strides[1] // size >= max(rows, 1):
+            return 1, a.strides[1] // size
+    return -1, 0
+
+
+@njit(nogil=True, cache=CACHE)
+def matmul_into(x, y, out, beta):
+    """``out = x @ y + beta * out`` (``beta`` 0: ``out``'s old values are not read) in BLAS
+    calls of at most :data:`CALL_MADDS` multiply-adds, on the calling thread.
+
+    ``x`` (m, k), ``y`` (k, n) and ``out`` (m, n) are views of one float dtype, each with
+    contiguous rows or (``x``, ``y``) contiguous columns: slices and transposes of
+    C-contiguous arrays; any other strides raise ValueError."""
+    m, kk = x.shape
+    n = y.shape[1]
+    if y.shape[0] != kk or out.shape[0] != m or out.shape[1] != n:
+        raise ValueError("matmul_into: the shapes do not match")
+    ox, _ = _orient(x)
+    oy, _ = _orient(y)
+    oo, _ = _orient(out)
+    if ox < 0 or oy < 0 or oo != 0:
+        raise ValueError("matmul_into: an operand has neither contiguous rows nor contiguous columns")
+    if m == 0 or n == 0:
+        return
+    if kk == 0:
+        if beta == 0.0:
+            out[:, :] = 0.0
+        else:
+            out[:, :] *= beta
+        return
+    kb = min(kk, INNER_BLOCK)
+    mb = min(m, ROW_BLOCK)
+    nb = max(1, CALL_MADDS // (kb * mb))
+    for i0 in range(0, m, mb):
+        i1 = min(m, i0 + mb)
+        for j0 in range(0, n, nb):
+            j1 = min(n, j0 + nb)
+            c = out[i0:i1, j0:j1]
+            _, ldc = _orient(c)
+            for k0 in range(0, kk, kb):
+                k1 = min(kk, k0 + kb)
+                xs = x[i0:i1, k0:k1]
+                ys = y[k0:k1, j0:j1]
+                tx, ldx = _orient(xs)
+                ty, ldy = _orient(ys)
+                # row-major c (m x n) is the column-major c^T = y^T x^T: Fortran's A is
+                # the block of y, its B the block of x
+                b = beta if k0 == 0 else 1.0
+                _xxgemm(ty, tx, j1 - j0, i1 - i0, k1 - k0, ys, ldy, xs, ldx, b, c, ldc)
