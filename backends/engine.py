@@ -96,11 +96,26 @@ def family(op: str) -> tuple[str, ...]:
     return ({"normmax_forward": "normmax", "budget_forward": "budget"}.get(op, op),)
 
 
+#: The solver paths of the numba attention kernels, by index: each path's kernels call one
+#: row solver (``any``: all of them, for heads whose alphas take different solvers).
+SOLVER_PATHS = ("any", "softmax", "sparsemax", "entmax15", "entmax", "big")
+
+
+def solver_path(alphas: Any) -> int:
+    """The index in :data:`SOLVER_PATHS` of rows with these alphas: the one row solver that
+    ``method=None`` takes for every one of them (alpha > 2, = 1, = 2, = 1.5, other), else
+    ``any``."""
+    names = {"big" if a > 2.0 else "softmax" if a == 1.0 else "sparsemax" if a == 2.0
+             else "entmax15" if a == 1.5 else "entmax" for a in _alphas(alphas).tolist()}
+    return SOLVER_PATHS.index(names.pop() if len(names) == 1 else "any")
+
+
 def attention(alpha: Any, forward: bool) -> tuple[str, ...]:
-    """The units an attention call may run: the fused forward and the decoding forward, the
-    row solvers of its alphas (a key mask with holes runs the NumPy driver on them), and for
-    the backward its kernels and the row VJPs (the forward too: it may run first)."""
-    units = ("attention", "decode", *entmax_forward(alpha))
+    """The units an attention call may run: the fused and the decoding forward of its
+    alphas' solver path (:func:`solver_path`), the row solvers of its alphas (a key mask
+    with holes runs the NumPy driver on them), and for the backward its kernels and the row
+    VJPs (the forward too: it may run first)."""
+    units = (f"attention_{SOLVER_PATHS[solver_path(alpha)]}", *entmax_forward(alpha))
     if not forward:
         units += ("attention_vjp", *entmax_vjp(alpha), *entmax_alpha_vjp(alpha))
     return units
@@ -111,7 +126,8 @@ def attention(alpha: Any, forward: bool) -> tuple[str, ...]:
 UNITS = ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big", "entmax_any",
          "entmax_vjp", "entmax_vjp_big", "entmax_vjp_any",
          "entmax_alpha_vjp", "entmax_alpha_vjp_big", "entmax_alpha_vjp_any",
-         "normmax", "normmax_vjp", "budget", "budget_vjp", "attention", "attention_vjp", "decode")
+         "normmax", "normmax_vjp", "budget", "budget_vjp",
+         *(f"attention_{p}" for p in SOLVER_PATHS), "attention_vjp")
 
 
 def all_units() -> tuple[str, ...]:

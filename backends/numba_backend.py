@@ -53,8 +53,10 @@ Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CA
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);
 ``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  A call compiles
 only the solver path it takes (each of softmax, sparsemax, 1.5-entmax, 1 < alpha < 2,
-alpha > 2 and the VJPs has its own driver, chosen in Python from alpha and the method),
-once per input dtype, in the calling process; after a row operation has run, its unit is
+alpha > 2 and the VJPs has its own driver, chosen in Python from alpha and the method;
+the attention forward's row kernels exist once per solver path, ``FWD_ROWS`` and
+``DECODE_ROWS``, and link only that path's row solver), once per input dtype, in the
+calling process; after a row operation has run, its unit is
 noted as compiled (:func:`entmax_ref.backends.engine.note`), so ``backend="auto"`` may run
 it on numba from then on, in this process and, through the cache, in the next.
 ``entmax-ref compile`` compiles every path ahead of time, in parallel worker processes

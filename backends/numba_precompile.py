@@ -122,15 +122,32 @@ def _qkv(nq, nk, spread=1.0):
     return q, k, rng.standard_normal((1, 1, nk, 4))
 
 
-def _attention(dt):
-    """The fused forward with the float32 filter's scores (alpha > 1; its kernels read K
-    and V in the input dtype) and with float64 scores (alpha = 1, and any chunk where the
-    filter is off; float64 K and V whatever the input dtype)."""
-    import entmax_ref as er
+def _attention(*alphas):
+    """The forward kernels of one solver path (heads with these alphas): the fused forward
+    with the float32 filter's scores (alpha > 1; its kernels read K and V in the input
+    dtype) and with float64 scores (alpha = 1, and any chunk where the filter is off;
+    float64 K and V whatever the input dtype), and the decoding forward (alpha > 1)."""
+    def run(dt):
+        import entmax_ref as er
+        from entmax_ref.backends.numba import attention_chunks as _att, decode as _dec
 
-    q, k, v = (a.astype(dt) for a in _qkv(4, 8))
-    er.attention(q, k, v, alpha=1.5, backend="numba")
-    er.attention(q, k, v, alpha=1.0, backend="numba")
+        h = len(alphas)
+        alpha = np.array(alphas) if h > 1 else alphas[0]
+        q, k, v = (np.repeat(a, h, axis=1).astype(dt) for a in _qkv(4, 8))
+        er.attention(q, k, v, alpha=alpha, backend="numba")
+        saved = _att.FILTER_FRACTION
+        _att.FILTER_FRACTION = 0.0  # this worker process only: the float64-score forward
+        try:
+            er.attention(q, k, v, alpha=alpha, backend="numba")
+        finally:
+            _att.FILTER_FRACTION = saved
+        if min(alphas) > 1.0:
+            rng = np.random.default_rng(0)
+            q, k, v = (rng.standard_normal((1, h, n, 4)).astype(dt)
+                       for n in (1, _dec.DECODE_MIN_KEYS, _dec.DECODE_MIN_KEYS))
+            er.attention(q, k, v, alpha=alpha, backend="numba")
+
+    return run
 
 
 def _attention_vjp(dt):
@@ -149,16 +166,6 @@ def _attention_vjp(dt):
         er.attention_vjp(np.ones_like(o), q, k, v, out=o, tau=info.tau, alpha=1.5, backend="numba")
     finally:
         _att.FILTER_FRACTION = saved
-
-
-def _decode(dt):
-    """The decoding path (one query over a long key cache) in the input dtype."""
-    import entmax_ref as er
-    from entmax_ref.backends.numba import decode as _dec
-
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 1, n, 4)).astype(dt) for n in (1, _dec.DECODE_MIN_KEYS, _dec.DECODE_MIN_KEYS))
-    er.attention(q, k, v, alpha=1.5, backend="numba")
 
 
 #: unit name -> (what it compiles, the call that compiles it for one dtype)
@@ -180,48 +187,57 @@ _CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "normmax_vjp": ("normmax VJP", _normmax_vjp),
     "budget": ("budget-sparsemax forward", _budget),
     "budget_vjp": ("budget-sparsemax VJP", _budget_vjp),
-    "attention": ("attention forward (float32-filtered and float64 scores)", _attention),
+    "attention_any": ("attention forward, heads whose alphas take different row solvers", _attention(1.5, 3.0)),
+    "attention_softmax": ("attention forward, alpha = 1", _attention(1.0)),
+    "attention_sparsemax": ("attention forward, alpha = 2", _attention(2.0)),
+    "attention_entmax15": ("attention forward, alpha = 1.5", _attention(1.5)),
+    "attention_entmax": ("attention forward, 1 < alpha < 2", _attention(1.25)),
+    "attention_big": ("attention forward, alpha > 2", _attention(3.0)),
     "attention_vjp": ("attention backward (float32-filtered and float64 scores)", _attention_vjp),
-    "decode": ("attention forward, decoding (few queries over a long key cache)", _decode),
 }
 #: every unit of :data:`entmax_ref.backends.engine.UNITS` (the names the "auto" rule counts
 #: in), in that order, with its description and call
 UNITS: dict[str, tuple[str, Callable[[str], None]]] = {u: _CALLS[u] for u in _engine.UNITS}
 
-#: the units ``entmax-ref check`` runs (everything but the mixed-alpha solver, the alpha
-#: VJPs and the decoding path, which check does not call)
+#: the units ``entmax-ref check`` runs (everything but the mixed-alpha solvers and the alpha
+#: VJPs, which check does not call)
 CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_vjp_any", "entmax_alpha_vjp",
-                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "decode"))
+                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "attention_any"))
 
-#: unit -> the units whose compiled kernels its own kernels call: the attention kernels
-#: solve their rows with the row solvers (``rows.solve_default``: every solver path, on
-#: float64 rows), their backward computes dalpha with the row alpha VJPs, the decoding
-#: path and the backward share the forward's helpers.  A unit starts only after these are
-#: in the cache, so it loads their kernels instead of compiling them again.  (This order
-#: is for speed only: the row units share small helpers among themselves too, and two
-#: workers that save one kernel at once are serialised by the cache's lock.)
+#: unit -> the units whose compiled kernels its own kernels call: the forward kernels of an
+#: attention solver path solve their rows with that path's row solver (``attention_any``
+#: with every one, ``rows.solve_default``), the backward computes dalpha with the row alpha
+#: VJPs and shares the forward's helpers.  A unit starts only after these are in the
+#: cache, so it loads their kernels instead of compiling them again.  (This order is for
+#: speed only: the row units share small helpers among themselves too, and two workers
+#: that save one kernel at once are serialised by the cache's lock.)
 _NEEDS: dict[str, tuple[str, ...]] = {
-    "attention": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),
-    "attention_vjp": ("attention", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
-    "decode": ("attention",),
-    "entmax_any": ("attention",),  # _solve_row calls solve_default, which the attention compiles
+    "attention_softmax": ("softmax",),
+    "attention_sparsemax": ("sparsemax",),
+    "attention_entmax15": ("entmax15",),
+    "attention_entmax": ("entmax",),
+    "attention_big": ("entmax_big",),
+    "attention_any": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),
+    "attention_vjp": ("attention_entmax15", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
+    "entmax_any": ("attention_any",),  # _solve_row calls solve_default, which attention_any compiles
 }
 
 #: compile CPU seconds of each task (unit, dtype) with the tasks it needs cached, as
-#: ``entmax-ref compile --jobs 2`` measured them on a cold cache (2-core VM, load about 2,
-#: 2026-12-01; a loaded machine inflates them, but the ratios are what the scheduler ranks
-#: by); 1 for a task not listed.  The first dtype of a row unit compiles the helpers both
-#: share.
+#: ``entmax-ref compile --jobs 2`` measured them on a cold cache (2-core Zen 4, load below
+#: 1; a loaded machine inflates them, but the ratios are what the scheduler ranks by); 1
+#: for a task not listed.  The first dtype of a row unit compiles the helpers both share.
 _COST: dict[tuple[str, str], float] = {
-    ("attention", "float64"): 18.1, ("entmax_any", "float64"): 12.6, ("entmax", "float64"): 10.5,
-    ("attention_vjp", "float64"): 9.5, ("decode", "float64"): 8.8, ("entmax_any", "float32"): 7.8,
-    ("attention", "float32"): 7.7, ("attention_vjp", "float32"): 4.9,
-    ("decode", "float32"): 7.4, ("entmax", "float32"): 6.8, ("entmax_big", "float64"): 5.8,
-    ("softmax", "float64"): 3.7, ("budget", "float64"): 3.4, ("softmax", "float32"): 3.0,
-    ("sparsemax", "float32"): 3.0, ("sparsemax", "float64"): 2.9, ("budget", "float32"): 2.7,
-    ("entmax15", "float64"): 2.4, ("entmax_big", "float32"): 2.4, ("normmax", "float64"): 2.3,
-    ("entmax15", "float32"): 2.2, ("entmax_vjp_big", "float64"): 1.5, ("normmax", "float32"): 1.3,
-    ("entmax_vjp_big", "float32"): 1.2,
+    ("attention_any", "float64"): 31.0, ("attention_any", "float32"): 17.9, ("entmax_any", "float64"): 15.6,
+    ("entmax", "float64"): 14.9, ("entmax_any", "float32"): 13.2, ("attention_entmax", "float64"): 12.9,
+    ("attention_vjp", "float64"): 11.1, ("attention_sparsemax", "float64"): 10.6,
+    ("attention_entmax", "float32"): 10.6, ("attention_entmax15", "float64"): 9.5,
+    ("softmax", "float64"): 8.9, ("attention_sparsemax", "float32"): 7.9, ("attention_vjp", "float32"): 5.8,
+    ("entmax", "float32"): 5.7, ("entmax15", "float64"): 5.5, ("attention_softmax", "float64"): 5.2,
+    ("sparsemax", "float32"): 4.6, ("softmax", "float32"): 4.5, ("entmax_big", "float64"): 4.2,
+    ("entmax15", "float32"): 3.5, ("sparsemax", "float64"): 3.2, ("budget", "float64"): 2.5,
+    ("attention_big", "float32"): 2.4, ("normmax", "float64"): 2.2, ("attention_big", "float64"): 2.0,
+    ("budget", "float32"): 1.9, ("entmax_big", "float32"): 1.8, ("normmax", "float32"): 1.6,
+    ("entmax_vjp_big", "float64"): 1.3, ("entmax_vjp_big", "float32"): 1.2,
 }
 
 Task = tuple[str, str]  # (unit, dtype)

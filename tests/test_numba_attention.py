@@ -140,8 +140,10 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
     monkeypatch.setattr(nshared, "FILTER_FRACTION", 2.0)
     whole = er.attention(q, k, v, alpha=alpha, return_info=True, backend="numba", **kw)
     calls = []
-    kernel = nattn.fwd_rows
-    monkeypatch.setattr(nattn, "fwd_rows", lambda g, r0, *a: (calls.append(g.shape), kernel(g, r0, *a)))
+    def counted(kernel):
+        return lambda g, r0, *a: (calls.append(g.shape), kernel(g, r0, *a))
+
+    monkeypatch.setattr(nattn, "FWD_ROWS", tuple(counted(kernel) for kernel in nattn.FWD_ROWS))
     monkeypatch.setattr(nattn, "FILTER_BLOCK_BYTES", 4 * 400 * 3)
     out, info, _ = check_against_dense("numba", q, k, v, alpha, **kw)
     rows, widths = zip(*calls)
@@ -532,3 +534,27 @@ def test_key_masks_are_routed_once(monkeypatch, mask):
     else:
         assert seen["fwd"] == [] and seen["bwd"] == []
         assert seen["ref_fwd"] == [True] and seen["ref_bwd"] == [True]
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.25, 1.5, 2.0, 3.0])
+def test_each_solver_path_kernel_gives_the_bits_of_the_kernel_of_every_path(alpha, monkeypatch):
+    """The forward's row kernel of one solver path (``FWD_ROWS[path]``, which links that
+    row solver alone) writes the same bits as the kernel that holds every solver and picks
+    per row (``FWD_ROWS[0]``), on the chunked path and the decoding path."""
+    ndec = pytest.importorskip("entmax_ref.backends.numba.decode")
+    rng, q, k, v = problem(int(alpha * 10), B=1, Hq=2, Hkv=1, Nq=24, Nk=24, D=8, Dv=4, spread=2.0)
+    qd = rng.standard_normal((1, 2, 1, 8))
+    kd, vd = rng.standard_normal((2, 1, 1, ndec.DECODE_MIN_KEYS, 8))
+    cases = [((q, k, v), dict(causal=True)), ((qd, kd, vd), {})]
+
+    def run():
+        return [er.attention(*qkv, alpha=alpha, return_info=True, backend="numba", **kw) for qkv, kw in cases]
+
+    own = run()
+    monkeypatch.setattr(nattn, "solver_path", lambda alphas: 0)
+    monkeypatch.setattr(ndec, "solver_path", lambda alphas: 0)
+    every = run()
+    for (o1, i1), (o2, i2) in zip(own, every):
+        np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_array_equal(i1.tau, i2.tau)
+        np.testing.assert_array_equal(i1.support, i2.support)

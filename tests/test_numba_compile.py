@@ -68,12 +68,14 @@ out = {}
 for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
     mod = importlib.import_module(info.name)
     for name in dir(mod):
-        d = getattr(mod, name)
-        # the kernels the Python drivers call (nogil drivers), not their inner helpers
-        if hasattr(d, "signatures") and d.targetoptions.get("nogil") and d.py_func.__module__ == mod.__name__:
-            out[mod.__name__.rsplit(".", 1)[1] + "." + name] = [
-                [[str(t.dtype), t.layout, t.mutable] if hasattr(t, "layout") else str(t) for t in sig]
-                for sig in d.signatures]
+        found = getattr(mod, name)
+        # the kernels the Python drivers call (nogil drivers, alone or one per solver path
+        # in a tuple), not their inner helpers
+        for i, d in enumerate(found if isinstance(found, tuple) else (found,)):
+            if hasattr(d, "signatures") and d.targetoptions.get("nogil") and d.py_func.__module__ == mod.__name__:
+                key = mod.__name__.rsplit(".", 1)[1] + "." + name + (f"[{i}]" if isinstance(found, tuple) else "")
+                out[key] = [[[str(t.dtype), t.layout, t.mutable] if hasattr(t, "layout") else str(t) for t in sig]
+                            for sig in d.signatures]
 print(json.dumps(out))
 """
 
@@ -92,10 +94,18 @@ def test_each_kernel_compiles_once_per_input_dtype_whatever_the_array_flags():
         assert len(hits) == 1, f"{name}: {hits} in {sorted(ran)}"
         return ran[hits[0]]
 
-    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "fwd_rows", "bwd_rows", "scan_block",
-                   "decode_rows"):
+    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "FWD_ROWS[3]", "FWD_ROWS[4]", "bwd_rows",
+                   "scan_block", "DECODE_ROWS[3]", "matmul_into"):
         find(kernel)
+    # a call compiles the row kernels of its heads' solver paths only: 1.5 (path 3), and the
+    # kv-heads of alpha 1.5 and of 1.25 (path 4; one query head each)
+    assert {k.rsplit(".", 1)[1] for k in ran if "_ROWS[" in k} == {"FWD_ROWS[3]", "FWD_ROWS[4]", "DECODE_ROWS[3]"}
+    # the products take views (slices, transposes) of one dtype: one specialization per
+    # kind of operand, whatever the caller's arrays
+    assert len(find("matmul_into")) <= 6, find("matmul_into")
     for kernel, lst in ran.items():
+        if kernel.endswith("matmul_into"):
+            continue
         for sig in lst:
             arrays = [t for t in sig if isinstance(t, list)]
             assert arrays and all(t[1:] == ["C", True] for t in arrays), f"{kernel}: {sig}"
@@ -214,25 +224,25 @@ def test_schedule_starts_a_task_only_after_the_kernels_it_calls_are_cached():
     for u, d in tasks:
         if d == "float32":
             assert spans[(u, "float64")][1] <= spans[(u, d)][0]
-    for unit, needs in (("attention", ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big")),
-                        ("attention_vjp", ("attention",)), ("decode", ("attention",))):
+    for unit, needs in (("attention_any", ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big")),
+                        ("attention_entmax15", ("entmax15",)), ("attention_vjp", ("attention_entmax15",))):
         assert set(needs) <= set(pc._NEEDS[unit])
         for v in needs:
             assert spans[(v, "float64")][1] <= spans[(unit, "float64")][0]
     # the first task started is one the attention chain needs
     first = min(spans, key=lambda t: spans[t][0])
-    assert first[0] in pc._NEEDS["attention"], first
+    assert first[0] in pc._NEEDS["attention_any"], first
 
 
 def test_schedule_keeps_both_workers_busy_and_ignores_needs_outside_it():
     """A unit whose needs are not asked for (or already cached) starts at once; a task that
     waits on a running one does not hold back the ready ones."""
-    spans = _run_schedule([("attention", "float64"), ("budget", "float64")], 2, lambda t: 0.5)
-    a, b = spans[("attention", "float64")], spans[("budget", "float64")]
+    spans = _run_schedule([("attention_any", "float64"), ("budget", "float64")], 2, lambda t: 0.5)
+    a, b = spans[("attention_any", "float64")], spans[("budget", "float64")]
     assert a[0] < b[1] and b[0] < a[1]  # they ran at the same time
-    order = pc._Schedule([(u, "float64") for u in ("normmax", "attention", "entmax15", "entmax")]).order()
-    assert order.index(("entmax15", "float64")) < order.index(("attention", "float64"))
-    assert order.index(("entmax", "float64")) < order.index(("attention", "float64"))
+    order = pc._Schedule([(u, "float64") for u in ("normmax", "attention_any", "entmax15", "entmax")]).order()
+    assert order.index(("entmax15", "float64")) < order.index(("attention_any", "float64"))
+    assert order.index(("entmax", "float64")) < order.index(("attention_any", "float64"))
 
 
 def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch):
@@ -259,14 +269,14 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
             print("ok 0.1", flush=True)
         """)
     monkeypatch.setattr(pc, "_WORKER_CODE", fake)
-    rep = pc.compile_kernels(["attention", "entmax15", "normmax"], dtypes=["float64"], jobs=2, force=True)
+    rep = pc.compile_kernels(["attention_entmax15", "entmax15", "normmax"], dtypes=["float64"], jobs=2, force=True)
     if rep["cache"] is None:
         pytest.skip("the kernel cache is off")
     assert not rep["failed"], rep["failed"]
-    assert sorted(rep["compiled"]) == ["attention", "entmax15", "normmax"] and rep["jobs"] == 2
+    assert sorted(rep["compiled"]) == ["attention_entmax15", "entmax15", "normmax"] and rep["jobs"] == 2
     ev = {}
     for line in log.read_text().splitlines():
         kind, unit, dt, t = line.split()
         ev[(kind, unit)] = float(t)
-    assert ev[("end", "entmax15")] <= ev[("start", "attention")]
+    assert ev[("end", "entmax15")] <= ev[("start", "attention_entmax15")]
     assert ev[("start", "normmax")] < ev[("end", "entmax15")]  # the other worker did not wait

@@ -36,11 +36,12 @@ import numba
 import numpy as np
 
 from . import attention_chunks as shared
+from ..engine import solver_path
 from ..geometry import key_offset, visible_keys_end
 from .attention_chunks import (OVERFLOW, chunk_cost, filter_bound, group_alphas, group_slopes, head_items,
                                Heads, chunk_product, chunk_row_scale, run_chunks, writable_copy,
                                empty_kernel_forward, trimmed_keys)
-from .attention_rows import ForwardArrays, chunk_rows, fwd_rows
+from .attention_rows import FWD_ROWS, ForwardArrays, chunk_rows
 from .products import matmul_into
 
 
@@ -105,6 +106,7 @@ def attention_forward(backend, q, k, v, spec):
         o = np.empty((rows, Dv), f64)  # the output rows in float64; the rest goes to its place
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
+        fwd_rows = FWD_ROWS[solver_path(alphas)]  # the kernel of the one solver path these heads take
         rows_rec = chunk_rows(b, h0, nc, i0, offset, causal, scale, rs, group_slopes(spec, h0, group), alphas)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)

@@ -52,7 +52,7 @@ from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
 from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
 from .grads import signed_exp as _signed_exp, skew as _skew
-from .rows import kind_of as _kind, solve_default as _solve_default, solver_scratch as _solver_scratch
+from .rows import N_PATHS, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
 
 
 #: A chunk's place and its rows' parameters, as the row kernels take them (one record, which
@@ -119,7 +119,7 @@ def _row_params(r, rows, key_end, has_s):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep):
+def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep, path):
     """The exact solve of one row's candidate scores ``zc[:m]`` (keys ``idx[:m]``) into
     ``pc[:m]``, then ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
     wanted), the skewed output ``sk = sum u_j v_j / sum u_j`` (``u = p^(2 - alpha)``,
@@ -127,8 +127,8 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, kee
     and ``sk`` come zeroed (``o`` gets the same bits either way).  Shared by the chunked
     forward and the decoding path, so both give the same bits.  Returns (theta, support,
     L, ce, qe): the row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its
-    probability ``qe``."""
-    th, cnt, _, _ = _solve_default(zc[:m], pc[:m], a1, c, aux, aux2, seed)
+    probability ``qe``.  ``path`` (a literal) names the row solver (:func:`~.rows.solve_on_path`)."""
+    th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, seed, path)
     L = -np.inf
     for ci in range(m):
         if zc[ci] > L:
@@ -188,7 +188,7 @@ def _store_keys(m, pc, idx, row):
 
 
 @njit(cache=CACHE, _nrt=False)
-def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, ncand):
+def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, ncand, path):
     """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
     idx)`` (exact scores, room for their p, keys; ``ok``: its scores were finite): row
     ``r`` of the caller's float64 ``out`` (the driver converts it to q's dtype) and flags
@@ -199,7 +199,8 @@ def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, n
     place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`ForwardArrays`);
     without ``fwd.keep`` (no backward will follow) the last two are neither formed nor
     written.  A row without candidates, or with overflowed scores, attends nothing.
-    Shared by the chunked forward and the decoding path, so both write the same bits."""
+    Shared by the chunked forward and the decoding path, so both write the same bits;
+    ``path``, a literal of the calling kernel, names the row solver."""
     b, hq, i = place
     zc, pc, idx = cand
     a1, a2, big = alpha
@@ -216,7 +217,7 @@ def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, n
     th = -np.inf
     cnt = np.int64(0)
     if m > 0 and ok:
-        th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep)
+        th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep, path)
         if cnt == 0:  # the residual (the row maximum, the support's edge) of a row with a support only
             L = -np.inf
             ce = -np.inf
@@ -235,35 +236,49 @@ def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, n
             fwd.skew[b, hq, i, d] = src[d]
 
 
-@njit(nogil=True, cache=CACHE)
-def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
-    """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of
-    it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``g`` (n, key_end) is their q.k
-    (float64, or float32 as a filter when ``filt``; see
-    :func:`~.attention_filter._candidates`), ``err`` (n,) its score error bound; ``rows``
-    the chunk's :data:`ChunkRows` (``filt`` needs every alpha > 1).  ``qc``, ``err``,
-    ``out`` (float64, n x Dv), ``ncand`` (candidates) and ``bad`` (1 for a row whose
-    scores overflowed) hold these rows only.  Each row writes ``fwd``
-    (:data:`ForwardArrays`: the skewed output, theta, the support, the residual: the row
-    maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's keys,
-    :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
-    (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
-    max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
-    n_rows, key_end = g.shape
-    dv = vv.shape[1]
-    has_s = rows.row_scale.shape[0] > 0
-    za, idx, zc, gx = candidate_buffers(key_end)
-    pc = np.empty(key_end, np.float64)
-    c, aux, aux2 = _solver_scratch(key_end)
-    o = np.empty(dv, np.float64)
-    sk = np.empty(dv, np.float64)
-    for r in range(n_rows):
-        rc = r0 + r
-        h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
-        m, ok = candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
-                                 np.bool_(True), 0.0, za, idx, zc, gx)
-        row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), rc, m, ok, (zc, pc, idx), (a1, a2, big),
-                    vv, (o, sk, c, aux, aux2), fwd, out, bad, ncand)
+def _fwd_kernel(path):
+    """The forward's row kernel of solver path ``path`` (a constant of its code, so that
+    it links that path's row solver alone; the kernel itself is not wrapped: numba
+    optimises a kernel again with everything it calls, once per level of calls)."""
+
+    @njit(nogil=True, cache=CACHE)
+    def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
+        """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of
+        it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``g`` (n, key_end) is their q.k
+        (float64, or float32 as a filter when ``filt``; see
+        :func:`~.attention_filter._candidates`), ``err`` (n,) its score error bound; ``rows``
+        the chunk's :data:`ChunkRows` (``filt`` needs every alpha > 1).  ``qc``, ``err``,
+        ``out`` (float64, n x Dv), ``ncand`` (candidates) and ``bad`` (1 for a row whose
+        scores overflowed) hold these rows only.  Each row writes ``fwd``
+        (:data:`ForwardArrays`: the skewed output, theta, the support, the residual: the row
+        maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's keys,
+        :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
+        (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
+        max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
+        n_rows, key_end = g.shape
+        dv = vv.shape[1]
+        has_s = rows.row_scale.shape[0] > 0
+        za, idx, zc, gx = candidate_buffers(key_end)
+        pc = np.empty(key_end, np.float64)
+        c, aux, aux2 = _solver_scratch(key_end)
+        o = np.empty(dv, np.float64)
+        sk = np.empty(dv, np.float64)
+        for r in range(n_rows):
+            rc = r0 + r
+            h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
+            m, ok = candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
+                                     np.bool_(True), 0.0, za, idx, zc, gx)
+            row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), rc, m, ok, (zc, pc, idx), (a1, a2, big),
+                        vv, (o, sk, c, aux, aux2), fwd, out, bad, ncand, path)
+
+    return fwd_rows
+
+
+#: The fused forward's row kernel of each solver path (``FWD_ROWS[path](g, r0, ...)``:
+#: :func:`_fwd_kernel` with ``path`` a compile-time constant,
+#: :func:`~entmax_ref.backends.engine.solver_path`): a first call compiles the one row
+#: solver its alphas take.
+FWD_ROWS = tuple(_fwd_kernel(p) for p in range(N_PATHS))
 
 
 @njit(nogil=True, cache=CACHE)

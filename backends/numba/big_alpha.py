@@ -246,7 +246,7 @@ def _finish_big(x, out, m, cv, q, a1, it, ok):
     return m + ((cv - delta) + 1.0 / a1), cnt, it, ok
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_big(x, out, a1, c, seed):
     """alpha > 2, ``method=None`` (and ``"newton"``): pivot on the entries, then Newton
     on the edge probability."""

@@ -58,12 +58,13 @@ from numba import njit
 
 from . import CACHE
 from ..attention_driver import batch_chunks
+from ..engine import solver_path
 from ..geometry import key_offset, visible_counts
 from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_scale, run_parallel, writable_copy,
                                empty_kernel_forward, trimmed_keys)
 from .attention_filter import dot64, g_cut, max_cut, score_at, theta_cut, theta_lower, z_range, score_errors
 from .attention_rows import ForwardArrays, row_result, chunk_rows
-from .rows import solver_scratch as _solver_scratch
+from .rows import N_PATHS, solver_scratch as _solver_scratch
 
 #: Per row of a kv-head, what phase 2 takes from the geometry and from phase 1: the
 #: visible keys ``nvis``, the keys checked for overflow ``nchk``, the largest approximate
@@ -223,80 +224,90 @@ def _gather(g, r, j0, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m):
     return m
 
 
-@njit(nogil=True, cache=CACHE)
-def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
-    """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring): ``rows``
-    the kv-head's :data:`~.attention_rows.ChunkRows` (its query heads ``h0 ..`` of batch
-    ``b``, ``nc`` = Nq queries each); ``bounds`` (:data:`DecodeBounds`): per row the
-    visible keys, the keys checked for overflow, phase 1's largest approximate score and
-    suspect count over all blocks, and the score error bound; writes the outputs as
-    :func:`~.attention_rows.fwd_rows` does (``out``, ``ncand``: exact dot products, and
-    ``bad`` per row of the kv-head; the rest into the forward's arrays ``fwd``)."""
-    nvis, nchk, lmax, suspect, err = bounds
-    b, h0, nq, offset, scale, row_scale = rows.b, rows.h0, rows.nc, rows.offset, rows.scale, rows.row_scale
-    slopes, alphas = rows.slopes, rows.alphas
-    dv = vf.shape[1]
-    has_s = row_scale.shape[0] > 0
-    cap = KEY_BUDGET
-    idx = np.empty(cap, np.int64)
-    zc = np.empty(cap, np.float64)
-    # the solver's scratch and the probabilities, grown with the candidate buffers
-    pc = np.empty(cap, np.float64)
-    c, aux, aux2 = _solver_scratch(cap)
-    o = np.empty(dv, np.float64)
-    sk = np.empty(dv, np.float64)
-    for r in range(r0, r1):
-        h = r // nq
-        i_abs = (r - h * nq) + offset
-        n = nvis[r]
-        a1 = alphas[h] - 1.0
-        a2 = 2.0 - alphas[h]
-        big = alphas[h] > 2.0
-        window = 1.0 / a1
-        s = row_scale[r] if has_s else 1.0
-        slope = slopes[h]
-        e = err[r]
-        L = lmax[r]
-        ok = True
-        if suspect[r] == 0 and e < 1e290 and (n == 0 or abs(L) < 1e300):
-            cut = max_cut(L, window, e)
-            m1 = np.int64(0)  # run-time values, not literals (the attention module's "Compile cost")
-            j = np.int64(0)
-            while j < n:  # stretches that cannot overflow the buffer (one key at most per key)
-                if idx.shape[0] - m1 < KEY_BUDGET // 4:
-                    idx = _grown(idx, m1)
-                    zc = _grown(zc, m1)
-                j1 = min(n, j + (idx.shape[0] - m1))
-                m1 = _gather(g, r, j, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m1)
-                j = j1
-            t = theta_lower(zc, m1, L, 1.0 / window)
-            cut = theta_cut(t, window, e)
-            m = 0
-            for i in range(m1):
-                if zc[i] > cut:
-                    j = idx[i]
-                    idx[m] = j
-                    zc[m] = score_at(dot64(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
-                    m += 1
-        else:  # every key exactly, with the reference's overflow check
-            while idx.shape[0] < n:
-                idx = _grown(idx, np.int64(0))
-                zc = _grown(zc, np.int64(0))
-            nonfinite = 0
-            for j in range(nchk[r]):
-                z = score_at(dot64(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
-                nonfinite += (z - z) != 0.0
-                if j < n:
-                    idx[j] = j
-                    zc[j] = z
-            m = n
-            ok = nonfinite == 0
-        if pc.shape[0] < m:
-            pc = np.empty(idx.shape[0], np.float64)
-            c, aux, aux2 = _solver_scratch(idx.shape[0])
-        # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-        row_result(r, (b, h0 + h, r - h * nq), r, m, ok, (zc, pc, idx), (a1, a2, big), vf, (o, sk, c, aux, aux2),
-                    fwd, out, bad, ncand)
+def _decode_kernel(path):
+    """Phase 2's kernel of solver path ``path`` (as :func:`~.attention_rows._fwd_kernel`)."""
+
+    @njit(nogil=True, cache=CACHE)
+    def decode_rows(g, qc, kf, vf, r0, r1, rows, bounds, fwd, out, ncand, bad):
+        """Phase 2 on rows ``r0 .. r1 - 1`` of one kv-head (see the module docstring): ``rows``
+        the kv-head's :data:`~.attention_rows.ChunkRows` (its query heads ``h0 ..`` of batch
+        ``b``, ``nc`` = Nq queries each); ``bounds`` (:data:`DecodeBounds`): per row the
+        visible keys, the keys checked for overflow, phase 1's largest approximate score and
+        suspect count over all blocks, and the score error bound; writes the outputs as
+        :func:`~.attention_rows.fwd_rows` does (``out``, ``ncand``: exact dot products, and
+        ``bad`` per row of the kv-head; the rest into the forward's arrays ``fwd``)."""
+        nvis, nchk, lmax, suspect, err = bounds
+        b, h0, nq, offset, scale, row_scale = rows.b, rows.h0, rows.nc, rows.offset, rows.scale, rows.row_scale
+        slopes, alphas = rows.slopes, rows.alphas
+        dv = vf.shape[1]
+        has_s = row_scale.shape[0] > 0
+        cap = KEY_BUDGET
+        idx = np.empty(cap, np.int64)
+        zc = np.empty(cap, np.float64)
+        # the solver's scratch and the probabilities, grown with the candidate buffers
+        pc = np.empty(cap, np.float64)
+        c, aux, aux2 = _solver_scratch(cap)
+        o = np.empty(dv, np.float64)
+        sk = np.empty(dv, np.float64)
+        for r in range(r0, r1):
+            h = r // nq
+            i_abs = (r - h * nq) + offset
+            n = nvis[r]
+            a1 = alphas[h] - 1.0
+            a2 = 2.0 - alphas[h]
+            big = alphas[h] > 2.0
+            window = 1.0 / a1
+            s = row_scale[r] if has_s else 1.0
+            slope = slopes[h]
+            e = err[r]
+            L = lmax[r]
+            ok = True
+            if suspect[r] == 0 and e < 1e290 and (n == 0 or abs(L) < 1e300):
+                cut = max_cut(L, window, e)
+                m1 = np.int64(0)  # run-time values, not literals (the attention module's "Compile cost")
+                j = np.int64(0)
+                while j < n:  # stretches that cannot overflow the buffer (one key at most per key)
+                    if idx.shape[0] - m1 < KEY_BUDGET // 4:
+                        idx = _grown(idx, m1)
+                        zc = _grown(zc, m1)
+                    j1 = min(n, j + (idx.shape[0] - m1))
+                    m1 = _gather(g, r, j, j1, cut, scale, s, has_s, slope, i_abs, idx, zc, m1)
+                    j = j1
+                t = theta_lower(zc, m1, L, 1.0 / window)
+                cut = theta_cut(t, window, e)
+                m = 0
+                for i in range(m1):
+                    if zc[i] > cut:
+                        j = idx[i]
+                        idx[m] = j
+                        zc[m] = score_at(dot64(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
+                        m += 1
+            else:  # every key exactly, with the reference's overflow check
+                while idx.shape[0] < n:
+                    idx = _grown(idx, np.int64(0))
+                    zc = _grown(zc, np.int64(0))
+                nonfinite = 0
+                for j in range(nchk[r]):
+                    z = score_at(dot64(qc, r, kf, j), scale, s, has_s, slope, i_abs, j)
+                    nonfinite += (z - z) != 0.0
+                    if j < n:
+                        idx[j] = j
+                        zc[j] = z
+                m = n
+                ok = nonfinite == 0
+            if pc.shape[0] < m:
+                pc = np.empty(idx.shape[0], np.float64)
+                c, aux, aux2 = _solver_scratch(idx.shape[0])
+            # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
+            row_result(r, (b, h0 + h, r - h * nq), r, m, ok, (zc, pc, idx), (a1, a2, big), vf, (o, sk, c, aux, aux2),
+                        fwd, out, bad, ncand, path)
+
+    return decode_rows
+
+
+#: Phase 2's kernel of each solver path (``DECODE_ROWS[path](g, qc, ...)``: :func:`_decode_kernel`
+#: with ``path`` a compile-time constant), as ``FWD_ROWS``.
+DECODE_ROWS = tuple(_decode_kernel(p) for p in range(N_PATHS))
 
 
 # --------------------------------------------------------------------------- the driver
@@ -432,7 +443,7 @@ def decode_forward(q, k, v, spec):
             hd = hds[i]
             rows = chunk_rows(hd["b"], hd["h0"], Nq, 0, offset, spec.causal, scale, hd["rs"], hd["slopes"],
                               hd["alphas"])
-            decode_rows(hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, rows,
+            DECODE_ROWS[solver_path(hd["alphas"])](hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, rows,
                         DecodeBounds(hd["nvis"], hd["nchk"], lrow[i], srow[i], err[i]), fwd, o[i], ncand[i], bad[i])
 
         def phase1(slot, item):

@@ -87,9 +87,11 @@ method codes, the output pass), :mod:`.candidates` (maximum and candidate passes
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from . import CACHE
+from ..engine import SOLVER_PATHS
 from ._threads import run_blocks
 from .big_alpha import solve_big, solve_big_bisect
 from .candidates import MASK_MIN, count_finite, gather_alive, max_zeroing, window_candidates
@@ -171,7 +173,7 @@ def _solve_newton(x, out, a1, c):
     return _finish(x, out, m, k, a1, kind, 0.0, c[:k], k, closed, c.view(np.int64)[:0])
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
 def _solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
     polished by Newton; the output pass visits the candidates' columns."""
@@ -186,7 +188,7 @@ def _solve_sparse(x, out, c, aux, aux2):
     return _finish(x, out, m, k, 1.0, K_SPARSE, A0, aux[:ns], ns, closed, idx)
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
 def _solve_15(x, out, c, aux, seed):
     """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton.  The maximum first
     (vectorised), then the entries alive at a lower bound ``lo`` of A in one masked pass
@@ -230,7 +232,7 @@ def _subset_bound15(x, m, c, idx, seed):
     return A, s0, k, bound_below(A) >= 1.0
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
 def _solve_gen(x, out, a1, c, aux, aux2, seed):
     """1 < alpha < 2 (not 1.5), ``method=None``: lower bound, then Newton.  The row is read
     three times with its maximum known (a vectorised maximum, the bound's candidates, the
@@ -278,6 +280,39 @@ def solve_default(x, out, a1, c, aux, aux2, seed):
     if a1 == 0.5:
         return _solve_15(x, out, c, aux, seed)
     return _solve_gen(x, out, a1, c, aux, aux2, seed)
+
+
+#: The solver paths of the attention kernels (:func:`solve_on_path`), in the order of
+#: :data:`entmax_ref.backends.engine.SOLVER_PATHS` (whose :func:`~entmax_ref.backends.engine.
+#: solver_path` gives the path of a head's alphas): one row solver of :func:`solve_default`
+#: each, or all of them (``PATH_ANY``: rows that take different solvers).
+PATH_ANY, PATH_SOFTMAX, PATH_SPARSE, PATH_15, PATH_GEN, PATH_BIG = range(len(SOLVER_PATHS))
+N_PATHS = len(SOLVER_PATHS)
+
+
+def solve_on_path(x, out, a1, c, aux, aux2, seed, path):
+    """:func:`solve_default`, compiled for one solver path: ``path`` (a literal of the
+    caller's code, one of ``PATH_*``) picks, at compile time, the one solver the caller's
+    rows take, so that a kernel of one path compiles and links that solver alone.  The
+    caller guarantees that every row's ``a1`` is of that path
+    (:func:`entmax_ref.backends.engine.solver_path`)."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(solve_on_path, prefer_literal=True)
+def _solve_on_path(x, out, a1, c, aux, aux2, seed, path):
+    k = path.literal_value if isinstance(path, types.IntegerLiteral) else PATH_ANY
+    if k == PATH_BIG:
+        return lambda x, out, a1, c, aux, aux2, seed, path: solve_big(x, out, a1, c, seed)
+    if k == PATH_SOFTMAX:
+        return lambda x, out, a1, c, aux, aux2, seed, path: solve_softmax(x, out, c)
+    if k == PATH_SPARSE:
+        return lambda x, out, a1, c, aux, aux2, seed, path: _solve_sparse(x, out, c, aux, aux2)
+    if k == PATH_15:
+        return lambda x, out, a1, c, aux, aux2, seed, path: _solve_15(x, out, c, aux, seed)
+    if k == PATH_GEN:
+        return lambda x, out, a1, c, aux, aux2, seed, path: _solve_gen(x, out, a1, c, aux, aux2, seed)
+    return lambda x, out, a1, c, aux, aux2, seed, path: solve_default(x, out, a1, c, aux, aux2, seed)
 
 
 @njit(cache=CACHE)

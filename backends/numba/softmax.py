@@ -200,7 +200,7 @@ def softmax_lanes(x, out, c, lanes):
     return m + A, cnt, 0, True
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_softmax(x, out, c):
     """alpha = 1, ``method=None``: log-sum-exp."""
     return softmax_lanes(x, out, c, np.empty((4, LANES), np.float64))
