@@ -19,6 +19,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 import entmax_ref as er  # noqa: E402
 import entmax_ref.jax as erj  # noqa: E402
+from adapter_cases import row_pairs  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -36,15 +37,7 @@ def _grads(fn, *args):
     check_grads(fn, args, order=1, modes=["rev"])
 
 
-ROWS = {
-    "softmax": (erj.softmax, er.softmax),
-    "sparsemax": (erj.sparsemax, er.sparsemax),
-    "entmax15": (erj.entmax15, er.entmax15),
-    "entmax alpha=2.5": (lambda x, **k: erj.entmax(x, 2.5, **k), lambda x, **k: er.entmax(x, 2.5, **k)),
-    "normmax": (erj.normmax, er.normmax),
-    "budget_sparsemax": (lambda x, **k: erj.budget_sparsemax(x, 0.5, **k),
-                         lambda x, **k: er.budget_sparsemax(x, 0.5, **k)),
-}
+ROWS = row_pairs(erj)
 
 
 @pytest.mark.parametrize("name", ROWS)

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 import entmax_ref as er  # noqa: E402
 import entmax_ref.torch as ert  # noqa: E402
+from adapter_cases import row_pairs  # noqa: E402
 
 F64 = torch.float64
 
@@ -42,16 +43,7 @@ def _gradcheck(fn, *inputs):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-ROW_FUNCTIONS = {
-    "softmax": (ert.softmax, er.softmax),
-    "sparsemax": (ert.sparsemax, er.sparsemax),
-    "entmax15": (ert.entmax15, er.entmax15),
-    "entmax alpha=1.3": (lambda x, **k: ert.entmax(x, 1.3, **k), lambda x, **k: er.entmax(x, 1.3, **k)),
-    "entmax alpha=2.5": (lambda x, **k: ert.entmax(x, 2.5, **k), lambda x, **k: er.entmax(x, 2.5, **k)),
-    "normmax": (ert.normmax, er.normmax),
-    "budget_sparsemax": (lambda x, **k: ert.budget_sparsemax(x, 0.5, **k),
-                         lambda x, **k: er.budget_sparsemax(x, 0.5, **k)),
-}
+ROW_FUNCTIONS = row_pairs(ert)
 
 
 @pytest.mark.parametrize("name", ROW_FUNCTIONS)
