@@ -24,6 +24,22 @@ ALPHAS = (1.0, 1.0 + 1e-6, 1.25, 1.5, 2.0, 3.0, 10.0)
 BIG_ALPHAS = (20.0, 100.0, 1000.0)
 
 
+def family_rows(seed: int, n_rows: int, n: int, huge_row: bool = False) -> np.ndarray:
+    """Float64 rows for the normmax and budget-sparsemax kernels: random scales, scattered
+    -inf, an all -inf row (3), a row with ties at its maximum (4), one far from 0 (5), and
+    with ``huge_row`` one of +-1e300 (6: entries free relative to each other)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_rows, n)) * rng.choice([0.05, 0.5, 2.0, 8.0], size=(n_rows, 1))
+    x[rng.random(x.shape) < 0.05] = -np.inf
+    x[3] = -np.inf
+    x[4, :10] = x[4, 0]
+    x[5] = 50.0 + rng.standard_normal(n)
+    if huge_row:
+        x[6] = -np.inf
+        x[6, :4] = [1e300, -1e300, 0.0, 0.25]
+    return x
+
+
 def build_harness(tmp_path_factory, source: str) -> ctypes.CDLL:
     """backends/cuda/<source> compiled by g++ into a shared library and loaded: C++17, the
     -D defines of backends/constants.py (the ones NVRTC gets), no FMA contraction (as

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuda_cases import build_harness, rows
+from cuda_cases import build_harness, family_rows, rows
 from cuda_emu import stand_in_cupy
 from cuda_emu.launcher import LaunchError
 from entmax_ref.backends import AttentionSpec, _cuda_loader, get_backend
@@ -96,13 +96,7 @@ def test_entmax_row_kernels(cupy, launches, ref, team, dtype):
 
 
 def _family_batch(seed, dtype):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((12, 40)) * rng.choice([0.05, 0.5, 2.0, 8.0], size=(12, 1))
-    x[rng.random(x.shape) < 0.05] = -np.inf
-    x[3] = -np.inf
-    x[4, :10] = x[4, 0]
-    x[5] = 50.0 + rng.standard_normal(40)
-    return x.astype(dtype).astype(np.float64)
+    return family_rows(seed, 12, 40).astype(dtype).astype(np.float64)
 
 
 @pytest.mark.parametrize("team", ["warp", "block"])

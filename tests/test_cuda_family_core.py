@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from cuda_cases import build_harness, forward_outputs, ptr
+from cuda_cases import build_harness, family_rows, forward_outputs, ptr
 from entmax_ref.backends.constants import CUDA_MAX_PASSES
 from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows, normmax_rows, normmax_vjp_rows
 from agreement import budget_agreement_tolerance, family_threshold_agreement
@@ -41,15 +41,7 @@ def _forward(lib, name, x, prm, lanes):
 
 
 def _batch(seed):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((40, 70)) * rng.choice([0.05, 0.5, 2.0, 8.0], size=(40, 1))
-    x[rng.random(x.shape) < 0.05] = -np.inf
-    x[3] = -np.inf
-    x[4, :10] = x[4, 0]
-    x[5] = 50.0 + rng.standard_normal(70)
-    x[6] = -np.inf
-    x[6, :4] = [1e300, -1e300, 0.0, 0.25]  # huge dynamic range: free entries relative to each other
-    return x
+    return family_rows(seed, 40, 70, huge_row=True)
 
 
 @pytest.mark.parametrize("lanes", LANES)
