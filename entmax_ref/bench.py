@@ -20,11 +20,11 @@ row solver alone.  Targets are judged on ``api``.
 Attention (``--attention``), float32, alpha = 1.5, against
 ``torch.nn.functional.scaled_dot_product_attention`` (softmax):
 
-* causal, B=1, H=8, N=4096, D=64: forward (target <= 1.2x SDPA's time), forward+backward
-  against SDPA forward+backward (<= 0.6x), and the forward against an eager PyTorch
+* causal, B=1, H=8, N=4096, D=64: forward (target <= 1.0x SDPA's time), forward+backward
+  against SDPA forward+backward (<= 0.5x), and the forward against an eager PyTorch
   implementation with ``entmax.entmax15`` (>= 20x faster; at ~15 s a call it runs at most
   3 repeats);
-* decoding: 1 query over 65,536 cached keys, 8 heads, D=64, forward (<= 0.8x), as a
+* decoding: 1 query over 65,536 cached keys, 8 heads, D=64, forward (<= 0.7x), as a
   user calls it (``check_finite=True``, the default: k and v are scanned for NaN/inf,
   which reads all of V) and with ``check_finite=False`` (no scan: V is read on each
   row's support only), each against SDPA with the same target.
@@ -292,11 +292,11 @@ def _attention_cases(torch, entmax, er, repeats: int, n: int, eager: bool = True
         te = _time_interleaved({"ours": ours, "eager": eager_entmax}, max(1, min(repeats, 3))) if eager else None
     tb = _time_interleaved({"ours": ours_fwd_bwd, "sdpa": sdpa_fwd_bwd}, repeats)
     case = f"attention causal B=1 H=8 N={n} D=64 float32 alpha=1.5"
-    rows = [_time_ratio(t, "ours", "sdpa", case + " fwd", "torch SDPA (softmax)", "<= 1.2x SDPA time", 1.2)]
+    rows = [_time_ratio(t, "ours", "sdpa", case + " fwd", "torch SDPA (softmax)", "<= 1.0x SDPA time", 1.0)]
     if te is not None:
         rows.append(_speedup(te, "ours", "eager", case + " fwd", "eager torch + entmax.entmax15", ">= 20x faster",
                              20.0))
-    rows.append(_time_ratio(tb, "ours", "sdpa", case + " fwd+bwd", "torch SDPA fwd+bwd", "<= 0.6x SDPA time", 0.6))
+    rows.append(_time_ratio(tb, "ours", "sdpa", case + " fwd+bwd", "torch SDPA fwd+bwd", "<= 0.5x SDPA time", 0.5))
     return rows
 
 
@@ -322,10 +322,10 @@ def _decoding_case(torch, er, repeats: int, nk: int) -> list[dict]:
         tu = _time_interleaved({"ours": lambda: er.attention(q, k, v, alpha=1.5, backend="numba", check_finite=False),
                                 "sdpa": sdpa}, repeats)
     case = f"decoding 1 query x {nk} keys H=8 D=64 float32 alpha=1.5"
-    return [_with_floor(_time_ratio(t, "ours", "sdpa", case, "torch SDPA (softmax)", "<= 0.8x SDPA time", 0.8), t,
+    return [_with_floor(_time_ratio(t, "ours", "sdpa", case, "torch SDPA (softmax)", "<= 0.7x SDPA time", 0.7), t,
                         "ours", "sdpa", f"one read of K and V ({(k.nbytes + v.nbytes) / 2**20:.0f} MiB), nothing else"),
             _time_ratio(tu, "ours", "sdpa", case + " check_finite=False", "torch SDPA (softmax)",
-                        "<= 0.8x SDPA time", 0.8)]
+                        "<= 0.7x SDPA time", 0.7)]
 
 
 def _training_case(torch, entmax, repeats: int, n: int = 256) -> list[dict]:

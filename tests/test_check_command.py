@@ -221,8 +221,8 @@ def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch):
     rows = {r["case"]: r for r in json.loads(path.read_text())["results"]}
     case = "decoding 1 query x 64 keys H=8 D=64 float32 alpha=1.5"
     for name in (case, case + " check_finite=False"):
-        assert rows[name]["target"] == "<= 0.8x SDPA time" and rows[name]["baseline"] == "torch SDPA (softmax)"
-        assert rows[name]["time_ratio"] > 0 and rows[name]["met"] == (rows[name]["time_ratio"] <= 0.8)
+        assert rows[name]["target"] == "<= 0.7x SDPA time" and rows[name]["baseline"] == "torch SDPA (softmax)"
+        assert rows[name]["time_ratio"] > 0 and rows[name]["met"] == (rows[name]["time_ratio"] <= 0.7)
     # the checked call is timed beside its floor, one read of K and V
     floor = rows[case]
     assert floor["floor"].startswith("one read of K and V") and floor["floor_ms"] > 0
