@@ -140,7 +140,7 @@ def all_units() -> tuple[str, ...]:
 
 def marker_folder() -> Path:
     """The folder of the unit markers: ``compiled/`` in the current kernel cache folder."""
-    from .numba._cache import CACHE_DIR
+    from .cache_folder import CACHE_DIR
 
     return CACHE_DIR / "compiled"
 
@@ -156,7 +156,7 @@ def compiled(units: Iterable[str], dtype: str) -> bool:
     missing = [u for u in units if (u, dtype) not in _known]
     if not missing:
         return True
-    from .numba._cache import CACHE
+    from .cache_folder import CACHE
 
     if not CACHE:
         return False
@@ -176,7 +176,7 @@ def note(units: Iterable[str], dtype: Any) -> None:
         return
     with _lock:
         _known.update((u, dt) for u in new)
-    from .numba._cache import CACHE
+    from .cache_folder import CACHE
 
     if CACHE:
         for u in new:
@@ -233,6 +233,6 @@ def auto_engine(arrays: tuple[Any, ...], need: Need | None, cpu: Iterable[str]) 
 
 
 def _where() -> str:
-    from .numba._cache import CACHE, CACHE_DIR
+    from .cache_folder import CACHE, CACHE_DIR
 
     return f"cache: {CACHE_DIR}" if CACHE else "the kernel cache is off: ENTMAX_REF_NUMBA_CACHE=0 or unwritable"

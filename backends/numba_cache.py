@@ -1,7 +1,7 @@
 """``entmax-ref cache info|clear``: the numba kernel cache folder of this version, shown or
 deleted.
 
-The cache (:mod:`entmax_ref.backends.numba._cache`) lives outside the package, in one
+The cache (:mod:`entmax_ref.backends.cache_folder`) lives outside the package, in one
 folder per kernel version; ``pip uninstall`` leaves it.  ``info`` prints the current
 folder, its size, its entries and whether every unit of
 :data:`entmax_ref.backends.numba_precompile.UNITS` is compiled in it, and lists the folders
@@ -38,7 +38,7 @@ def cache_info() -> dict[str, object]:
     specialisations (``.nbc``), the units not compiled yet (``pending``, ``[unit, dtype]``
     pairs), ``complete`` (every unit compiled for this version), and the folders of other
     versions beside it (``others``: ``[path, bytes]``, left alone by ``cache clear``)."""
-    from .numba._cache import CACHE, CACHE_DIR
+    from .cache_folder import CACHE, CACHE_DIR
 
     size, files, nbi, nbc = _size(CACHE_DIR)
     todo = [[u, d] for u, dts in pending() for d in dts]
@@ -58,7 +58,7 @@ def cache_clear() -> tuple[str, int]:
     import shutil
 
     from . import engine
-    from .numba._cache import CACHE_DIR, KEY
+    from .cache_folder import CACHE_DIR, KEY
 
     if CACHE_DIR.name != KEY or CACHE_DIR.parent.name != "numba":  # pragma: no cover - never another folder
         raise RuntimeError(f"refusing to delete {CACHE_DIR}: not an entmax-ref kernel cache folder")

@@ -91,11 +91,9 @@ def _version() -> str:
 
     parts = [f"entmax-ref {er.__version__}"]
     if importlib.util.find_spec("numba") is not None:
-        import numba
+        from .backends.cache_folder import CACHE, CACHE_DIR, NUMBA_VERSION
 
-        from .backends.numba._cache import CACHE, CACHE_DIR
-
-        parts.append(f"numba {numba.__version__}, kernel cache: {CACHE_DIR if CACHE else 'off'}")
+        parts.append(f"numba {NUMBA_VERSION}, kernel cache: {CACHE_DIR if CACHE else 'off'}")
     return " (".join(parts) + (")" if len(parts) > 1 else "")
 
 
