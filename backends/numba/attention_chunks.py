@@ -255,10 +255,9 @@ def chunk_scores(filt, qsl, qc, head, key_end, scale, rs, need=None):
 def chunk_product(a, bt, need):
     """``a @ bt`` (:func:`~.products.matmul_into`, on this thread), or only its rows where
     ``need`` (the others unwritten).  ``bt`` is a slice of transposed keys stored
-    C-contiguous (``Head.k32t``, ``Head.kkt``): BLAS packs the keys, the product's long
-    side, at every call, and from that layout the product runs 1.1-1.5x faster than from
-    the transposed view of the row-major keys (64-4096 rows x 4,096 keys x 64, one
-    thread).  Overflows are left to the kernels to report."""
+    C-contiguous (``Head.k32t``, ``Head.kkt``): from that layout the product runs 1.1-1.5x
+    faster than from the transposed view of the row-major keys (64-512 rows x 4,096 keys
+    x 64, one thread, AMD Zen 4).  Overflows are left to the kernels to report."""
     if need is not None and not need.all():
         g = np.empty((a.shape[0], bt.shape[1]), a.dtype)
         g[need] = chunk_product(np.ascontiguousarray(a[need]), bt, None)
