@@ -111,11 +111,12 @@ def solver_path(alphas: Any) -> int:
 
 
 def attention(alpha: Any, forward: bool) -> tuple[str, ...]:
-    """The units an attention call may run: the fused and the decoding forward of its
-    alphas' solver path (:func:`solver_path`), the row solvers of its alphas (a key mask
-    with holes runs the NumPy driver on them), and for the backward its kernels and the row
-    VJPs (the forward too: it may run first)."""
-    units = (f"attention_{SOLVER_PATHS[solver_path(alpha)]}", *entmax_forward(alpha))
+    """The units an attention call may run: the fused and (alpha > 1) the decoding forward
+    of its alphas' solver path (:func:`solver_path`), the row solvers of its alphas (a key
+    mask with holes runs the NumPy driver on them), and for the backward its kernels and
+    the row VJPs (the forward too: it may run first)."""
+    path = SOLVER_PATHS[solver_path(alpha)]
+    units = (f"attention_{path}", *(() if path == "softmax" else (f"decode_{path}",)), *entmax_forward(alpha))
     if not forward:
         units += ("attention_vjp", *entmax_vjp(alpha), *entmax_alpha_vjp(alpha))
     return units
@@ -127,7 +128,8 @@ UNITS = ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big", "entmax_any
          "entmax_vjp", "entmax_vjp_big", "entmax_vjp_any",
          "entmax_alpha_vjp", "entmax_alpha_vjp_big", "entmax_alpha_vjp_any",
          "normmax", "normmax_vjp", "budget", "budget_vjp",
-         *(f"attention_{p}" for p in SOLVER_PATHS), "attention_vjp")
+         *(f"attention_{p}" for p in SOLVER_PATHS), *(f"decode_{p}" for p in SOLVER_PATHS if p != "softmax"),
+         "attention_vjp")
 
 
 def all_units() -> tuple[str, ...]:

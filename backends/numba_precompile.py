@@ -123,17 +123,18 @@ def _qkv(nq, nk, spread=1.0):
 
 
 def _attention(*alphas):
-    """The forward kernels of one solver path (heads with these alphas): the fused forward
-    with the float32 filter's scores (alpha > 1; its kernels read K and V in the input
-    dtype) and with float64 scores (alpha = 1, and any chunk where the filter is off;
-    float64 K and V whatever the input dtype), and the decoding forward (alpha > 1)."""
+    """The chunked forward kernels of one solver path (heads with these alphas): with the
+    float32 filter's scores (alpha > 1; its kernels read K and V in the input dtype) and
+    with float64 scores (alpha = 1, and any chunk where the filter is off; float64 K and V
+    whatever the input dtype)."""
     def run(dt):
         import entmax_ref as er
-        from entmax_ref.backends.numba import attention_chunks as _att, decode as _dec
+        from entmax_ref.backends.numba import attention_chunks as _att
 
         h = len(alphas)
         alpha = np.array(alphas) if h > 1 else alphas[0]
-        q, k, v = (np.repeat(a, h, axis=1).astype(dt) for a in _qkv(4, 8))
+        q, k, v = (a.astype(dt) for a in _qkv(4, 8))
+        q = np.repeat(q, h, axis=1)  # the h query heads share one kv-head: one group, these alphas
         er.attention(q, k, v, alpha=alpha, backend="numba")
         saved = _att.FILTER_FRACTION
         _att.FILTER_FRACTION = 0.0  # this worker process only: the float64-score forward
@@ -141,11 +142,22 @@ def _attention(*alphas):
             er.attention(q, k, v, alpha=alpha, backend="numba")
         finally:
             _att.FILTER_FRACTION = saved
-        if min(alphas) > 1.0:
-            rng = np.random.default_rng(0)
-            q, k, v = (rng.standard_normal((1, h, n, 4)).astype(dt)
-                       for n in (1, _dec.DECODE_MIN_KEYS, _dec.DECODE_MIN_KEYS))
-            er.attention(q, k, v, alpha=alpha, backend="numba")
+
+    return run
+
+
+def _decode(*alphas):
+    """The decoding forward of one solver path (one query over a long key cache; every
+    alpha > 1) in the input dtype."""
+    def run(dt):
+        import entmax_ref as er
+        from entmax_ref.backends.numba import decode as _dec
+
+        h = len(alphas)
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((1, nh, n, 4)).astype(dt)  # h query heads over one kv-head
+                   for nh, n in ((h, 1), (1, _dec.DECODE_MIN_KEYS), (1, _dec.DECODE_MIN_KEYS)))
+        er.attention(q, k, v, alpha=np.array(alphas) if h > 1 else alphas[0], backend="numba")
 
     return run
 
@@ -193,21 +205,28 @@ _CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "attention_entmax15": ("attention forward, alpha = 1.5", _attention(1.5)),
     "attention_entmax": ("attention forward, 1 < alpha < 2", _attention(1.25)),
     "attention_big": ("attention forward, alpha > 2", _attention(3.0)),
+    "decode_any": ("attention decoding, heads whose alphas take different row solvers", _decode(1.5, 3.0)),
+    "decode_sparsemax": ("attention decoding (few queries over a long key cache), alpha = 2", _decode(2.0)),
+    "decode_entmax15": ("attention decoding, alpha = 1.5", _decode(1.5)),
+    "decode_entmax": ("attention decoding, 1 < alpha < 2", _decode(1.25)),
+    "decode_big": ("attention decoding, alpha > 2", _decode(3.0)),
     "attention_vjp": ("attention backward (float32-filtered and float64 scores)", _attention_vjp),
 }
 #: every unit of :data:`entmax_ref.backends.engine.UNITS` (the names the "auto" rule counts
 #: in), in that order, with its description and call
 UNITS: dict[str, tuple[str, Callable[[str], None]]] = {u: _CALLS[u] for u in _engine.UNITS}
 
-#: the units ``entmax-ref check`` runs (everything but the mixed-alpha solvers and the alpha
-#: VJPs, which check does not call)
+#: the units ``entmax-ref check`` runs (everything but the mixed-alpha solvers, the alpha
+#: VJPs and the decoding path, which check does not call)
 CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_vjp_any", "entmax_alpha_vjp",
-                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "attention_any"))
+                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "attention_any")
+                    and not u.startswith("decode_"))
 
 #: unit -> the units whose compiled kernels its own kernels call: the forward kernels of an
 #: attention solver path solve their rows with that path's row solver (``attention_any``
-#: with every one, ``rows.solve_default``), the backward computes dalpha with the row alpha
-#: VJPs and shares the forward's helpers.  A unit starts only after these are in the
+#: with every one, ``rows.solve_default``), the decoding forward and the backward share
+#: the chunked forward's helpers, and the backward computes dalpha with the row alpha
+#: VJPs.  A unit starts only after these are in the
 #: cache, so it loads their kernels instead of compiling them again.  (This order is for
 #: speed only: the row units share small helpers among themselves too, and two workers
 #: that save one kernel at once are serialised by the cache's lock.)
@@ -219,6 +238,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "attention_big": ("entmax_big",),
     "attention_any": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),
     "attention_vjp": ("attention_entmax15", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
+    **{f"decode_{p}": (f"attention_{p}",) for p in ("any", "sparsemax", "entmax15", "entmax", "big")},
     "entmax_any": ("attention_any",),  # _solve_row calls solve_default, which attention_any compiles
 }
 
@@ -227,17 +247,21 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 #: 1; a loaded machine inflates them, but the ratios are what the scheduler ranks by); 1
 #: for a task not listed.  The first dtype of a row unit compiles the helpers both share.
 _COST: dict[tuple[str, str], float] = {
-    ("attention_any", "float64"): 31.0, ("attention_any", "float32"): 17.9, ("entmax_any", "float64"): 15.6,
-    ("entmax", "float64"): 14.9, ("entmax_any", "float32"): 13.2, ("attention_entmax", "float64"): 12.9,
-    ("attention_vjp", "float64"): 11.1, ("attention_sparsemax", "float64"): 10.6,
-    ("attention_entmax", "float32"): 10.6, ("attention_entmax15", "float64"): 9.5,
-    ("softmax", "float64"): 8.9, ("attention_sparsemax", "float32"): 7.9, ("attention_vjp", "float32"): 5.8,
-    ("entmax", "float32"): 5.7, ("entmax15", "float64"): 5.5, ("attention_softmax", "float64"): 5.2,
-    ("sparsemax", "float32"): 4.6, ("softmax", "float32"): 4.5, ("entmax_big", "float64"): 4.2,
-    ("entmax15", "float32"): 3.5, ("sparsemax", "float64"): 3.2, ("budget", "float64"): 2.5,
-    ("attention_big", "float32"): 2.4, ("normmax", "float64"): 2.2, ("attention_big", "float64"): 2.0,
-    ("budget", "float32"): 1.9, ("entmax_big", "float32"): 1.8, ("normmax", "float32"): 1.6,
-    ("entmax_vjp_big", "float64"): 1.3, ("entmax_vjp_big", "float32"): 1.2,
+    ("attention_any", "float64"): 34.8, ("entmax", "float64"): 12.6, ("attention_entmax15", "float64"): 12.4,
+    ("attention_any", "float32"): 10.7, ("entmax_any", "float64"): 10.1, ("entmax_any", "float32"): 9.6,
+    ("softmax", "float64"): 8.8, ("entmax", "float32"): 8.2, ("attention_entmax", "float64"): 8.0,
+    ("attention_vjp", "float64"): 7.9, ("attention_sparsemax", "float64"): 6.5,
+    ("decode_any", "float64"): 6.0, ("softmax", "float32"): 5.7, ("entmax15", "float64"): 5.4,
+    ("attention_entmax", "float32"): 5.4, ("attention_big", "float64"): 4.9,
+    ("attention_softmax", "float64"): 4.8, ("entmax15", "float32"): 4.6,
+    ("attention_entmax15", "float32"): 4.4, ("attention_sparsemax", "float32"): 4.3,
+    ("decode_sparsemax", "float64"): 4.3, ("attention_vjp", "float32"): 4.2, ("decode_any", "float32"): 4.0,
+    ("entmax_big", "float64"): 3.8, ("attention_big", "float32"): 3.4, ("sparsemax", "float64"): 3.1,
+    ("decode_sparsemax", "float32"): 2.9, ("sparsemax", "float32"): 2.2, ("budget", "float64"): 2.1,
+    ("decode_entmax", "float64"): 2.1, ("decode_entmax15", "float32"): 2.1,
+    ("decode_entmax15", "float64"): 2.0, ("decode_entmax", "float32"): 2.0, ("decode_big", "float32"): 1.9,
+    ("entmax_big", "float32"): 1.5, ("decode_big", "float64"): 1.5, ("budget", "float32"): 1.3,
+    ("normmax", "float64"): 1.2, ("entmax_vjp_big", "float32"): 1.1,
 }
 
 Task = tuple[str, str]  # (unit, dtype)

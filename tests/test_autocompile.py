@@ -71,7 +71,8 @@ def test_the_units_of_a_call_follow_the_numba_drivers():
     assert set(engine.attention(1.5, forward=True)) <= set(engine.attention(1.5, forward=False))
     # the attention forward's units: one per row solver its heads take
     a = engine.attention
-    assert a(1.5, True) == ("attention_entmax15", "entmax15") and a(1.0, True)[0] == "attention_softmax"
+    assert a(1.5, True) == ("attention_entmax15", "decode_entmax15", "entmax15")
+    assert a(1.0, True) == ("attention_softmax", "softmax")  # softmax heads never take the decoding path
     assert a(2.0, True)[0] == "attention_sparsemax" and a(np.array([1.2, 1.7]), True)[0] == "attention_entmax"
     assert a(np.array([3.0, 40.0]), True)[0] == "attention_big" and a(np.array([1.5, 3.0]), True)[0] == "attention_any"
     assert a(np.array([1.5, 1.25]), True)[0] == "attention_any"  # two solvers (1.5-entmax, 1 < alpha < 2)
