@@ -25,6 +25,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 from numba.np.linalg import ensure_blas, get_blas_kind
 
@@ -51,6 +52,8 @@ def _xxgemm(typingctx, transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc):
     data of the arrays ``a``, ``b``, ``c`` (their first element), ``trans*`` 0 for "N" and 1
     for "T"; returns the wrapper's status (0)."""
     ensure_blas()
+    if a.dtype != c.dtype or b.dtype != c.dtype:
+        raise TypingError(f"_xxgemm: one float dtype for a, b and c, not {a.dtype}, {b.dtype}, {c.dtype}")
     kind = get_blas_kind(c.dtype)
     sig = types.intc(transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc)
 
@@ -117,10 +120,10 @@ def matmul_into(x, y, out, beta):
     n = y.shape[1]
     if y.shape[0] != kk or out.shape[0] != m or out.shape[1] != n:
         raise ValueError("matmul_into: the shapes do not match")
-    ox, _ = _orient(x)
-    oy, _ = _orient(y)
-    oo, _ = _orient(out)
-    if ox < 0 or oy < 0 or oo != 0:
+    tx, ldx = _orient(x)  # a block of a view has the view's strides: one orientation for all
+    ty, ldy = _orient(y)
+    to, ldc = _orient(out)
+    if tx < 0 or ty < 0 or to != 0:
         raise ValueError("matmul_into: an operand has neither contiguous rows nor contiguous columns")
     if m == 0 or n == 0:
         return
@@ -138,13 +141,10 @@ def matmul_into(x, y, out, beta):
         for j0 in range(0, n, nb):
             j1 = min(n, j0 + nb)
             c = out[i0:i1, j0:j1]
-            _, ldc = _orient(c)
             for k0 in range(0, kk, kb):
                 k1 = min(kk, k0 + kb)
                 xs = x[i0:i1, k0:k1]
                 ys = y[k0:k1, j0:j1]
-                tx, ldx = _orient(xs)
-                ty, ldy = _orient(ys)
                 # row-major c (m x n) is the column-major c^T = y^T x^T: Fortran's A is
                 # the block of y, its B the block of x
                 b = beta if k0 == 0 else 1.0
