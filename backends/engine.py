@@ -99,6 +99,9 @@ def family(op: str) -> tuple[str, ...]:
 #: The solver paths of the numba attention kernels, by index: each path's kernels call one
 #: row solver (``any``: all of them, for heads whose alphas take different solvers).
 SOLVER_PATHS = ("any", "softmax", "sparsemax", "entmax15", "entmax", "big")
+#: The paths of the decoding forward: every one but softmax (a softmax head has no window;
+#: it never takes the decoding path).
+DECODE_PATHS = tuple(p for p in SOLVER_PATHS if p != "softmax")
 
 
 def solver_path(alphas: Any) -> int:
@@ -116,7 +119,7 @@ def attention(alpha: Any, forward: bool) -> tuple[str, ...]:
     mask with holes runs the NumPy driver on them), and for the backward its kernels and
     the row VJPs (the forward too: it may run first)."""
     path = SOLVER_PATHS[solver_path(alpha)]
-    units = (f"attention_{path}", *(() if path == "softmax" else (f"decode_{path}",)), *entmax_forward(alpha))
+    units = (f"attention_{path}", *((f"decode_{path}",) if path in DECODE_PATHS else ()), *entmax_forward(alpha))
     if not forward:
         units += ("attention_vjp", *entmax_vjp(alpha), *entmax_alpha_vjp(alpha))
     return units
@@ -128,7 +131,7 @@ UNITS = ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big", "entmax_any
          "entmax_vjp", "entmax_vjp_big", "entmax_vjp_any",
          "entmax_alpha_vjp", "entmax_alpha_vjp_big", "entmax_alpha_vjp_any",
          "normmax", "normmax_vjp", "budget", "budget_vjp",
-         *(f"attention_{p}" for p in SOLVER_PATHS), *(f"decode_{p}" for p in SOLVER_PATHS if p != "softmax"),
+         *(f"attention_{p}" for p in SOLVER_PATHS), *(f"decode_{p}" for p in DECODE_PATHS),
          "attention_vjp")
 
 

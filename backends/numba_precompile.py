@@ -238,7 +238,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "attention_big": ("entmax_big",),
     "attention_any": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),
     "attention_vjp": ("attention_entmax15", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
-    **{f"decode_{p}": (f"attention_{p}",) for p in ("any", "sparsemax", "entmax15", "entmax", "big")},
+    **{f"decode_{p}": (f"attention_{p}",) for p in _engine.DECODE_PATHS},
     "entmax_any": ("attention_any",),  # _solve_row calls solve_default, which attention_any compiles
 }
 
