@@ -191,7 +191,8 @@ def _max_or_nan(a):
 @njit(cache=CACHE)
 def _grown(a, m):
     b = np.empty(2 * a.shape[0], a.dtype)
-    b[:m] = a[:m]
+    for i in range(m):  # a loop, not a slice assignment: no shape-error formatting to compile
+        b[i] = a[i]
     return b
 
 

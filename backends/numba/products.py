@@ -128,10 +128,9 @@ def matmul_into(x, y, out, beta):
     if m == 0 or n == 0:
         return
     if kk == 0:
-        if beta == 0.0:
-            out[:, :] = 0.0
-        else:
-            out[:, :] *= beta
+        for i in range(m):  # loops, not slice arithmetic: no shape-error formatting to compile
+            for j in range(n):
+                out[i, j] = 0.0 if beta == 0.0 else beta * out[i, j]
         return
     kb = min(kk, INNER_BLOCK)
     mb = min(m, ROW_BLOCK)
