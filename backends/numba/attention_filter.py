@@ -32,7 +32,7 @@ Reference counts.  numba increfs every array argument of a compiled function on 
 and decrefs it on return (an atomic add each, on a counter the threads share): about 60
 pairs a forward row, through the per-row helpers, were 4-5% of a forward's time.  The
 per-row helpers of both directions (:func:`candidates_fast` and what it calls,
-:mod:`.attention_rows`' ``row_result``, ``_solve_weigh``, the backward's row helpers) allocate nothing
+:mod:`.attention_rows`' ``row_result``, ``_weigh``, the backward's row helpers) allocate nothing
 and return no array, so they are compiled without reference counting (``_nrt=False``):
 they borrow the arrays of the kernel that calls them, which holds them for the call.
 """

@@ -47,12 +47,14 @@ from . import CACHE
 from ..constants import EDGE_TIE_ULPS
 from ..geometry import visible_count
 from .attention_filter import candidate_buffers, candidates_fast, dot64, score_at
-from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p
+from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p, solve_big
 from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
 from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
 from .grads import signed_exp as _signed_exp, skew as _skew
-from .rows import N_PATHS, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
+from .rows import (N_PATHS, PATH_15, PATH_BIG, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, kind_of as _kind, solve_15,
+                   solve_default, solve_gen, solve_sparse, solver_scratch as _solver_scratch)
+from .softmax import solve_softmax
 
 
 #: A chunk's place and its rows' parameters, as the row kernels take them (one record, which
@@ -119,16 +121,13 @@ def _row_params(r, rows, key_end, has_s):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep, path):
-    """The exact solve of one row's candidate scores ``zc[:m]`` (keys ``idx[:m]``) into
-    ``pc[:m]``, then ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
+def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
+    """From one row's solved candidates (scores ``zc[:m]``, probabilities ``pc[:m]``, keys
+    ``idx[:m]``): ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
     wanted), the skewed output ``sk = sum u_j v_j / sum u_j`` (``u = p^(2 - alpha)``,
     divided by its maximum, the edge's, when ``big``: alpha > 2) on the support only; ``o``
-    and ``sk`` come zeroed (``o`` gets the same bits either way).  Shared by the chunked
-    forward and the decoding path, so both give the same bits.  Returns (theta, support,
-    L, ce, qe): the row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its
-    probability ``qe``.  ``path`` (a literal) names the row solver (:func:`~.rows.solve_on_path`)."""
-    th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, seed, path)
+    and ``sk`` come zeroed (``o`` gets the same bits either way).  Returns (L, ce, qe): the
+    row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its probability ``qe``."""
     L = -np.inf
     for ci in range(m):
         if zc[ci] > L:
@@ -149,7 +148,7 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, kee
                 j = idx[ci]
                 for d in range(dv):
                     o[d] += pj * np.float64(vv[j, d])
-        return th, cnt, L, ce, qe
+        return L, ce, qe
     lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
     su = 0.0
     for ci in range(m):
@@ -165,7 +164,7 @@ def _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, kee
     inv = 1.0 / su if su > 0.0 else 0.0
     for d in range(dv):
         sk[d] *= inv
-    return th, cnt, L, ce, qe
+    return L, ce, qe
 
 
 @njit(cache=CACHE, _nrt=False)
@@ -188,23 +187,24 @@ def _store_keys(m, pc, idx, row):
 
 
 @njit(cache=CACHE, _nrt=False)
-def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, ncand, path):
+def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad, ncand):
     """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
-    idx)`` (exact scores, room for their p, keys; ``ok``: its scores were finite): row
-    ``r`` of the caller's float64 ``out`` (the driver converts it to q's dtype) and flags
-    ``bad``, ``ncand``; then (:func:`_solve_weigh`, seeded with ``seed``, the row's index
-    in its chunk; ``alpha = (a1, a2, big)``; ``scratch = (o, sk, c, aux, aux2)``) theta,
-    the support, the residual, the skewed output (the output itself at alpha = 1, as the
-    reference has it) and the support's keys (:func:`_store_keys`) straight into their
-    place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`ForwardArrays`);
-    without ``fwd.keep`` (no backward will follow) the last two are neither formed nor
-    written.  A row without candidates, or with overflowed scores, attends nothing.
-    Shared by the chunked forward and the decoding path, so both write the same bits;
-    ``path``, a literal of the calling kernel, names the row solver."""
+    idx)`` (exact scores, their p, keys; ``ok``: its scores were finite) as the row solver
+    left them (``solved = (theta, support)``; the caller solves only rows with candidates
+    and finite scores): row ``r`` of the caller's float64 ``out`` (the driver converts it
+    to q's dtype) and flags ``bad``, ``ncand``; then (:func:`_weigh`; ``alpha = (a1, a2,
+    big)``; ``scratch = (o, sk)``) theta, the support, the residual, the skewed output (the
+    output itself at alpha = 1, as the reference has it) and the support's keys
+    (:func:`_store_keys`) straight into their place ``place = (b, hq, i)`` of the forward's
+    arrays ``fwd`` (:data:`ForwardArrays`); without ``fwd.keep`` (no backward will follow)
+    the last two are neither formed nor written.  A row without candidates, or with
+    overflowed scores, attends nothing.  Shared by the chunked forward and the decoding
+    path, so both write the same bits.  It links no row solver: the kernel of each solver
+    path calls its solver itself, so that solver is compiled into one level of calls."""
     b, hq, i = place
     zc, pc, idx = cand
     a1, a2, big = alpha
-    o, sk, c, aux, aux2 = scratch
+    o, sk = scratch
     keep = fwd.keep
     bad[r] = 0 if ok else 1
     ncand[r] = m
@@ -217,7 +217,8 @@ def row_result(r, place, seed, m, ok, cand, alpha, vv, scratch, fwd, out, bad, n
     th = -np.inf
     cnt = np.int64(0)
     if m > 0 and ok:
-        th, cnt, L, ce, qe = _solve_weigh(zc, pc, idx, m, a1, a2, big, vv, o, sk, c, aux, aux2, seed, keep, path)
+        th, cnt = solved
+        L, ce, qe = _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep)
         if cnt == 0:  # the residual (the row maximum, the support's edge) of a row with a support only
             L = -np.inf
             ce = -np.inf
@@ -268,8 +269,23 @@ def _fwd_kernel(path):
             h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
             m, ok = candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
                                      np.bool_(True), 0.0, za, idx, zc, gx)
-            row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), rc, m, ok, (zc, pc, idx), (a1, a2, big),
-                        vv, (o, sk, c, aux, aux2), fwd, out, bad, ncand, path)
+            th, cnt = -np.inf, np.int64(0)
+            if m > 0 and ok:  # the path's solver (the chain is pruned to it), seeded with the row's index in its chunk
+                x, pr = zc[:m], pc[:m]
+                if path == PATH_BIG:
+                    th, cnt, _, _ = solve_big(x, pr, a1, c, rc)
+                elif path == PATH_SOFTMAX:
+                    th, cnt, _, _ = solve_softmax(x, pr, c)
+                elif path == PATH_SPARSE:
+                    th, cnt, _, _ = solve_sparse(x, pr, c, aux, aux2)
+                elif path == PATH_15:
+                    th, cnt, _, _ = solve_15(x, pr, c, aux, rc)
+                elif path == PATH_GEN:
+                    th, cnt, _, _ = solve_gen(x, pr, a1, c, aux, aux2, rc)
+                else:
+                    th, cnt, _, _ = solve_default(x, pr, a1, c, aux, aux2, rc)
+            row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), m, ok, (th, cnt), (zc, pc, idx),
+                       (a1, a2, big), vv, (o, sk), fwd, out, bad, ncand)
 
     return fwd_rows
 

@@ -64,7 +64,10 @@ from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_s
                                empty_kernel_forward, trimmed_keys)
 from .attention_filter import dot64, g_cut, max_cut, score_at, theta_cut, theta_lower, z_range, score_errors
 from .attention_rows import ForwardArrays, row_result, chunk_rows
-from .rows import N_PATHS, solver_scratch as _solver_scratch
+from .big_alpha import solve_big
+from .rows import (N_PATHS, PATH_15, PATH_BIG, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, solve_15, solve_default, solve_gen,
+                   solve_sparse, solver_scratch as _solver_scratch)
+from .softmax import solve_softmax
 
 #: Per row of a kv-head, what phase 2 takes from the geometry and from phase 1: the
 #: visible keys ``nvis``, the keys checked for overflow ``nchk``, the largest approximate
@@ -299,9 +302,23 @@ def _decode_kernel(path):
             if pc.shape[0] < m:
                 pc = np.empty(idx.shape[0], np.float64)
                 c, aux, aux2 = _solver_scratch(idx.shape[0])
-            # seeded with the row's index in the chunked forward's chunk (h * Nq + i)
-            row_result(r, (b, h0 + h, r - h * nq), r, m, ok, (zc, pc, idx), (a1, a2, big), vf, (o, sk, c, aux, aux2),
-                        fwd, out, bad, ncand, path)
+            th, cnt = -np.inf, np.int64(0)
+            if m > 0 and ok:  # as the chunked forward's rows (seeded with the row's index in its chunk, h * Nq + i)
+                x, pr = zc[:m], pc[:m]
+                if path == PATH_BIG:
+                    th, cnt, _, _ = solve_big(x, pr, a1, c, r)
+                elif path == PATH_SOFTMAX:
+                    th, cnt, _, _ = solve_softmax(x, pr, c)
+                elif path == PATH_SPARSE:
+                    th, cnt, _, _ = solve_sparse(x, pr, c, aux, aux2)
+                elif path == PATH_15:
+                    th, cnt, _, _ = solve_15(x, pr, c, aux, r)
+                elif path == PATH_GEN:
+                    th, cnt, _, _ = solve_gen(x, pr, a1, c, aux, aux2, r)
+                else:
+                    th, cnt, _, _ = solve_default(x, pr, a1, c, aux, aux2, r)
+            row_result(r, (b, h0 + h, r - h * nq), m, ok, (th, cnt), (zc, pc, idx), (a1, a2, big), vf, (o, sk),
+                       fwd, out, bad, ncand)
 
     return decode_rows
 

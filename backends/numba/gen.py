@@ -1,6 +1,6 @@
 """1 < alpha < 2 (other than 1.5) of the numba row solvers, on compacted candidates.
 
-After the lower bound (:func:`.rows._solve_gen`), the row's candidates above it, the entries
+After the lower bound (:func:`.rows.solve_gen`), the row's candidates above it, the entries
 with ``a1 (y - lo) > -1`` (about 155 of a normal row of 8192 at alpha = 1.33), are gathered
 once into a contiguous array with their column indices, and everything after works on that
 array alone (units as in :mod:`.rows`):

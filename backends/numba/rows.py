@@ -87,8 +87,7 @@ method codes, the output pass), :mod:`.candidates` (maximum and candidate passes
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
 from . import CACHE
 from ..engine import SOLVER_PATHS
@@ -174,7 +173,7 @@ def _solve_newton(x, out, a1, c):
 
 
 @njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
-def _solve_sparse(x, out, c, aux, aux2):
+def solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
     polished by Newton; the output pass visits the candidates' columns."""
     m, bad = max_zeroing(x, out, aux, aux2)
@@ -189,7 +188,7 @@ def _solve_sparse(x, out, c, aux, aux2):
 
 
 @njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
-def _solve_15(x, out, c, aux, seed):
+def solve_15(x, out, c, aux, seed):
     """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton.  The maximum first
     (vectorised), then the entries alive at a lower bound ``lo`` of A in one masked pass
     with their columns (the output pass visits those alone): the candidates that gathering
@@ -233,7 +232,7 @@ def _subset_bound15(x, m, c, idx, seed):
 
 
 @njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
-def _solve_gen(x, out, a1, c, aux, aux2, seed):
+def solve_gen(x, out, a1, c, aux, aux2, seed):
     """1 < alpha < 2 (not 1.5), ``method=None``: lower bound, then Newton.  The row is read
     three times with its maximum known (a vectorised maximum, the bound's candidates, the
     candidates above the bound with their columns) instead of gathering the whole window
@@ -276,43 +275,22 @@ def solve_default(x, out, a1, c, aux, aux2, seed):
     if a1 == 0.0:
         return solve_softmax(x, out, c)
     if a1 == 1.0:
-        return _solve_sparse(x, out, c, aux, aux2)
+        return solve_sparse(x, out, c, aux, aux2)
     if a1 == 0.5:
-        return _solve_15(x, out, c, aux, seed)
-    return _solve_gen(x, out, a1, c, aux, aux2, seed)
+        return solve_15(x, out, c, aux, seed)
+    return solve_gen(x, out, a1, c, aux, aux2, seed)
 
 
-#: The solver paths of the attention kernels (:func:`solve_on_path`), in the order of
+#: The solver paths of the attention kernels, in the order of
 #: :data:`entmax_ref.backends.engine.SOLVER_PATHS` (whose :func:`~entmax_ref.backends.engine.
 #: solver_path` gives the path of a head's alphas): one row solver of :func:`solve_default`
-#: each, or all of them (``PATH_ANY``: rows that take different solvers).
+#: each, or all of them (``PATH_ANY``: rows that take different solvers).  A kernel of one
+#: path has the path as a constant of its code and calls that path's solver itself, in a
+#: chain of ``if path == PATH_...`` that numba prunes to the one branch when it compiles
+#: the kernel: the solver is linked into the kernel alone, at one level of calls (numba
+#: optimises and emits a callee's code again in every compiled function that links it).
 PATH_ANY, PATH_SOFTMAX, PATH_SPARSE, PATH_15, PATH_GEN, PATH_BIG = range(len(SOLVER_PATHS))
 N_PATHS = len(SOLVER_PATHS)
-
-
-def solve_on_path(x, out, a1, c, aux, aux2, seed, path):
-    """:func:`solve_default`, compiled for one solver path: ``path`` (a literal of the
-    caller's code, one of ``PATH_*``) picks, at compile time, the one solver the caller's
-    rows take, so that a kernel of one path compiles and links that solver alone.  The
-    caller guarantees that every row's ``a1`` is of that path
-    (:func:`entmax_ref.backends.engine.solver_path`)."""
-    raise NotImplementedError("compiled code only")
-
-
-@overload(solve_on_path, prefer_literal=True)
-def _solve_on_path(x, out, a1, c, aux, aux2, seed, path):
-    k = path.literal_value if isinstance(path, types.IntegerLiteral) else PATH_ANY
-    if k == PATH_BIG:
-        return lambda x, out, a1, c, aux, aux2, seed, path: solve_big(x, out, a1, c, seed)
-    if k == PATH_SOFTMAX:
-        return lambda x, out, a1, c, aux, aux2, seed, path: solve_softmax(x, out, c)
-    if k == PATH_SPARSE:
-        return lambda x, out, a1, c, aux, aux2, seed, path: _solve_sparse(x, out, c, aux, aux2)
-    if k == PATH_15:
-        return lambda x, out, a1, c, aux, aux2, seed, path: _solve_15(x, out, c, aux, seed)
-    if k == PATH_GEN:
-        return lambda x, out, a1, c, aux, aux2, seed, path: _solve_gen(x, out, a1, c, aux, aux2, seed)
-    return lambda x, out, a1, c, aux, aux2, seed, path: solve_default(x, out, a1, c, aux, aux2, seed)
 
 
 @njit(cache=CACHE)
@@ -357,7 +335,7 @@ def _rows_softmax64(x, alpha, method, out, theta, support, n_iter, converged, r0
 def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = _solve_sparse(x[r], out[r], c, aux, aux2)
+        theta[r], support[r], n_iter[r], converged[r] = solve_sparse(x[r], out[r], c, aux, aux2)
 
 
 @njit(nogil=True, cache=CACHE)
@@ -365,14 +343,14 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     aux = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = _solve_15(x[r], out[r], c, aux, r)
+        theta[r], support[r], n_iter[r], converged[r] = solve_15(x[r], out[r], c, aux, r)
 
 
 @njit(nogil=True, cache=CACHE)
 def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        th, sup, it, ok = _solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
+        th, sup, it, ok = solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
