@@ -97,29 +97,48 @@ def family(op: str) -> tuple[str, ...]:
 
 
 #: The solver paths of the numba attention kernels, by index: each path's kernels call one
-#: row solver (``any``: all of them, for heads whose alphas take different solvers).
-SOLVER_PATHS = ("any", "softmax", "sparsemax", "entmax15", "entmax", "big")
+#: row solver.  A kv-head group whose heads take different solvers runs each run of
+#: heads of one path through that path's kernel (:func:`path_runs`).
+SOLVER_PATHS = ("softmax", "sparsemax", "entmax15", "entmax", "big")
 #: The paths of the decoding forward: every one but softmax (a softmax head has no window;
 #: it never takes the decoding path).
 DECODE_PATHS = tuple(p for p in SOLVER_PATHS if p != "softmax")
 
 
-def solver_path(alphas: Any) -> int:
-    """The index in :data:`SOLVER_PATHS` of rows with these alphas: the one row solver that
-    ``method=None`` takes for every one of them (alpha > 2, = 1, = 2, = 1.5, other), else
-    ``any``."""
-    names = {"big" if a > 2.0 else "softmax" if a == 1.0 else "sparsemax" if a == 2.0
-             else "entmax15" if a == 1.5 else "entmax" for a in _alphas(alphas).tolist()}
-    return SOLVER_PATHS.index(names.pop() if len(names) == 1 else "any")
+def solver_path(alpha: float) -> int:
+    """The index in :data:`SOLVER_PATHS` of rows with this alpha: the row solver that
+    ``method=None`` takes (alpha > 2, = 1, = 2, = 1.5, other)."""
+    a = float(alpha)
+    return SOLVER_PATHS.index("big" if a > 2.0 else "softmax" if a == 1.0 else "sparsemax" if a == 2.0
+                              else "entmax15" if a == 1.5 else "entmax")
+
+
+def path_runs(alphas: Any, per_head: int, r0: int, r1: int) -> list[tuple[int, int, int]]:
+    """The rows ``r0 .. r1 - 1`` of a kv-head group (query head ``h`` holds rows ``h *
+    per_head`` to ``(h + 1) * per_head - 1``; ``alphas`` one per head) as runs ``(lo, hi,
+    path)`` of consecutive rows whose heads take one solver path, in row order."""
+    runs: list[tuple[int, int, int]] = []
+    for h, a in enumerate(_alphas(alphas).tolist()):
+        lo, hi = max(r0, h * per_head), min(r1, (h + 1) * per_head)
+        if lo >= hi:
+            continue
+        p = solver_path(a)
+        if runs and runs[-1][2] == p and runs[-1][1] == lo:
+            runs[-1] = (runs[-1][0], hi, p)
+        else:
+            runs.append((lo, hi, p))
+    return runs
 
 
 def attention(alpha: Any, forward: bool) -> tuple[str, ...]:
-    """The units an attention call may run: the fused and (alpha > 1) the decoding forward
-    of its alphas' solver path (:func:`solver_path`), the row solvers of its alphas (a key
-    mask with holes runs the NumPy driver on them), and for the backward its kernels and
-    the row VJPs (the forward too: it may run first)."""
-    path = SOLVER_PATHS[solver_path(alpha)]
-    units = (f"attention_{path}", *((f"decode_{path}",) if path in DECODE_PATHS else ()), *entmax_forward(alpha))
+    """The units an attention call may run: the fused and (every alpha > 1) the decoding
+    forward of the solver paths of its alphas (:func:`solver_path`), the row solvers of its
+    alphas (a key mask with holes runs the NumPy driver on them), and for the backward its
+    kernels and the row VJPs (the forward too: it may run first)."""
+    paths = sorted({solver_path(a) for a in _alphas(alpha).tolist()})
+    names = [SOLVER_PATHS[p] for p in paths]
+    decode = () if "softmax" in names else tuple(f"decode_{p}" for p in names)
+    units = (*(f"attention_{p}" for p in names), *decode, *entmax_forward(alpha))
     if not forward:
         units += ("attention_vjp", *entmax_vjp(alpha), *entmax_alpha_vjp(alpha))
     return units

@@ -122,19 +122,16 @@ def _qkv(nq, nk, spread=1.0):
     return q, k, rng.standard_normal((1, 1, nk, 4))
 
 
-def _attention(*alphas):
-    """The chunked forward kernels of one solver path (heads with these alphas): with the
-    float32 filter's scores (alpha > 1; its kernels read K and V in the input dtype) and
-    with float64 scores (alpha = 1, and any chunk where the filter is off; float64 K and V
-    whatever the input dtype)."""
+def _attention(alpha):
+    """The chunked forward kernels of one solver path: with the float32 filter's scores
+    (alpha > 1; its kernels read K and V in the input dtype) and with float64 scores
+    (alpha = 1, and any chunk where the filter is off; float64 K and V whatever the input
+    dtype)."""
     def run(dt):
         import entmax_ref as er
         from entmax_ref.backends.numba import attention_chunks as _att
 
-        h = len(alphas)
-        alpha = np.array(alphas) if h > 1 else alphas[0]
         q, k, v = (a.astype(dt) for a in _qkv(4, 8))
-        q = np.repeat(q, h, axis=1)  # the h query heads share one kv-head: one group, these alphas
         er.attention(q, k, v, alpha=alpha, backend="numba")
         saved = _att.FILTER_FRACTION
         _att.FILTER_FRACTION = 0.0  # this worker process only: the float64-score forward
@@ -146,18 +143,16 @@ def _attention(*alphas):
     return run
 
 
-def _decode(*alphas):
-    """The decoding forward of one solver path (one query over a long key cache; every
-    alpha > 1) in the input dtype."""
+def _decode(alpha):
+    """The decoding forward of one solver path (one query over a long key cache; alpha >
+    1) in the input dtype."""
     def run(dt):
         import entmax_ref as er
         from entmax_ref.backends.numba import decode as _dec
 
-        h = len(alphas)
         rng = np.random.default_rng(0)
-        q, k, v = (rng.standard_normal((1, nh, n, 4)).astype(dt)  # h query heads over one kv-head
-                   for nh, n in ((h, 1), (1, _dec.DECODE_MIN_KEYS), (1, _dec.DECODE_MIN_KEYS)))
-        er.attention(q, k, v, alpha=np.array(alphas) if h > 1 else alphas[0], backend="numba")
+        q, k, v = (rng.standard_normal((1, 1, n, 4)).astype(dt) for n in (1, _dec.DECODE_MIN_KEYS, _dec.DECODE_MIN_KEYS))
+        er.attention(q, k, v, alpha=alpha, backend="numba")
 
     return run
 
@@ -199,13 +194,11 @@ _CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "normmax_vjp": ("normmax VJP", _normmax_vjp),
     "budget": ("budget-sparsemax forward", _budget),
     "budget_vjp": ("budget-sparsemax VJP", _budget_vjp),
-    "attention_any": ("attention forward, heads whose alphas take different row solvers", _attention(1.5, 3.0)),
     "attention_softmax": ("attention forward, alpha = 1", _attention(1.0)),
     "attention_sparsemax": ("attention forward, alpha = 2", _attention(2.0)),
     "attention_entmax15": ("attention forward, alpha = 1.5", _attention(1.5)),
     "attention_entmax": ("attention forward, 1 < alpha < 2", _attention(1.25)),
     "attention_big": ("attention forward, alpha > 2", _attention(3.0)),
-    "decode_any": ("attention decoding, heads whose alphas take different row solvers", _decode(1.5, 3.0)),
     "decode_sparsemax": ("attention decoding (few queries over a long key cache), alpha = 2", _decode(2.0)),
     "decode_entmax15": ("attention decoding, alpha = 1.5", _decode(1.5)),
     "decode_entmax": ("attention decoding, 1 < alpha < 2", _decode(1.25)),
@@ -219,12 +212,12 @@ UNITS: dict[str, tuple[str, Callable[[str], None]]] = {u: _CALLS[u] for u in _en
 #: the units ``entmax-ref check`` runs (everything but the mixed-alpha solvers, the alpha
 #: VJPs and the decoding path, which check does not call)
 CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_vjp_any", "entmax_alpha_vjp",
-                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "attention_any")
+                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any")
                     and not u.startswith("decode_"))
 
 #: unit -> the units whose compiled kernels its own kernels call: the forward kernels of an
-#: attention solver path solve their rows with that path's row solver (``attention_any``
-#: with every one, ``rows.solve_default``), the decoding forward and the backward share
+#: attention solver path solve their rows with that path's row solver, the decoding
+#: forward and the backward share
 #: the chunked forward's helpers, and the backward computes dalpha with the row alpha
 #: VJPs.  A unit starts only after these are in the
 #: cache, so it loads their kernels instead of compiling them again.  (This order is for
@@ -236,10 +229,8 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "attention_entmax15": ("entmax15",),
     "attention_entmax": ("entmax",),
     "attention_big": ("entmax_big",),
-    "attention_any": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),
     "attention_vjp": ("attention_entmax15", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
     **{f"decode_{p}": (f"attention_{p}",) for p in _engine.DECODE_PATHS},
-    "entmax_any": ("attention_any",),  # _solve_row calls solve_default, which attention_any compiles
 }
 
 #: compile CPU seconds of each task (unit, dtype) with the tasks it needs cached, as
@@ -247,16 +238,15 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 #: 1; a loaded machine inflates them, but the ratios are what the scheduler ranks by); 1
 #: for a task not listed.  The first dtype of a row unit compiles the helpers both share.
 _COST: dict[tuple[str, str], float] = {
-    ("attention_any", "float64"): 34.8, ("entmax", "float64"): 12.6, ("attention_entmax15", "float64"): 12.4,
-    ("attention_any", "float32"): 10.7, ("entmax_any", "float64"): 10.1, ("entmax_any", "float32"): 9.6,
+    ("entmax", "float64"): 12.6, ("attention_entmax15", "float64"): 12.4,
+    ("entmax_any", "float64"): 10.1, ("entmax_any", "float32"): 9.6,
     ("softmax", "float64"): 8.8, ("entmax", "float32"): 8.2, ("attention_entmax", "float64"): 8.0,
     ("attention_vjp", "float64"): 7.9, ("attention_sparsemax", "float64"): 6.5,
-    ("decode_any", "float64"): 6.0, ("softmax", "float32"): 5.7, ("entmax15", "float64"): 5.4,
+    ("softmax", "float32"): 5.7, ("entmax15", "float64"): 5.4,
     ("attention_entmax", "float32"): 5.4, ("attention_big", "float64"): 4.9,
     ("attention_softmax", "float64"): 4.8, ("entmax15", "float32"): 4.6,
     ("attention_entmax15", "float32"): 4.4, ("attention_sparsemax", "float32"): 4.3,
-    ("decode_sparsemax", "float64"): 4.3, ("attention_vjp", "float32"): 4.2, ("decode_any", "float32"): 4.0,
-    ("entmax_big", "float64"): 3.8, ("attention_big", "float32"): 3.4, ("sparsemax", "float64"): 3.1,
+    ("decode_sparsemax", "float64"): 4.3, ("attention_vjp", "float32"): 4.2, ("entmax_big", "float64"): 3.8, ("attention_big", "float32"): 3.4, ("sparsemax", "float64"): 3.1,
     ("decode_sparsemax", "float32"): 2.9, ("sparsemax", "float32"): 2.2, ("budget", "float64"): 2.1,
     ("decode_entmax", "float64"): 2.1, ("decode_entmax15", "float32"): 2.1,
     ("decode_entmax15", "float64"): 2.0, ("decode_entmax", "float32"): 2.0, ("decode_big", "float32"): 1.9,

@@ -74,8 +74,12 @@ def test_the_units_of_a_call_follow_the_numba_drivers():
     assert a(1.5, True) == ("attention_entmax15", "decode_entmax15", "entmax15")
     assert a(1.0, True) == ("attention_softmax", "softmax")  # softmax heads never take the decoding path
     assert a(2.0, True)[0] == "attention_sparsemax" and a(np.array([1.2, 1.7]), True)[0] == "attention_entmax"
-    assert a(np.array([3.0, 40.0]), True)[0] == "attention_big" and a(np.array([1.5, 3.0]), True)[0] == "attention_any"
-    assert a(np.array([1.5, 1.25]), True)[0] == "attention_any"  # two solvers (1.5-entmax, 1 < alpha < 2)
+    assert a(np.array([3.0, 40.0]), True)[0] == "attention_big"
+    # heads on two solvers (1.5-entmax, alpha > 2) run each one's kernels
+    assert a(np.array([1.5, 3.0]), True) == ("attention_entmax15", "attention_big", "decode_entmax15", "decode_big",
+                                              "entmax_any")
+    assert a(np.array([1.0, 1.25]), True)[:2] == ("attention_softmax", "attention_entmax")  # no decoding: softmax
+    assert "decode_entmax" not in a(np.array([1.0, 1.25]), True)
     from entmax_ref.backends import numba_precompile
 
     every = set(engine.all_units())
@@ -84,6 +88,15 @@ def test_the_units_of_a_call_follow_the_numba_drivers():
                   engine.entmax_alpha_vjp(np.array([1.5, 3.0])), engine.attention(np.array([1.5, 3.0]), False),
                   *(engine.family(op) for op in ("normmax_forward", "normmax_vjp", "budget_forward", "budget_vjp"))):
         assert set(units) <= every  # entmax-ref compile compiles every unit a call can need
+
+
+def test_path_runs_are_the_rows_of_consecutive_heads_on_one_path():
+    """``engine.path_runs``: the rows of a block, cut where the solver path changes."""
+    runs = engine.path_runs([1.5, 1.5, 3.0, 4.0, 1.25, 1.5], 10, 5, 55)
+    assert [(lo, hi, engine.SOLVER_PATHS[p]) for lo, hi, p in runs] == [
+        (5, 20, "entmax15"), (20, 40, "big"), (40, 50, "entmax"), (50, 55, "entmax15")]
+    assert engine.path_runs([1.0, 2.0], 4, 4, 8) == [(4, 8, engine.SOLVER_PATHS.index("sparsemax"))]
+    assert engine.path_runs([1.5, 1.5], 3, 0, 6) == [(0, 6, engine.SOLVER_PATHS.index("entmax15"))]
 
 
 def test_a_numba_call_marks_its_unit_compiled(cold):

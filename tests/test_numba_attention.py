@@ -536,25 +536,22 @@ def test_key_masks_are_routed_once(monkeypatch, mask):
         assert seen["ref_fwd"] == [True] and seen["ref_bwd"] == [True]
 
 
-@pytest.mark.parametrize("alpha", [1.0, 1.25, 1.5, 2.0, 3.0])
-def test_each_solver_path_kernel_gives_the_bits_of_the_kernel_of_every_path(alpha, monkeypatch):
-    """The forward's row kernel of one solver path (``FWD_ROWS[path]``, which links that
-    row solver alone) writes the same bits as the kernel that holds every solver and picks
-    per row (``FWD_ROWS[0]``), on the chunked path and the decoding path."""
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_group_of_heads_on_different_solver_paths_gives_each_head_its_own_paths_bits(dtype):
+    """A kv-head group whose query heads take five row solvers (alpha 1.5, 1.25, 3, 2, 1.5:
+    two runs of heads on one path, and a path that comes back) runs each run through its
+    path's kernel: every head gets the bits the same group gives it with that head's alpha
+    on every head, on the chunked path and the decoding path."""
     ndec = pytest.importorskip("entmax_ref.backends.numba.decode")
-    rng, q, k, v = problem(int(alpha * 10), B=1, Hq=2, Hkv=1, Nq=24, Nk=24, D=8, Dv=4, spread=2.0)
-    qd = rng.standard_normal((1, 2, 1, 8))
-    kd, vd = rng.standard_normal((2, 1, 1, ndec.DECODE_MIN_KEYS, 8))
-    cases = [((q, k, v), dict(causal=True)), ((qd, kd, vd), {})]
+    alphas = np.array([1.5, 1.25, 1.25, 3.0, 2.0, 1.5])
+    rng, q, k, v = problem(7, B=1, Hq=6, Hkv=1, Nq=24, Nk=24, D=8, Dv=4, spread=2.0, dtype=dtype)
+    qd = rng.standard_normal((1, 6, 1, 8)).astype(dtype)
+    kd, vd = rng.standard_normal((2, 1, 1, ndec.DECODE_MIN_KEYS, 8)).astype(dtype)
+    for (q_, k_, v_), kw in (((q, k, v), dict(causal=True)), ((qd, kd, vd), {})):
+        mixed, info = er.attention(q_, k_, v_, alpha=alphas, return_info=True, backend="numba", **kw)
+        for h, a in enumerate(alphas):
+            alone, ia = er.attention(q_, k_, v_, alpha=np.full(6, a), return_info=True, backend="numba", **kw)
+            np.testing.assert_array_equal(mixed[:, h], alone[:, h])
+            np.testing.assert_array_equal(info.tau[:, h], ia.tau[:, h])
+            np.testing.assert_array_equal(info.support[:, h], ia.support[:, h])
 
-    def run():
-        return [er.attention(*qkv, alpha=alpha, return_info=True, backend="numba", **kw) for qkv, kw in cases]
-
-    own = run()
-    monkeypatch.setattr(nattn, "solver_path", lambda alphas: 0)
-    monkeypatch.setattr(ndec, "solver_path", lambda alphas: 0)
-    every = run()
-    for (o1, i1), (o2, i2) in zip(own, every):
-        np.testing.assert_array_equal(o1, o2)
-        np.testing.assert_array_equal(i1.tau, i2.tau)
-        np.testing.assert_array_equal(i1.support, i2.support)

@@ -94,12 +94,12 @@ def test_each_kernel_compiles_once_per_input_dtype_whatever_the_array_flags():
         assert len(hits) == 1, f"{name}: {hits} in {sorted(ran)}"
         return ran[hits[0]]
 
-    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "FWD_ROWS[3]", "FWD_ROWS[4]", "bwd_rows",
-                   "scan_block", "DECODE_ROWS[3]", "matmul_into"):
+    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "FWD_ROWS[2]", "FWD_ROWS[3]", "bwd_rows",
+                   "scan_block", "DECODE_ROWS[2]", "matmul_into"):
         find(kernel)
-    # a call compiles the row kernels of its heads' solver paths only: 1.5 (path 3), and the
-    # kv-heads of alpha 1.5 and of 1.25 (path 4; one query head each)
-    assert {k.rsplit(".", 1)[1] for k in ran if "_ROWS[" in k} == {"FWD_ROWS[3]", "FWD_ROWS[4]", "DECODE_ROWS[3]"}
+    # a call compiles the row kernels of its heads' solver paths only: 1.5 (path 2), and the
+    # kv-heads of alpha 1.5 and of 1.25 (path 3; one query head each)
+    assert {k.rsplit(".", 1)[1] for k in ran if "_ROWS[" in k} == {"FWD_ROWS[2]", "FWD_ROWS[3]", "DECODE_ROWS[2]"}
     # the products take views (slices, transposes) of one dtype: one specialization per
     # kind of operand, whatever the caller's arrays
     assert len(find("matmul_into")) <= 6, find("matmul_into")
@@ -224,25 +224,30 @@ def test_schedule_starts_a_task_only_after_the_kernels_it_calls_are_cached():
     for u, d in tasks:
         if d == "float32":
             assert spans[(u, "float64")][1] <= spans[(u, d)][0]
-    for unit, needs in (("attention_any", ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big")),
+    for unit, needs in (("attention_big", ("entmax_big",)), ("decode_big", ("attention_big",)),
                         ("attention_entmax15", ("entmax15",)), ("attention_vjp", ("attention_entmax15",))):
         assert set(needs) <= set(pc._NEEDS[unit])
         for v in needs:
             assert spans[(v, "float64")][1] <= spans[(unit, "float64")][0]
-    # the first task started is one the attention chain needs
+    # the first task started is one the longest chain (to the attention backward) needs
     first = min(spans, key=lambda t: spans[t][0])
-    assert first[0] in pc._NEEDS["attention_any"], first
+    chain, todo = set(), ["attention_vjp"]
+    while todo:
+        for v in pc._NEEDS.get(todo.pop(), ()):
+            chain.add(v)
+            todo.append(v)
+    assert first[0] in chain, first
 
 
 def test_schedule_keeps_both_workers_busy_and_ignores_needs_outside_it():
     """A unit whose needs are not asked for (or already cached) starts at once; a task that
     waits on a running one does not hold back the ready ones."""
-    spans = _run_schedule([("attention_any", "float64"), ("budget", "float64")], 2, lambda t: 0.5)
-    a, b = spans[("attention_any", "float64")], spans[("budget", "float64")]
+    spans = _run_schedule([("attention_entmax", "float64"), ("budget", "float64")], 2, lambda t: 0.5)
+    a, b = spans[("attention_entmax", "float64")], spans[("budget", "float64")]
     assert a[0] < b[1] and b[0] < a[1]  # they ran at the same time
-    order = pc._Schedule([(u, "float64") for u in ("normmax", "attention_any", "entmax15", "entmax")]).order()
-    assert order.index(("entmax15", "float64")) < order.index(("attention_any", "float64"))
-    assert order.index(("entmax", "float64")) < order.index(("attention_any", "float64"))
+    order = pc._Schedule([(u, "float64") for u in ("normmax", "decode_entmax", "attention_entmax", "entmax")]).order()
+    assert order.index(("entmax", "float64")) < order.index(("attention_entmax", "float64"))
+    assert order.index(("attention_entmax", "float64")) < order.index(("decode_entmax", "float64"))
 
 
 def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch):
@@ -284,10 +289,9 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
 
 def test_each_attention_unit_runs_the_kernels_of_its_own_solver_path():
     """The call of ``attention_<path>`` (``decode_<path>``) runs the chunked (decoding)
-    forward's row kernel of that path: what "auto" takes that unit's marker to mean.  The
-    ``any`` units need query heads of different alphas within one kv-head group.  In a
-    fresh process, each unit in turn (``any`` first), so a kernel has signatures only when
-    a unit run so far called it."""
+    forward's row kernel of that path: what "auto" takes that unit's marker to mean.  In
+    a fresh process, each unit in turn, so a kernel has signatures only when a unit run so
+    far called it."""
     code = """
         import json
         from entmax_ref.backends import engine, numba_precompile as pc

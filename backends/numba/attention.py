@@ -36,7 +36,7 @@ import numba
 import numpy as np
 
 from . import attention_chunks as shared
-from ..engine import solver_path
+from ..engine import path_runs
 from ..geometry import key_offset, visible_keys_end
 from .attention_chunks import (OVERFLOW, chunk_cost, filter_bound, group_alphas, group_slopes, head_items,
                                Heads, chunk_product, chunk_row_scale, run_chunks, writable_copy,
@@ -106,7 +106,6 @@ def attention_forward(backend, q, k, v, spec):
         o = np.empty((rows, Dv), f64)  # the output rows in float64; the rest goes to its place
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
-        fwd_rows = FWD_ROWS[solver_path(alphas)]  # the kernel of the one solver path these heads take
         rows_rec = chunk_rows(b, h0, nc, i0, offset, causal, scale, rs, group_slopes(spec, h0, group), alphas)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
@@ -130,7 +129,9 @@ def attention_forward(backend, q, k, v, spec):
                     matmul_into(q32[a:e], head.k32t[:, :kend], g, 0.0)
                 else:
                     g = chunk_product(qc, head.kkt[:, :key_end], None)
-                fwd_rows(g, a, filt, qc[a:e], kk, err[a:e], vv, rows_rec, fwd, o[a:e], ncand[a:e], bad[a:e])
+                for lo, hi, path in path_runs(alphas, nc, a, e):  # each run of heads through its path's kernel
+                    FWD_ROWS[path](g[lo - a:hi - a], lo, filt, qc[lo:hi], kk, err[lo:hi], vv, rows_rec, fwd,
+                                   o[lo:hi], ncand[lo:hi], bad[lo:hi])
         if bad.any():
             raise ValueError(OVERFLOW)
         if probe and filt and ncand.sum() > shared.FILTER_FRACTION * rows * key_end:

@@ -52,8 +52,8 @@ from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
 from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
 from .grads import signed_exp as _signed_exp, skew as _skew
-from .rows import (N_PATHS, PATH_15, PATH_BIG, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, kind_of as _kind, solve_15,
-                   solve_default, solve_gen, solve_sparse, solver_scratch as _solver_scratch)
+from .rows import (N_PATHS, PATH_15, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, kind_of as _kind, solve_15,
+                   solve_gen, solve_sparse, solver_scratch as _solver_scratch)
 from .softmax import solve_softmax
 
 
@@ -272,9 +272,7 @@ def _fwd_kernel(path):
             th, cnt = -np.inf, np.int64(0)
             if m > 0 and ok:  # the path's solver (the chain is pruned to it), seeded with the row's index in its chunk
                 x, pr = zc[:m], pc[:m]
-                if path == PATH_BIG:
-                    th, cnt, _, _ = solve_big(x, pr, a1, c, rc)
-                elif path == PATH_SOFTMAX:
+                if path == PATH_SOFTMAX:
                     th, cnt, _, _ = solve_softmax(x, pr, c)
                 elif path == PATH_SPARSE:
                     th, cnt, _, _ = solve_sparse(x, pr, c, aux, aux2)
@@ -282,8 +280,8 @@ def _fwd_kernel(path):
                     th, cnt, _, _ = solve_15(x, pr, c, aux, rc)
                 elif path == PATH_GEN:
                     th, cnt, _, _ = solve_gen(x, pr, a1, c, aux, aux2, rc)
-                else:
-                    th, cnt, _, _ = solve_default(x, pr, a1, c, aux, aux2, rc)
+                else:  # PATH_BIG
+                    th, cnt, _, _ = solve_big(x, pr, a1, c, rc)
             row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), m, ok, (th, cnt), (zc, pc, idx),
                        (a1, a2, big), vv, (o, sk), fwd, out, bad, ncand)
 
@@ -293,7 +291,8 @@ def _fwd_kernel(path):
 #: The fused forward's row kernel of each solver path (``FWD_ROWS[path](g, r0, ...)``:
 #: :func:`_fwd_kernel` with ``path`` a compile-time constant,
 #: :func:`~entmax_ref.backends.engine.solver_path`): a first call compiles the one row
-#: solver its alphas take.
+#: solver of its heads' path.  A group whose heads take several paths runs each run of
+#: heads of one path through that path's kernel (:func:`~entmax_ref.backends.engine.path_runs`).
 FWD_ROWS = tuple(_fwd_kernel(p) for p in range(N_PATHS))
 
 

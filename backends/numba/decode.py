@@ -58,14 +58,14 @@ from numba import njit
 
 from . import CACHE
 from ..attention_driver import batch_chunks
-from ..engine import solver_path
+from ..engine import path_runs
 from ..geometry import key_offset, visible_counts
 from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_scale, run_parallel, writable_copy,
                                empty_kernel_forward, trimmed_keys)
 from .attention_filter import dot64, g_cut, max_cut, score_at, theta_cut, theta_lower, z_range, score_errors
 from .attention_rows import ForwardArrays, row_result, chunk_rows
 from .big_alpha import solve_big
-from .rows import (N_PATHS, PATH_15, PATH_BIG, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, solve_15, solve_default, solve_gen,
+from .rows import (N_PATHS, PATH_15, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, solve_15, solve_gen,
                    solve_sparse, solver_scratch as _solver_scratch)
 from .softmax import solve_softmax
 
@@ -305,9 +305,7 @@ def _decode_kernel(path):
             th, cnt = -np.inf, np.int64(0)
             if m > 0 and ok:  # as the chunked forward's rows (seeded with the row's index in its chunk, h * Nq + i)
                 x, pr = zc[:m], pc[:m]
-                if path == PATH_BIG:
-                    th, cnt, _, _ = solve_big(x, pr, a1, c, r)
-                elif path == PATH_SOFTMAX:
+                if path == PATH_SOFTMAX:
                     th, cnt, _, _ = solve_softmax(x, pr, c)
                 elif path == PATH_SPARSE:
                     th, cnt, _, _ = solve_sparse(x, pr, c, aux, aux2)
@@ -315,8 +313,8 @@ def _decode_kernel(path):
                     th, cnt, _, _ = solve_15(x, pr, c, aux, r)
                 elif path == PATH_GEN:
                     th, cnt, _, _ = solve_gen(x, pr, a1, c, aux, aux2, r)
-                else:
-                    th, cnt, _, _ = solve_default(x, pr, a1, c, aux, aux2, r)
+                else:  # PATH_BIG
+                    th, cnt, _, _ = solve_big(x, pr, a1, c, r)
             row_result(r, (b, h0 + h, r - h * nq), m, ok, (th, cnt), (zc, pc, idx), (a1, a2, big), vf, (o, sk),
                        fwd, out, bad, ncand)
 
@@ -461,8 +459,10 @@ def decode_forward(q, k, v, spec):
             hd = hds[i]
             rows = chunk_rows(hd["b"], hd["h0"], Nq, 0, offset, spec.causal, scale, hd["rs"], hd["slopes"],
                               hd["alphas"])
-            DECODE_ROWS[solver_path(hd["alphas"])](hd["g"], hd["qc"], hd["kf"], hd["vf"], r0, r1, rows,
-                        DecodeBounds(hd["nvis"], hd["nchk"], lrow[i], srow[i], err[i]), fwd, o[i], ncand[i], bad[i])
+            bounds = DecodeBounds(hd["nvis"], hd["nchk"], lrow[i], srow[i], err[i])
+            for lo, hi, path in path_runs(hd["alphas"], Nq, r0, r1):  # each run of heads through its path's kernel
+                DECODE_ROWS[path](hd["g"], hd["qc"], hd["kf"], hd["vf"], lo, hi, rows, bounds, fwd, o[i], ncand[i],
+                                  bad[i])
 
         def phase1(slot, item):
             i, j, j0, j1 = item

@@ -283,13 +283,13 @@ def solve_default(x, out, a1, c, aux, aux2, seed):
 
 #: The solver paths of the attention kernels, in the order of
 #: :data:`entmax_ref.backends.engine.SOLVER_PATHS` (whose :func:`~entmax_ref.backends.engine.
-#: solver_path` gives the path of a head's alphas): one row solver of :func:`solve_default`
-#: each, or all of them (``PATH_ANY``: rows that take different solvers).  A kernel of one
-#: path has the path as a constant of its code and calls that path's solver itself, in a
-#: chain of ``if path == PATH_...`` that numba prunes to the one branch when it compiles
-#: the kernel: the solver is linked into the kernel alone, at one level of calls (numba
-#: optimises and emits a callee's code again in every compiled function that links it).
-PATH_ANY, PATH_SOFTMAX, PATH_SPARSE, PATH_15, PATH_GEN, PATH_BIG = range(len(SOLVER_PATHS))
+#: solver_path` gives the path of a head's alpha): one row solver of :func:`solve_default`
+#: each.  A kernel of one path has the path as a constant of its code and calls that
+#: path's solver itself, in a chain of ``if path == PATH_...`` that numba prunes to the one
+#: branch when it compiles the kernel: the solver is linked into the kernel alone, at one
+#: level of calls (numba optimises and emits a callee's code again in every compiled
+#: function that links it).
+PATH_SOFTMAX, PATH_SPARSE, PATH_15, PATH_GEN, PATH_BIG = range(len(SOLVER_PATHS))
 N_PATHS = len(SOLVER_PATHS)
 
 
