@@ -231,6 +231,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "attention_big": ("entmax_big",),
     "attention_vjp": ("attention_entmax15", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
     **{f"decode_{p}": (f"attention_{p}",) for p in _engine.DECODE_PATHS},
+    "entmax_any": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),  # its kernel calls every solver
 }
 
 #: compile CPU seconds of each task (unit, dtype) with the tasks it needs cached, as

@@ -58,7 +58,7 @@ def test_a_call_compiles_only_the_path_it_takes():
     sig = json.loads(res.stdout.strip().splitlines()[-1])
     # the drivers only: from a warm cache their callees load inside them, uncompiled
     assert sig["_rows_15"] == 1 and sig["_vjp_small"] == 1
-    other = ["_rows_softmax", "_rows_sparse", "_rows_gen", "_rows_big", "_rows_any", "_solve_row",
+    other = ["_rows_softmax", "_rows_sparse", "_rows_gen", "_rows_big", "_rows_any",
              "solve_gen", "solve_big", "solve_big_bisect", "_solve_bisect", "condat", "_pivot_big", "bisect_row",
              "_vjp_big", "_vjp_any", "_vjp_row_big"]
     assert {n: sig[n] for n in other} == dict.fromkeys(other, 0)
@@ -87,7 +87,7 @@ def test_attention_compiles_only_the_default_solvers(tmp_path):
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr
     sig = json.loads(res.stdout.strip().splitlines()[-1])
-    unused = ["_solve_row", "_solve_bisect", "_solve_newton", "solve_big_bisect", "bisect_row", "_bisect_big"]
+    unused = ["_solve_bisect", "_solve_newton", "solve_big_bisect", "bisect_row", "_bisect_big"]
     assert {n: sig[n] for n in unused} == dict.fromkeys(unused, 0)
 
 

@@ -9,7 +9,7 @@ and returns ``theta = max(x) + A``.  Everything is computed in float64 whatever 
 input dtype; only the probabilities are rounded to the input dtype when stored.  Sums of
 probabilities use Neumaier's compensated summation.
 
-Per row (``_solve_row``):
+Per row (the solvers below; ``_rows_any`` picks one per row):
 
 1. One pass finds ``m = max(x)`` and gathers a superset of the entries within the
    support window ``1/a1`` of it (an all ``-inf`` row, or ``n = 0``, gives p = 0,
@@ -131,8 +131,8 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
 
 
 # One solver per path, so that a call compiles only the path it takes (the drivers below
-# are chosen in Python from alpha and the method); ``_solve_row`` dispatches among them
-# at run time for the mixed case and for the attention kernels.
+# are chosen in Python from alpha and the method); ``_rows_any`` picks among them per row
+# at run time for rows of different alphas and for the other methods.
 
 
 @njit(cache=CACHE)
@@ -262,29 +262,9 @@ def solve_gen(x, out, a1, c, aux, aux2, seed):
     return theta, cnt, it + it_b, ok
 
 
-@njit(cache=CACHE, _nrt=True)
-def solve_default(x, out, a1, c, aux, aux2, seed):
-    """One row with ``method=None``, any alpha: returns (theta, support, n_iter,
-    converged); writes ``out``.  The attention kernels call this one (they never take
-    another method), so they compile only the default paths.  Reference counting is on
-    explicitly: the attention's per-row helpers that call it are compiled without it,
-    and numba's callees inherit that flag unless they set their own (the solvers
-    allocate their scratch)."""
-    if a1 > 1.0:
-        return solve_big(x, out, a1, c, seed)
-    if a1 == 0.0:
-        return solve_softmax(x, out, c)
-    if a1 == 1.0:
-        return solve_sparse(x, out, c, aux, aux2)
-    if a1 == 0.5:
-        return solve_15(x, out, c, aux, seed)
-    return solve_gen(x, out, a1, c, aux, aux2, seed)
-
-
 #: The solver paths of the attention kernels, in the order of
 #: :data:`entmax_ref.backends.engine.SOLVER_PATHS` (whose :func:`~entmax_ref.backends.engine.
-#: solver_path` gives the path of a head's alpha): one row solver of :func:`solve_default`
-#: each.  A kernel of one path has the path as a constant of its code and calls that
+#: solver_path` gives the path of a head's alpha): one row solver each.  A kernel of one path has the path as a constant of its code and calls that
 #: path's solver itself, in a chain of ``if path == PATH_...`` that numba prunes to the one
 #: branch when it compiles the kernel: the solver is linked into the kernel alone, at one
 #: level of calls (numba optimises and emits a callee's code again in every compiled
@@ -293,21 +273,9 @@ PATH_SOFTMAX, PATH_SPARSE, PATH_15, PATH_GEN, PATH_BIG = range(len(SOLVER_PATHS)
 N_PATHS = len(SOLVER_PATHS)
 
 
-@njit(cache=CACHE)
-def _solve_row(x, out, a1, method, c, aux, aux2, seed):
-    """One row with any method: returns (theta, support, n_iter, converged); writes ``out``."""
-    if method == METHOD_BISECT:
-        if a1 > 1.0:
-            return solve_big_bisect(x, out, a1, c)
-        return _solve_bisect(x, out, a1, c)
-    if method == METHOD_NEWTON and a1 <= 1.0:
-        return _solve_newton(x, out, a1, c)
-    return solve_default(x, out, a1, c, aux, aux2, seed)
-
-
 @njit(inline="always", cache=CACHE)
 def solver_scratch(n):
-    """The scratch of :func:`_solve_row` for rows of up to ``n`` entries: the candidates
+    """The row solvers' scratch for rows of up to ``n`` entries: the candidates
     ``c`` and the closed forms' and lower bounds' ``aux``, ``aux2``."""
     return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.float64)
 
@@ -366,8 +334,27 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        th, sup, it, ok = _solve_row(x[r], out[r], alpha[r] - 1.0, method, c, aux, aux2, r)
-        theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
+        a1 = alpha[r] - 1.0
+        # one call level: the solvers are linked into this kernel alone (numba optimises a
+        # callee's code again in every compiled function that links it)
+        if method == METHOD_BISECT:
+            if a1 > 1.0:
+                res = solve_big_bisect(x[r], out[r], a1, c)
+            else:
+                res = _solve_bisect(x[r], out[r], a1, c)
+        elif method == METHOD_NEWTON and a1 <= 1.0:
+            res = _solve_newton(x[r], out[r], a1, c)
+        elif a1 > 1.0:  # method=None and, for alpha > 2, "newton"
+            res = solve_big(x[r], out[r], a1, c, r)
+        elif a1 == 0.0:
+            res = solve_softmax(x[r], out[r], c)
+        elif a1 == 1.0:
+            res = solve_sparse(x[r], out[r], c, aux, aux2)
+        elif a1 == 0.5:
+            res = solve_15(x[r], out[r], c, aux, r)
+        else:
+            res = solve_gen(x[r], out[r], a1, c, aux, aux2, r)
+        theta[r], support[r], n_iter[r], converged[r] = res
 
 
 def _driver(alpha, method, dtype):
@@ -382,7 +369,7 @@ def _driver(alpha, method, dtype):
         return _rows_big
     if method != METHOD_DEFAULT or not 1.0 <= a <= 2.0:
         return _rows_any
-    # the path _solve_row takes for this alpha (kind_of's Python function: no compile)
+    # the solver _rows_any would take for this alpha (kind_of's Python function: no compile)
     kind = kind_of.py_func(a - 1.0)
     if kind == K_EXP and dtype == np.float64:
         return _rows_softmax64  # each row's maximum read in the previous row's pass
