@@ -85,6 +85,43 @@ def dot64(qc, r, kk, j):
     return a
 
 
+#: How many candidates ahead the loops that read K or V rows in candidate order ask for a
+#: row (:func:`prefetch_row`): the rows come in random order from L2 or L3, where one
+#: row's latency is longer than its dot product.
+PREFETCH_AHEAD = 8
+
+
+@intrinsic
+def prefetch_row(typingctx, a, j):
+    """Ask the CPU to bring row ``j`` of the C-contiguous 2-D array ``a`` into L1, one
+    prefetch instruction per 64-byte line (``llvm.prefetch``: a hint, never a fault, so
+    any ``j`` is safe)."""
+    if not (isinstance(a, types.Array) and a.ndim == 2 and isinstance(j, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from numba.core import cgutils
+
+        aty = signature.args[0]
+        arr = context.make_array(aty)(context, builder, args[0])
+        stride = cgutils.unpack_tuple(builder, arr.strides)[0]
+        jj = context.cast(builder, args[1], signature.args[1], types.intp)
+        i8p = ir.IntType(8).as_pointer()
+        base = builder.gep(builder.bitcast(arr.data, i8p), [builder.mul(jj, stride)])
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        nbytes = builder.mul(cgutils.unpack_tuple(builder, arr.shape)[1],
+                             context.get_constant(types.intp, aty.dtype.bitwidth // 8))
+        with cgutils.for_range_slice(builder, context.get_constant(types.intp, 0), nbytes,
+                                     context.get_constant(types.intp, 64)) as (off, _):
+            # read (0), keep in all levels (3), data cache (1)
+            builder.call(fn, [builder.gep(base, [off]), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(a, j), codegen
+
+
 @njit(cache=CACHE, fastmath={"reassoc", "contract"}, _nrt=False)
 def theta_lower(zc, m, L, a1):
     """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
@@ -390,6 +427,8 @@ def candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, w
     m1 = m
     m = 0
     for i in range(m1):
+        if i + PREFETCH_AHEAD < m1:
+            prefetch_row(kk, idx[i + PREFETCH_AHEAD])
         if zc[i] > cut:
             j = idx[i]
             gv = dot64(qc, r, kk, j)

@@ -46,7 +46,7 @@ from numba import njit
 from . import CACHE
 from ..constants import EDGE_TIE_ULPS
 from ..geometry import visible_count
-from .attention_filter import candidate_buffers, candidates_fast, dot64, score_at
+from .attention_filter import PREFETCH_AHEAD, candidate_buffers, candidates_fast, dot64, prefetch_row, score_at
 from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p, solve_big
 from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
@@ -143,6 +143,8 @@ def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
     dv = o.shape[0]
     if not keep:
         for ci in range(m):
+            if ci + PREFETCH_AHEAD < m:
+                prefetch_row(vv, idx[ci + PREFETCH_AHEAD])
             pj = pc[ci]
             if pj > 0.0:
                 j = idx[ci]
@@ -152,6 +154,8 @@ def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
     lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
     su = 0.0
     for ci in range(m):
+        if ci + PREFETCH_AHEAD < m and pc[ci + PREFETCH_AHEAD] > 0.0:
+            prefetch_row(vv, idx[ci + PREFETCH_AHEAD])
         pj = pc[ci]
         if pj > 0.0:
             j = idx[ci]
@@ -426,6 +430,8 @@ def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, z
             break
         if j <= prev or j >= n:
             return np.int64(0), np.int8(2)
+        if c + PREFETCH_AHEAD < keys.shape[1] and keys[r, c + PREFETCH_AHEAD] >= 0:
+            prefetch_row(kk, keys[r, c + PREFETCH_AHEAD])
         gv = dot64(qc, r, kk, j)
         z = score_at(gv, scale, s, has_s, slope, i_abs, j)
         if (z - z) != 0.0:
@@ -473,6 +479,8 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
     for d in range(dv):
         delta += doc[r, d] * sk[d]
     for c in range(m):
+        if c + PREFETCH_AHEAD < m:
+            prefetch_row(vv, idx[r, c + PREFETCH_AHEAD])
         gd[c] = dot64(doc, r, vv, idx[r, c])
     return delta
 

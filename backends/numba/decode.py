@@ -62,7 +62,8 @@ from ..engine import path_runs
 from ..geometry import key_offset, visible_counts
 from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_scale, run_parallel, writable_copy,
                                empty_kernel_forward, trimmed_keys)
-from .attention_filter import dot64, g_cut, max_cut, score_at, theta_cut, theta_lower, z_range, score_errors
+from .attention_filter import (PREFETCH_AHEAD, dot64, g_cut, max_cut, prefetch_row, score_at, theta_cut, theta_lower,
+                               z_range, score_errors)
 from .attention_rows import ForwardArrays, row_result, chunk_rows
 from .big_alpha import solve_big
 from .rows import (N_PATHS, PATH_15, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, solve_15, solve_gen,
@@ -281,6 +282,8 @@ def _decode_kernel(path):
                 cut = theta_cut(t, window, e)
                 m = 0
                 for i in range(m1):
+                    if i + PREFETCH_AHEAD < m1:
+                        prefetch_row(kf, idx[i + PREFETCH_AHEAD])
                     if zc[i] > cut:
                         j = idx[i]
                         idx[m] = j
