@@ -47,14 +47,12 @@ from . import CACHE
 from ..constants import EDGE_TIE_ULPS
 from ..geometry import visible_count
 from .attention_filter import PREFETCH_AHEAD, candidate_buffers, candidates_fast, dot64, prefetch_row, score_at
-from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p, solve_big
+from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p
 from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
 from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
 from .grads import signed_exp as _signed_exp, skew as _skew
-from .rows import (N_PATHS, PATH_15, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, kind_of as _kind, solve_15,
-                   solve_gen, solve_sparse, solver_scratch as _solver_scratch)
-from .softmax import solve_softmax
+from .rows import N_PATHS, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
 
 
 #: A chunk's place and its rows' parameters, as the row kernels take them (one record, which
@@ -274,18 +272,8 @@ def _fwd_kernel(path):
             m, ok = candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
                                      np.bool_(True), 0.0, za, idx, zc, gx)
             th, cnt = -np.inf, np.int64(0)
-            if m > 0 and ok:  # the path's solver (the chain is pruned to it), seeded with the row's index in its chunk
-                x, pr = zc[:m], pc[:m]
-                if path == PATH_SOFTMAX:
-                    th, cnt, _, _ = solve_softmax(x, pr, c)
-                elif path == PATH_SPARSE:
-                    th, cnt, _, _ = solve_sparse(x, pr, c, aux, aux2)
-                elif path == PATH_15:
-                    th, cnt, _, _ = solve_15(x, pr, c, aux, rc)
-                elif path == PATH_GEN:
-                    th, cnt, _, _ = solve_gen(x, pr, a1, c, aux, aux2, rc)
-                else:  # PATH_BIG
-                    th, cnt, _, _ = solve_big(x, pr, a1, c, rc)
+            if m > 0 and ok:  # the path's solver, seeded with the row's index in its chunk
+                th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, rc, path)
             row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), m, ok, (th, cnt), (zc, pc, idx),
                        (a1, a2, big), vv, (o, sk), fwd, out, bad, ncand)
 

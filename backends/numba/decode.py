@@ -65,10 +65,7 @@ from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_s
 from .attention_filter import (PREFETCH_AHEAD, dot64, g_cut, max_cut, prefetch_row, score_at, theta_cut, theta_lower,
                                z_range, score_errors)
 from .attention_rows import ForwardArrays, row_result, chunk_rows
-from .big_alpha import solve_big
-from .rows import (N_PATHS, PATH_15, PATH_GEN, PATH_SOFTMAX, PATH_SPARSE, solve_15, solve_gen,
-                   solve_sparse, solver_scratch as _solver_scratch)
-from .softmax import solve_softmax
+from .rows import N_PATHS, solve_on_path, solver_scratch as _solver_scratch
 
 #: Per row of a kv-head, what phase 2 takes from the geometry and from phase 1: the
 #: visible keys ``nvis``, the keys checked for overflow ``nchk``, the largest approximate
@@ -307,17 +304,7 @@ def _decode_kernel(path):
                 c, aux, aux2 = _solver_scratch(idx.shape[0])
             th, cnt = -np.inf, np.int64(0)
             if m > 0 and ok:  # as the chunked forward's rows (seeded with the row's index in its chunk, h * Nq + i)
-                x, pr = zc[:m], pc[:m]
-                if path == PATH_SOFTMAX:
-                    th, cnt, _, _ = solve_softmax(x, pr, c)
-                elif path == PATH_SPARSE:
-                    th, cnt, _, _ = solve_sparse(x, pr, c, aux, aux2)
-                elif path == PATH_15:
-                    th, cnt, _, _ = solve_15(x, pr, c, aux, r)
-                elif path == PATH_GEN:
-                    th, cnt, _, _ = solve_gen(x, pr, a1, c, aux, aux2, r)
-                else:  # PATH_BIG
-                    th, cnt, _, _ = solve_big(x, pr, a1, c, r)
+                th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, r, path)
             row_result(r, (b, h0 + h, r - h * nq), m, ok, (th, cnt), (zc, pc, idx), (a1, a2, big), vf, (o, sk),
                        fwd, out, bad, ncand)
 

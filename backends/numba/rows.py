@@ -264,13 +264,30 @@ def solve_gen(x, out, a1, c, aux, aux2, seed):
 
 #: The solver paths of the attention kernels, in the order of
 #: :data:`entmax_ref.backends.engine.SOLVER_PATHS` (whose :func:`~entmax_ref.backends.engine.
-#: solver_path` gives the path of a head's alpha): one row solver each.  A kernel of one path has the path as a constant of its code and calls that
-#: path's solver itself, in a chain of ``if path == PATH_...`` that numba prunes to the one
-#: branch when it compiles the kernel: the solver is linked into the kernel alone, at one
-#: level of calls (numba optimises and emits a callee's code again in every compiled
-#: function that links it).
+#: solver_path` gives the path of a head's alpha): one row solver each
+#: (:func:`solve_on_path`).
 PATH_SOFTMAX, PATH_SPARSE, PATH_15, PATH_GEN, PATH_BIG = range(len(SOLVER_PATHS))
 N_PATHS = len(SOLVER_PATHS)
+
+
+@njit(inline="always", cache=CACHE)
+def solve_on_path(x, out, a1, c, aux, aux2, seed, path):
+    """The row solver of solver path ``path`` (``PATH_*``), as ``method=None`` takes it:
+    returns (theta, support, n_iter, converged); writes ``out``.  ``path`` is a constant
+    of the calling kernel's code: numba inlines this function into the kernel and prunes
+    the chain to the one branch, so the kernel links that solver alone, at one level of
+    calls (numba optimises and emits a callee's code again in every compiled function
+    that links it).  The caller guarantees that every row's ``a1`` is of that path
+    (:func:`entmax_ref.backends.engine.solver_path`)."""
+    if path == PATH_SOFTMAX:
+        return solve_softmax(x, out, c)
+    if path == PATH_SPARSE:
+        return solve_sparse(x, out, c, aux, aux2)
+    if path == PATH_15:
+        return solve_15(x, out, c, aux, seed)
+    if path == PATH_GEN:
+        return solve_gen(x, out, a1, c, aux, aux2, seed)
+    return solve_big(x, out, a1, c, seed)
 
 
 @njit(inline="always", cache=CACHE)
