@@ -141,7 +141,7 @@ def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
     dv = o.shape[0]
     if not keep:
         for ci in range(m):
-            if ci + PREFETCH_AHEAD < m:
+            if ci + PREFETCH_AHEAD < m and pc[ci + PREFETCH_AHEAD] > 0.0:  # the rows P.V reads
                 prefetch_row(vv, idx[ci + PREFETCH_AHEAD])
             pj = pc[ci]
             if pj > 0.0:
@@ -192,8 +192,8 @@ def _store_keys(m, pc, idx, row):
 def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad, ncand):
     """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
     idx)`` (exact scores, their p, keys; ``ok``: its scores were finite) as the row solver
-    left them (``solved = (theta, support)``; the caller solves only rows with candidates
-    and finite scores): row ``r`` of the caller's float64 ``out`` (the driver converts it
+    left them (``solved = (theta, support)``: (-inf, 0) for a row the caller did not solve,
+    one without candidates or with overflowed scores): row ``r`` of the caller's float64 ``out`` (the driver converts it
     to q's dtype) and flags ``bad``, ``ncand``; then (:func:`_weigh`; ``alpha = (a1, a2,
     big)``; ``scratch = (o, sk)``) theta, the support, the residual, the skewed output (the
     output itself at alpha = 1, as the reference has it) and the support's keys
@@ -213,13 +213,11 @@ def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad,
     for d in range(o.shape[0]):
         o[d] = 0.0
         sk[d] = 0.0
+    th, cnt = solved
     L = -np.inf
     ce = -np.inf
     qe = 0.0
-    th = -np.inf
-    cnt = np.int64(0)
     if m > 0 and ok:
-        th, cnt = solved
         L, ce, qe = _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep)
         if cnt == 0:  # the residual (the row maximum, the support's edge) of a row with a support only
             L = -np.inf
