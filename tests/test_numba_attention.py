@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import entmax_ref as er
+from entmax_ref.backends import engine
 from test_attention import check_against_dense, dense, grad_tols, problem
 
 pytestmark = pytest.mark.numba
@@ -547,8 +548,22 @@ def test_a_group_of_heads_on_different_solver_paths_gives_each_head_its_own_path
     rng, q, k, v = problem(7, B=1, Hq=6, Hkv=1, Nq=24, Nk=24, D=8, Dv=4, spread=2.0, dtype=dtype)
     qd = rng.standard_normal((1, 6, 1, 8)).astype(dtype)
     kd, vd = rng.standard_normal((2, 1, 1, ndec.DECODE_MIN_KEYS, 8)).astype(dtype)
-    for (q_, k_, v_), kw in (((q, k, v), dict(causal=True)), ((qd, kd, vd), {})):
-        mixed, info = er.attention(q_, k_, v_, alpha=alphas, return_info=True, backend="numba", **kw)
+    path = [engine.solver_path(a) for a in alphas]
+    runs = [(0, 1, path[0]), (1, 3, path[1]), (3, 4, path[3]), (4, 5, path[4]), (5, 6, path[5])]  # per head
+    for (q_, k_, v_), kw, nq in (((q, k, v), dict(causal=True), 24), ((qd, kd, vd), {}, 1)):
+        calls = []
+
+        def spy(p, kernel, rows):  # records (first row, end row, path) of each kernel call
+            return lambda *a: (calls.append((*rows(a), p)), kernel(*a))[1]
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(nattn, "FWD_ROWS", tuple(spy(p, f, lambda a: (a[1], a[1] + a[0].shape[0]))
+                                                for p, f in enumerate(nattn.FWD_ROWS)))
+            mp.setattr(ndec, "DECODE_ROWS", tuple(spy(p, f, lambda a: (a[4], a[5]))
+                                                  for p, f in enumerate(ndec.DECODE_ROWS)))
+            mixed, info = er.attention(q_, k_, v_, alpha=alphas, return_info=True, backend="numba", **kw)
+        # one kernel call per run of heads on one path (the decoding case: its kernels ran)
+        assert calls == [(lo * nq, hi * nq, p) for lo, hi, p in runs]
         for h, a in enumerate(alphas):
             alone, ia = er.attention(q_, k_, v_, alpha=np.full(6, a), return_info=True, backend="numba", **kw)
             np.testing.assert_array_equal(mixed[:, h], alone[:, h])
