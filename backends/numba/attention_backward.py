@@ -35,6 +35,13 @@ DENSE_FRACTION = 0.125
 #: beyond it the workers share one pair, behind a lock.
 ACCUMULATOR_BYTES = 512 * 2**20
 
+#: Query rows (of each query head) of a chunk when every row has the forward's support
+#: keys and the caller left ``chunk`` to the driver: no score block is formed then, so
+#: the driver's chunks (sized for one: 64 rows at 16,384 keys) are merged into runs of
+#: this many rows, and the per-chunk work in Python (about 0.1 ms a chunk) is paid fewer
+#: times.  A chunk's memory is then O(rows x support keys + keys).
+STORED_CHUNK_ROWS = 512
+
 _NO_KEYS = np.empty((0, 1), np.int32)
 _NO_G = np.empty((0, 0), np.float32)
 
@@ -43,7 +50,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     """Chunked support-only backward from the forward's residual ``res`` (theta; for
     alpha > 2 also row_max, edge, edge_p; with alpha per head, for the rows of heads with
     alpha > 2) (see the module docstring); the NumPy driver's outputs and conventions."""
-    from .._base import AttentionGrads, narrow
+    from .._base import AttentionGrads
     from ..numpy_attention import attention_backward as numpy_backward
 
     heads_alpha = np.asarray([spec.alpha] if spec.head_alpha is None else spec.head_alpha, np.float64)
@@ -54,11 +61,27 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
                          "(attention_driver.backward_by_key_runs)")
     call = _Backward(do, q, k, v, res, skew, spec, bool(np.any(heads_alpha > 2.0)))
     for b in range(call.B):
-        items = list(enumerate(head_items(spec, b, call.Nq, call.Nk, call.group)))
+        chunks = head_items(spec, b, call.Nq, call.Nk, call.group)
+        if call.all_stored and spec.chunk is None:
+            chunks = merged_chunks(chunks, STORED_CHUNK_ROWS)
+        items = list(enumerate(chunks))
         for hk in range(call.Hkv):
             call.head(b, hk, items)
-    return AttentionGrads(narrow(call.dq, q.dtype), narrow(call.dk, k.dtype), narrow(call.dv, v.dtype),
+    return AttentionGrads(call.dq, call.dk, call.dv,
                           call.ds, call.dalpha)
+
+
+def merged_chunks(chunks, rows):
+    """The chunks ``(i0, i1, key_end)`` merged, in query order, into runs of consecutive
+    chunks of at most ``rows`` query rows (a longer chunk stays whole); each run sees the
+    keys of its widest chunk.  Largest first, as :func:`.attention_chunks.head_items`."""
+    out = []
+    for i0, i1, key_end in sorted(chunks):
+        if out and out[-1][1] == i0 and i1 - out[-1][0] <= rows:
+            out[-1] = (out[-1][0], i1, max(out[-1][2], key_end))
+        else:
+            out.append((i0, i1, key_end))
+    return sorted(out, key=lambda t: -chunk_cost(*t))
 
 
 class _Backward:
@@ -81,9 +104,13 @@ class _Backward:
         self.Hkv, self.Nk, self.Dv = self.v.shape[1], self.v.shape[2], self.v.shape[3]
         self.group = Hq // self.Hkv
         self.offset = key_offset(self.Nq, self.Nk)
-        self.dq = np.zeros((self.B, Hq, self.Nq, self.D), f64)
-        self.dk = np.zeros((self.B, self.Hkv, self.Nk, self.D), f64)
-        self.dv = np.zeros((self.B, self.Hkv, self.Nk, self.Dv), f64)
+        # the gradients in the inputs' dtypes: dQ rows are written as their chunks finish,
+        # dK, dV of a kv-head when its float64 sums are complete (rounded once, as ``_base.narrow``)
+        self.dq = np.zeros((self.B, Hq, self.Nq, self.D), self.q.dtype)
+        self.dk = np.zeros((self.B, self.Hkv, self.Nk, self.D), self.k.dtype)
+        self.dv = np.zeros((self.B, self.Hkv, self.Nk, self.Dv), self.v.dtype)
+        # worker 0's float64 sums of a kv-head: the outputs themselves when they are float64
+        self.sums = tuple(None if a.dtype == f64 else np.empty(a.shape[2:], f64) for a in (self.dk, self.dv))
         self.ds = np.zeros((self.B, Hq, self.Nq), f64) if spec.row_scale is not None else None
         self.dalpha = np.zeros((self.B, Hq, self.Nq), f64) if spec.alpha_grad else None
         self.keys_all = own_support_keys(res)
@@ -103,7 +130,11 @@ class _Backward:
         h0 = hk * self.group
         self.at = (b, h0, Head(self.k, self.v, b, hk), group_slopes(self.spec, h0, self.group),
                    group_alphas(self.spec, h0, self.group))
-        self.accs = [(self.dk[b, hk], self.dv[b, hk])]
+        own = tuple(out[b, hk] if acc is None else acc for out, acc in zip((self.dk, self.dv), self.sums))
+        for acc in self.sums:
+            if acc is not None:
+                acc[:] = 0.0
+        self.accs = [own]
         for dk_w, dv_w in self.extra:
             dk_w[:] = 0.0
             dv_w[:] = 0.0
@@ -114,8 +145,12 @@ class _Backward:
         else:
             run_chunks(items, self.work, self.workers, cost=lambda it: chunk_cost(*it[1]))
         for dk_w, dv_w in self.accs[1:]:
-            self.dk[b, hk] += dk_w
-            self.dv[b, hk] += dv_w
+            own[0][:] += dk_w
+            own[1][:] += dv_w
+        with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as ``_base.narrow``
+            for out, acc in zip((self.dk, self.dv), self.sums):
+                if acc is not None:
+                    out[b, hk] = acc
 
     def rows(self, sl, key_end, head):
         """A chunk's rows as the kernel takes them (``sl`` its (batch, heads, queries)
@@ -173,7 +208,8 @@ class _Backward:
             raise ValueError(OVERFLOW)
         if probe and filt and not stored and cnt.sum() > shared.FILTER_FRACTION * rows * key_end:
             self.filter = False
-        self.dq[sl] = dqc.reshape(group, nc, self.D)
+        with np.errstate(over="ignore"):  # float32 dQ: rounded once, +-inf beyond its range, as narrow()
+            self.dq[sl] = dqc.reshape(group, nc, self.D)
         if self.ds is not None:
             self.ds[sl] = dsc.reshape(group, nc)
         if self.dalpha is not None:
