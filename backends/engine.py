@@ -57,19 +57,15 @@ def _alphas(alpha: Any) -> np.ndarray:
 
 
 def entmax_forward(alpha: Any, method: str | None = None) -> tuple[str, ...]:
-    """The unit of an entmax forward with per-row ``alpha`` and ``method`` (the numba row
-    drivers' choice, :func:`entmax_ref.backends.numba.rows._driver`)."""
+    """The units of an entmax forward with per-row ``alpha`` and ``method`` (the numba row
+    drivers' choice, :func:`entmax_ref.backends.numba.rows.entmax_rows`): with
+    ``method=None`` the row unit of each solver path its rows take (:func:`row_runs`)."""
     a = _alphas(alpha)
     if a.size == 0:
         return ()
-    if not (a == a[0]).all():
-        return ("entmax_big",) if method != "bisect" and bool((a > 2.0).all()) else ("entmax_any",)
-    a0 = float(a[0])
-    if a0 > 2.0 and method != "bisect":
-        return ("entmax_big",)
-    if method is not None or not 1.0 <= a0 <= 2.0:
-        return ("entmax_any",)
-    return ({1.0: "softmax", 2.0: "sparsemax", 1.5: "entmax15"}.get(a0, "entmax"),)
+    if method is None:
+        return tuple(ROW_UNITS[p] for p in sorted(set(_paths(a).tolist())))
+    return ("entmax_big",) if method != "bisect" and bool((a > 2.0).all()) else ("entmax_any",)
 
 
 def _by_alpha(alpha: Any, unit: str) -> tuple[str, ...]:
@@ -105,12 +101,31 @@ SOLVER_PATHS = ("softmax", "sparsemax", "entmax15", "entmax", "big")
 DECODE_PATHS = tuple(p for p in SOLVER_PATHS if p != "softmax")
 
 
-def solver_path(alpha: float) -> int:
-    """The index in :data:`SOLVER_PATHS` of rows with this alpha: the row solver that
+#: The row unit (:data:`UNITS`) of each solver path: the forward of rows that take it.
+ROW_UNITS = ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big")
+
+
+def _paths(a: np.ndarray) -> np.ndarray:
+    """The index in :data:`SOLVER_PATHS` of each float64 alpha: the row solver that
     ``method=None`` takes (alpha > 2, = 1, = 2, = 1.5, other)."""
-    a = float(alpha)
-    return SOLVER_PATHS.index("big" if a > 2.0 else "softmax" if a == 1.0 else "sparsemax" if a == 2.0
-                              else "entmax15" if a == 1.5 else "entmax")
+    return np.select([a > 2.0, a == 1.0, a == 2.0, a == 1.5],
+                     [SOLVER_PATHS.index(p) for p in ("big", "softmax", "sparsemax", "entmax15")],
+                     SOLVER_PATHS.index("entmax"))
+
+
+def solver_path(alpha: float) -> int:
+    """The index in :data:`SOLVER_PATHS` of rows with this alpha (:func:`_paths`)."""
+    return int(_paths(np.array([float(alpha)]))[0])
+
+
+def row_runs(alphas: Any) -> list[tuple[int, int, int]]:
+    """Rows with these alphas (one each) as runs ``(lo, hi, path)`` of consecutive rows
+    that take one solver path, in row order."""
+    paths = _paths(_alphas(alphas))
+    if paths.size == 0:
+        return []
+    bounds = [0, *(np.flatnonzero(paths[1:] != paths[:-1]) + 1).tolist(), paths.size]
+    return [(lo, hi, int(paths[lo])) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def path_runs(alphas: Any, per_head: int, r0: int, r1: int) -> list[tuple[int, int, int]]:

@@ -182,7 +182,7 @@ _CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "entmax15": ("entmax forward, alpha = 1.5", _rows(1.5)),
     "entmax": ("entmax forward, 1 < alpha < 2", _rows(1.25)),
     "entmax_big": ("entmax forward, alpha > 2", _rows(3.0)),
-    "entmax_any": ("entmax forward, mixed alphas or method='newton'/'bisect'", _rows_mixed),
+    "entmax_any": ("entmax forward, method='newton'/'bisect'", _rows_mixed),
     "entmax_vjp": ("entmax VJP, alpha <= 2", _vjp(1.5)),
     "entmax_vjp_big": ("entmax VJP, alpha > 2", _vjp(3.0)),
     "entmax_vjp_any": ("entmax VJP, alphas on both sides of 2", _vjp(_MIXED)),
@@ -231,7 +231,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "attention_big": ("entmax_big",),
     "attention_vjp": ("attention_entmax15", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
     **{f"decode_{p}": (f"attention_{p}",) for p in _engine.DECODE_PATHS},
-    "entmax_any": ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big"),  # its kernel calls every solver
+    "entmax_any": ("entmax_big",),  # its kernel calls the alpha > 2 solver
 }
 
 #: compile CPU seconds of each task (unit, dtype) with the tasks it needs cached, as
@@ -239,9 +239,9 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 #: 1; a loaded machine inflates them, but the ratios are what the scheduler ranks by); 1
 #: for a task not listed.  The first dtype of a row unit compiles the helpers both share.
 _COST: dict[tuple[str, str], float] = {
-    ("attention_entmax15", "float64"): 14.8, ("entmax", "float64"): 11.3, ("entmax_any", "float64"): 9.1,
+    ("attention_entmax15", "float64"): 14.8, ("entmax", "float64"): 11.3, ("entmax_any", "float64"): 5.3,
     ("entmax", "float32"): 8.9, ("attention_vjp", "float64"): 8.0, ("entmax15", "float64"): 7.6,
-    ("softmax", "float64"): 6.4, ("entmax_any", "float32"): 6.0, ("attention_entmax15", "float32"): 5.7,
+    ("softmax", "float64"): 6.4, ("entmax_any", "float32"): 3.3, ("attention_entmax15", "float32"): 5.7,
     ("attention_entmax", "float64"): 4.6, ("attention_vjp", "float32"): 4.6, ("softmax", "float32"): 4.4,
     ("decode_sparsemax", "float64"): 4.3, ("entmax15", "float32"): 4.2, ("decode_sparsemax", "float32"): 3.7,
     ("attention_sparsemax", "float64"): 3.6, ("entmax_big", "float64"): 3.4,

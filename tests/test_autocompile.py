@@ -64,8 +64,12 @@ def test_the_units_of_a_call_follow_the_numba_drivers():
     f = engine.entmax_forward
     assert f(1.0) == ("softmax",) and f(2.0) == ("sparsemax",) and f(1.5) == ("entmax15",)
     assert f(1.3) == ("entmax",) and f(3.0) == ("entmax_big",) and f(3.0, "bisect") == ("entmax_any",)
-    assert f(1.5, "newton") == ("entmax_any",) and f(np.array([1.5, 1.2])) == ("entmax_any",)
-    assert f(np.array([2.5, 3.0])) == ("entmax_big",)
+    assert f(1.5, "newton") == ("entmax_any",) and f(np.array([1.5, 1.2]), "bisect") == ("entmax_any",)
+    assert f(np.array([2.5, 3.0])) == ("entmax_big",) and f(np.array([2.5, 3.0]), "newton") == ("entmax_big",)
+    # rows of several alphas: the unit of each solver path they take, as engine.row_runs groups them
+    assert f(np.array([1.5, 1.2, 1.5, 3.0, 1.0])) == ("softmax", "entmax15", "entmax", "entmax_big")
+    assert engine.row_runs(np.array([1.5, 1.5, 1.2, 1.3, 3.0, 1.5])) == [(0, 2, 2), (2, 4, 3), (4, 5, 4), (5, 6, 2)]
+    assert engine.row_runs(np.array([])) == [] and engine.row_runs(2.0) == [(0, 1, 1)]
     assert engine.entmax_vjp(np.array([1.5, 3.0])) == ("entmax_vjp_any",)
     assert engine.entmax_alpha_vjp(4.0) == ("entmax_alpha_vjp_big",)
     assert set(engine.attention(1.5, forward=True)) <= set(engine.attention(1.5, forward=False))
@@ -77,7 +81,7 @@ def test_the_units_of_a_call_follow_the_numba_drivers():
     assert a(np.array([3.0, 40.0]), True)[0] == "attention_big"
     # heads on two solvers (1.5-entmax, alpha > 2) run each one's kernels
     assert a(np.array([1.5, 3.0]), True) == ("attention_entmax15", "attention_big", "decode_entmax15", "decode_big",
-                                              "entmax_any")
+                                              "entmax15", "entmax_big")
     assert a(np.array([1.0, 1.25]), True)[:2] == ("attention_softmax", "attention_entmax")  # no decoding: softmax
     assert "decode_entmax" not in a(np.array([1.0, 1.25]), True)
     from entmax_ref.backends import numba_precompile

@@ -21,6 +21,7 @@ import pytest
 numba = pytest.importorskip("numba")
 
 import entmax_ref as er  # noqa: E402
+from entmax_ref.backends import engine  # noqa: E402
 from entmax_ref.backends.numba import _threads, budget, grads, normmax, rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +119,46 @@ def test_rows_do_not_depend_on_threads_or_blocks():
     for res in got:
         for a, b in zip(want, res):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_of_several_alphas_take_each_paths_driver(monkeypatch, dtype):
+    """Rows of several alphas run as runs of rows on one solver path, each through that
+    path's driver over its own rows (none through ``_rows_any``): every row gets the bits
+    of the call with its alpha alone, whatever the blocks and threads."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((257, 300)) * 3).astype(dtype)
+    alpha = np.repeat([1.5, 1.25, 1.0, 3.0, 1.5, 2.0, 1.7], [40, 50, 7, 60, 50, 49, 1])
+    want = [np.empty_like(a) for a in _solve(x, alpha[:1].repeat(257), 16)]
+    for a in np.unique(alpha):
+        for w, got in zip(want, _solve(x, np.full(257, a), 16)):
+            w[alpha == a] = got[alpha == a]
+    seen = []
+
+    def spy(name, driver):
+        def run(*args):
+            seen.append((name, args[-2], args[-1]))
+            return driver(*args)
+        return run
+
+    for p, driver in rows._PATH_DRIVERS.items():
+        monkeypatch.setitem(rows._PATH_DRIVERS, p, spy(p, driver))
+    monkeypatch.setattr(rows, "_rows_softmax64", spy(rows.PATH_SOFTMAX, rows._rows_softmax64))
+    monkeypatch.setattr(rows, "_rows_any", None)  # never called
+    path = np.array([engine.solver_path(a) for a in alpha])
+    for nblk, threads in ((16, 2), (1, 2), (7, 1), (1000, 2)):
+        before = numba.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            seen.clear()
+            got = _solve(x, alpha, nblk)
+        finally:
+            numba.set_num_threads(before)
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+        rows_seen = np.concatenate([np.arange(r0, r1) for _, r0, r1 in seen])
+        assert np.array_equal(np.sort(rows_seen), np.arange(257))  # each row once
+        assert all((path[r0:r1] == p).all() for p, r0, r1 in seen)
 
 
 def test_worker_exceptions_reach_the_caller():

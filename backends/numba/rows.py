@@ -9,7 +9,8 @@ and returns ``theta = max(x) + A``.  Everything is computed in float64 whatever 
 input dtype; only the probabilities are rounded to the input dtype when stored.  Sums of
 probabilities use Neumaier's compensated summation.
 
-Per row (the solvers below; ``_rows_any`` picks one per row):
+Per row (the solvers below; each run of rows on one solver path goes through that path's
+driver, :func:`entmax_rows`):
 
 1. One pass finds ``m = max(x)`` and gathers a superset of the entries within the
    support window ``1/a1`` of it (an all ``-inf`` row, or ``n = 0``, gives p = 0,
@@ -86,11 +87,13 @@ method codes, the output pass), :mod:`.candidates` (maximum and candidate passes
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 from numba import njit
 
 from . import CACHE
-from ..engine import SOLVER_PATHS
+from ..engine import SOLVER_PATHS, row_runs
 from ._threads import run_blocks
 from .big_alpha import solve_big, solve_big_bisect
 from .candidates import MASK_MIN, count_finite, gather_alive, max_zeroing, window_candidates
@@ -130,9 +133,9 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
     return m + A, cnt, it, ok
 
 
-# One solver per path, so that a call compiles only the path it takes (the drivers below
-# are chosen in Python from alpha and the method); ``_rows_any`` picks among them per row
-# at run time for rows of different alphas and for the other methods.
+# One solver per path, so that a call compiles only the paths it takes (the drivers below
+# are chosen in Python from alpha and the method, per run of rows); ``_rows_any`` picks
+# among the bisection and Newton solvers per row at run time.
 
 
 @njit(cache=CACHE)
@@ -349,7 +352,9 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 
 @njit(nogil=True, cache=CACHE)
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
-    c, aux, aux2 = solver_scratch(x.shape[1])
+    """``method="bisect"`` (any alphas) and ``method="newton"`` (alphas on both sides of
+    2), the solver picked per row."""
+    c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
         a1 = alpha[r] - 1.0
         # one call level: the solvers are linked into this kernel alone (numba optimises a
@@ -359,38 +364,47 @@ def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
                 res = solve_big_bisect(x[r], out[r], a1, c)
             else:
                 res = _solve_bisect(x[r], out[r], a1, c)
-        elif method == METHOD_NEWTON and a1 <= 1.0:
-            res = _solve_newton(x[r], out[r], a1, c)
-        elif a1 > 1.0:  # method=None and, for alpha > 2, "newton"
+        elif a1 > 1.0:  # "newton" for alpha > 2 is the default solver
             res = solve_big(x[r], out[r], a1, c, r)
-        elif a1 == 0.0:
-            res = solve_softmax(x[r], out[r], c)
-        elif a1 == 1.0:
-            res = solve_sparse(x[r], out[r], c, aux, aux2)
-        elif a1 == 0.5:
-            res = solve_15(x[r], out[r], c, aux, r)
         else:
-            res = solve_gen(x[r], out[r], a1, c, aux, aux2, r)
+            res = _solve_newton(x[r], out[r], a1, c)
         theta[r], support[r], n_iter[r], converged[r] = res
 
 
-def _driver(alpha, method, dtype):
-    """The driver that compiles least for these rows (of ``dtype``): one path when every row
-    takes it."""
-    a = alpha[0]
-    if not (alpha == a).all():
-        if method != METHOD_BISECT and (alpha > 2.0).all():
-            return _rows_big
-        return _rows_any
-    if a > 2.0 and method != METHOD_BISECT:
-        return _rows_big
-    if method != METHOD_DEFAULT or not 1.0 <= a <= 2.0:
-        return _rows_any
-    # the solver _rows_any would take for this alpha (kind_of's Python function: no compile)
-    kind = kind_of.py_func(a - 1.0)
-    if kind == K_EXP and dtype == np.float64:
-        return _rows_softmax64  # each row's maximum read in the previous row's pass
-    return {K_EXP: _rows_softmax, K_SPARSE: _rows_sparse, K_15: _rows_15, K_GEN: _rows_gen}[kind]
+#: the driver of rows that all take one solver path with ``method=None`` (float32 softmax;
+#: float64 softmax is :func:`_rows_softmax64`)
+_PATH_DRIVERS = {PATH_SOFTMAX: _rows_softmax, PATH_SPARSE: _rows_sparse, PATH_15: _rows_15, PATH_GEN: _rows_gen,
+                 PATH_BIG: _rows_big}
+
+
+def _runs(alpha, method, dtype):
+    """The rows as runs ``(lo, hi, driver)``, each through the driver that compiles least for
+    it: with ``method=None`` the driver of each run of rows on one solver path
+    (:func:`~entmax_ref.backends.engine.row_runs`), so that rows of several alphas get the
+    bits that a call with each row's alpha alone gives; ``_rows_any`` for the other
+    methods (``_rows_big`` when every alpha > 2 and the method is not bisection)."""
+    if method != METHOD_DEFAULT:
+        big = method != METHOD_BISECT and bool((alpha > 2.0).all())
+        return [(0, alpha.shape[0], _rows_big if big else _rows_any)]
+    return [(lo, hi, _rows_softmax64 if p == PATH_SOFTMAX and dtype == np.float64 else _PATH_DRIVERS[p])
+            for lo, hi, p in row_runs(alpha)]
+
+
+def _by_runs(runs):
+    """A driver ``(*args, r0, r1)`` over rows whose driver changes along them (``runs`` from
+    :func:`_runs`): a block's rows go through the driver of each run they overlap, keeping
+    their row index (so their pivots' seeds)."""
+    starts = [lo for lo, _, _ in runs]
+
+    def kernel(*args):
+        *args, r0, r1 = args
+        i = bisect.bisect_right(starts, r0) - 1
+        while r0 < r1:
+            hi = min(r1, runs[i][1])
+            runs[i][2](*args, r0, hi)
+            r0, i = hi, i + 1
+
+    return kernel
 
 
 def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
@@ -399,4 +413,7 @@ def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
     A row holding NaN or +inf gets p = NaN and ``n_iter = -1`` (the module docstring).
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
-    run_blocks(_driver(alpha, method, x.dtype), (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)
+    runs = _runs(alpha, method, x.dtype)
+    if runs:
+        run_blocks(runs[0][2] if len(runs) == 1 else _by_runs(runs),
+                   (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)
