@@ -96,9 +96,6 @@ def family(op: str) -> tuple[str, ...]:
 #: row solver.  A kv-head group whose heads take different solvers runs each run of
 #: heads of one path through that path's kernel (:func:`path_runs`).
 SOLVER_PATHS = ("softmax", "sparsemax", "entmax15", "entmax", "big")
-#: The paths of the decoding forward: every one but softmax (a softmax head has no window;
-#: it never takes the decoding path).
-DECODE_PATHS = tuple(p for p in SOLVER_PATHS if p != "softmax")
 
 
 #: The row unit (:data:`UNITS`) of each solver path: the forward of rows that take it.
@@ -146,13 +143,14 @@ def path_runs(alphas: Any, per_head: int, r0: int, r1: int) -> list[tuple[int, i
 
 
 def attention(alpha: Any, forward: bool) -> tuple[str, ...]:
-    """The units an attention call may run: the fused and (every alpha > 1) the decoding
-    forward of the solver paths of its alphas (:func:`solver_path`), the row solvers of its
+    """The units an attention call may run: the fused forward of the solver paths of its
+    alphas (:func:`solver_path`; the decoding path runs the same row kernels on scores of
+    its own, unit ``decode``, when every alpha > 1), the row solvers of its
     alphas (a key mask with holes runs the NumPy driver on them), and for the backward its
     kernels and the row VJPs (the forward too: it may run first)."""
     paths = sorted({solver_path(a) for a in _alphas(alpha).tolist()})
     names = [SOLVER_PATHS[p] for p in paths]
-    decode = () if "softmax" in names else tuple(f"decode_{p}" for p in names)
+    decode = () if "softmax" in names else ("decode",)  # a softmax head never takes the decoding path
     units = (*(f"attention_{p}" for p in names), *decode, *entmax_forward(alpha))
     if not forward:
         units += ("attention_vjp", *entmax_vjp(alpha), *entmax_alpha_vjp(alpha))
@@ -165,7 +163,7 @@ UNITS = ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big", "entmax_any
          "entmax_vjp", "entmax_vjp_big", "entmax_vjp_any",
          "entmax_alpha_vjp", "entmax_alpha_vjp_big", "entmax_alpha_vjp_any",
          "normmax", "normmax_vjp", "budget", "budget_vjp",
-         *(f"attention_{p}" for p in SOLVER_PATHS), *(f"decode_{p}" for p in DECODE_PATHS),
+         *(f"attention_{p}" for p in SOLVER_PATHS), "decode",
          "attention_vjp")
 
 

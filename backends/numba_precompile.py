@@ -144,8 +144,9 @@ def _attention(alpha):
 
 
 def _decode(alpha):
-    """The decoding forward of one solver path (one query over a long key cache; alpha >
-    1) in the input dtype."""
+    """The decoding forward (one query over a long key cache; alpha > 1) in the input
+    dtype: its phase-1 kernels, the same for every solver path (the row kernel of phase 2
+    is the chunked forward's, of ``attention_<path>``)."""
     def run(dt):
         import entmax_ref as er
         from entmax_ref.backends.numba import decode as _dec
@@ -199,10 +200,7 @@ _CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "attention_entmax15": ("attention forward, alpha = 1.5", _attention(1.5)),
     "attention_entmax": ("attention forward, 1 < alpha < 2", _attention(1.25)),
     "attention_big": ("attention forward, alpha > 2", _attention(3.0)),
-    "decode_sparsemax": ("attention decoding (few queries over a long key cache), alpha = 2", _decode(2.0)),
-    "decode_entmax15": ("attention decoding, alpha = 1.5", _decode(1.5)),
-    "decode_entmax": ("attention decoding, 1 < alpha < 2", _decode(1.25)),
-    "decode_big": ("attention decoding, alpha > 2", _decode(3.0)),
+    "decode": ("attention decoding (few queries over a long key cache): its scores, alpha > 1", _decode(1.5)),
     "attention_vjp": ("attention backward (float32-filtered and float64 scores)", _attention_vjp),
 }
 #: every unit of :data:`entmax_ref.backends.engine.UNITS` (the names the "auto" rule counts
@@ -212,8 +210,7 @@ UNITS: dict[str, tuple[str, Callable[[str], None]]] = {u: _CALLS[u] for u in _en
 #: the units ``entmax-ref check`` runs (everything but the mixed-alpha solvers, the alpha
 #: VJPs and the decoding path, which check does not call)
 CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_vjp_any", "entmax_alpha_vjp",
-                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any")
-                    and not u.startswith("decode_"))
+                                                   "entmax_alpha_vjp_big", "entmax_alpha_vjp_any", "decode"))
 
 #: unit -> the units whose compiled kernels its own kernels call: the forward kernels of an
 #: attention solver path solve their rows with that path's row solver, the decoding
@@ -230,7 +227,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "attention_entmax": ("entmax",),
     "attention_big": ("entmax_big",),
     "attention_vjp": ("attention_entmax15", "entmax_alpha_vjp", "entmax_alpha_vjp_big"),
-    **{f"decode_{p}": (f"attention_{p}",) for p in _engine.DECODE_PATHS},
+    "decode": ("attention_entmax15",),  # its call runs the 1.5 path's row kernel
     "entmax_any": ("entmax_big",),  # its kernel calls the alpha > 2 solver
 }
 
@@ -243,15 +240,12 @@ _COST: dict[tuple[str, str], float] = {
     ("entmax", "float32"): 8.9, ("attention_vjp", "float64"): 8.0, ("entmax15", "float64"): 7.6,
     ("softmax", "float64"): 6.4, ("entmax_any", "float32"): 3.3, ("attention_entmax15", "float32"): 5.7,
     ("attention_entmax", "float64"): 4.6, ("attention_vjp", "float32"): 4.6, ("softmax", "float32"): 4.4,
-    ("decode_sparsemax", "float64"): 4.3, ("entmax15", "float32"): 4.2, ("decode_sparsemax", "float32"): 3.7,
-    ("attention_sparsemax", "float64"): 3.6, ("entmax_big", "float64"): 3.4,
-    ("attention_big", "float64"): 3.1, ("decode_entmax15", "float32"): 3.1, ("decode_entmax", "float32"): 2.8,
-    ("decode_entmax", "float64"): 2.5, ("decode_big", "float32"): 2.4, ("sparsemax", "float64"): 2.3,
-    ("decode_entmax15", "float64"): 2.3, ("budget", "float64"): 2.3, ("attention_entmax", "float32"): 2.2,
-    ("normmax", "float64"): 2.2, ("budget", "float32"): 2.1, ("sparsemax", "float32"): 2.0,
-    ("attention_sparsemax", "float32"): 2.0, ("attention_softmax", "float64"): 1.9,
-    ("decode_big", "float64"): 1.7, ("attention_big", "float32"): 1.5, ("entmax_vjp_big", "float32"): 1.5,
-    ("entmax_big", "float32"): 1.4, ("normmax", "float32"): 1.3, ("normmax_vjp", "float64"): 1.0,
+    ("entmax15", "float32"): 4.2, ("attention_sparsemax", "float64"): 3.6, ("entmax_big", "float64"): 3.4,
+    ("attention_big", "float64"): 3.1, ("sparsemax", "float64"): 2.3, ("budget", "float64"): 2.3,
+    ("attention_entmax", "float32"): 2.2, ("normmax", "float64"): 2.2, ("budget", "float32"): 2.1,
+    ("sparsemax", "float32"): 2.0, ("attention_sparsemax", "float32"): 2.0, ("attention_softmax", "float64"): 1.9,
+    ("attention_big", "float32"): 1.5, ("entmax_vjp_big", "float32"): 1.5, ("entmax_big", "float32"): 1.4,
+    ("normmax", "float32"): 1.3, ("normmax_vjp", "float64"): 1.0,
 }
 
 Task = tuple[str, str]  # (unit, dtype)

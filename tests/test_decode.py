@@ -182,8 +182,8 @@ def test_decode_key_blocks_and_fused_heads(taken, monkeypatch, hkv):
 
 
 def test_decode_many_candidates_and_suspect_rows(taken):
-    """A zero query ties every key (all are candidates: the row's buffer grows past
-    KEY_BUDGET); keys whose float32 product overflows send their rows the exact way."""
+    """A zero query ties every key (all 6,000 are candidates); keys whose float32 product
+    overflows send their rows the exact way."""
     rng, q, k, v = problem(13, B=1, Hq=3, Hkv=1, Nq=1, Nk=6000, D=4, Dv=2)
     q[0, 0] = 0.0
     k[0, 0, 17] = 1e30  # q . k overflows float32 (and stays finite in float64)

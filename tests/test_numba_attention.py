@@ -553,17 +553,16 @@ def test_a_group_of_heads_on_different_solver_paths_gives_each_head_its_own_path
     for (q_, k_, v_), kw, nq in (((q, k, v), dict(causal=True), 24), ((qd, kd, vd), {}, 1)):
         calls = []
 
-        def spy(p, kernel, rows):  # records (first row, end row, path) of each kernel call
-            return lambda *a: (calls.append((*rows(a), p)), kernel(*a))[1]
+        def spy(caller, p, kernel):  # records (caller, first row, end row, path) of each row kernel call
+            return lambda *a: (calls.append((caller, a[1], a[1] + a[0].shape[0], p)), kernel(*a))[1]
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(nattn, "FWD_ROWS", tuple(spy(p, f, lambda a: (a[1], a[1] + a[0].shape[0]))
-                                                for p, f in enumerate(nattn.FWD_ROWS)))
-            mp.setattr(ndec, "DECODE_ROWS", tuple(spy(p, f, lambda a: (a[4], a[5]))
-                                                  for p, f in enumerate(ndec.DECODE_ROWS)))
+            for mod, caller in ((nattn, "chunked"), (ndec, "decoding")):
+                mp.setattr(mod, "FWD_ROWS", tuple(spy(caller, p, f) for p, f in enumerate(mod.FWD_ROWS)))
             mixed, info = er.attention(q_, k_, v_, alpha=alphas, return_info=True, backend="numba", **kw)
-        # one kernel call per run of heads on one path (the decoding case: its kernels ran)
-        assert calls == [(lo * nq, hi * nq, p) for lo, hi, p in runs]
+        # one row kernel call per run of heads on one path, from the decoding path in its case
+        caller = "chunked" if nq > 1 else "decoding"
+        assert calls == [(caller, lo * nq, hi * nq, p) for lo, hi, p in runs]
         for h, a in enumerate(alphas):
             alone, ia = er.attention(q_, k_, v_, alpha=np.full(6, a), return_info=True, backend="numba", **kw)
             np.testing.assert_array_equal(mixed[:, h], alone[:, h])

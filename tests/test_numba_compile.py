@@ -95,11 +95,12 @@ def test_each_kernel_compiles_once_per_input_dtype_whatever_the_array_flags():
         return ran[hits[0]]
 
     for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "FWD_ROWS[2]", "FWD_ROWS[3]", "bwd_rows",
-                   "scan_block", "DECODE_ROWS[2]", "matmul_into"):
+                   "scan_block", "matmul_into"):
         find(kernel)
     # a call compiles the row kernels of its heads' solver paths only: 1.5 (path 2), and the
-    # kv-heads of alpha 1.5 and of 1.25 (path 3; one query head each)
-    assert {k.rsplit(".", 1)[1] for k in ran if "_ROWS[" in k} == {"FWD_ROWS[2]", "FWD_ROWS[3]", "DECODE_ROWS[2]"}
+    # kv-heads of alpha 1.5 and of 1.25 (path 3; one query head each); the decoding path
+    # runs the same kernels
+    assert {k.rsplit(".", 1)[1] for k in ran if "_ROWS[" in k} == {"FWD_ROWS[2]", "FWD_ROWS[3]"}
     # the products take views (slices, transposes) of one dtype: one specialization per
     # kind of operand, whatever the caller's arrays
     assert len(find("matmul_into")) <= 6, find("matmul_into")
@@ -224,7 +225,7 @@ def test_schedule_starts_a_task_only_after_the_kernels_it_calls_are_cached():
     for u, d in tasks:
         if d == "float32":
             assert spans[(u, "float64")][1] <= spans[(u, d)][0]
-    for unit, needs in (("attention_big", ("entmax_big",)), ("decode_big", ("attention_big",)),
+    for unit, needs in (("attention_big", ("entmax_big",)), ("decode", ("attention_entmax15",)),
                         ("attention_entmax15", ("entmax15",)), ("attention_vjp", ("attention_entmax15",))):
         assert set(needs) <= set(pc._NEEDS[unit])
         for v in needs:
@@ -245,9 +246,9 @@ def test_schedule_keeps_both_workers_busy_and_ignores_needs_outside_it():
     spans = _run_schedule([("attention_entmax", "float64"), ("budget", "float64")], 2, lambda t: 0.5)
     a, b = spans[("attention_entmax", "float64")], spans[("budget", "float64")]
     assert a[0] < b[1] and b[0] < a[1]  # they ran at the same time
-    order = pc._Schedule([(u, "float64") for u in ("normmax", "decode_entmax", "attention_entmax", "entmax")]).order()
-    assert order.index(("entmax", "float64")) < order.index(("attention_entmax", "float64"))
-    assert order.index(("attention_entmax", "float64")) < order.index(("decode_entmax", "float64"))
+    order = pc._Schedule([(u, "float64") for u in ("normmax", "decode", "attention_entmax15", "entmax15")]).order()
+    assert order.index(("entmax15", "float64")) < order.index(("attention_entmax15", "float64"))
+    assert order.index(("attention_entmax15", "float64")) < order.index(("decode", "float64"))
 
 
 def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch):
@@ -288,22 +289,23 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
 
 
 def test_each_attention_unit_runs_the_kernels_of_its_own_solver_path():
-    """The call of ``attention_<path>`` (``decode_<path>``) runs the chunked (decoding)
-    forward's row kernel of that path: what "auto" takes that unit's marker to mean.  In
-    a fresh process, each unit in turn, so a kernel has signatures only when a unit run so
+    """The call of ``attention_<path>`` runs the forward's row kernel of that path (the
+    chunked forward and the decoding path both run it), and the call of ``decode`` the
+    decoding path's own phase-1 kernels: what "auto" takes a unit's marker to mean.  In a
+    fresh process, each unit in turn, so a kernel has signatures only when a unit run so
     far called it."""
     code = """
         import json
         from entmax_ref.backends import engine, numba_precompile as pc
         from entmax_ref.backends.numba.attention_rows import FWD_ROWS
-        from entmax_ref.backends.numba.decode import DECODE_ROWS
+        from entmax_ref.backends.numba.decode import scan_block, score_bounds
         missing = []
         for i, path in enumerate(engine.SOLVER_PATHS):
-            for unit, kernels in ((f"attention_{path}", FWD_ROWS), (f"decode_{path}", DECODE_ROWS)):
-                if unit in pc.UNITS:
-                    pc.UNITS[unit][1]("float64")
-                    if not kernels[i].signatures:
-                        missing.append(unit)
+            pc.UNITS[f"attention_{path}"][1]("float64")
+            if not FWD_ROWS[i].signatures:
+                missing.append(path)
+        pc.UNITS["decode"][1]("float64")
+        missing += [f.__name__ for f in (scan_block, score_bounds) if not f.signatures]
         print(json.dumps(missing))
     """
     r = _run(code)
