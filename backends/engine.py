@@ -64,7 +64,7 @@ def entmax_forward(alpha: Any, method: str | None = None) -> tuple[str, ...]:
     if a.size == 0:
         return ()
     if method is None:
-        return tuple(ROW_UNITS[p] for p in sorted(set(_paths(a).tolist())))
+        return tuple(ROW_UNITS[p] for p in sorted({p for _, _, p in row_runs(a)}))
     return ("entmax_big",) if method != "bisect" and bool((a > 2.0).all()) else ("entmax_any",)
 
 
@@ -118,9 +118,12 @@ def solver_path(alpha: float) -> int:
 def row_runs(alphas: Any) -> list[tuple[int, int, int]]:
     """Rows with these alphas (one each) as runs ``(lo, hi, path)`` of consecutive rows
     that take one solver path, in row order."""
-    paths = _paths(_alphas(alphas))
-    if paths.size == 0:
+    a = _alphas(alphas)
+    if a.size == 0:
         return []
+    if (a == a[0]).all():  # one alpha (the common case): one pass over the alphas
+        return [(0, a.size, solver_path(a[0]))]
+    paths = _paths(a)
     bounds = [0, *(np.flatnonzero(paths[1:] != paths[:-1]) + 1).tolist(), paths.size]
     return [(lo, hi, int(paths[lo])) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
