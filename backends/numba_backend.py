@@ -54,8 +54,8 @@ moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numb
 ``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  A call compiles
 only the solver path it takes (each of softmax, sparsemax, 1.5-entmax, 1 < alpha < 2,
 alpha > 2 and the VJPs has its own driver, chosen in Python from alpha and the method;
-the attention forward's row kernels exist once per solver path, ``FWD_ROWS`` and
-``DECODE_ROWS``, and link only that path's row solver), once per input dtype, in the
+the attention forward's row kernels exist once per solver path, ``FWD_ROWS``, and
+link only that path's row solver; the decoding path runs them too), once per input dtype, in the
 calling process; after a row operation has run, its unit is
 noted as compiled (:func:`entmax_ref.backends.engine.note`), so ``backend="auto"`` may run
 it on numba from then on, in this process and, through the cache, in the next.
