@@ -102,17 +102,23 @@ SOLVER_PATHS = ("softmax", "sparsemax", "entmax15", "entmax", "big")
 ROW_UNITS = ("softmax", "sparsemax", "entmax15", "entmax", "entmax_big")
 
 
+#: The row solver that ``method=None`` takes for an alpha: the first path whose test holds
+#: (the tests take a float or a float64 array), else ``entmax`` (1 < alpha < 2).
+_PATH_TESTS = (("big", lambda a: a > 2.0), ("softmax", lambda a: a == 1.0), ("sparsemax", lambda a: a == 2.0),
+               ("entmax15", lambda a: a == 1.5))
+
+
 def _paths(a: np.ndarray) -> np.ndarray:
-    """The index in :data:`SOLVER_PATHS` of each float64 alpha: the row solver that
-    ``method=None`` takes (alpha > 2, = 1, = 2, = 1.5, other)."""
-    return np.select([a > 2.0, a == 1.0, a == 2.0, a == 1.5],
-                     [SOLVER_PATHS.index(p) for p in ("big", "softmax", "sparsemax", "entmax15")],
+    """The index in :data:`SOLVER_PATHS` of each float64 alpha (:data:`_PATH_TESTS`)."""
+    return np.select([test(a) for _, test in _PATH_TESTS], [SOLVER_PATHS.index(p) for p, _ in _PATH_TESTS],
                      SOLVER_PATHS.index("entmax"))
 
 
 def solver_path(alpha: float) -> int:
-    """The index in :data:`SOLVER_PATHS` of rows with this alpha (:func:`_paths`)."""
-    return int(_paths(np.array([float(alpha)]))[0])
+    """The index in :data:`SOLVER_PATHS` of rows with this alpha (:data:`_PATH_TESTS`; in
+    Python on the float: the drivers ask it per head and block)."""
+    a = float(alpha)
+    return SOLVER_PATHS.index(next((p for p, test in _PATH_TESTS if test(a)), "entmax"))
 
 
 def row_runs(alphas: Any) -> list[tuple[int, int, int]]:

@@ -70,6 +70,11 @@ def test_the_units_of_a_call_follow_the_numba_drivers():
     assert f(np.array([1.5, 1.2, 1.5, 3.0, 1.0])) == ("softmax", "entmax15", "entmax", "entmax_big")
     assert engine.row_runs(np.array([1.5, 1.5, 1.2, 1.3, 3.0, 1.5])) == [(0, 2, 2), (2, 4, 3), (4, 5, 4), (5, 6, 2)]
     assert engine.row_runs(np.array([])) == [] and engine.row_runs(2.0) == [(0, 1, 1)]
+    # the scalar and the array forms of the path test agree, at and next to each breakpoint
+    edges = np.array([1.0, 1.5, 2.0])
+    alphas = np.concatenate([edges, np.nextafter(edges, 0.0), np.nextafter(edges, 3.0), [1.25, 3.0, 1e6]])
+    per_row = [p for lo, hi, p in engine.row_runs(alphas) for _ in range(lo, hi)]
+    assert per_row == [engine.solver_path(a) for a in alphas]
     assert engine.entmax_vjp(np.array([1.5, 3.0])) == ("entmax_vjp_any",)
     assert engine.entmax_alpha_vjp(4.0) == ("entmax_alpha_vjp_big",)
     assert set(engine.attention(1.5, forward=True)) <= set(engine.attention(1.5, forward=False))

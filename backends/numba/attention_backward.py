@@ -208,7 +208,7 @@ class _Backward:
             raise ValueError(OVERFLOW)
         if probe and filt and not stored and cnt.sum() > shared.FILTER_FRACTION * rows * key_end:
             self.filter = False
-        with np.errstate(over="ignore"):  # float32 dQ: rounded once, +-inf beyond its range, as narrow()
+        with np.errstate(over="ignore"):  # float32 dQ: rounded once, +-inf beyond its range, as ``_base.narrow``
             self.dq[sl] = dqc.reshape(group, nc, self.D)
         if self.ds is not None:
             self.ds[sl] = dsc.reshape(group, nc)
