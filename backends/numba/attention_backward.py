@@ -1,8 +1,9 @@
 """Attention of the numba backend: the support-only chunked backward.
 
-Per chunk of the driver (:func:`~.attention_chunks.head_items`), on a worker thread: the
-rows' candidates (the forward's support keys, or the float32 filter against the forward's
-theta, or a float64 score product), then the row kernel ``bwd_rows``
+Per chunk of the driver (:func:`~.attention_chunks.head_items`; merged into runs of
+:data:`STORED_CHUNK_ROWS` query rows when every row has its support keys), on a worker
+thread: the rows' candidates (the forward's support keys, or the float32 filter against
+the forward's theta, or a float64 score product), then the row kernel ``bwd_rows``
 (:mod:`.attention_rows`: p rebuilt from the forward's residual, dZ on the support only,
 dQ, ds and dalpha per row), then the chunk's part of dK and dV: ``bwd_scatter`` over the
 compacted support, or, for a dense support (above :data:`DENSE_FRACTION` of the block),
