@@ -143,19 +143,16 @@ def _attention(alpha):
     return run
 
 
-def _decode(alpha):
-    """The decoding forward (one query over a long key cache; alpha > 1) in the input
-    dtype: its phase-1 kernels, the same for every solver path (the row kernel of phase 2
-    is the chunked forward's, of ``attention_<path>``)."""
-    def run(dt):
-        import entmax_ref as er
-        from entmax_ref.backends.numba import decode as _dec
+def _decode(dt):
+    """The decoding forward (one query over a long key cache, alpha 1.5) in the input
+    dtype: its phase-1 kernels, the same for every solver path (the row kernels of phase 2
+    are the chunked forward's, of ``attention_<path>``)."""
+    import entmax_ref as er
+    from entmax_ref.backends.numba import decode as _dec
 
-        rng = np.random.default_rng(0)
-        q, k, v = (rng.standard_normal((1, 1, n, 4)).astype(dt) for n in (1, _dec.DECODE_MIN_KEYS, _dec.DECODE_MIN_KEYS))
-        er.attention(q, k, v, alpha=alpha, backend="numba")
-
-    return run
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, n, 4)).astype(dt) for n in (1, _dec.DECODE_MIN_KEYS, _dec.DECODE_MIN_KEYS))
+    er.attention(q, k, v, alpha=1.5, backend="numba")
 
 
 def _attention_vjp(dt):
@@ -200,7 +197,7 @@ _CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "attention_entmax15": ("attention forward, alpha = 1.5", _attention(1.5)),
     "attention_entmax": ("attention forward, 1 < alpha < 2", _attention(1.25)),
     "attention_big": ("attention forward, alpha > 2", _attention(3.0)),
-    "decode": ("attention decoding (few queries over a long key cache): its scores, alpha > 1", _decode(1.5)),
+    "decode": ("attention decoding (few queries over a long key cache): its scores, alpha > 1", _decode),
     "attention_vjp": ("attention backward (float32-filtered and float64 scores)", _attention_vjp),
 }
 #: every unit of :data:`entmax_ref.backends.engine.UNITS` (the names the "auto" rule counts
@@ -214,9 +211,8 @@ CHECK_UNITS = tuple(u for u in UNITS if u not in ("entmax_any", "entmax_vjp_any"
 
 #: unit -> the units whose compiled kernels its own kernels call: the forward kernels of an
 #: attention solver path solve their rows with that path's row solver, the decoding
-#: forward and the backward share
-#: the chunked forward's helpers, and the backward computes dalpha with the row alpha
-#: VJPs.  A unit starts only after these are in the
+#: forward runs the chunked forward's row kernels, the backward shares its helpers and
+#: computes dalpha with the row alpha VJPs.  A unit starts only after these are in the
 #: cache, so it loads their kernels instead of compiling them again.  (This order is for
 #: speed only: the row units share small helpers among themselves too, and two workers
 #: that save one kernel at once are serialised by the cache's lock.)

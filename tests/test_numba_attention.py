@@ -28,6 +28,7 @@ nattn = pytest.importorskip("entmax_ref.backends.numba.attention")
 nbwd = pytest.importorskip("entmax_ref.backends.numba.attention_backward")
 nshared = pytest.importorskip("entmax_ref.backends.numba.attention_chunks")
 nfilter = pytest.importorskip("entmax_ref.backends.numba.attention_filter")
+nrows = pytest.importorskip("entmax_ref.backends.numba.attention_rows")
 
 
 @pytest.fixture(params=["scatter", "dense", "shared"])
@@ -144,7 +145,7 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
     def counted(kernel):
         return lambda g, r0, *a: (calls.append(g.shape), kernel(g, r0, *a))
 
-    monkeypatch.setattr(nattn, "FWD_ROWS", tuple(counted(kernel) for kernel in nattn.FWD_ROWS))
+    monkeypatch.setattr(nrows, "FWD_ROWS", tuple(counted(kernel) for kernel in nrows.FWD_ROWS))
     monkeypatch.setattr(nattn, "FILTER_BLOCK_BYTES", 4 * 400 * 3)
     out, info, _ = check_against_dense("numba", q, k, v, alpha, **kw)
     rows, widths = zip(*calls)
@@ -553,16 +554,22 @@ def test_a_group_of_heads_on_different_solver_paths_gives_each_head_its_own_path
     for (q_, k_, v_), kw, nq in (((q, k, v), dict(causal=True), 24), ((qd, kd, vd), {}, 1)):
         calls = []
 
-        def spy(caller, p, kernel):  # records (caller, first row, end row, path) of each row kernel call
-            return lambda *a: (calls.append((caller, a[1], a[1] + a[0].shape[0], p)), kernel(*a))[1]
+        caller = []
+
+        def spy(p, kernel):  # records (caller, first row, end row, path) of each row kernel call
+            return lambda *a: (calls.append((caller[-1], a[1], a[1] + a[0].shape[0], p)), kernel(*a))[1]
+
+        def runs_from(name, runs):  # notes which driver hands the rows to the kernels
+            return lambda *a: (caller.append(name), runs(*a))[1]
 
         with pytest.MonkeyPatch.context() as mp:
-            for mod, caller in ((nattn, "chunked"), (ndec, "decoding")):
-                mp.setattr(mod, "FWD_ROWS", tuple(spy(caller, p, f) for p, f in enumerate(mod.FWD_ROWS)))
+            mp.setattr(nrows, "FWD_ROWS", tuple(spy(p, f) for p, f in enumerate(nrows.FWD_ROWS)))
+            for mod, name in ((nattn, "chunked"), (ndec, "decoding")):
+                mp.setattr(mod, "fwd_runs", runs_from(name, mod.fwd_runs))
             mixed, info = er.attention(q_, k_, v_, alpha=alphas, return_info=True, backend="numba", **kw)
         # one row kernel call per run of heads on one path, from the decoding path in its case
-        caller = "chunked" if nq > 1 else "decoding"
-        assert calls == [(caller, lo * nq, hi * nq, p) for lo, hi, p in runs]
+        name = "chunked" if nq > 1 else "decoding"
+        assert calls == [(name, lo * nq, hi * nq, p) for lo, hi, p in runs]
         for h, a in enumerate(alphas):
             alone, ia = er.attention(q_, k_, v_, alpha=np.full(6, a), return_info=True, backend="numba", **kw)
             np.testing.assert_array_equal(mixed[:, h], alone[:, h])

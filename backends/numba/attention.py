@@ -36,12 +36,11 @@ import numba
 import numpy as np
 
 from . import attention_chunks as shared
-from ..engine import path_runs
 from ..geometry import key_offset, visible_keys_end
 from .attention_chunks import (OVERFLOW, chunk_cost, filter_bound, group_alphas, group_slopes, head_items,
                                Heads, chunk_product, chunk_row_scale, run_chunks, writable_copy,
                                empty_kernel_forward, trimmed_keys)
-from .attention_rows import FWD_ROWS, ForwardArrays, chunk_rows
+from .attention_rows import ForwardArrays, chunk_rows, fwd_runs
 from .products import matmul_into
 
 
@@ -129,9 +128,7 @@ def attention_forward(backend, q, k, v, spec):
                     matmul_into(q32[a:e], head.k32t[:, :kend], g, 0.0)
                 else:
                     g = chunk_product(qc, head.kkt[:, :key_end], None)
-                for lo, hi, path in path_runs(alphas, nc, a, e):  # each run of heads through its path's kernel
-                    FWD_ROWS[path](g[lo - a:hi - a], lo, filt, qc[lo:hi], kk, err[lo:hi], vv, rows_rec, fwd,
-                                   o[lo:hi], ncand[lo:hi], bad[lo:hi])
+                fwd_runs(g, a, a, e, filt, qc, kk, err, vv, rows_rec, fwd, o, ncand, bad)
         if bad.any():
             raise ValueError(OVERFLOW)
         if probe and filt and ncand.sum() > shared.FILTER_FRACTION * rows * key_end:

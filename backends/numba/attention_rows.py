@@ -45,6 +45,7 @@ from numba import njit
 
 from . import CACHE
 from ..constants import EDGE_TIE_ULPS
+from ..engine import path_runs
 from ..geometry import visible_count
 from .attention_filter import PREFETCH_AHEAD, candidate_buffers, candidates_fast, dot64, prefetch_row, score_at
 from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p
@@ -282,8 +283,19 @@ def _fwd_kernel(path):
 #: :func:`_fwd_kernel` with ``path`` a compile-time constant,
 #: :func:`~entmax_ref.backends.engine.solver_path`): a first call compiles the one row
 #: solver of its heads' path.  A group whose heads take several paths runs each run of
-#: heads of one path through that path's kernel (:func:`~entmax_ref.backends.engine.path_runs`).
+#: heads of one path through that path's kernel (:func:`fwd_runs`).
 FWD_ROWS = tuple(_fwd_kernel(p) for p in range(N_PATHS))
+
+
+def fwd_runs(g, g0, r0, r1, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
+    """Rows ``r0 .. r1 - 1`` of a chunk (``rows`` its :data:`ChunkRows`) through
+    :data:`FWD_ROWS`, each run of heads of one solver path
+    (:func:`~entmax_ref.backends.engine.path_runs`) through that path's kernel: the
+    chunked forward's blocks and the decoding path's rows.  ``g`` holds the scores of rows
+    ``g0 ..``; ``qc``, ``err``, ``out``, ``ncand`` and ``bad`` those of the whole chunk."""
+    for lo, hi, path in path_runs(rows.alphas, rows.nc, r0, r1):
+        FWD_ROWS[path](g[lo - g0:hi - g0], lo, filt, qc[lo:hi], kk, err[lo:hi], vv, rows, fwd, out[lo:hi],
+                       ncand[lo:hi], bad[lo:hi])
 
 
 @njit(nogil=True, cache=CACHE)

@@ -52,12 +52,11 @@ from numba import njit
 
 from . import CACHE
 from ..attention_driver import batch_chunks
-from ..engine import path_runs
 from ..geometry import key_offset
 from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_scale, run_parallel, writable_copy,
                                empty_kernel_forward, trimmed_keys)
 from .attention_filter import score_errors
-from .attention_rows import FWD_ROWS, ForwardArrays, chunk_rows
+from .attention_rows import ForwardArrays, chunk_rows, fwd_runs
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -253,12 +252,9 @@ def decode_forward(q, k, v, spec):
             hd = hds[i]
             rows = chunk_rows(hd["b"], hd["h0"], Nq, 0, offset, spec.causal, scale, hd["rs"], hd["slopes"],
                               hd["alphas"])
-            g, qc, e, oi, nci, bi = hd["g"], hd["qc"], err[i], o[i], ncand[i], bad[i]
-            # the chunked forward's row kernel of each run of heads' path, on the float32
-            # scores of phase 1 (every row's keys in one block: the kv-head is one chunk)
-            for lo, hi, path in path_runs(hd["alphas"], Nq, r0, r1):
-                FWD_ROWS[path](g[lo:hi], lo, True, qc[lo:hi], hd["kf"], e[lo:hi], hd["vf"], rows, fwd, oi[lo:hi],
-                               nci[lo:hi], bi[lo:hi])
+            # the chunked forward's row kernels on the float32 scores of phase 1 (every row's
+            # keys in one block: the kv-head is one chunk)
+            fwd_runs(hd["g"], 0, r0, r1, True, hd["qc"], hd["kf"], err[i], hd["vf"], rows, fwd, o[i], ncand[i], bad[i])
 
         def phase1(slot, item):
             i, j, j0, j1 = item
