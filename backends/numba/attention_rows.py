@@ -193,17 +193,17 @@ def _store_keys(m, pc, idx, row):
 def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad, ncand):
     """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
     idx)`` (exact scores, their p, keys; ``ok``: its scores were finite) as the row solver
-    left them (``solved = (theta, support)``: (-inf, 0) for a row the caller did not solve,
-    one without candidates or with overflowed scores): row ``r`` of the caller's float64 ``out`` (the driver converts it
-    to q's dtype) and flags ``bad``, ``ncand``; then (:func:`_weigh`; ``alpha = (a1, a2,
-    big)``; ``scratch = (o, sk)``) theta, the support, the residual, the skewed output (the
-    output itself at alpha = 1, as the reference has it) and the support's keys
-    (:func:`_store_keys`) straight into their place ``place = (b, hq, i)`` of the forward's
-    arrays ``fwd`` (:data:`ForwardArrays`); without ``fwd.keep`` (no backward will follow)
-    the last two are neither formed nor written.  A row without candidates, or with
-    overflowed scores, attends nothing.  Shared by the chunked forward and the decoding
-    path, so both write the same bits.  It links no row solver: the kernel of each solver
-    path calls its solver itself, so that solver is compiled into one level of calls."""
+    left them (``solved = (theta, support)``: (-inf, 0) for a row the caller did not
+    solve, one without candidates or with overflowed scores): row ``r`` of the caller's
+    float64 ``out`` (the driver converts it to q's dtype) and flags ``bad``, ``ncand``;
+    then (:func:`_weigh`; ``alpha = (a1, a2, big)``; ``scratch = (o, sk)``) theta, the
+    support, the residual, the skewed output (the output itself at alpha = 1, as the
+    reference has it) and the support's keys (:func:`_store_keys`) straight into their
+    place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`ForwardArrays`);
+    without ``fwd.keep`` (no backward will follow) the last two are neither formed nor
+    written.  A row without candidates, or with overflowed scores, attends nothing.  It
+    links no row solver: the kernel of each solver path calls its solver itself, so that
+    this part compiles once per dtype and the solver into one level of calls."""
     b, hq, i = place
     zc, pc, idx = cand
     a1, a2, big = alpha
