@@ -116,6 +116,45 @@ def test_each_kernel_compiles_once_per_input_dtype_whatever_the_array_flags():
     assert sorted(s[0][0] for s in find("_rows_15")) == ["float32", "float64"]
     assert len(find("budget._forward_blk")) == 1
 
+LITERAL_TWINS = """
+import importlib, json, pkgutil
+from numba.core import types
+from entmax_ref.backends import numba_precompile as pc
+import entmax_ref.backends.numba as kernels
+
+for unit in ("softmax", "budget", "normmax", "entmax_big"):
+    for dt in ("float64", "float32"):
+        pc.UNITS[unit][1](dt)
+twins, seen = [], set()
+for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
+    mod = importlib.import_module(info.name)
+    for name in dir(mod):
+        d = getattr(mod, name)
+        if not hasattr(d, "signatures") or id(d) in seen:
+            continue
+        seen.add(id(d))
+        sigs = [tuple(s) for s in d.signatures]
+        for s in sigs:
+            for i, a in enumerate(s):
+                if isinstance(a, types.Literal) and s[:i] + (types.unliteral(a),) + s[i + 1:] in sigs:
+                    twins.append(f"{name} argument {i}: {a}")
+print(json.dumps(twins))
+"""
+
+
+@pytest.mark.slow
+def test_no_kernel_compiles_a_literal_twin_of_a_counter():
+    """A counter that starts as a literal 0 and grows in a loop reaches a call as
+    ``Literal[int](0)`` first, while numba types the caller, and the callee is compiled for
+    that type as well as for int64, though only int64 runs (the package docstring of
+    ``backends/numba``).  With the disk cache off, so that every helper is compiled here
+    and keeps its signatures: the row units whose helpers took such counters compile no
+    specialization that differs from another only by a literal argument."""
+    r = _run(LITERAL_TWINS, env={"ENTMAX_REF_NUMBA_CACHE": "0"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+
+
 def test_units_cover_the_named_kernels_and_validate_arguments():
     assert set(pc.CHECK_UNITS) < set(pc.UNITS)
     with pytest.raises(ValueError, match="unknown unit 'nope'"):

@@ -25,6 +25,13 @@ source in this folder (and the package modules they import), so a change to a he
 any file invalidates it (:mod:`entmax_ref.backends.numba._cache`).  Set the environment
 variable ``ENTMAX_REF_NUMBA_CACHE=0`` (before the backend is first imported) to turn the
 disk cache off.
+
+Numba compiles a callee for every argument type it meets while it types the caller,
+literal values included: a counter that starts as ``k = 0`` and grows in a loop reaches
+a call first as ``Literal[int](0)``, then as ``int64``, and the callee is compiled (and
+cached) for both though only the second runs.  Counters and indices that reach a call
+therefore start as ``np.int64(0)`` (one specialization; ``tests/test_numba_compile.py``
+checks that no kernel compiles such a literal twin).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def _pivot_big(c, k, a1, tmin, seed):
     mass above it is within rounding (8 eps) of 1.  Returns (cv, bv, s0, steps):
     cv = smallest entry with f(cv) < 0 (the smallest support entry), bv = largest entry
     with f(bv) >= 0 (or ``tmin``), the support is ``c[s0:k]`` (``c`` is permuted)."""
-    lo = 0
+    lo = np.int64(0)  # not a literal (it reaches _mass_T): see the package docstring
     hi = k
     cv = 0.0
     bv = tmin
@@ -190,7 +190,7 @@ def _last_bit_T(c, k, a1, lo, hi):
         mid, done = halve(lo, hi)
         if done:
             return lo, hi, it, True
-        if _mass_T(c, 0, k, mid, a1) >= 0.0:
+        if _mass_T(c, np.int64(0), k, mid, a1) >= 0.0:
             lo = mid
         else:
             hi = mid

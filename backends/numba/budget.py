@@ -60,7 +60,7 @@ def _budget_solve(x, B, c):
     entries >= top are 1, entries <= low are 0, the others ``clip(x - (c + r), 0, 1)``.
     A row whose unmasked entries number at most B: (-inf, 0, -inf, -inf) (all 1)."""
     n = x.shape[0]
-    k = 0
+    k = np.int64(0)  # not a literal: see the package docstring
     for i in range(n):
         v = np.float64(x[i])
         if v > -np.inf:
@@ -71,7 +71,7 @@ def _budget_solve(x, B, c):
     # Prefilter: with v the (floor(B) + 1)-th largest entry, at least B + 1 entries are
     # >= v, so h(v - 1) >= B + 1 > B and tau > v - 1; entries with x - v <= -1 are 0 there.
     v = select(c, k, k - 1 - int(math.floor(B)))
-    kk = 0
+    kk = np.int64(0)  # not a literal: see the package docstring
     dropped = -np.inf  # the largest entry left out (0 whatever the solution)
     for i in range(k):
         if c[i] - v > -1.0:

@@ -64,7 +64,7 @@ def _normmax_row(x, out, a, c):
         for i in range(n):
             out[i] = 0.0
         return -np.inf, 0, 0, True
-    k = 0
+    k = np.int64(0)  # not a literal: see the package docstring
     for i in range(n):
         y = np.float64(x[i]) - m
         if y > -1.0:

@@ -126,7 +126,7 @@ def _softmax_row(x, out, m, c, lanes):
     """Softmax of one row with maximum m: the exponentials into the float64 scratch ``c``,
     then :func:`_softmax_finish`.  Returns (A, support)."""
     low = _low(x.shape[0])
-    nlow = 0
+    nlow = np.int64(0)  # not a literal: see the package docstring
     for i in range(x.shape[0]):
         nlow += _exp_entry(x, c, i, m, low)
     return _softmax_finish(x, c, out, m, nlow, lanes)
@@ -147,7 +147,7 @@ def _softmax_row_next(x, out, m, lanes, xn):
     L = min(_lanes(n), n)
     A, B = max_lanes(xn, lanes[2, :L], lanes[3, :L])
     low = _low(n)
-    nlow = 0
+    nlow = np.int64(0)  # not a literal: see the package docstring
     bad = 0
     # blocks of L entries; the last one ends at n and overlaps the one before, whose
     # exponentials and maxima it redoes (the same values): one loop in the compiled code,

@@ -12,6 +12,7 @@ NumPy's except, at most, where -0.0 and +0.0 sit among equal entries.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from . import CACHE
@@ -54,7 +55,7 @@ def sort(a):
         _sift(a, start, n)
     for end in range(n - 1, 0, -1):
         a[0], a[end] = a[end], a[0]
-        _sift(a, 0, end)
+        _sift(a, np.int64(0), end)  # not a literal: see the package docstring
 
 
 @njit(cache=CACHE)
