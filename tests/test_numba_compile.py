@@ -147,12 +147,10 @@ print(json.dumps([twins, sorted(ran)]))
 
 @pytest.mark.slow
 def test_no_kernel_compiles_a_literal_twin_of_a_counter():
-    """A counter that starts as a literal 0 and grows in a loop reaches a call as
-    ``Literal[int](0)`` first, while numba types the caller, and the callee is compiled for
-    that type as well as for int64, though only int64 runs (the package docstring of
-    ``backends/numba``).  With the disk cache off, so that every helper is compiled here
-    and keeps its signatures: the row units whose helpers took such counters compile no
-    specialization that differs from another only by a literal argument."""
+    """No helper is compiled a second time for a counter that reaches it as a literal 0
+    (the package docstring of ``backends/numba``).  With the disk cache off, so that every
+    helper is compiled here and keeps its signatures, the units whose helpers took such
+    counters compile no specialization that differs from another only by a literal."""
     r = _run(LITERAL_TWINS, env={"ENTMAX_REF_NUMBA_CACHE": "0"})
     assert r.returncode == 0, r.stderr[-3000:]
     twins, ran = json.loads(r.stdout.strip().splitlines()[-1])
