@@ -173,6 +173,25 @@ def theta_cut(t, window, err):
 
 
 @njit(cache=CACHE, _nrt=False)
+def _exact_scores(qc, r, kk, scale, s, has_s, slope, i_abs, idx, m, zc, gx):
+    """The exact q.k (``gx[:m]``) and score (``zc[:m]``) of the keys ``idx[:m]`` that
+    passed a row's last cut, in order.  Their K rows come from L2 or L3 in random order,
+    so each is asked for :data:`PREFETCH_AHEAD` keys before its dot product (the first
+    ones before the loop).  The keys are gathered first: asked for among the keys of the
+    cut's input, most of which the cut drops, the prefetches read rows that are never
+    used and come too late for those that are."""
+    for i in range(min(m, PREFETCH_AHEAD)):
+        prefetch_row(kk, idx[i])
+    for i in range(m):
+        if i + PREFETCH_AHEAD < m:
+            prefetch_row(kk, idx[i + PREFETCH_AHEAD])
+        j = idx[i]
+        gv = dot64(qc, r, kk, j)
+        gx[i] = gv
+        zc[i] = score_at(gv, scale, s, has_s, slope, i_abs, j)
+
+
+@njit(cache=CACHE, _nrt=False)
 def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                 za, idx, zc, gx):
     """The keys of row ``r`` that can carry probability, with their exact float64 scores.
@@ -257,15 +276,11 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
         else:
             m1 = n
         cut = theta_cut(t, window, err)
-        m = 0
-        for i in range(m1):
-            j = idx[i] if use_max else i
-            if za[i] > cut:
-                gv = dot64(qc, r, kk, j)
-                idx[m] = j
-                gx[m] = gv
-                zc[m] = score_at(gv, scale, s, has_s, slope, i_abs, j)
-                m += 1
+        m = np.int64(0)
+        for i in range(m1):  # the keys over the cut, in order, with no branch on the data
+            idx[m] = idx[i] if use_max else i
+            m += za[i] > cut
+        _exact_scores(qc, r, kk, scale, s, has_s, slope, i_abs, idx, m, zc, gx)
         return m, True
     # the float32 product overflowed or is near the float64 range: everything exactly
     nonfinite = 0
@@ -425,17 +440,11 @@ def candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, w
         t = theta_lower(zc, m, L, 1.0 / window)
         cut = theta_cut(t, window, err)
     m1 = m
-    m = 0
-    for i in range(m1):
-        if i + PREFETCH_AHEAD < m1:
-            prefetch_row(kk, idx[i + PREFETCH_AHEAD])
-        if zc[i] > cut:
-            j = idx[i]
-            gv = dot64(qc, r, kk, j)
-            idx[m] = j
-            gx[m] = gv
-            zc[m] = score_at(gv, scale, s, has_s, slope, i_abs, j)
-            m += 1
+    m = np.int64(0)
+    for i in range(m1):  # the keys over the cut, in order, with no branch on the data
+        idx[m] = idx[i]
+        m += zc[i] > cut
+    _exact_scores(qc, r, kk, scale, s, has_s, slope, i_abs, idx, m, zc, gx)
     return m, True
 
 
