@@ -173,13 +173,19 @@ def theta_cut(t, window, err):
 
 
 @njit(cache=CACHE, _nrt=False)
-def _exact_scores(qc, r, kk, scale, s, has_s, slope, i_abs, idx, m, zc, gx):
-    """The exact q.k (``gx[:m]``) and score (``zc[:m]``) of the keys ``idx[:m]`` that
-    passed a row's last cut, in order.  Their K rows come from L2 or L3 in random order,
-    so each is asked for :data:`PREFETCH_AHEAD` keys before its dot product (the first
-    ones before the loop).  The keys are gathered first: asked for among the keys of the
-    cut's input, most of which the cut drops, the prefetches read rows that are never
-    used and come too late for those that are."""
+def _score_over_cut(z, keyed, m1, cut, qc, r, kk, scale, s, has_s, slope, i_abs, idx, zc, gx):
+    """The keys ``i < m1`` whose approximate score ``z[i]`` is over ``cut`` (key ``idx[i]``,
+    or ``i`` itself unless ``keyed``), gathered in order into ``idx[:m]`` with no branch on
+    the data, then their exact q.k (``gx[:m]``) and score (``zc[:m]``); returns m.  ``z``
+    may be ``zc`` itself: the gather reads every entry before any is written.  The K rows
+    come from L2 or L3 in random order, so each is asked for :data:`PREFETCH_AHEAD` keys
+    before its dot product (the first ones before the loop), among the gathered keys:
+    asked for among the keys of the cut's input, most of which the cut drops, the
+    prefetches read rows that are never used and come too late for those that are."""
+    m = np.int64(0)
+    for i in range(m1):
+        idx[m] = idx[i] if keyed else i
+        m += z[i] > cut
     for i in range(min(m, PREFETCH_AHEAD)):
         prefetch_row(kk, idx[i])
     for i in range(m):
@@ -189,6 +195,7 @@ def _exact_scores(qc, r, kk, scale, s, has_s, slope, i_abs, idx, m, zc, gx):
         gv = dot64(qc, r, kk, j)
         gx[i] = gv
         zc[i] = score_at(gv, scale, s, has_s, slope, i_abs, j)
+    return m
 
 
 @njit(cache=CACHE, _nrt=False)
@@ -271,16 +278,11 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
             # a lower bound of the threshold of the approximate scores, which is within
             # err of the exact one (theta is 1-Lipschitz in the max norm of the scores)
             t = theta_lower(zc, m1, L, 1.0 / window)
-            for i in range(m1):
-                za[i] = zc[i]
         else:
             m1 = n
         cut = theta_cut(t, window, err)
-        m = np.int64(0)
-        for i in range(m1):  # the keys over the cut, in order, with no branch on the data
-            idx[m] = idx[i] if use_max else i
-            m += za[i] > cut
-        _exact_scores(qc, r, kk, scale, s, has_s, slope, i_abs, idx, m, zc, gx)
+        m = _score_over_cut(zc if use_max else za, use_max, m1, cut, qc, r, kk, scale, s, has_s, slope, i_abs,
+                            idx, zc, gx)
         return m, True
     # the float32 product overflowed or is near the float64 range: everything exactly
     nonfinite = 0
@@ -439,12 +441,7 @@ def candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, w
         # the lower bound of the threshold and the second cut of _candidates
         t = theta_lower(zc, m, L, 1.0 / window)
         cut = theta_cut(t, window, err)
-    m1 = m
-    m = np.int64(0)
-    for i in range(m1):  # the keys over the cut, in order, with no branch on the data
-        idx[m] = idx[i]
-        m += zc[i] > cut
-    _exact_scores(qc, r, kk, scale, s, has_s, slope, i_abs, idx, m, zc, gx)
+    m = _score_over_cut(zc, np.bool_(True), m, cut, qc, r, kk, scale, s, has_s, slope, i_abs, idx, zc, gx)
     return m, True
 
 
