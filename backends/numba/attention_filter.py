@@ -178,10 +178,10 @@ def _score_over_cut(z, keyed, m1, cut, qc, r, kk, scale, s, has_s, slope, i_abs,
     or ``i`` itself unless ``keyed``), gathered in order into ``idx[:m]`` with no branch on
     the data, then their exact q.k (``gx[:m]``) and score (``zc[:m]``); returns m.  ``z``
     may be ``zc`` itself: the gather reads every entry before any is written.  The K rows
-    come from L2 or L3 in random order, so each is asked for :data:`PREFETCH_AHEAD` keys
-    before its dot product (the first ones before the loop), among the gathered keys:
-    asked for among the keys of the cut's input, most of which the cut drops, the
-    prefetches read rows that are never used and come too late for those that are."""
+    come from L2 or L3 in random order, so each is asked for :data:`PREFETCH_AHEAD`
+    gathered keys before its dot product (the first ones before the loop); among the
+    cut's input, most of which the cut drops, the requests would come too late for the
+    rows that are read (docs/performance.md)."""
     m = np.int64(0)
     for i in range(m1):
         idx[m] = idx[i] if keyed else i
