@@ -71,6 +71,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 from typing import Callable
 
@@ -388,6 +389,11 @@ def _ratio_cells(r: dict) -> tuple[float, str, str]:
     return r["time_ratio"], f"{lo:.3g}-{hi:.3g}", r["target"].split(" SDPA")[0].split(" softmax")[0]
 
 
+def _say(text: str) -> None:
+    """Print ``text`` wrapped at 100 columns (continuation lines indented)."""
+    print(textwrap.fill(text, 100, subsequent_indent="    ", break_on_hyphens=False))
+
+
 def _print_table(rows: list[dict]) -> None:
     """Each case on its own line, then its figures (at most 100 columns): ours and the
     peer in ms, the ratio of ours to the peer's time (below 1 is faster), its spread over
@@ -401,11 +407,12 @@ def _print_table(rows: list[dict]) -> None:
               f"{spread:>13} {target:>9} {'yes' if r['met'] else 'NO'}")
     floors = [r for r in rows if "floor" in r]
     if floors:
-        print("\nFloors, timed in the same interleaved repeats (the least work the case must do; "
-              "ours and the baseline as multiples of it):")
+        print()
+        _say("Floors, timed in the same interleaved repeats (the least work the case must do; "
+             "ours and the baseline as multiples of it):")
         for r in floors:
-            print(f"  {r['case']}: {r['floor']}: {r['floor_ms']:.2f} ms; ours {r['ours_over_floor']:.2f}x, "
-                  f"{r['baseline']} {r['baseline_over_floor']:.2f}x")
+            _say(f"  {r['case']}: {r['floor']}: {r['floor_ms']:.2f} ms; ours {r['ours_over_floor']:.2f}x, "
+                 f"{r['baseline']} {r['baseline_over_floor']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,12 +472,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f" {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     load1 = _load()
 
-    print(f"entmax-ref bench on {machine()}: numba {numba.__version__} ({numba.get_num_threads()} threads), "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), entmax "
-          f"{getattr(entmax, '__version__', '?')}; load average {load0} before, {load1} after; medians of "
-          f"{repeats} interleaved repeats ({GAP:g} s idle, then calls under {REWARM_S:g} s once untimed, before "
-          f"each timed call); x peer = ours / the peer's time (below 1 is faster), spread = smallest-largest "
-          f"ratio of a repeat")
+    _say(f"entmax-ref bench on {machine()}: numba {numba.__version__} ({numba.get_num_threads()} threads), "
+         f"torch {torch.__version__} ({torch.get_num_threads()} threads), entmax "
+         f"{getattr(entmax, '__version__', '?')}; load average {load0} before, {load1} after; medians of "
+         f"{repeats} interleaved repeats ({GAP:g} s idle, then calls under {REWARM_S:g} s once untimed, before "
+         f"each timed call); x peer = ours / the peer's time (below 1 is faster), spread = smallest-largest "
+         f"ratio of a repeat")
     _print_table(results)
     if args.json:
         meta = {"numba": numba.__version__, "torch": torch.__version__, "threads": args.threads,

@@ -12,8 +12,11 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
+import math
+import os
 import sys
 
 import numpy as np
@@ -26,6 +29,83 @@ _SUBCOMMANDS = {
     "compile": "entmax_ref.backends.numba_precompile",
     "cache": "entmax_ref.backends.numba_cache",
 }
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with usage errors in one line, ``PROG: error: MESSAGE (PROG --help)``,
+    and exit status 2 (argparse's convention), instead of the whole usage text first."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def alpha_value(text: str) -> float:
+    """An ``--alpha`` on the command line: a finite number >= 1."""
+    value = _number(text)
+    if value < 1.0:
+        raise argparse.ArgumentTypeError(f"alpha must be >= 1, got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """A finite number >= 0 (a budget)."""
+    value = _number(text)
+    if value < 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def seed_value(text: str) -> int:
+    """A ``--seed``: an integer >= 0 (NumPy's generators take no negative seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed must be >= 0, got {text!r}")
+    return value
+
+
+def _writable_folder(folder: str, what: str) -> None:
+    """ArgumentTypeError unless files can be created in ``folder`` or, when it does not
+    exist yet, in the nearest folder above it that does (where it would be created)."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise argparse.ArgumentTypeError(f"{what}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{what}: cannot write in {probe} (permission denied)")
+
+
+def output_file(text: str) -> str:
+    """A file the command will write (``--json``): its folder must exist and be writable,
+    so that a run does not end by losing its results."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder of {text} does not exist: {folder}")
+    _writable_folder(folder, text)
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text} (permission denied)")
+    return text
+
+
+def output_folder(text: str) -> str:
+    """A folder the command will create if needed and write into (``corpus --out``)."""
+    _writable_folder(text, text)
+    return text
 
 
 def _example() -> int:

@@ -47,6 +47,13 @@ USER_MODULE = textwrap.dedent('''
 
     def attention_vjp(do, q, k, v, *, alpha=1.5, causal=False):
         return er.attention_vjp(do, q, k, v, alpha=alpha, causal=causal, backend="numpy")[:3]
+
+    def returns_none(*args, **kwargs):
+        return None
+
+    def exits(*args, **kwargs):
+        import sys
+        sys.exit(3)
 ''')
 
 
@@ -71,7 +78,15 @@ def test_impl_passes_and_writes_json(user_module, capsys, tmp_path):
     assert "entmax a=1.5" in out and "entmax a=3" in out and "PASS" in out
     data = json.loads(path.read_text())
     assert data["ok"] and data["exit_status"] == 0 and len(data["rows"]) == 4
-    assert {"max_abs", "max_ulps", "props_passed", "verdict", "notes"} <= set(data["rows"][0])
+    assert {"max_abs", "max_ulps", "props_passed", "verdict", "notes", "cases"} <= set(data["rows"][0])
+    # one record per compared case: its id, verdict, the output, the worst entry, error and bound
+    cases = data["rows"][0]["cases"]
+    assert [c["tcId"] for c in cases] == ["random", "ties", "masks", "all-masked", "extreme", "tiny n=1",
+                                          "tiny n=2", "long"]
+    for c in cases:
+        assert c["verdict"] == "PASS" and c["field"] == "p" and 0 <= c["error"] <= c["bound"], c
+        assert len(c["worst"]) == 2
+    assert data["counts"] == {"entmax": {"pass": 4 * len(cases), "fail": 0, "skip": 0}}
 
 
 def test_impl_without_alpha_parameter(user_module, capsys):
@@ -113,15 +128,80 @@ def test_attention_impl_and_its_vjp(user_module, capsys):
     assert "attention vjp a=2" in out
 
 
-def test_command_line_errors_exit_2(capsys):
-    assert main(["--features", "nonsense"]) == 2
-    assert main(["--op", "nonsense"]) == 2
-    capsys.readouterr()
+@pytest.mark.parametrize("argv", [["--features", "nonsense"], ["--op", "nonsense"], ["--alpha", "nan"],
+                                  ["--alpha", "0.5"], ["--alpha", "inf"], ["--seed", "-1"], ["--backends", "bogus"],
+                                  ["--budget", "-1"], ["--jobs", "-2"], ["--op", "normmax", "--alpha", "1"]])
+def test_bad_option_values_are_one_line_usage_errors_with_exit_2(capsys, argv):
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("entmax-ref check: error: ") and out.err.count("\n") == 1, out.err
+
+
+def test_json_to_a_missing_folder_is_refused_before_the_run(user_module, capsys, tmp_path):
+    code = main(["--impl", f"{user_module}:good", "--json", str(tmp_path / "no" / "such" / "report.json")])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""  # no table: nothing ran
+    assert "does not exist" in out.err and out.err.count("\n") == 1 and "Traceback" not in out.err
+    assert main(["--impl", f"{user_module}:good", "--json", str(tmp_path)]) == 2  # a folder is no file
+    assert "is a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("op,extra", [("entmax", []), ("threshold", []), ("entmax_vjp", []),
+                                      ("attention", ["--features", "causal"]),
+                                      ("attention_vjp", ["--features", "causal"]), ("normmax", ["--alpha", "2"]),
+                                      ("budget_sparsemax", [])])
+def test_an_implementation_returning_none_fails_every_op(user_module, capsys, op, extra):
+    code, out, _ = run(capsys, "--impl", f"{user_module}:returns_none", "--op", op, "--dtype", "float64", *extra)
+    assert code == 1, out
+    rows = _table_rows(out)
+    assert rows and all(cells[-2:] == ["FAIL", "None"] for cells in rows), out
+    assert "returned None instead of an array" in out
+
+
+def test_a_corpus_replay_of_an_implementation_returning_none_fails(user_module, capsys, shared_tmp):
+    from entmax_ref.testing.conformance import generate_corpus
+
+    corpus = shared_tmp("scale-corpus", lambda d: generate_corpus(d, seed=0, ops=("asentmax_scale",)))
+    code = main(["--corpus", str(corpus), "--impl", f"{user_module}:returns_none", "--op", "asentmax_scale"])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAIL None" in out and "returned None instead of an array" in out, out
+    code = main(["--corpus", str(corpus), "--impl", f"{user_module}:exits", "--op", "asentmax_scale"])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAIL exit" in out and "called sys.exit(3)" in out, out
+
+
+def test_corpus_out_to_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    import os
+
+    from entmax_ref.cli import main as cli_main
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # a folder this user may not write in (the test may run as root, whom permissions do not bind)
+    monkeypatch.setattr(os, "access", lambda p, mode: not str(p).startswith(str(locked)) and real_access(p, mode))
+    assert cli_main(["corpus", "--out", str(locked / "corpus"), "--ops", "asentmax_scale"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("entmax-ref corpus: error: argument --out: ")
+    assert "cannot write in " in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (locked / "corpus").exists()
+    assert main(["--impl", "my_impl:good", "--json", str(locked / "report.json")]) == 2
+    assert "permission denied" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("")
+    assert cli_main(["corpus", "--out", str(tmp_path / "a_file" / "corpus"), "--ops", "asentmax_scale"]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_sys_exit_inside_an_implementation_is_its_failure_and_the_report_prints(user_module, capsys):
+    code, out, _ = run(capsys, "--impl", f"{user_module}:exits", "--alpha", "1.5", "--alpha", "2")
+    assert code == 1
+    assert out.count("FAIL exit") == 4 and "called sys.exit(3)" in out and "wall time" in out
 
 
 def test_backend_run_reports_every_operation(capsys):
     code, out, _ = run(capsys, "--backends", "numpy", "--no-peers", "--seed", "3")
     assert code == 0, out
+    assert max(len(line) for line in out.splitlines()) <= 100
     for op in ("entmax a=1.25", "threshold a=3", "vjp a=2", "loss a=1", "asentmax a=1.5", "attention a=1.5",
                "attention vjp a=3"):
         assert op in out, op
@@ -143,13 +223,13 @@ def test_table_has_an_error_over_tolerance_column_a_legend_and_progress_on_stder
     code, out, err = run(capsys, "--impl", f"{user_module}:good", "--alpha", "1.5", "--dtype", "float32")
     assert code == 0, out
     head = out.splitlines()[0].split()
-    assert head[:8] == ["operation", "implementation", "dtype", "max", "abs", "err", "ulps", "err/tol"]
+    assert head == ["operation", "implementation", "dtype", "abs", "err", "ulps", "err/tol", "props", "verdict"]
     row = next(ln for ln in out.splitlines() if ln.startswith("entmax a=1.5"))
     used = float(row.split()[6])
     assert 0 < used <= 1  # float32 rounds: an error, within its budget
-    assert "ulps: |error| / (eps * max(1, |expected|))" in out and "float64 NumPy reference" in out
-    assert "err/tol: each entry's |error| as a fraction of its own tolerance" in out
-    assert "props: property checks passed / run" in out
+    assert "abs err: largest |actual - expected| (float64 reference)" in out
+    assert "ulps: that over eps * max(1, |expected|)" in out
+    assert "err/tol: largest error over its own budget" in out and "props: passed/run" in out
     # stdout is not a terminal here: progress is one plain line per job, on stderr
     assert err.startswith("[1/1 ") and "entmax [" in err and "\r" not in err
     code, out, err = run(capsys, "--impl", f"{user_module}:good", "--alpha", "2", "--no-progress")
@@ -200,9 +280,10 @@ def test_bench_without_peers_names_the_extra(monkeypatch, capsys):
 
 
 @pytest.mark.numba
-def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch):
+def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch, capsys):
     """The decoding case as a user calls it (checked) and with check_finite=False, each
-    against SDPA with the same target, in the table and the --json output (tiny sizes)."""
+    against SDPA with the same target, in the table and the --json output (tiny sizes);
+    every printed line at most 100 columns."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("entmax")
     import numba
@@ -218,6 +299,8 @@ def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch):
     finally:
         numba.set_num_threads(threads[0])
         torch.set_num_threads(threads[1])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("entmax-ref bench on ") and max(map(len, lines)) <= 100, max(lines, key=len)
     rows = {r["case"]: r for r in json.loads(path.read_text())["results"]}
     case = "decoding 1 query x 64 keys H=8 D=64 float32 alpha=1.5"
     for name in (case, case + " check_finite=False"):
@@ -296,7 +379,7 @@ def test_a_failed_peers_process_is_a_failing_peer_row(monkeypatch):
 def _table_rows(out):
     """The table's rows (before its legend) as lists of cells."""
     body = out.split("\n\n")[0].splitlines()[2:]
-    return [line.split() for line in body]
+    return [line.split() for line in body if not line.startswith("peers ")]
 
 
 def test_table_shows_nan_dashes_and_error_over_tolerance(user_module, capsys):
@@ -312,16 +395,19 @@ def test_table_shows_nan_dashes_and_error_over_tolerance(user_module, capsys):
     code, out, _ = run(capsys, "--impl", f"{user_module}:nan_rows", "--alpha", "1.5")
     assert code == 1
     for cells in _table_rows(out):
-        assert cells[4:7] == ["NaN", "NaN", "NaN"] and cells[-1] == "FAIL", cells
+        assert cells[4:7] == ["NaN", "NaN", "NaN"] and cells[-2:] == ["FAIL", "NaN"], cells
     code, out, _ = run(capsys, "--impl", f"{user_module}:missing", "--alpha", "1.5")
     assert code == 1
     (cells,) = _table_rows(out)
-    assert cells[2:] == ["-", "-", "-", "-", "-", "FAIL"], cells  # dtype, the figures, props
+    assert cells[2:] == ["-", "-", "-", "-", "-", "FAIL", "import"], cells  # dtype, the figures, props
 
 
 def test_an_implementation_failing_on_all_masked_rows_is_told_the_case_and_the_flag(user_module, capsys):
     code, out, _ = run(capsys, "--impl", f"{user_module}:no_masked_rows", "--alpha", "1.5")
     assert code == 1
+    # the row says why it failed, beside its passing figures
+    assert all(cells[-2:] == ["FAIL", "raised"] and float(cells[-4]) <= 1 for cells in _table_rows(out))
+    out = " ".join(out.split())  # the failures block wraps its lines
     assert "[all-masked] raised IndexError: index -1 is out of bounds" in out
     assert "rows that are entirely -inf" in out and "--no-masked-rows" in out
     code, out, _ = run(capsys, "--impl", f"{user_module}:no_masked_rows", "--alpha", "1.5", "--no-masked-rows")

@@ -30,6 +30,7 @@ from entmax_ref.testing import (
     to_numpy,
 )
 from entmax_ref.testing import tolerance as T
+from entmax_ref.testing.report import LEGEND, CheckRow
 from entmax_ref.testing.strategies import alpha_columns, attention_problems
 
 QUICK = dict(size="quick", seed=0)
@@ -130,6 +131,25 @@ def test_assertion_follows_axis_and_per_row_alpha():
     assert_entmax_close(er.entmax(x, alpha, axis=0), x, alpha=alpha, axis=0)
     with pytest.raises(AssertionError):
         assert_entmax_close(er.entmax(x, 1.5, axis=0), x, alpha=alpha, axis=0)
+
+
+@pytest.mark.parametrize("shape", [(8,), (4, 2), (2, 1, 4)])
+def test_assertions_refuse_a_result_of_another_shape_with_as_many_entries(shape):
+    x = np.random.default_rng(3).standard_normal((2, 4))
+    g = np.random.default_rng(4).standard_normal((2, 4))
+    p = er.entmax(x, 1.5)
+    with pytest.raises(AssertionError, match=rf"actual has shape \({shape[0]},"):
+        assert_entmax_close(p.reshape(shape), x, alpha=1.5)
+    with pytest.raises(AssertionError, match="actual_dx has shape"):
+        assert_entmax_vjp_close(er.entmax_vjp(p, g, 1.5).reshape(shape), x, g, alpha=1.5)
+    with pytest.raises(AssertionError, match=r"actual_tau has shape \(2, 1\), expected \(2,\)"):
+        assert_threshold_close(er.entmax_threshold(x, 1.5).reshape(2, 1), x, alpha=1.5)
+    # the same entries in the right shape pass, along another axis and for a 0-d input too
+    assert_entmax_close(er.entmax(x, 1.5, axis=0), x, alpha=1.5, axis=0)
+    with pytest.raises(AssertionError, match=r"actual has shape \(4, 2\), expected \(2, 4\)"):
+        assert_entmax_close(er.entmax(x, 1.5, axis=0).T, x, alpha=1.5, axis=0)
+    assert_entmax_close(er.entmax(np.float64(3.0), 1.5), np.float64(3.0), alpha=1.5)
+    assert_threshold_close(er.entmax_threshold(np.float64(3.0), 1.5), np.float64(3.0), alpha=1.5)
 
 
 def test_float32_results_are_judged_by_float32_budgets():
@@ -256,10 +276,74 @@ def test_bad_callables_give_failing_rows_not_tracebacks():
     assert not rep.ok
 
 
+@pytest.mark.parametrize("battery,fn", [(check_entmax, lambda x, alpha: None),
+                                        (check_threshold, lambda x, alpha: None),
+                                        (check_entmax_vjp, lambda x, g, alpha: None)])
+def test_a_function_returning_none_or_exiting_fails_every_case(battery, fn):
+    rep = battery(fn, 1.5, dtypes=("float64",), **QUICK)
+    (row,) = rep.rows
+    assert row.verdict == "FAIL" and row.cause == "None" and not row.measured
+    assert all(c["verdict"] == "FAIL" and c["reason"].endswith("returned None instead of an array") for c in row.cases)
+
+    def exits(*args, **kwargs):
+        sys.exit(0)
+
+    (row,) = battery(exits, 1.5, dtypes=("float64",), **QUICK).rows
+    assert row.verdict == "FAIL" and row.cause == "exit" and "called sys.exit(0)" in row.notes[0]
+
+
+def test_a_row_that_compared_nothing_does_not_pass():
+    from entmax_ref.testing.report import CheckRow
+
+    row = CheckRow("entmax a=1.5", "mine", "float64")
+    row.finish()
+    assert row.failed and row.cause == "unmeasured" and "nothing was compared" in row.notes[0]
+    skip = CheckRow("entmax a=1.5", "mine", "-", verdict="SKIP")
+    skip.finish()
+    assert skip.verdict == "SKIP"
+
+
+def test_report_lines_fit_100_columns_and_rows_say_why_they_failed():
+    from entmax_ref.testing.report import CheckReport
+
+    name = "a_rather_long_package.with_modules.inside_it:entmax15_forward_kernel"
+    rep = check_entmax(shifted_threshold, 1.5, name=name, **QUICK)
+    rep.extend(check_entmax(lambda x: er.entmax(x, 1.25, backend="numpy"), 1.5, name="entmax.entmax_bisect",
+                            peer=True, **QUICK))
+    rep.rows.append(CheckRow("attention", "adasplash", "-", verdict="SKIP", peer=True,
+                             notes=["installed; check it with: entmax-ref check --impl adasplash:adasplash "
+                                    "--op attention --framework torch --device cuda"]))
+    text = rep.table()
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    assert len(LEGEND.splitlines()) == 3 and text.count(LEGEND) == 1
+    rows = [ln for ln in lines[:lines.index("")] if ln.startswith("entmax a=1.5")]
+    assert len(rows) == 4 and all(ln.split()[-2] == "FAIL" and ln.split()[-1] in ("tol", "raised") for ln in rows)
+    assert lines.index(next(ln for ln in lines if ln.startswith("peers "))) == 4  # after the two rows of ours
+    assert "cases passed/failed/skipped: entmax " in text and ", attention 0/0/1" in text and "failures:" in text
+    text = " ".join(text.split())
+    assert "SKIP (see below)" in text and "skipped: attention / adasplash: installed; check it with: " in text
+
+
+def test_a_large_error_within_its_budget_names_the_budget():
+    from entmax_ref.testing.assertions import compare
+    from entmax_ref.testing.report import CheckReport
+
+    row = CheckRow("vjp a=3", "mine", "float32")
+    assert row.judge(compare(np.array([[0.5, 5.0]]), np.array([[0.5, 3.0]]), np.array([[1e-7, 100.0]]),
+                             np.float32), "dx", "extreme")
+    assert row.max_abs == 2.0 and row.max_ulps > 1e3
+    text = " ".join(CheckReport([row]).table().split())
+    assert ("large errors within their budget: vjp a=3 / mine / float32: abs err 2 at [extreme] dx (0, 1) is "
+            "within its bound 100 (vjp_tolerance, formula 4)") in text
+    assert row.cases == [{"tcId": "extreme", "verdict": "PASS", "field": "dx", "worst": [0, 1], "error": 2.0,
+                          "bound": 100.0, "reason": ""}]
+
+
 def test_report_table_and_json(tmp_path):
     rep = check_entmax(lambda x: er.sparsemax(x), 2.0, **QUICK)
     text = rep.table()
-    assert text.splitlines()[0].split() == ["operation", "implementation", "dtype", "max", "abs", "err", "ulps",
+    assert text.splitlines()[0].split() == ["operation", "implementation", "dtype", "abs", "err", "ulps",
                                             "err/tol", "props", "verdict"]
     rep.to_json(tmp_path / "r.json")
     import json

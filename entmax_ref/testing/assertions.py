@@ -48,18 +48,25 @@ class Comparison:
     max_abs: float
     max_ulps: float
     n_bad: int
-    worst: tuple | None  #: index of the entry that exceeds its tolerance by the largest ratio
+    #: index of the entry that uses the largest fraction of its tolerance (the one that
+    #: exceeds it by the largest ratio when not ok); None when nothing was compared
+    worst: tuple | None
     worst_row: int | None
-    expected: float | None = None
-    actual: float | None = None
-    tol: float | None = None
+    expected: float | None = None  #: at ``worst``
+    actual: float | None = None  #: at ``worst``
+    tol: float | None = None  #: at ``worst``
     support_diff: int = 0  #: entries that are zero in one and nonzero in the other
     #: the tolerance, in the same ulps, at the entry that uses the largest fraction of its
     #: own tolerance (the smallest tolerance when every entry is exact)
     tol_ulps: float = 0.0
     #: the largest ``|actual - expected| / tol`` (1 is the edge of the budget)
     used: float = 0.0
-    problem: str = ""  #: a shape/dtype/NaN problem found before comparing
+    problem: str = ""  #: a shape/dtype/type problem found before comparing
+    #: what the problem is about: "shape", "dtype" or "type" ("" without one)
+    problem_kind: str = ""
+    #: index of the largest absolute error, and the tolerance there
+    abs_at: tuple | None = None
+    abs_tol: float | None = None
     extra: dict = field(default_factory=dict)
 
     def describe(self, what: str = "result") -> str:
@@ -78,21 +85,25 @@ def _eps(dtype) -> float:
     return 2 * T.unit_roundoff(dtype)
 
 
+def _refused(problem: str, kind: str) -> Comparison:
+    return Comparison(False, np.inf, np.inf, -1, None, None, problem=problem, problem_kind=kind)
+
+
 def compare(actual: Any, expected: np.ndarray, tol: np.ndarray, dtype=None, *, support: bool = False,
             name: str = "result") -> Comparison:
-    """Compare entrywise: ``|actual - expected| <= tol``; NaN and shape errors fail."""
+    """Compare entrywise: ``|actual - expected| <= tol``; NaN and shape errors fail.
+    ``actual`` must have exactly ``expected``'s shape (the same number of entries in
+    another shape is a shape error, not a reshape)."""
     try:
         a = to_numpy(actual, name)
     except TypeError as exc:
-        return Comparison(False, np.inf, np.inf, -1, None, None, problem=str(exc))
+        return _refused(str(exc), "type")
     dtype = dtype or a.dtype
     e = np.asarray(expected, np.float64)
     if a.shape != e.shape:
-        return Comparison(False, np.inf, np.inf, -1, None, None,
-                          problem=f"{name} has shape {a.shape}, expected {e.shape}")
+        return _refused(f"{name} has shape {a.shape}, expected {e.shape}", "shape")
     if a.dtype.kind not in "fiu" and a.dtype != np.bool_:
-        return Comparison(False, np.inf, np.inf, -1, None, None,
-                          problem=f"{name} has dtype {a.dtype}, expected a real floating array")
+        return _refused(f"{name} has dtype {a.dtype}, expected a real floating array", "dtype")
     a64 = a.astype(np.float64)
     with np.errstate(invalid="ignore"):
         same_inf = (a64 == e) & np.isinf(e)
@@ -105,22 +116,20 @@ def compare(actual: Any, expected: np.ndarray, tol: np.ndarray, dtype=None, *, s
     sdiff = int(((a64 != 0) != (e != 0)).sum()) if support else 0
     max_abs = float(diff.max(initial=0.0))
     max_ulps = float(ulps.max(initial=0.0))
-    tol_ulps = used = 0.0
-    if diff.size:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frac = np.where(diff > 0, diff / tol, 0.0)
-            frac = np.where(np.isnan(frac), np.inf, frac)
-            budget = tol / scale
-        at = int(np.argmax(frac)) if frac.max() > 0 else int(np.argmin(budget))
-        tol_ulps, used = float(budget.flat[at]), float(frac.flat[at])
-    if not bad.any():
-        return Comparison(True, max_abs, max_ulps, 0, None, None, support_diff=sdiff, tol_ulps=tol_ulps, used=used)
+    if not diff.size:
+        return Comparison(True, max_abs, max_ulps, 0, None, None, support_diff=sdiff)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(bad, diff / np.where(tol > 0, tol, np.finfo(np.float64).tiny), -1.0)
-    idx = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), e.shape)
+        # the fraction of its tolerance each entry uses: inf beyond a zero tolerance
+        frac = np.where(diff > 0, diff / tol, 0.0)
+        frac = np.where(np.isnan(frac), np.inf, frac)
+        budget = tol / scale
+    at = int(np.argmax(frac)) if frac.max() > 0 else int(np.argmin(budget))
+    idx = np.unravel_index(at, e.shape)
+    big = np.unravel_index(int(np.argmax(diff)), e.shape)
     row = int(np.ravel_multi_index(idx[:-1], e.shape[:-1])) if e.ndim > 1 else 0
-    return Comparison(False, max_abs, max_ulps, int(bad.sum()), tuple(int(i) for i in idx), row,
-                      float(e[idx]), float(a64[idx]), float(tol[idx]), sdiff, tol_ulps=tol_ulps, used=used)
+    return Comparison(not bad.any(), max_abs, max_ulps, int(bad.sum()), tuple(int(i) for i in idx), row,
+                      float(e[idx]), float(a64[idx]), float(tol[idx]), sdiff, tol_ulps=float(budget.flat[at]),
+                      used=float(frac.flat[at]), abs_at=tuple(int(i) for i in big), abs_tol=float(tol[big]))
 
 
 def _fmt(a: np.ndarray) -> str:
@@ -134,11 +143,25 @@ def _fail(cmp: Comparison, what: str, snippet: str):
 
 
 def _rows(x, axis):
+    """(x moved to have ``axis`` last, its (rows, n) view, x's shape as given)."""
     x = np.asarray(to_numpy(x, "x"))
+    shape = x.shape
     if x.ndim == 0:
         x = x.reshape(1)
     moved = np.moveaxis(x, axis, -1)
-    return moved, moved.reshape(-1, moved.shape[-1]) if moved.shape[-1] else moved.reshape(-1, 0)
+    return moved, moved.reshape(-1, moved.shape[-1]) if moved.shape[-1] else moved.reshape(-1, 0), shape
+
+
+def _laid_out(actual, name, shape, axis, rows_shape):
+    """``actual``, which must have ``shape`` exactly (x's, or x's without ``axis``: the same
+    number of entries in another shape is no answer), in the reference's layout
+    ``rows_shape``; else the Comparison that refuses it."""
+    a = to_numpy(actual, name)
+    if a.shape != tuple(shape):
+        return None, _refused(f"{name} has shape {a.shape}, expected {tuple(shape)}", "shape")
+    if len(rows_shape) == 2:  # a full row layout: move the axis last first
+        a = np.moveaxis(a.reshape(1) if a.ndim == 0 else a, axis, -1)
+    return a.reshape(rows_shape), None
 
 
 def _alpha_rows(alpha, batch_shape):
@@ -154,26 +177,26 @@ def _reference_entmax(x2d, a_rows):
 def assert_entmax_close(actual, x, alpha=1.5, axis=-1, *, factor=1.0, atol=0.0, rtol=0.0, dtype=None):
     """Assert ``actual`` equals alpha-entmax(x) along ``axis`` within the budget of
     :func:`entmax_ref.testing.tolerance.entmax_tolerance` (for ``actual``'s dtype, or
-    ``dtype``), times ``factor``, plus ``atol + rtol * |expected|``.  -inf entries of x must
-    be exactly 0.
+    ``dtype``), times ``factor``, plus ``atol + rtol * |expected|``.  ``actual`` must have
+    x's shape; -inf entries of x must be exactly 0.
 
     >>> from entmax_ref.testing import assert_entmax_close
     >>> _ = assert_entmax_close([0.5, 0.5], [1.0, 1.0], alpha=3)
     """
     __tracebackhide__ = True
-    moved, x2 = _rows(x, axis)
+    moved, x2, shape = _rows(x, axis)
     a_rows = _alpha_rows(alpha, moved.shape[:-1])
     p, _ = _reference_entmax(x2, a_rows)
     dtype = dtype or dtype_of(actual)
-    act = np.moveaxis(to_numpy(actual, "actual"), axis, -1).reshape(x2.shape) \
-        if np.size(to_numpy(actual, "actual")) == x2.size else to_numpy(actual, "actual")
-    tol = T.entmax_tolerance(p, a_rows, dtype, masked=np.isneginf(x2), factor=factor) + atol + rtol * np.abs(p)
-    cmp = compare(act, p, tol, dtype, support=True, name="actual")
+    act, cmp = _laid_out(actual, "actual", shape, axis, x2.shape)
+    if cmp is None:
+        tol = T.entmax_tolerance(p, a_rows, dtype, masked=np.isneginf(x2), factor=factor) + atol + rtol * np.abs(p)
+        cmp = compare(act, p, tol, dtype, support=True, name="actual")
     if not cmp.ok:
         r = cmp.worst_row or 0
         snippet = (f"import numpy as np, entmax_ref as er\nx = np.array({_fmt(x2[r])}, dtype=np.{x2.dtype})\n"
                    f"er.entmax(x.astype(np.float64), alpha={a_rows[r]!r})  # expected\n"
-                   f"# actual: {_fmt(np.asarray(act).reshape(x2.shape)[r]) if cmp.worst else 'see above'}")
+                   f"# actual: {_fmt(act[r]) if cmp.worst else 'see above'}")
         _fail(cmp, f"entmax(alpha={a_rows[r]!r})", snippet)
     return cmp
 
@@ -187,15 +210,15 @@ def assert_threshold_close(actual_tau, x, alpha=1.5, axis=-1, *, factor=1.0, ato
     >>> _ = assert_threshold_close(-0.25, [-2.0, 0.0, 0.5], alpha=2)
     """
     __tracebackhide__ = True
-    moved, x2 = _rows(x, axis)
+    moved, x2, shape = _rows(x, axis)
     a_rows = _alpha_rows(alpha, moved.shape[:-1])
     _, info = _reference_entmax(x2, a_rows)
     tau = np.asarray(info.tau, np.float64).reshape(-1)
     dtype = dtype or dtype_of(actual_tau)
-    tol = T.threshold_tolerance(tau, a_rows, dtype, x2.shape[1], factor=factor) + atol
-    act = to_numpy(actual_tau, "actual_tau")
-    act = act.reshape(-1) if act.size == tau.size else act
-    cmp = compare(act, tau, tol, dtype, name="tau")
+    act, cmp = _laid_out(actual_tau, "actual_tau", moved.shape[:-1] if shape else (), axis, tau.shape)
+    if cmp is None:
+        tol = T.threshold_tolerance(tau, a_rows, dtype, x2.shape[1], factor=factor) + atol
+        cmp = compare(act, tau, tol, dtype, name="tau")
     if not cmp.ok:
         r = cmp.worst[0] if cmp.worst else 0
         snippet = (f"import numpy as np, entmax_ref as er\nx = np.array({_fmt(x2[r])}, dtype=np.{x2.dtype})\n"
@@ -205,8 +228,8 @@ def assert_threshold_close(actual_tau, x, alpha=1.5, axis=-1, *, factor=1.0, ato
 
 
 def assert_entmax_vjp_close(actual_dx, x, grad, alpha=1.5, axis=-1, *, factor=1.0, atol=0.0, dtype=None):
-    """Assert ``actual_dx`` is the gradient of ``sum(grad * entmax(x, alpha))`` w.r.t. x,
-    within :func:`entmax_ref.testing.tolerance.vjp_tolerance`.
+    """Assert ``actual_dx`` (x's shape) is the gradient of ``sum(grad * entmax(x, alpha))``
+    w.r.t. x, within :func:`entmax_ref.testing.tolerance.vjp_tolerance`.
 
     >>> from entmax_ref.testing import assert_entmax_vjp_close
     >>> _ = assert_entmax_vjp_close([0.0, 0.5, -0.5], [-2.0, 0.0, 0.5], [0.0, 1.0, 0.0], alpha=2)
@@ -214,16 +237,16 @@ def assert_entmax_vjp_close(actual_dx, x, grad, alpha=1.5, axis=-1, *, factor=1.
     __tracebackhide__ = True
     import entmax_ref as er
 
-    moved, x2 = _rows(x, axis)
-    _, g2 = _rows(grad, axis)
+    moved, x2, shape = _rows(x, axis)
+    _, g2, _ = _rows(grad, axis)
     a_rows = _alpha_rows(alpha, moved.shape[:-1])
     p, _ = _reference_entmax(x2, a_rows)
     dx = er.entmax_vjp(p, g2.astype(np.float64), a_rows, backend="numpy")
     dtype = dtype or dtype_of(actual_dx)
-    tol = T.vjp_tolerance(p, g2, dx, a_rows, dtype, factor=factor) + atol
-    act = np.moveaxis(to_numpy(actual_dx, "actual_dx"), axis, -1).reshape(x2.shape) \
-        if np.size(to_numpy(actual_dx, "actual_dx")) == x2.size else to_numpy(actual_dx, "actual_dx")
-    cmp = compare(act, dx, tol, dtype, name="dx")
+    act, cmp = _laid_out(actual_dx, "actual_dx", shape, axis, x2.shape)
+    if cmp is None:
+        tol = T.vjp_tolerance(p, g2, dx, a_rows, dtype, factor=factor) + atol
+        cmp = compare(act, dx, tol, dtype, name="dx")
     if not cmp.ok:
         r = cmp.worst_row or 0
         snippet = (f"import numpy as np, entmax_ref as er\nx = np.array({_fmt(x2[r])})\n"

@@ -99,21 +99,31 @@ def signature_text(fn) -> str:
 
 
 def guarded_call(row: CheckRow, call, *args, **kw):
-    """call(*args); an exception becomes a failing note (None returned)."""
+    """call(*args); an exception, a ``sys.exit()`` inside the call, or a result of None
+    becomes a failing note and a FAIL record of the row's case (None returned)."""
     try:
-        return call(*args, **kw)
-    except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
-        row.fail(raised(row, exc))
+        res = call(*args, **kw)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's function may raise anything
+        row.fail_case(raised(row, exc), "exit" if isinstance(exc, SystemExit) else "raised")
         return None
+    if res is None:
+        row.fail_case(_at_case(row, "returned None instead of an array"), "None")
+    return res
 
 
-def raised(row: CheckRow, exc: Exception) -> str:
+def _at_case(row: CheckRow, msg: str) -> str:
+    return f"[{row.case}] {msg}" if row.case else msg
+
+
+def raised(row: CheckRow, exc: BaseException) -> str:
     """The failing note of a call that raised ``exc``, naming the corpus case it ran."""
+    if isinstance(exc, SystemExit):
+        return _at_case(row, f"called sys.exit({exc.code!r}) (SystemExit)")
     msg = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     if row.case == "all-masked":
         return (f"[all-masked] {msg} (on rows that are entirely -inf, which must give zeros; "
                 "--no-masked-rows, or masked_rows=False, leaves them out)")
-    return f"[{row.case}] {msg}" if row.case else msg
+    return _at_case(row, msg)
 
 
 def attention_grads(row: CheckRow, vjp, *args, **kw) -> list | None:
@@ -125,7 +135,7 @@ def attention_grads(row: CheckRow, vjp, *args, **kw) -> list | None:
     try:
         return [to_numpy(g) for g in list(res)[:3]]
     except TypeError as exc:
-        row.fail(f"vjp must return (dq, dk, dv): {exc}")
+        row.fail_case(_at_case(row, f"vjp must return (dq, dk, dv): {exc}"), "type")
         return None
 
 
@@ -146,10 +156,11 @@ def battery_rows(report: CheckReport, op: str, fn: Callable, name: str | None, d
         try:
             call = caller(fn, data_args, battery, form, alpha_arg)
         except CallError as exc:
-            row.fail(str(exc))
+            row.fail(str(exc), "call")
             continue
         yield dt, row, call
         row.seconds = time.perf_counter() - t0
+        row.finish()
 
 
 def rows_of(size, seed, masked_rows, long_rows=True):
@@ -160,14 +171,14 @@ def rows_of(size, seed, masked_rows, long_rows=True):
 def dtype_ok(row: CheckRow, res, dt) -> None:
     got = str(getattr(res, "dtype", ""))
     if dt.name not in got:
-        row.fail(f"returned dtype {got or type(res).__name__} for {dt.name} input")
+        row.fail(f"returned dtype {got or type(res).__name__} for {dt.name} input", "dtype")
 
 
 def safe_np(row: CheckRow, res) -> np.ndarray | None:
     try:
         return to_numpy(res)
     except TypeError as exc:
-        row.fail(str(exc))
+        row.fail_case(_at_case(row, str(exc)), "type")
         return None
 
 

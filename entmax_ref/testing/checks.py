@@ -4,8 +4,9 @@ Each ``check_*`` calls the function on every corpus case in every requested dtyp
 compares with the float64 reference under the budgets of
 :mod:`entmax_ref.testing.tolerance`, checks properties, and returns a :class:`CheckReport`
 with one :class:`CheckRow` per dtype.  Nothing raises: an import error, a wrong
-signature, an exception inside the function or a result of the wrong shape becomes a
-failing row with a one-line message, and the other cases still run.
+signature, an exception or ``sys.exit()`` inside the function, a result of None or of the
+wrong shape becomes a failing row with a one-line message, and the other cases still run;
+a row that compared nothing fails.
 
 >>> import entmax_ref as er
 >>> from entmax_ref.testing import check_entmax
@@ -79,7 +80,7 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
         cases = rows_of(size, seed, masked_rows)
         seen_dtype = False
         for case in cases:
-            row.case = case.name
+            row.case = case.id
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, _ = _ref(x64, a)
@@ -94,7 +95,7 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
                          f"got {getattr(res, 'dtype', '?')}")
             tol = T.entmax_tolerance(p, a, dt, masked=np.isneginf(x64))
             cmp = compare(got, p, tol, dt, support=True)
-            if not row.judge(cmp, "p", case.name):
+            if not row.judge(cmp, "p", case.id):
                 continue
             if case.name == "masks":
                 row.prop("masked entries are exactly 0", bool(np.all(got[np.isneginf(x64)] == 0)))
@@ -115,6 +116,7 @@ def check_entmax(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | Non
                 _, got3 = run(np.ascontiguousarray(x[:, perm]))
                 if got3 is not None and got3.shape == got.shape:
                     row.prop("permutation equivariance", bool(np.all(np.abs(got3[:, np.argsort(perm)] - got) <= 2 * tol)))
+        row.case = "golden"
         for gx, ga, gp in golden_cases(a):
             res, got = run(gx.astype(dt))
             if got is not None:
@@ -140,7 +142,7 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | 
     for dt, row, call in battery_rows(report, f"threshold a={a:g}", fn, name, dtypes, peer, 1, "check_threshold",
                                   "fn(x) or fn(x, alpha=...)", alpha_arg):
         for case in rows_of(size, seed, masked_rows):
-            row.case = case.name
+            row.case = case.id
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = _ref(x64, a)
@@ -150,7 +152,7 @@ def check_threshold(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int | 
                 continue
             got = got.reshape(-1) if got.size == len(x) else got
             cmp = compare(got, info.tau, T.threshold_tolerance(info.tau, a, dt, x.shape[1]), dt)
-            if not row.judge(cmp, "tau", case.name):
+            if not row.judge(cmp, "tau", case.id):
                 continue
             if case.name == "random":
                 from entmax_ref.backends._base import tau_to_theta
@@ -206,7 +208,7 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
 
         skipped = 0
         for case in rows_of(size, seed, masked_rows):
-            row.case = case.name
+            row.case = case.id
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = _ref(x64, a)
@@ -225,13 +227,14 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
                 skipped += int(bad.sum())
                 tol = np.where(bad[:, None], np.inf, tol)
             cmp = compare(got, dx, tol, dt)
-            if not row.judge(cmp, "dx", case.name):
+            if not row.judge(cmp, "dx", case.id):
                 continue
             if case.name == "random":
                 s = got.astype(np.float64).sum(axis=1)
                 row.prop("rows sum to 0 (J 1 = 0)", bool(np.all(np.abs(s) <= tol.sum(axis=1))),
                          f"worst |sum| {np.abs(s).max():.3g}")
         # the Jacobian from n VJPs is symmetric
+        row.case = "jacobian"
         xs = np.random.default_rng(seed + 3).standard_normal((1, 6)).astype(dt)
         xs64 = xs.astype(np.float64)
         ps, _ = _ref(xs64, a)
@@ -244,6 +247,7 @@ def check_entmax_vjp(fn: Callable, alpha: float = 1.5, *, alpha_arg: str | int |
                      f"max |J - J^T| {np.abs(J - J.T).max():.3g}")
         if dt == np.float64:
             # central differences of the (exact) reference forward, h = eps^(1/3)
+            row.case = "finite differences"
             xf = np.random.default_rng(seed + 5).standard_normal((3, 7))
             gf = np.random.default_rng(seed + 6).standard_normal((3, 7))
             pf, _ = _ref(xf, a)
@@ -311,10 +315,11 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str |
                                      f"got {alpha_arg!r}")
                 names, var_kw = attention_signature(f, data, f"check_attention ({op})")
             except CallError as exc:
-                row.fail(str(exc))
+                row.fail(str(exc), "call")
                 continue
             first = True
             for case in cases:
+                row.case = case.name
                 q, k, v = (t.astype(dt) for t in (case.q, case.k, case.v))
                 kw = _attn_kwargs(case, a, names, var_kw, alpha_arg)
                 ref = attention_reference(q, k, v, dt, alpha=a, **case.kwargs)
@@ -358,4 +363,5 @@ def check_attention(fn: Callable | None, alpha: float = 1.5, *, alpha_arg: str |
                         kl = np.asarray(case.kwargs["key_lengths"])
                         row.prop("no keys gives zero gradients", bool(np.all(got[0][kl == 0] == 0)))
             row.seconds = time.perf_counter() - t0
+            row.finish()
     return report

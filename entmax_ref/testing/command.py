@@ -29,8 +29,10 @@ import numpy as np
 
 from .checks import CheckReport, CheckRow, check_attention, check_entmax, check_entmax_vjp, check_threshold
 from .corpus import FEATURES, row_corpus
+from .calling import guarded_call
 from .family_checks import check_budget_sparsemax, check_normmax
 from . import tolerance as T
+from ..cli import ArgumentParser, alpha_value, non_negative, output_file, seed_value
 from .assertions import compare
 
 ALPHAS = (1.0, 1.25, 1.5, 2.0, 3.0)
@@ -79,6 +81,12 @@ def _skip(op: str, impl: str, why: str, peer: bool = False) -> CheckReport:
     return CheckReport([CheckRow(op, impl, "-", verdict="SKIP", notes=[why], peer=peer)])
 
 
+def _failed(op: str, impl: str, why: str, cause: str, peer: bool = False) -> CheckReport:
+    row = CheckRow(op, impl, "-", peer=peer)
+    row.fail(why, cause)
+    return CheckReport([row])
+
+
 def _guard(op: str, impl: str, probe: Callable[[], object], run: Callable[[], CheckReport]) -> CheckReport:
     """SKIP when the backend does not implement the op (NotImplementedError on a tiny call)."""
     try:
@@ -100,9 +108,11 @@ def _timed_cases(rep: CheckReport, op: str, b: str, size: str, seed: int, skip: 
         t0 = time.perf_counter()
         for case in row_corpus(size, seed):
             if case.name not in skip:
+                row.case = case.id
                 x = case.x.astype(dt)
                 yield row, case, dt, x, x.astype(np.float64)
         row.seconds = time.perf_counter() - t0
+        row.finish()
 
 
 def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
@@ -117,22 +127,21 @@ def _check_loss(b: str, alpha: float, size: str, seed: int) -> CheckReport:
     for row, case, dt, x, x64 in _timed_cases(rep, f"loss a={alpha:g}", b, size, seed, ("all-masked", "long")):
         # class 0 (finite in every corpus row) or the row's argmax, at random
         target = np.where(rng.random(len(x)) < 0.5, 0, np.argmax(x64, axis=1))
-        try:
-            got = er.entmax_loss(x, target, alpha, backend=b)
-            grad = er.entmax_loss_grad(x, target, alpha, backend=b)
-        except Exception as exc:  # noqa: BLE001
-            row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
+        res = guarded_call(row, lambda: (er.entmax_loss(x, target, alpha, backend=b),
+                                         er.entmax_loss_grad(x, target, alpha, backend=b)))
+        if res is None:
             continue
+        got, grad = res
         L = er.entmax_loss(x64, target, alpha, backend="numpy")
         p = er.entmax(x64, alpha, backend="numpy")
         onehot = np.eye(x.shape[1])[target]
         tol = T.loss_tolerance(x64, p, onehot, L, dt)
         cmp = compare(got, L, tol, dt, name="loss")
-        row.judge(cmp, "loss", case.name)
+        row.judge(cmp, "loss", case.id)
         # p's budget plus the rounding of p - q to the gradient's dtype (x's dtype)
         gtol = T.entmax_tolerance(p, alpha, dt) + T.unit_roundoff(np.asarray(grad).dtype) * np.abs(p - onehot)
         cg = compare(grad, p - onehot, gtol, dt, name="grad")
-        row.judge(cg, "loss gradient", case.name)
+        row.judge(cg, "loss gradient", case.id, budget="entmax_tolerance plus the rounding of p - q")
         if case.name == "random":
             row.prop("loss >= 0", bool(np.all(np.asarray(got) >= 0)))
             zero = er.entmax_loss(x, p.astype(dt).astype(np.float64) / p.astype(dt).astype(np.float64).sum(1, keepdims=True),
@@ -152,21 +161,20 @@ def _check_asentmax(b: str, alpha: float, size: str, seed: int) -> CheckReport:
         beta = rng.uniform(0.2, 1.5, len(x))
         gamma = rng.uniform(0.5, 1.5, len(x))
         g = rng.standard_normal(x.shape)
-        try:
-            p = er.asentmax(x, alpha, beta=beta, gamma=gamma, backend=b)
-            dx = er.asentmax_vjp(g.astype(dt), x, alpha, beta=beta, gamma=gamma, backend=b).dx
-        except Exception as exc:  # noqa: BLE001
-            row.fail(f"[{case.name}] raised {type(exc).__name__}: {exc}")
+        res = guarded_call(row, lambda: (er.asentmax(x, alpha, beta=beta, gamma=gamma, backend=b),
+                                         er.asentmax_vjp(g.astype(dt), x, alpha, beta=beta, gamma=gamma, backend=b).dx))
+        if res is None:
             continue
+        p, dx = res
         pr, info = er.asentmax(x64, alpha, beta=beta, gamma=gamma, backend="numpy", return_info=True)
         cmp = compare(p, pr, T.entmax_tolerance(pr, alpha, dt, masked=np.isneginf(x64)), dt)
-        row.judge(cmp, "p", case.name)
+        row.judge(cmp, "p", case.id)
         s = np.where(np.isfinite(info.s), info.s, 1.0)
         dz = er.entmax_vjp(pr, g, alpha, backend="numpy")
         dxr = er.asentmax_vjp(g, x64, alpha, beta=beta, gamma=gamma, backend="numpy").dx
         tol = np.abs(s)[:, None] * T.vjp_tolerance(pr, g, dz, alpha, dt)
         c2 = compare(dx, dxr, tol, dt, name="dx")
-        row.judge(c2, "dx", case.name)
+        row.judge(c2, "dx", case.id, budget="vjp_tolerance times |s|, formula 4")
         if case.name == "masks":
             row.prop("masked entries are exactly 0", bool(np.all(np.asarray(p)[np.isneginf(x64)] == 0)))
     return rep
@@ -330,7 +338,7 @@ def resolve_impl(path: str) -> Callable:
         sys.path.insert(0, cwd)
     try:
         obj = importlib.import_module(mod_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is a usage problem
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is a usage problem
         raise ValueError(f"cannot import module {mod_name!r} for --impl {path!r}: {type(exc).__name__}: {exc}") from None
     finally:
         if added:
@@ -348,7 +356,7 @@ def impl_report(path: str, op: str, alphas, args) -> CheckReport:
     try:
         fn = resolve_impl(path)
     except ValueError as exc:
-        return CheckReport([CheckRow(op, label, "-", verdict="FAIL", notes=[str(exc)])])
+        return _failed(op, label, str(exc), "import")
     common = dict(name=label, framework=args.framework, device=args.device, size=args.size, seed=args.seed,
                   dtypes=args.dtype, alpha_arg=args.alpha_arg)
     family = {key: val for key, val in common.items() if key != "alpha_arg"}
@@ -397,14 +405,14 @@ def _corpus_jobs(args):
             try:
                 fn = resolve_impl(args.impl)
             except ValueError as exc:
-                return CheckReport([CheckRow(f"corpus {args.op}", args.impl, "-", verdict="FAIL", notes=[str(exc)])])
+                return _failed(f"corpus {args.op}", args.impl, str(exc), "import")
             return replay_corpus(corpus, fn, args.op, name=args.impl, vjp_inputs=args.vjp_inputs,
                                  framework=args.framework, device=args.device, dtypes=dtypes)
 
         return [(f"corpus {args.op} [{args.impl}]", run_impl)]
     import entmax_ref as er
 
-    names = er.available_backends() if args.backends is None else [s for s in args.backends.split(",") if s]
+    names = er.available_backends() if args.backends is None else args.backends
     return [(f"corpus [{b}]", lambda b=b: replay_backend(corpus, b)) for b in names]
 
 
@@ -419,24 +427,26 @@ def _alpha_arg(text: str) -> str | int | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="entmax-ref check", description=__doc__.split("\n\n")[0].replace("``", ""),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(prog="entmax-ref check", description=__doc__.split("\n\n")[0].replace("``", ""),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="small corpus")
     size.add_argument("--thorough", dest="size", action="store_const", const="thorough", help="large corpus")
     ap.set_defaults(size="default")
-    ap.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-    ap.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    ap.add_argument("--seed", type=seed_value, default=0, help="corpus seed (default 0)")
+    ap.add_argument("--json", metavar="PATH", type=output_file,
+                    help="write the full report as JSON, with one record per case")
     ap.add_argument("--impl", metavar="PKG.MOD:FN", help="check your function instead of the backends")
     ap.add_argument("--op", choices=OPS + CORPUS_ONLY_OPS, default="entmax",
                     help=f"what --impl computes (default entmax; {', '.join(CORPUS_ONLY_OPS)} only with --corpus)")
     ap.add_argument("--corpus", metavar="DIR",
                     help="replay a conformance corpus (written by entmax-ref corpus) instead of the built-in cases")
-    ap.add_argument("--alpha", type=float, action="append", help="alpha (repeatable; default 1.5 for --impl)")
+    ap.add_argument("--alpha", type=alpha_value, action="append",
+                    help="alpha >= 1 (repeatable; default 1.5 for --impl)")
     ap.add_argument("--alpha-arg", type=_alpha_arg, default="alpha", metavar="NAME|POSITION|none",
                     help="how --impl takes alpha: by keyword NAME (default 'alpha', passed only if the function "
                          "has it), as positional argument POSITION (1 for fn(x, a)), or 'none'")
-    ap.add_argument("--budget", type=float, action="append",
+    ap.add_argument("--budget", type=non_negative, action="append",
                     help="budget for --op budget_sparsemax (repeatable; default 2)")
     ap.add_argument("--framework", choices=("numpy", "torch", "jax", "cupy"), default="numpy",
                     help="array type --impl takes (default numpy)")
@@ -504,9 +514,8 @@ def _peers_in_a_process(args) -> tuple[str, Callable[[], CheckReport]]:
                     rows = json.load(fh)["rows"]
             except (OSError, ValueError, KeyError):
                 tail = err.decode(errors="replace").strip().splitlines()[-3:]
-                return CheckReport([CheckRow("peers", "-", "-", verdict="FAIL", peer=True, notes=[
-                    f"the peers' process ({' '.join(cmd[1:])}) ended with status {proc.returncode} and no report: "
-                    + " / ".join(tail)])])
+                return _failed("peers", "-", f"the peers' process ({' '.join(cmd[1:])}) ended with status "
+                               f"{proc.returncode} and no report: " + " / ".join(tail), "raised", peer=True)
             return CheckReport([CheckRow(**r) for r in rows])
         finally:
             os.unlink(out.name)
@@ -514,25 +523,41 @@ def _peers_in_a_process(args) -> tuple[str, Callable[[], CheckReport]]:
     return "peers (in a parallel process)", finish
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+def _usage(ap: argparse.ArgumentParser, args) -> None:
+    """The option values argparse cannot check alone: a bad one is a one-line usage error
+    (exit status 2) before any work."""
     args.dtype_given = bool(args.dtype)
     args.dtype = tuple(args.dtype or ("float64", "float32"))
     args.features = tuple(f for f in args.features.split(",") if f)
     bad = set(args.features) - set(FEATURES)
     if bad:
-        print(f"entmax-ref check: unknown --features {sorted(bad)}; choose from {', '.join(FEATURES)}", file=sys.stderr)
-        return 2
+        ap.error(f"unknown --features {', '.join(sorted(bad))}; choose from {', '.join(FEATURES)}")
+    if args.op in CORPUS_ONLY_OPS and not args.corpus:
+        ap.error(f"--op {args.op} needs --corpus DIR")
+    if args.op == "normmax" and any(a <= 1.0 for a in args.alpha or ()):
+        ap.error("normmax needs --alpha > 1")
+    if args.jobs is not None and args.jobs < 0:
+        ap.error(f"--jobs must be >= 0, got {args.jobs}")
+    from ..backends import unavailable_reason
+
+    args.backends = None if args.backends is None else [s for s in args.backends.split(",") if s]
+    for name in args.backends or ():
+        try:
+            unavailable_reason(name)
+        except ValueError as exc:
+            ap.error(f"--backends: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    try:
+        args = ap.parse_args(argv)
+        _usage(ap, args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
     import entmax_ref as er
 
     t0 = time.perf_counter()
-    if args.op in CORPUS_ONLY_OPS and not args.corpus:
-        print(f"entmax-ref check: --op {args.op} needs --corpus DIR", file=sys.stderr)
-        return 2
     if args.corpus:
         jobs = _corpus_jobs(args)
         if jobs is None:
@@ -540,15 +565,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.impl:
         jobs = [(f"{args.op} [{args.impl}]", lambda: impl_report(args.impl, args.op, args.alpha or [1.5], args))]
     else:
-        names = er.available_backends() if args.backends is None else [s for s in args.backends.split(",") if s]
-        if args.jobs is not None and args.jobs < 0:
-            print(f"entmax-ref check: --jobs must be >= 0, got {args.jobs}", file=sys.stderr)
-            return 2
+        names = er.available_backends() if args.backends is None else args.backends
         if "numba" in names and args.jobs != 0 and er.backends.unavailable_reason("numba") is None:
             _precompile(args)
         jobs = []
         for b in names:
-            reason = er.backends.unavailable_reason(b) if b in ("numpy", "numba", "cupy") else None
+            reason = er.backends.unavailable_reason(b)
             if reason:
                 jobs.append((b, lambda b=b, reason=reason: _skip("all", b, reason)))
             else:
@@ -566,9 +588,9 @@ def main(argv: list[str] | None = None) -> int:
         bar.step(label)
         try:
             report.extend(job())
-        except Exception as exc:  # noqa: BLE001 - one broken job must not stop the others
-            report.rows.append(CheckRow(label, "-", "-", verdict="FAIL",
-                                        notes=[f"raised {type(exc).__name__}: {exc}"]))
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken job must not stop the others
+            report.extend(_failed(label, "-", f"raised {type(exc).__name__}: {exc}",
+                                  "exit" if isinstance(exc, SystemExit) else "raised"))
     bar.close()
     wall = time.perf_counter() - t0
     print(report.table())
@@ -583,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
         d.update(wall_seconds=wall, seed=args.seed, size=args.size, exit_status=int(bool(counted)))
         import json
 
-        with open(args.json, "w") as fh:
-            json.dump(d, fh, indent=2, default=float)
+        try:
+            with open(args.json, "w") as fh:
+                json.dump(d, fh, indent=2, default=float)
+        except OSError as exc:
+            print(f"entmax-ref check: cannot write --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     return 1 if counted else 0

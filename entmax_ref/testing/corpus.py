@@ -35,8 +35,12 @@ GOLDEN = [
 
 @dataclass
 class RowCase:
-    name: str
+    name: str  #: the kind of case (two ``tiny`` cases share it)
     x: np.ndarray  #: (rows, n) float64
+    id: str = ""  #: unique in the corpus (the name unless it is shared); the reports' case id
+
+    def __post_init__(self):
+        self.id = self.id or self.name
 
 
 def row_corpus(size: str = "default", seed: int = 0) -> list[RowCase]:
@@ -59,8 +63,8 @@ def row_corpus(size: str = "default", seed: int = 0) -> list[RowCase]:
     ext = [rng.standard_normal((rows // 2 or 1, n)) + off for off in (1e4, -1e5)]
     ext.append(rng.standard_normal((rows // 2 or 1, n)) * 1e3)
     cases.append(RowCase("extreme", np.concatenate(ext)))
-    cases.append(RowCase("tiny", rng.standard_normal((rows, 1))))
-    cases.append(RowCase("tiny", rng.standard_normal((rows, 2))))
+    cases.append(RowCase("tiny", rng.standard_normal((rows, 1)), "tiny n=1"))
+    cases.append(RowCase("tiny", rng.standard_normal((rows, 2)), "tiny n=2"))
     cases.append(RowCase("long", rng.standard_normal((2, long_n)) * 3))
     return cases
 

@@ -36,7 +36,7 @@ import numpy as np
 from . import tolerance as T
 from ._adapters import from_numpy
 from .assertions import compare
-from .calling import dtypes_of, guarded_call, raised, rows_of, safe_np
+from .calling import dtypes_of, guarded_call, rows_of, safe_np
 from .report import CheckReport, CheckRow
 
 __all__ = [
@@ -168,15 +168,16 @@ def budget_vjp_tolerance(x, p, g, dx, budget, dtype, *, ill_posed_inf=True):
 
 
 def _call2(row, fn, x, prm, framework, device, keyword):
-    """fn(x, prm) positionally, else fn(x, keyword=prm)."""
+    """fn(x, prm) positionally, else fn(x, keyword=prm), guarded (:func:`.calling.guarded_call`)."""
     xin = from_numpy(x, framework, device)
-    try:
-        return fn(xin, prm)
-    except TypeError:
-        return guarded_call(row, lambda: fn(xin, **{keyword: prm}))
-    except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
-        row.fail(raised(row, exc))
-        return None
+
+    def call():
+        try:
+            return fn(xin, prm)
+        except TypeError:
+            return fn(xin, **{keyword: prm})
+
+    return guarded_call(row, call)
 
 
 def _dtype_rows(report, fn, vjp, kind, param, label, dtypes, peer, ill_note):
@@ -194,35 +195,38 @@ def _dtype_rows(report, fn, vjp, kind, param, label, dtypes, peer, ill_note):
         for r in (frow, vrow):
             if r is not None:
                 r.seconds = time.perf_counter() - t0
+                r.finish()
         if skipped[0] and vrow is not None:
             vrow.note(f"{skipped[0]} ill-posed row(s) not compared ({ill_note})")
 
 
 def _forward_case(frow, fn, case, x, prm, p, tol, dt, framework, device, keyword):
-    """fn(x, prm) against the reference ``p`` under ``tol``, with the dtype and masked-entry
-    properties; the result as NumPy when it is within tolerance, else None."""
+    """fn(x, prm) against the reference ``p`` under ``tol`` (the budget of ``keyword``'s
+    family: alpha for normmax, budget for budget-sparsemax), with the dtype and
+    masked-entry properties; the result as NumPy when it is within tolerance, else None."""
     res = _call2(frow, fn, x, prm, framework, device, keyword)
     got = None if res is None else safe_np(frow, res)
     if got is None:
         return None
     if case.name == "random":
         frow.prop("dtype", dt.name in str(getattr(res, "dtype", "")), f"got {getattr(res, 'dtype', '?')}")
-    if not frow.judge(compare(got, p, tol, dt, support=True), "p", case.name):
+    budget = "normmax_tolerance" if keyword == "alpha" else "budget_tolerance"
+    if not frow.judge(compare(got, p, tol, dt, support=True), "p", case.id, budget=budget):
         return None
     if case.name == "masks":
         frow.prop("masked entries are exactly 0", bool(np.all(got[np.isneginf(x.astype(np.float64))] == 0)))
     return got
 
 
-def _vjp_case(vrow, vjp, case, x, g, prm, dx, tol, dt, framework, device):
-    """vjp(x, g, prm) against the reference ``dx`` under ``tol``: (result as NumPy or None
-    when the call failed, within tolerance)."""
+def _vjp_case(vrow, vjp, case, x, g, prm, dx, tol, dt, framework, device, budget):
+    """vjp(x, g, prm) against the reference ``dx`` under ``tol`` (the tolerance function
+    ``budget``): (result as NumPy or None when the call failed, within tolerance)."""
     gx = from_numpy(g, framework, device)
     res = guarded_call(vrow, lambda: vjp(from_numpy(x, framework, device), gx, prm))
     got = None if res is None else safe_np(vrow, res)
     if got is None:
         return None, False
-    return got, vrow.judge(compare(got, dx, tol, dt), "dx", case.name)
+    return got, vrow.judge(compare(got, dx, tol, dt), "dx", case.id, budget=budget)
 
 
 def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | None = None, name: str | None = None,
@@ -247,7 +251,7 @@ def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | No
         for case in rows_of(size, seed, masked_rows):
             for r in (frow, vrow):
                 if r is not None:
-                    r.case = case.name
+                    r.case = case.id
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             p, info = er.normmax(x64, a, backend="numpy", return_info=True)
@@ -272,7 +276,8 @@ def check_normmax(fn: Callable | None, alpha: float = 2.0, *, vjp: Callable | No
                 g = rng.standard_normal(x.shape).astype(dt)
                 dx = er.normmax_vjp(p, g.astype(np.float64), a, backend="numpy")
                 tol, ill = normmax_vjp_tolerance(p, x64, info.tau, g, dx, a, dt)
-                got, ok = _vjp_case(vrow, vjp, case, x, g, a, dx, tol, dt, framework, device)
+                got, ok = _vjp_case(vrow, vjp, case, x, g, a, dx, tol, dt, framework, device,
+                                    "normmax_vjp_tolerance")
                 if got is None:
                     continue
                 skipped[0] += int(ill.sum())
@@ -307,7 +312,7 @@ def check_budget_sparsemax(fn: Callable | None, budget: float = 2.0, *, vjp: Cal
                 continue
             for r in (frow, vrow):
                 if r is not None:
-                    r.case = case.name
+                    r.case = case.id
             x = case.x.astype(dt)
             x64 = x.astype(np.float64)
             b = float(min(budget, x.shape[1]))
@@ -324,7 +329,7 @@ def check_budget_sparsemax(fn: Callable | None, budget: float = 2.0, *, vjp: Cal
                 g = rng.standard_normal(x.shape).astype(dt)
                 dx = er.budget_sparsemax_vjp(p, g.astype(np.float64), b, backend="numpy")
                 tol, ill = budget_vjp_tolerance(x64, p, g, dx, b, dt)
-                got, _ = _vjp_case(vrow, vjp, case, x, g, b, dx, tol, dt, framework, device)
+                got, _ = _vjp_case(vrow, vjp, case, x, g, b, dx, tol, dt, framework, device, "budget_vjp_tolerance")
                 if got is not None:
                     skipped[0] += int(ill.sum())
     return report

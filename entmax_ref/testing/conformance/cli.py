@@ -12,12 +12,14 @@ from .write import generate_corpus
 
 def main(argv: list[str] | None = None) -> int:
     """``entmax-ref corpus --out DIR [--seed N] [--size small|full]``."""
-    import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="entmax-ref corpus",
-                                 description="Write the language-neutral conformance corpus (JSON Lines + manifest).")
-    ap.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
+    from ...cli import ArgumentParser, output_folder
+
+    ap = ArgumentParser(prog="entmax-ref corpus",
+                        description="Write the language-neutral conformance corpus (JSON Lines + manifest).")
+    ap.add_argument("--out", required=True, metavar="DIR", type=output_folder,
+                    help="directory to write (created if missing)")
     ap.add_argument("--seed", type=int, default=0, help="seed (default 0): the same seed gives identical files")
     ap.add_argument("--size", choices=SIZES, default="small", help="small (default) or full")
     ap.add_argument("--ops", default=None, help=f"comma-separated operations to write (default all: {','.join(OPS)})")
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModuleNotFoundError, ValueError) as exc:
         print(f"entmax-ref corpus: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full or read-only disk, found while writing
+        print(f"entmax-ref corpus: cannot write {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     for f in m["files"]:
         print(f"{f['file']:<27} {f['cases']:>6} cases  sha256 {f['sha256'][:16]}")
     print(f"{m['row_cases']} row cases, {m['attention_cases']} attention cases, format {m['format_major']}, "
