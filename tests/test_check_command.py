@@ -349,14 +349,12 @@ def test_peers_in_a_parallel_process_give_the_inline_rows():
     backends' rows; its rows are those of the peers run in the calling process."""
     pytest.importorskip("torch")
     pytest.importorskip("entmax")
-    from argparse import Namespace
-
-    from entmax_ref.testing import command as C
+    from entmax_ref.testing import peers
     from entmax_ref.testing.checks import CheckReport
 
-    label, finish = C._peers_in_a_process(Namespace(seed=2, size="quick"))
+    label, finish = peers.peers_in_a_process(2, "quick")
     inline = CheckReport()
-    for _, job in C.peer_jobs("quick", 2):
+    for _, job in peers.peer_jobs("quick", 2):
         inline.extend(job())
     child = finish()
     assert label == "peers (in a parallel process)"
@@ -365,12 +363,10 @@ def test_peers_in_a_parallel_process_give_the_inline_rows():
 
 
 def test_a_failed_peers_process_is_a_failing_peer_row(monkeypatch):
-    from argparse import Namespace
+    from entmax_ref.testing import peers
 
-    from entmax_ref.testing import command as C
-
-    monkeypatch.setattr(C.sys, "executable", "false")  # exits 1 at once, writes no report
-    _, finish = C._peers_in_a_process(Namespace(seed=0, size="default"))
+    monkeypatch.setattr(peers.sys, "executable", "false")  # exits 1 at once, writes no report
+    _, finish = peers.peers_in_a_process(0, "default")
     (row,) = finish().rows
     assert row.failed and row.peer and row.op == "peers"
     assert "ended with status 1 and no report" in row.notes[0]

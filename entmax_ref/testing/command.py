@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -30,15 +29,14 @@ import numpy as np
 from .checks import CheckReport, CheckRow, check_attention, check_entmax, check_entmax_vjp, check_threshold
 from .corpus import FEATURES, row_corpus
 from .calling import guarded_call
-from .family_checks import check_budget_sparsemax, check_normmax
+from .family_checks import BUDGETS, NORMMAX_ALPHAS, check_budget_sparsemax, check_normmax
+from .peers import peer_jobs, peers_in_a_process
 from . import tolerance as T
 from ..cli import ArgumentParser, alpha_value, non_negative, output_file, seed_value
 from .assertions import compare
 
 ALPHAS = (1.0, 1.25, 1.5, 2.0, 3.0)
 OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp", "normmax", "budget_sparsemax")
-NORMMAX_ALPHAS = (1.5, 2.0, 3.0)
-BUDGETS = (1.0, 2.5)
 #: operations only a conformance corpus (--corpus) replays
 CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale", "normmax_threshold", "normmax_vjp",
                    "budget_sparsemax_vjp")
@@ -77,22 +75,12 @@ class _Progress:
 # ----------------------------------------------------------------------------- backend jobs
 
 
-def _skip(op: str, impl: str, why: str, peer: bool = False) -> CheckReport:
-    return CheckReport([CheckRow(op, impl, "-", verdict="SKIP", notes=[why], peer=peer)])
-
-
-def _failed(op: str, impl: str, why: str, cause: str, peer: bool = False) -> CheckReport:
-    row = CheckRow(op, impl, "-", peer=peer)
-    row.fail(why, cause)
-    return CheckReport([row])
-
-
 def _guard(op: str, impl: str, probe: Callable[[], object], run: Callable[[], CheckReport]) -> CheckReport:
     """SKIP when the backend does not implement the op (NotImplementedError on a tiny call)."""
     try:
         probe()
     except NotImplementedError as exc:
-        return _skip(op, impl, f"not implemented ({str(exc).splitlines()[0][:80]})")
+        return CheckReport.skipped(op, impl, f"not implemented ({str(exc).splitlines()[0][:80]})")
     except Exception:  # noqa: BLE001 - the battery reports it properly
         pass
     return run()
@@ -227,100 +215,6 @@ def backend_jobs(b: str, size: str, seed: int) -> list[tuple[str, Callable[[], C
     return jobs
 
 
-# ----------------------------------------------------------------------------- peers
-
-
-def _torch_vjp(f):
-    import torch
-
-    def vjp(x, g, alpha=None):
-        xt = x.detach().clone().requires_grad_(True)
-        (f(xt, alpha) * g).sum().backward()
-        return xt.grad
-
-    return vjp
-
-
-def peer_jobs(size: str, seed: int) -> list[tuple[str, Callable[[], CheckReport]]]:
-    """The installed peers: torch.softmax and the PyTorch ``entmax`` package (forward and
-    autograd gradients), and AdaSplash (GPU only).  The entmax package does not accept
-    all -inf rows (IndexError / NaN), so those rows are left out of its batteries."""
-    jobs = []
-    have_torch = importlib.util.find_spec("torch") is not None
-    if not have_torch:
-        return [("torch", lambda: _skip("entmax package", "torch", "torch is not installed", peer=True))]
-    if importlib.util.find_spec("entmax") is None:
-        jobs.append(("entmax", lambda: _skip("entmax package", "entmax (PyTorch)", "not installed", peer=True)))
-        fns = []
-    else:
-        def fns_entmax():
-            import entmax
-
-            return [
-                ("entmax.sparsemax", 2.0, lambda x, alpha=None: entmax.sparsemax(x, dim=-1)),
-                ("entmax.entmax15", 1.5, lambda x, alpha=None: entmax.entmax15(x, dim=-1)),
-                *[(f"entmax.entmax_bisect", a, lambda x, alpha=None, a=a: entmax.entmax_bisect(x, a, dim=-1))
-                  for a in (1.25, 1.5, 2.0, 3.0)],
-            ]
-        fns = [("entmax", None, fns_entmax)]
-
-    def torch_softmax(x, alpha=None):
-        import torch
-
-        return torch.softmax(x, dim=-1)
-
-    peers = [("torch.softmax", 1.0, torch_softmax)]
-
-    def run_peer(label, a, f):
-        rep = check_entmax(f, a, name=label, framework="torch", size=size, seed=seed, masked_rows=False, peer=True)
-        rep.extend(check_entmax_vjp(_torch_vjp(f), a, name=label, framework="torch", size=size, seed=seed,
-                                    masked_rows=False, peer=True))
-        return rep
-
-    for label, a, f in peers:
-        jobs.append((f"{label} a={a:g}", lambda label=label, a=a, f=f: run_peer(label, a, f)))
-    if fns:
-        import entmax  # noqa: F401 - found above
-
-        for label, a, f in fns[0][2]():
-            jobs.append((f"{label} a={a:g}", lambda label=label, a=a, f=f: run_peer(label, a, f)))
-    if fns:
-        # normmax_bisect and budget_bisect (default 50 halvings), forward and autograd;
-        # budget_bisect's bracket is not finite on rows with -inf, so those are left out
-        def torch_vjp(f):
-            def vjp(x, g, prm):
-                xt = x.detach().clone().requires_grad_(True)
-                (f(xt, prm) * g).sum().backward()
-                return xt.grad
-            return vjp
-
-        def normmax_peer(x, alpha):
-            import entmax
-
-            return entmax.normmax_bisect(x, alpha=alpha, dim=-1)
-
-        def budget_peer(x, budget):
-            import entmax
-
-            return entmax.budget_bisect(x, budget=budget, dim=-1)
-
-        for a in NORMMAX_ALPHAS:
-            jobs.append((f"entmax.normmax_bisect a={a:g}", lambda a=a: check_normmax(
-                normmax_peer, a, vjp=torch_vjp(normmax_peer), name="entmax.normmax_bisect", framework="torch",
-                size=size, seed=seed, masked_rows=False, peer=True)))
-        for B in BUDGETS:
-            jobs.append((f"entmax.budget_bisect B={B:g}", lambda B=B: check_budget_sparsemax(
-                budget_peer, B, vjp=torch_vjp(budget_peer), name="entmax.budget_bisect", framework="torch",
-                size=size, seed=seed, masked_rows=False, masks=False, peer=True)))
-    if importlib.util.find_spec("adasplash") is None:
-        why = "not installed (GPU only)"
-    else:
-        why = ("installed; check it with: entmax-ref check --impl adasplash:adasplash --op attention "
-               "--framework torch --device cuda")
-    jobs.append(("adasplash", lambda: _skip("attention", "adasplash", why, peer=True)))
-    return jobs
-
-
 # ----------------------------------------------------------------------------- --impl
 
 
@@ -356,7 +250,7 @@ def impl_report(path: str, op: str, alphas, args) -> CheckReport:
     try:
         fn = resolve_impl(path)
     except ValueError as exc:
-        return _failed(op, label, str(exc), "import")
+        return CheckReport.failed_run(op, label, str(exc), "import")
     common = dict(name=label, framework=args.framework, device=args.device, size=args.size, seed=args.seed,
                   dtypes=args.dtype, alpha_arg=args.alpha_arg)
     family = {key: val for key, val in common.items() if key != "alpha_arg"}
@@ -405,7 +299,7 @@ def _corpus_jobs(args):
             try:
                 fn = resolve_impl(args.impl)
             except ValueError as exc:
-                return _failed(f"corpus {args.op}", args.impl, str(exc), "import")
+                return CheckReport.failed_run(f"corpus {args.op}", args.impl, str(exc), "import")
             return replay_corpus(corpus, fn, args.op, name=args.impl, vjp_inputs=args.vjp_inputs,
                                  framework=args.framework, device=args.device, dtypes=dtypes)
 
@@ -487,42 +381,6 @@ def _precompile(args) -> None:
               file=sys.stderr, flush=True)
 
 
-def _peers_in_a_process(args) -> tuple[str, Callable[[], CheckReport]]:
-    """The peer rows computed by ``entmax-ref check --backends ''`` (peers only) in a child
-    process started now, and a job that waits for it and returns its rows.  The peers are
-    a third of a warm check, most of it importing torch and the entmax package, and need
-    nothing of the backends' rows: on a second core they cost no wall time."""
-    import json
-    import subprocess
-    import tempfile
-
-    out = tempfile.NamedTemporaryFile(prefix="entmax-ref-peers-", suffix=".json", delete=False)
-    out.close()
-    cmd = [sys.executable, "-m", "entmax_ref", "check", "--backends", "", "--no-progress", "--json", out.name,
-           "--seed", str(args.seed)] + ([f"--{args.size}"] if args.size != "default" else [])
-    # one thread each for torch and BLAS there: their idle OpenMP workers spin, and would
-    # take the core this process computes on
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=env)
-
-    def finish() -> CheckReport:
-        try:
-            _, err = proc.communicate()
-            try:
-                with open(out.name) as fh:
-                    rows = json.load(fh)["rows"]
-            except (OSError, ValueError, KeyError):
-                tail = err.decode(errors="replace").strip().splitlines()[-3:]
-                return _failed("peers", "-", f"the peers' process ({' '.join(cmd[1:])}) ended with status "
-                               f"{proc.returncode} and no report: " + " / ".join(tail), "raised", peer=True)
-            return CheckReport([CheckRow(**r) for r in rows])
-        finally:
-            os.unlink(out.name)
-
-    return "peers (in a parallel process)", finish
-
-
 def _usage(ap: argparse.ArgumentParser, args) -> None:
     """The option values argparse cannot check alone: a bad one is a one-line usage error
     (exit status 2) before any work."""
@@ -572,14 +430,14 @@ def main(argv: list[str] | None = None) -> int:
         for b in names:
             reason = er.backends.unavailable_reason(b)
             if reason:
-                jobs.append((b, lambda b=b, reason=reason: _skip("all", b, reason)))
+                jobs.append((b, lambda b=b, reason=reason: CheckReport.skipped("all", b, reason)))
             else:
                 jobs.extend(backend_jobs(b, args.size, args.seed))
         if not args.no_peers:
             from ..backends.numba_precompile import default_jobs
 
             if names and default_jobs() > 1:  # the peers (torch's import included) on the other core
-                jobs.append(_peers_in_a_process(args))
+                jobs.append(peers_in_a_process(args.seed, args.size))
             else:
                 jobs.extend(peer_jobs(args.size, args.seed))
     bar = _Progress(len(jobs), not args.no_progress, bar=sys.stderr.isatty())
@@ -589,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report.extend(job())
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken job must not stop the others
-            report.extend(_failed(label, "-", f"raised {type(exc).__name__}: {exc}",
+            report.extend(CheckReport.failed_run(label, "-", f"raised {type(exc).__name__}: {exc}",
                                   "exit" if isinstance(exc, SystemExit) else "raised"))
     bar.close()
     wall = time.perf_counter() - t0

@@ -50,6 +50,9 @@ __all__ = [
 ]
 
 ILL_POSED = T.ILL_POSED
+#: the alphas and budgets ``entmax-ref check`` runs these batteries at, on engines and peers
+NORMMAX_ALPHAS = (1.5, 2.0, 3.0)
+BUDGETS = (1.0, 2.5)
 
 
 def _shift(x):

@@ -196,6 +196,18 @@ class CheckReport:
         """No row failed (peers included)."""
         return not any(r.failed for r in self.rows)
 
+    @classmethod
+    def skipped(cls, op: str, impl: str, why: str, peer: bool = False) -> "CheckReport":
+        """One SKIP row: ``impl`` was not run (not installed, not implemented) for ``why``."""
+        return cls([CheckRow(op, impl, "-", verdict="SKIP", notes=[why], peer=peer)])
+
+    @classmethod
+    def failed_run(cls, op: str, impl: str, why: str, cause: str, peer: bool = False) -> "CheckReport":
+        """One FAIL row for a run that could not start or finish (``cause`` as :meth:`CheckRow.fail`)."""
+        row = CheckRow(op, impl, "-", peer=peer)
+        row.fail(why, cause)
+        return cls([row])
+
     def extend(self, other: "CheckReport") -> "CheckReport":
         self.rows.extend(other.rows)
         return self
