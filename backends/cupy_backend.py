@@ -7,7 +7,7 @@ flag (non-finite scores, an unconverged row) so that it can raise like the refer
 
 Kernels are compiled on first use (``_cuda_loader``), never at import.  The numerical core
 of every kernel is the ``__host__ __device__`` code of ``cuda/entmax_core.cuh``, which the
-g++ harness (``cuda/harness.cpp``, ``tests/test_cuda_core.py``) runs on the CPU:
+tests also compile with g++ and run on the CPU (``tests/test_cuda_core.py``):
 
 * rows: sparsemax and 1.5-entmax by Newton with exact-support termination, softmax in
   closed form, any other alpha (and ``method="bisect"``) by a last-bit root finder, all in

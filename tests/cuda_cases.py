@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from cuda_emu.build import cache_dir, locked
 from entmax_ref.backends import _cuda_loader
 from entmax_ref.backends.constants import cuda_defines
 
+#: the g++ drivers of the CUDA cores (test code: never shipped with the package)
+HARNESS_DIR = Path(__file__).resolve().parent / "cuda_harness"
 EPS64 = np.finfo(np.float64).eps
 ALPHAS = (1.0, 1.0 + 1e-6, 1.25, 1.5, 2.0, 3.0, 10.0)
 #: Large alphas, where an edge entry's p^(alpha-1) is below the float64 range (p < 8e-4 at
@@ -41,21 +44,22 @@ def family_rows(seed: int, n_rows: int, n: int, huge_row: bool = False) -> np.nd
 
 
 def build_harness(tmp_path_factory, source: str) -> ctypes.CDLL:
-    """backends/cuda/<source> compiled by g++ into a shared library and loaded: C++17, the
-    -D defines of backends/constants.py (the ones NVRTC gets), no FMA contraction (as
-    _cuda_loader asks of NVRTC), every warning an error.  Skips without a C++ compiler.
-    The library is cached beside the emulation's builds (cuda_emu.build.cache_dir), named
-    by a hash of the command, every file of backends/cuda/ and the compiler's version, so
-    that the test files that load one harness share one build."""
+    """tests/cuda_harness/<source> (the CPU driver of a CUDA core) compiled by g++ into a
+    shared library and loaded: C++17, the -D defines of backends/constants.py (the ones
+    NVRTC gets), no FMA contraction (as _cuda_loader asks of NVRTC), every warning an
+    error.  Skips without a C++ compiler.  The library is cached beside the emulation's
+    builds (cuda_emu.build.cache_dir), named by a hash of the command, every file of
+    backends/cuda/ and tests/cuda_harness/ and the compiler's version, so that the test
+    files that load one harness share one build."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++) to build the CPU harness of the CUDA core")
     src = _cuda_loader.cuda_dir()
     flags = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
-             *cuda_defines(), f"-I{src}"]
+             *cuda_defines(), f"-I{src}", f"-I{HARNESS_DIR}"]
     h = hashlib.sha256(repr((flags, source)).encode())
     h.update(subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.encode())
-    for f in sorted(src.glob("*")):
+    for f in sorted([*src.glob("*"), *HARNESS_DIR.glob("*")]):
         if f.is_file():
             h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     stem = f"harness-{source.rsplit('.', 1)[0]}-{h.hexdigest()[:24]}"
@@ -64,7 +68,7 @@ def build_harness(tmp_path_factory, source: str) -> ctypes.CDLL:
     with locked(folder / f"{stem}.lock"):
         if not out.exists():
             tmp = tmp_path_factory.mktemp(source.replace(".", "_")) / "harness.so"
-            cmd = [cxx, *flags, str(src / source), "-o", str(tmp)]
+            cmd = [cxx, *flags, str(HARNESS_DIR / source), "-o", str(tmp)]
             res = subprocess.run(cmd, capture_output=True, text=True)
             assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
             shutil.copyfile(tmp, folder / f"{stem}.tmp")

@@ -50,8 +50,11 @@ print(json.dumps(out))
 def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
     """Build the wheel, install it into a fresh venv (dependencies from this environment
     through a .pth file) and import it from outside the clone: the engines come from the
-    installed entmax_ref/backends, no top-level ``backends`` exists, the CUDA sources ship."""
+    installed entmax_ref/backends, no top-level ``backends`` exists, the CUDA sources ship,
+    and no test code does (the g++ drivers of the CUDA cores and their CPU team stay in
+    tests/)."""
     import json
+    import zipfile
     import os
     import subprocess
     import sys
@@ -69,6 +72,12 @@ def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheels)], check=True, capture_output=True, text=True)
     (wheel,) = wheels.glob("entmax_ref-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        cuda = {n: zf.read(n) for n in names if "/backends/cuda/" in n}
+    assert sorted(n.rsplit("/", 1)[1] for n in cuda) == sorted(p.name for p in (ROOT / "backends" / "cuda").iterdir())
+    assert not [n for n in names if "harness" in n or n.endswith(".cpp")], names
+    assert not [n for n, text in cuda.items() if b"HostTeam" in text]
     env_dir = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
     py = env_dir / "bin" / "python"

@@ -2,9 +2,9 @@
 //
 // Everything here is __host__ __device__ (ER_HD) and free of CUDA intrinsics, so the very
 // same functions run inside the CUDA kernels (entmax_rows.cu, entmax_attention.cu) and on
-// the CPU in the g++ harness (harness.cpp, driven by tests/test_cuda_core.py).  The only
-// thing that differs between the two is the *team* that executes a row: a warp or a block
-// on the GPU, a serial loop that reproduces the lane/warp reduction order on the CPU.
+// the CPU, where the tests compile them with g++ (tests/cuda_harness/).  The only thing
+// that differs between the two is the *team* that executes a row: a warp or a block on
+// the GPU, a serial loop that reproduces the lane/warp reduction order on the CPU.
 //
 // Units (see backends/_base.py): a row x is shifted by its maximum m, y = x - m, and the
 // solver finds A >= 0 with sum_i e_alpha(y_i - A) = 1; theta = m + A and
@@ -18,14 +18,13 @@
 #pragma once
 
 // Numeric constants come from backends/constants.py as -D defines (cuda_defines()), passed
-// by the cupy loader to NVRTC, by the tests to nvcc and to the g++ harness; never typed here.
+// by the cupy loader to NVRTC, by the tests to nvcc and to g++; never typed here.
 #if !defined(ER_SERIES_TERMS) || !defined(ER_EDGE_ULPS)
 #error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
 #endif
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define ER_HD __host__ __device__
-#define ER_ON_DEVICE 1
 #else
 #define ER_HD
 #include <math.h>
@@ -70,42 +69,6 @@ struct Acc {
     }
     ER_HD double get(int k) const { return s[k] + c[k]; }
 };
-
-// ------------------------------------------------------------------------ host team
-// Executes a row on the CPU with the same partition and reduction tree as the device
-// teams: element i goes to lane i % LANES; lanes are reduced by a halving tree inside
-// each group of 32 (what __shfl_xor_sync computes in every lane), then the groups are
-// merged in order 0, 1, ... (what BlockTeam does through shared memory).  LANES = 1 is a
-// plain serial loop.  Host only: NVRTC compiles device code alone and rejects it.
-#ifndef ER_ON_DEVICE
-template <int LANES>
-struct HostTeam {
-    bool leader() const { return true; }
-    template <int K, class F>
-    void reduce_sum(int n, F f, double out[K]) const {
-        static Acc<K> lane[LANES];  // host only; the harness is single-threaded
-        for (int l = 0; l < LANES; ++l) lane[l].zero();
-        for (int i = 0; i < n; ++i) f(i, lane[i % LANES]);
-        const int W = LANES < 32 ? LANES : 32;
-        for (int g = 0; g < LANES; g += W)
-            for (int off = W / 2; off > 0; off /= 2)
-                for (int l = 0; l < off; ++l) lane[g + l].merge(lane[g + l + off]);
-        Acc<K> tot = lane[0];
-        for (int g = W; g < LANES; g += W) tot.merge(lane[g]);
-        for (int k = 0; k < K; ++k) out[k] = tot.get(k);
-    }
-    template <class F>
-    double reduce_max(int n, F f) const {
-        double m = -inf();
-        for (int i = 0; i < n; ++i) m = dmax(m, f(i));
-        return m;
-    }
-    template <class F>
-    void for_each(int n, F f) const {
-        for (int i = 0; i < n; ++i) f(i);
-    }
-};
-#endif  // ER_ON_DEVICE
 
 // ------------------------------------------------------------------------ alpha
 enum Mode { SOFTMAX = 0, SPARSEMAX = 1, ENTMAX15 = 2, GENERAL = 3, GENERAL_GT2 = 4 };

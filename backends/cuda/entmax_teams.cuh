@@ -6,7 +6,7 @@
 // ends with the same bits), and across warps through shared memory, merged in warp order by
 // every thread.  Every thread therefore holds identical reduced values, the solver's
 // control flow is uniform, and the __syncthreads() below are reached by the whole block.
-// HostTeam<32> and HostTeam<256> in entmax_core.cuh reproduce these reduction orders.
+// The tests' CPU team (tests/cuda_harness/harness_rows.cuh) reproduces these reduction orders.
 #pragma once
 #include "entmax_core.cuh"
 

@@ -1,10 +1,10 @@
 // family_core.cuh -- numerical core of the alpha-normmax and budget-sparsemax kernels.
 //
-// __host__ __device__ and templated on the team (entmax_teams.cuh on the GPU, HostTeam of
-// entmax_core.cuh on the CPU: family_harness.cpp runs these very functions under g++), so
-// every reduction has the same order on both.  There is no sort on the GPU, so both solve
-// on the whole row with team reductions, to the answer of the sort-based reference
-// (backends/numpy_family.py) up to rounding; all arithmetic is float64.
+// __host__ __device__ and templated on the team (entmax_teams.cuh on the GPU; on the CPU
+// the tests run these very functions under g++ with a team of the same reduction order,
+// tests/cuda_harness/), so every reduction has the same order on both.  There is no sort
+// on the GPU, so both solve on the whole row with team reductions, to the answer of the
+// sort-based reference (backends/numpy_family.py) up to rounding; all arithmetic is float64.
 //
 // normmax (alpha > 1, beta = alpha/(alpha-1), y = x - max x): phi(T) = ||[y - T]_+||_beta - 1
 // is convex (a monotone norm of convex functions of T) and decreasing on T < 0, and

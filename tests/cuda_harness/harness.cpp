@@ -1,7 +1,7 @@
 // harness.cpp -- runs the CUDA kernels' numerical core (entmax_core.cuh) on the CPU.
 //
 // Built by tests/cuda_cases.build_harness (for tests/test_cuda_core.py) with
-//     g++ -std=c++17 -O2 -shared -fPIC $(cuda_defines()) -I backends/cuda backends/cuda/harness.cpp -o harness.so
+//     g++ -std=c++17 -O2 -shared -fPIC $(cuda_defines()) -I backends/cuda tests/cuda_harness/harness.cpp -o harness.so
 // (the -D options of backends/constants.py, the same ones NVRTC gets)
 // and driven through ctypes.  Each entry point loops over rows exactly as the kernels do
 // (one team per row) with a HostTeam whose lane count is chosen at run time: 1 (serial),
@@ -22,13 +22,13 @@ void forward_rows(const T* x, long rows, int n, const double* alpha, int method,
 
 template <int LANES, class T>
 void vjp_rows(const T* p, const T* g, long rows, int n, const double* alpha, T* dx) {
-    er::HostTeam<LANES> team;
+    er_harness::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) er::vjp_row(team, p + r * n, g + r * n, n, alpha[r], dx + r * n);
 }
 
 template <int LANES, class T>
 void alpha_vjp_rows(const T* p, const T* g, long rows, int n, const double* alpha, double* out) {
-    er::HostTeam<LANES> team;
+    er_harness::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) out[r] = er::alpha_vjp_row(team, p + r * n, g + r * n, n, alpha[r]);
 }
 
@@ -38,7 +38,7 @@ void alpha_vjp_rows(const T* p, const T* g, long rows, int n, const double* alph
 template <int LANES>
 void attn_rows(const double* z, long rows, int n, double alpha, int max_iter, const double* delta, double* p,
                double* dp, double* theta, double* row_max, double* edge, double* edge_p, double* ds) {
-    er::HostTeam<LANES> team;
+    er_harness::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) {
         er::RowReader<double> row{z + r * n};
         er::Solve s = er::solve_row(team, row, n, alpha, er::METHOD_DEFAULT, max_iter);

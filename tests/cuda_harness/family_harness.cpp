@@ -1,7 +1,7 @@
 // family_harness.cpp -- runs the normmax / budget-sparsemax core (family_core.cuh) on the CPU.
 //
 // Built by tests/cuda_cases.build_harness (for tests/test_cuda_family_core.py) with
-//     g++ -std=c++17 -O2 -shared -fPIC $(cuda_defines()) -I backends/cuda backends/cuda/family_harness.cpp -o family_harness.so
+//     g++ -std=c++17 -O2 -shared -fPIC $(cuda_defines()) -I backends/cuda tests/cuda_harness/family_harness.cpp -o family_harness.so
 // and driven through ctypes, as harness.cpp is for entmax: one HostTeam per row whose lane
 // count (1, 32 or 256) reproduces a serial loop, a warp's or a 256-thread block's reductions.
 #include "family_core.cuh"
@@ -9,7 +9,7 @@
 
 namespace er {
 template <>
-struct SplitFinalSums<HostTeam<256>> {  // as BlockTeam on the GPU (family_rows.cu)
+struct SplitFinalSums<er_harness::HostTeam<256>> {  // as BlockTeam on the GPU (family_rows.cu)
     static constexpr bool value = true;
 };
 }  // namespace er
@@ -39,13 +39,13 @@ void budget_rows(const double* x, long rows, int n, const double* budget, int ma
 
 template <int LANES>
 void normmax_vjp_rows(const double* p, const double* g, long rows, int n, const double* alpha, double* dx) {
-    er::HostTeam<LANES> team;
+    er_harness::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) er::normmax_vjp_row(team, p + r * n, g + r * n, n, alpha[r], dx + r * n);
 }
 
 template <int LANES>
 void budget_vjp_rows(const double* p, const double* g, long rows, int n, double* dx) {
-    er::HostTeam<LANES> team;
+    er_harness::HostTeam<LANES> team;
     for (long r = 0; r < rows; ++r) er::budget_vjp_row(team, p + r * n, g + r * n, n, dx + r * n);
 }
 
