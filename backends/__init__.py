@@ -3,9 +3,9 @@
 Choice of backend, highest priority first: the ``backend=`` argument of a public
 function; :func:`use_backend` (a ContextVar, so it is thread- and task-safe); the
 environment variable ``ENTMAX_REF_BACKEND`` (read at dispatch time); ``"auto"``, whose
-choice is the one rule of :func:`entmax_ref.backends.engine.auto_engine` (CuPy arrays on
-``cupy``; NumPy arrays on ``numba`` when they are large and the kernels the call needs are
-compiled, on the ``numpy`` reference otherwise).
+choice is the one rule of :func:`entmax_ref.backends.auto.auto_backend` (CuPy arrays on
+``cupy``; NumPy arrays on ``numba`` when the kernels the call runs are compiled, on the
+``numpy`` reference otherwise).
 
 Nothing here imports numba or cupy: a backend module is imported on first use.
 """
@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from . import capabilities as _capabilities
-from .engine import AUTO_SMALL, Need, auto_engine
+from .auto import auto_backend
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, Backend, RowSolve
 
 __all__ = [
-    "AUTO_SMALL",
     "AttentionForward",
     "AttentionGrads",
     "AttentionSpec",
@@ -176,9 +175,8 @@ def use_backend(name: str) -> Iterator[Backend]:
         _current.reset(token)
 
 
-def resolve_backend(backend: str | Backend | None, *arrays: Any, need: Need | None = None) -> Backend:
-    """The backend a public call with these arrays runs on (see the module docstring);
-    ``need`` names the numba kernel units the call runs (:mod:`.engine`), for ``"auto"``."""
+def resolve_backend(backend: str | Backend | None, *arrays: Any) -> Backend:
+    """The backend a public call with these arrays runs on (see the module docstring)."""
     if backend is not None and not isinstance(backend, str):
         if not callable(getattr(backend, "owns", None)):
             raise TypeError(
@@ -189,8 +187,9 @@ def resolve_backend(backend: str | Backend | None, *arrays: Any, need: Need | No
     else:
         name = backend or _current.get() or env_backend() or "auto"
         if name == "auto":
-            name = auto_engine(arrays, need, (n for n in _AUTO_CPU if unavailable_reason(n) is None))
-        chosen = get_backend(name)
+            chosen = auto_backend(arrays, get_backend, (n for n in _AUTO_CPU if unavailable_reason(n) is None))
+        else:
+            chosen = get_backend(name)
     for a in arrays:
         if a is not None and not chosen.owns(a):
             raise TypeError(

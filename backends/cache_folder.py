@@ -6,9 +6,9 @@ directory (``platformdirs.user_cache_dir("entmax-ref")``, e.g. ``~/.cache/entmax
 Linux) or ``ENTMAX_REF_CACHE_DIR``, and :data:`KEY` one hash of every kernel source (all
 ``.py`` files of ``backends/numba``, and any module of the package they import from), the
 numba version (read from its installed metadata) and the Python ABI.  The numba engine
-(:mod:`entmax_ref.backends.numba._cache`) places numba's cache there; the ``"auto"`` rule
-(:mod:`entmax_ref.backends.engine`) looks there for compiled units, so that a call that
-answers on the NumPy reference never imports numba.
+(:mod:`entmax_ref.backends.numba._cache`) keeps its compiled kernels there; the
+``"auto"`` rule (:mod:`entmax_ref.backends.auto`) looks there, so that a call made while
+nothing is compiled answers on the NumPy reference without importing numba.
 """
 
 from __future__ import annotations
@@ -113,8 +113,10 @@ def writable(path: Path) -> bool:
         return False
 
 
-#: the numba releases (major, minor), first and last, whose cache internals
-#: (``CacheImpl._locator_classes``, ``IndexDataCacheFile``) this module is tested on
+#: the numba releases (major, minor), first and last, that the kernels' cache classes (which
+#: subclass numba's, :mod:`entmax_ref.backends.numba._cache`) and their BLAS binding
+#: (:mod:`entmax_ref.backends.numba.products`) are tested on: pyproject.toml's bound on
+#: numba; ``tests/test_install.py`` installs the first
 TESTED_NUMBA = ((0, 59), (0, 68))
 
 

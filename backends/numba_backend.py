@@ -55,15 +55,14 @@ moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numb
 only the solver path it takes (each of softmax, sparsemax, 1.5-entmax, 1 < alpha < 2,
 alpha > 2 and the VJPs has its own driver, chosen in Python from alpha and the method;
 the attention forward's row kernels exist once per solver path, ``FWD_ROWS``, and
-link only that path's row solver; the decoding path runs them too), once per input dtype, in the
-calling process; after a row operation has run, its unit is
-noted as compiled (:func:`entmax_ref.backends.engine.note`), so ``backend="auto"`` may run
-it on numba from then on, in this process and, through the cache, in the next.
-``entmax-ref compile`` compiles every path ahead of time, in parallel worker processes
-(:mod:`entmax_ref.backends.numba_precompile`).  The first-call times are in
-``docs/guides/backends.md``.  Each kernel
-compiles once per input dtype: the methods below hand the kernels C-contiguous, writable
-arrays only (read-only is part of a numba array type; see :func:`writable`).
+link only that path's row solver; the decoding path runs them too), in the calling
+process; from then on ``backend="auto"`` runs it on numba too, in this process and,
+through the cache, in the next.  Each entry kernel declares the signatures it is
+compiled for (:mod:`entmax_ref.backends.numba._jit`) and the methods below pass exactly
+those types (C-contiguous, writable arrays: read-only is part of a numba array type; see
+:func:`writable`); ``entmax-ref compile`` compiles the declared list ahead of time, in
+parallel worker processes (:mod:`entmax_ref.backends.numba_precompile`).  The first-call
+times are in ``docs/guides/backends.md``.
 """
 
 from __future__ import annotations
@@ -71,7 +70,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from . import engine as _engine
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, NonFiniteInput, RowSolve
 from .capabilities import require
 from .numba import grads as _grads
@@ -152,7 +150,6 @@ class NumbaBackend:
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
         require(self.name, "entmax_forward", method)
         res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
-        _engine.note(_engine.entmax_forward(alpha, method), res.p.dtype)
         return res
 
     def entmax_forward_scanned(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
@@ -163,14 +160,12 @@ class NumbaBackend:
         layer then scans x itself to raise its usual error."""
         require(self.name, "entmax_forward", method)
         res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
-        _engine.note(_engine.entmax_forward(alpha, method), res.p.dtype)
         if (res.n_iter < 0).any():
             raise NonFiniteInput("x has a NaN or +inf entry")
         return res
 
     def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         dx = _row_vjp(_grads.entmax_vjp_rows, p, g, alpha)
-        _engine.note(_engine.entmax_vjp(alpha), dx.dtype)
         return dx
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -179,7 +174,6 @@ class NumbaBackend:
         out = np.empty(p.shape[0], np.float64)
         if p.shape[0]:
             _grads.entmax_alpha_vjp_rows(p, g, alpha, out)
-        _engine.note(_engine.entmax_alpha_vjp(alpha), p.dtype)
         return out
 
     def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
@@ -188,14 +182,12 @@ class NumbaBackend:
         from .numba import normmax as _nm
 
         res = _row_forward(_nm.normmax_rows, x, alpha)
-        _engine.note(_engine.family("normmax_forward"), res.p.dtype)
         return res
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         from .numba import normmax as _nm
 
         dx = _row_vjp(_nm.normmax_vjp_rows, p, g, alpha)
-        _engine.note(_engine.family("normmax_vjp"), dx.dtype)
         return dx
 
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
@@ -213,7 +205,6 @@ class NumbaBackend:
         support = np.empty(rows, np.int64)
         if rows:
             _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())
-        _engine.note(_engine.family("budget_forward"), x.dtype)
         return RowSolve(out, tau, support, np.zeros(rows, np.int64), np.ones(rows, np.bool_))
 
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -223,7 +214,6 @@ class NumbaBackend:
         dx = np.empty(p.shape, p.dtype)
         if p.shape[0]:
             _bs.budget_vjp_rows(p, g, dx)
-        _engine.note(_engine.family("budget_vjp"), dx.dtype)
         return dx
 
     def attention_scans_inputs(self, q, k, v, spec: AttentionSpec) -> bool:

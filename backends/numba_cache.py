@@ -3,10 +3,10 @@ deleted.
 
 The cache (:mod:`entmax_ref.backends.cache_folder`) lives outside the package, in one
 folder per kernel version; ``pip uninstall`` leaves it.  ``info`` prints the current
-folder, its size, its entries and whether every unit of
-:data:`entmax_ref.backends.numba_precompile.UNITS` is compiled in it, and lists the folders
-of other versions beside it; ``clear`` deletes the current folder and nothing else.  These
-are the only ways entmax-ref deletes files.
+folder, its size, its entries and how many of the declared kernel signatures
+(:func:`entmax_ref.backends.numba_precompile.tasks`) are compiled in it, and lists the
+folders of other versions beside it; ``clear`` deletes the current folder and nothing
+else.  These are the only ways entmax-ref deletes files.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .numba_precompile import DTYPES, UNITS, pending
+from .numba_precompile import pending, tasks
 
 
 def _size(folder: Path) -> tuple[int, int, int, int]:
@@ -35,19 +35,21 @@ def _size(folder: Path) -> tuple[int, int, int, int]:
 def cache_info() -> dict[str, object]:
     """What ``entmax-ref cache info`` prints: the current cache folder (``folder``), whether
     caching is on, its size in bytes, files, kernels (``.nbi`` indexes) and compiled
-    specialisations (``.nbc``), the units not compiled yet (``pending``, ``[unit, dtype]``
-    pairs), ``complete`` (every unit compiled for this version), and the folders of other
-    versions beside it (``others``: ``[path, bytes]``, left alone by ``cache clear``)."""
+    specialisations (``.nbc``), the declared kernel signatures (``declared``) and those not
+    compiled yet (``pending``, their labels), ``complete`` (every one compiled for this
+    version), and the folders of other versions beside it (``others``: ``[path, bytes]``,
+    left alone by ``cache clear``)."""
     from .cache_folder import CACHE, CACHE_DIR
 
     size, files, nbi, nbc = _size(CACHE_DIR)
-    todo = [[u, d] for u, dts in pending() for d in dts]
+    declared = tasks()
+    todo = [t.label for t in pending(declared)] if CACHE else [t.label for t in declared]
     try:
         others = sorted(e for e in CACHE_DIR.parent.iterdir() if e.is_dir() and e.name != CACHE_DIR.name)
     except OSError:
         others = []
     return {"folder": str(CACHE_DIR), "cache": CACHE, "bytes": size, "files": files, "kernels": nbi,
-            "specialisations": nbc, "pending": todo, "complete": CACHE and not todo,
+            "specialisations": nbc, "declared": len(declared), "pending": todo, "complete": CACHE and not todo,
             "others": [[str(e), _size(e)[0]] for e in others]}
 
 
@@ -57,14 +59,12 @@ def cache_clear() -> tuple[str, int]:
     ``entmax-ref compile``."""
     import shutil
 
-    from . import engine
     from .cache_folder import CACHE_DIR, KEY
 
     if CACHE_DIR.name != KEY or CACHE_DIR.parent.name != "numba":  # pragma: no cover - never another folder
         raise RuntimeError(f"refusing to delete {CACHE_DIR}: not an entmax-ref kernel cache folder")
     freed = _size(CACHE_DIR)[0]
     shutil.rmtree(CACHE_DIR, ignore_errors=True)
-    engine.forget()
     return str(CACHE_DIR), freed
 
 
@@ -90,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     info = cache_info()
     state = "on" if info["cache"] else "off (ENTMAX_REF_NUMBA_CACHE=0, an unwritable folder or an untested numba)"
-    n_tasks = len(UNITS) * len(DTYPES)
+    n_tasks = info["declared"]
     print(f"kernel cache: {info['folder']}\n"
           f"  caching: {state}\n"
           f"  size: {_mb(info['bytes'])} in {info['files']} files ({info['kernels']} kernels, "
           f"{info['specialisations']} compiled specialisations)\n"
-          f"  units compiled: {n_tasks - len(info['pending'])} of {n_tasks}; complete: "
+          f"  kernel signatures compiled: {n_tasks - len(info['pending'])} of {n_tasks}; complete: "
           + ("yes" if info["complete"] else "no (entmax-ref compile fills it)"))
     for path, size in info["others"]:
         print(f"  another version's folder (not used by this one): {path} ({_mb(size)})")

@@ -6,10 +6,6 @@ and sparse attention, with interchangeable NumPy / Numba / CuPy backends.
 [0.0, 0.25, 0.75]
 """
 
-from . import _checkout
-
-_checkout.map_backends(__name__)  # the clone's backends/ as entmax_ref.backends
-
 from .asentmax import (
     ASEntmaxInfo,
     asentmax,

@@ -20,7 +20,7 @@ from . import _validate as V
 from ._interop import public
 from .asentmax import broadcast_params, real_param, scale_vjp
 from .asentmax import row_scale as row_scale_of
-from .backends import engine, geometry, resolve_backend
+from .backends import geometry, resolve_backend
 from ._attention_residual import any_big, check_tau, info_alpha, residual_from_info
 from ._attention_shapes import ShapeGuard
 from .backends._base import AttentionResidual, AttentionSpec, theta_to_tau
@@ -275,8 +275,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         raise ValueError("delta and offset only apply with beta and gamma (the ASEntmax scale)")
 
     cdt = V.common_dtype(cq, ck, cv)
-    be = resolve_backend(backend, q, k, v,
-                         need=lambda: engine.attention(a if head_alpha is None else head_alpha, forward))
+    be = resolve_backend(backend, q, k, v)
     if B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
         be = ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,

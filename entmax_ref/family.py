@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _validate as V
 from ._interop import public
-from .backends import engine, resolve_backend
+from .backends import resolve_backend
 from .backends._base import xp_of
 from .gradients import pair_rows
 from .losses import target_rows
@@ -102,7 +102,7 @@ def _solve(x, axis, backend, check_finite, return_info, op, param, info_cls):
     """The body of a family forward: (rows, n) layout, backend, the (rows,) parameter
     ``param(rows)``, the backend's ``op``, and ``p`` (with the per-row ``info_cls``)."""
     rows = V.to_rows(x, axis, "x", finite=check_finite)
-    be = resolve_backend(backend, rows.data, need=lambda: engine.family(op))
+    be = resolve_backend(backend, rows.data)
     res = _op(be, op)(rows.data, param(rows))
     p = rows.restore(res.p)
     if not return_info:
@@ -189,7 +189,7 @@ def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
     [0.3535533905932738, -0.3535533905932738, 0.0]
     """
     rp, p2, g2 = pair_rows(p, grad, axis)
-    be = resolve_backend(backend, p2, g2, need=lambda: engine.family("normmax_vjp"))
+    be = resolve_backend(backend, p2, g2)
     a = _normmax_alpha(alpha, rp.batch_shape, xp_of(p2))
     dx = _op(be, "normmax_vjp")(p2, g2, a)
     return rp.restore(dx)
@@ -206,7 +206,7 @@ def _alpha_norm(p, alpha, xp):
 def _normmax_pq(x, target, alpha, axis, backend):
     rows = V.to_rows(x, axis, "x")
     xp = xp_of(rows.data)
-    be = resolve_backend(backend, rows.data, need=lambda: engine.family("normmax_forward"))
+    be = resolve_backend(backend, rows.data)
     a = _normmax_alpha(alpha, rows.batch_shape, xp)
     q = target_rows(target, rows, xp)
     p = _op(be, "normmax_forward")(rows.data, a).p.astype(np.float64)
@@ -325,7 +325,7 @@ def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
     [0.0, 0.5, -0.5, 0.0]
     """
     rp, p2, g2 = pair_rows(p, grad, axis)
-    be = resolve_backend(backend, p2, g2, need=lambda: engine.family("budget_vjp"))
+    be = resolve_backend(backend, p2, g2)
     _budget_rows(budget, rp.batch_shape, p2.shape[1], xp_of(p2))
     dx = _op(be, "budget_vjp")(p2, g2)
     return rp.restore(dx)

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _validate as V
 from ._interop import public
-from .backends import engine, resolve_backend
+from .backends import resolve_backend
 from .backends._base import xp_of
 
 
@@ -62,7 +62,7 @@ def _prediction_and_target(x, target, alpha, axis, backend):
     """Validated rows of x, their namespace, alpha per row, p = entmax(x) and q (float64)."""
     rows = V.to_rows(x, axis, "x")
     xp = xp_of(rows.data)
-    be = resolve_backend(backend, rows.data, need=lambda: engine.entmax_forward(alpha))
+    be = resolve_backend(backend, rows.data)
     a = V.alpha_rows(alpha, rows.batch_shape, xp)
     q = target_rows(target, rows, xp)
     p = be.entmax_forward(rows.data, a, None).p.astype(np.float64)

@@ -8,7 +8,7 @@ from typing import Any
 from ._repr import short_repr
 from . import _validate as V
 from ._interop import public
-from .backends import engine, resolve_backend
+from .backends import resolve_backend
 from .backends._base import NonFiniteInput, theta_to_tau, xp_of
 
 
@@ -109,7 +109,7 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     ([0.0, 0.326, 0.674], 2)
     """
     rows = V.to_rows(x, axis, "x", finite=False)
-    be = resolve_backend(backend, rows.data, need=lambda: engine.entmax_forward(alpha, method))
+    be = resolve_backend(backend, rows.data)
     # a backend whose kernels read every entry anyway (numba) scans x in that pass: one
     # pass over the input instead of two
     scanned = getattr(be, "entmax_forward_scanned", None) if check_finite else None

@@ -135,19 +135,18 @@ def pytest_collection_finish(session):
              if "numba" in item.nodeid and not any(m.name == "skip" for m in item.iter_markers())}
     if len(files) < PRECOMPILE_FILES:
         return
-    from entmax_ref.backends.engine import marker_folder
-    from entmax_ref.backends.numba._cache import CACHE, file_lock
-    from entmax_ref.backends.numba_precompile import compile_kernels, pending
+    from entmax_ref.backends.numba._cache import CACHE, CACHE_DIR, file_lock
+    from entmax_ref.backends.numba_precompile import compile_kernels
 
-    if not CACHE or not pending():
+    if not CACHE:
         return
     # pytest-xdist workers and concurrent sessions share the cache: one compiles, the others
     # wait for it and then find the kernels compiled
-    with file_lock(marker_folder() / ".session-lock"):
+    with file_lock(CACHE_DIR / ".session-lock"):
         rep = compile_kernels()
     if not (rep["compiled"] or rep["failed"]):
         return
-    line = (f"numba kernels compiled ahead: {len(rep['compiled'])} units in {rep['seconds']:.1f}s "
+    line = (f"numba kernels compiled ahead: {len(rep['compiled'])} kernel signatures in {rep['seconds']:.1f}s "
             f"({rep['jobs']} processes; failed: {sorted(rep['failed']) or 'none'})")
     if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: the controller prints it
         session.config.workeroutput["entmax_ref_precompile"] = line

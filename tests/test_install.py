@@ -42,7 +42,7 @@ def _sh(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
 def venv(tmp_path):
     """(python of a fresh venv, its site-packages, a copy of the clone, env)."""
     src = tmp_path / "clone"
-    shutil.copytree(ROOT, src, ignore=lambda d, names: [n for n in names if n in _SKIP or n.endswith(".egg-info")])
+    shutil.copytree(ROOT, src, symlinks=True, ignore=lambda d, names: [n for n in names if n in _SKIP or n.endswith(".egg-info")])
     vdir = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(vdir)], check=True, timeout=300)
     py = vdir / "bin" / "python"
@@ -101,3 +101,65 @@ def test_install_then_editable_install_works_from_another_directory(venv, tmp_pa
     assert out.splitlines()[0] == "[1.0]"
     assert Path(out.splitlines()[1]).resolve() == (src / "entmax_ref" / "__init__.py").resolve()
 
+
+
+_BARE = ("import importlib.machinery as m, json, sys, entmax_ref as er; b = er.backends; "
+         "print(json.dumps({'origin': b.__spec__.origin, 'source': isinstance(b.__spec__.loader, m.SourceFileLoader), "
+         "'top_level': 'backends' in sys.modules, 'value': er.sparsemax([-2.0, 0.0, 0.5]).tolist(), "
+         "'numba': er.sparsemax([-2.0, 0.0, 0.5], backend='numba').tolist()}))")
+
+
+def test_a_bare_clone_imports_without_an_install(venv, tmp_path):
+    """No install at all: the clone's root imports, and ``entmax_ref.backends`` is the
+    clone's ``backends/`` found by Python's own import system through the committed link
+    ``entmax_ref/backends`` (no ``sys.modules`` entry written by the package itself, no
+    top-level ``backends``)."""
+    import json
+
+    py, sp, src, env = venv
+    assert (src / "entmax_ref" / "backends").is_symlink()
+    out = json.loads(_sh([str(py), "-c", _BARE], src, env).strip().splitlines()[-1])
+    assert Path(out.pop("origin")) == src / "entmax_ref" / "backends" / "__init__.py"
+    assert out == {"source": True, "top_level": False, "value": [0.0, 0.25, 0.75], "numba": [0.0, 0.25, 0.75]}
+
+
+#: the lowest numba release of the supported range (pyproject.toml's bound, cache_folder.TESTED_NUMBA)
+LOWEST_NUMBA = "0.59.1"
+
+_ON_NUMBA = """
+import json, numpy as np, numba
+import entmax_ref as er
+from entmax_ref.backends.numba import _cache
+from entmax_ref.backends.numba_precompile import tasks
+x = np.random.default_rng(0).standard_normal((8, 300))
+q = np.random.default_rng(1).standard_normal((1, 2, 40, 8)).astype(np.float32)
+(t,) = [t for t in tasks(["entmax_forward"], ["float64"]) if t.kernel == "rows._rows_15"]
+before = t.compiled()
+rows = bool(np.allclose(er.entmax15(x, backend="numba"), er.entmax15(x, backend="numpy"), atol=1e-15))
+att = er.attention(q, q, q, alpha=1.5, causal=True, backend="numba")
+ref = er.attention(q, q, q, alpha=1.5, causal=True, backend="numpy")
+print(json.dumps({"numba": numba.__version__, "cache": _cache.CACHE, "before": before, "rows": rows,
+                  "attention": bool(np.allclose(att, ref, atol=1e-5)), "auto": er.backends.resolve_backend(None, x).name}))
+"""
+
+
+def test_the_lowest_supported_numba_compiles_caches_and_loads(tmp_path):
+    """The kernels' cache class and the float32 products' BLAS binding subclass or bind
+    numba internals, hence numba's bound in pyproject.toml; its lower end is tested here
+    (the upper end is the one the other tests run on): a fresh environment with that numba
+    (from the package index) compiles, caches and, in a second process, loads."""
+    import json
+
+    vdir = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(vdir)], check=True, timeout=300)
+    py = vdir / "bin" / "python"
+    got = subprocess.run([str(py), "-m", "pip", "install", "-q", f"numba=={LOWEST_NUMBA}", "scipy", "platformdirs"],
+                         capture_output=True, text=True, timeout=1200)
+    if got.returncode != 0:  # no package index reachable from here
+        pytest.skip(f"numba {LOWEST_NUMBA} could not be installed here: {got.stderr.strip().splitlines()[-1:]}")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "NUMBA_CACHE_DIR")}
+    env.update(ENTMAX_REF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    runs = [json.loads(_sh([str(py), "-c", _ON_NUMBA], tmp_path, env).strip().splitlines()[-1]) for _ in range(2)]
+    for i, out in enumerate(runs):
+        assert out == {"numba": LOWEST_NUMBA, "cache": True, "before": i == 1, "rows": True, "attention": True,
+                       "auto": "auto"}

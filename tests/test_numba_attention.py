@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import entmax_ref as er
-from entmax_ref.backends import engine
+from entmax_ref.backends.numba import paths as engine
 from test_attention import check_against_dense, dense, grad_tols, problem
 
 pytestmark = pytest.mark.numba

@@ -29,10 +29,10 @@ def _run(code: str, env: dict | None = None, timeout: float = 900) -> subprocess
 
 
 SIGNATURES = """
-import importlib, json, pkgutil
+import importlib, json
 import numpy as np
 import entmax_ref as er
-import entmax_ref.backends.numba as kernels
+from entmax_ref.backends.numba_precompile import kernels
 
 def ro(a):
     a = np.array(a)
@@ -42,90 +42,65 @@ def ro(a):
 rng = np.random.default_rng(0)
 for dt in (np.float64, np.float32):
     x = rng.standard_normal((6, 9)).astype(dt)
-    er.entmax(x, 1.5, backend="numba")
+    for a in (1.0, 1.25, 1.5, 2.0, 3.0, np.array([1.5, 3.0, 1.0, 2.0, 1.25, 1.5])):
+        er.entmax(x, a, backend="numba")
+        p = er.entmax(x, a, backend="numpy")
+        er.entmax_vjp(p, x, a, backend="numba")
+        er.entmax_alpha_vjp(p, x, a, backend="numba")
+    for m in ("newton", "bisect"):
+        er.entmax(x, 1.5, method=m, backend="numba")
     er.entmax(ro(x), 1.5, backend="numba")                      # read-only input
     er.entmax(np.asfortranarray(x), 1.5, backend="numba")        # another layout
     er.entmax(x, ro(np.full(6, 1.5)), backend="numba")           # read-only per-row alpha
     p = er.entmax(x, 1.5, backend="numpy")
     g = rng.standard_normal(x.shape).astype(dt)
-    er.entmax_vjp(p, g, 1.5, backend="numba")
     er.entmax_vjp(ro(p), ro(g), ro(np.full(6, 1.5)), backend="numba")
-x = rng.standard_normal((6, 9))
-er.budget_sparsemax(x, ro(np.full(6, 2.0)), backend="numba")
-er.budget_sparsemax(ro(x), 2.0, backend="numba")
-# (p, g) of two dtypes: computed as the wider one
-p32 = er.entmax(x.astype(np.float32), 1.5, backend="numpy")
-er.entmax_vjp(p32, rng.standard_normal(p32.shape), 1.5, backend="numba")
-q = rng.standard_normal((1, 2, 8, 4))
-for qkv in ((q, q, q), (ro(q), ro(q), ro(q))):
-    o, info = er.attention(*qkv, alpha=1.5, backend="numba", return_info=True)
-    er.attention_vjp(np.ones_like(o), *qkv, out=o, tau=info.tau, alpha=1.5, backend="numba")
-    er.attention(*qkv, alpha=ro(np.array([1.5, 1.25])), beta=0.5, gamma=1.0, backend="numba")
-qd, kd = rng.standard_normal((1, 2, 1, 4)), rng.standard_normal((1, 2, 2048, 4))  # the decoding path
-for qkv in ((qd, kd, kd), (ro(qd), ro(kd), ro(kd))):
-    er.attention(*qkv, alpha=1.5, backend="numba")
-out = {}
-for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
-    mod = importlib.import_module(info.name)
-    for name in dir(mod):
-        found = getattr(mod, name)
-        # the kernels the Python drivers call (nogil drivers, alone or one per solver path
-        # in a tuple), not their inner helpers
-        for i, d in enumerate(found if isinstance(found, tuple) else (found,)):
-            if hasattr(d, "signatures") and d.targetoptions.get("nogil") and d.py_func.__module__ == mod.__name__:
-                key = mod.__name__.rsplit(".", 1)[1] + "." + name + (f"[{i}]" if isinstance(found, tuple) else "")
-                out[key] = [[[str(t.dtype), t.layout, t.mutable] if hasattr(t, "layout") else str(t) for t in sig]
-                            for sig in d.signatures]
-print(json.dumps(out))
+    er.normmax_vjp(er.normmax(x, 2.0, backend="numba"), g, 2.0, backend="numba")
+    er.budget_sparsemax_vjp(er.budget_sparsemax(x, 2.0, backend="numba"), g, 2.0, backend="numba")
+    er.budget_sparsemax(ro(x), ro(np.full(6, 2.0)), backend="numba")
+    # attention: every solver path, both score products (the float32 filter and float64
+    # scores), causal chunks that stop short of the last key, the dense backward, the
+    # decoding path, read-only inputs
+    for Nq, Nk, spread, kw in ((8, 8, 1.0, {}), (40, 40, 1.0, dict(causal=True, chunk=8)),
+                               (2, 64, 20.0, {}), (4, 64, 0.01, {}), (1, 2048, 1.0, {})):
+        q = (spread * rng.standard_normal((1, 2, Nq, 4))).astype(dt)
+        k, v = (rng.standard_normal((1, 2, Nk, 4)).astype(dt) for _ in range(2))
+        for a in (1.0, 1.25, 1.5, 2.0, 3.0, np.array([1.5, 3.0])):
+            o, info = er.attention(q, k, v, alpha=a, backend="numba", return_info=True, **kw)
+            er.attention_vjp(np.ones_like(o), q, k, v, info=info, alpha=a, backend="numba", **kw)
+            er.attention(ro(q), ro(k), ro(v), alpha=a, beta=0.5, gamma=1.0, backend="numba", **kw)
+out = {k.name: [[str(t) for t in sig] for sig in k.dispatcher.signatures if tuple(sig) not in [s for _, s in k.signatures]]
+       for k in kernels()}
+print(json.dumps({"undeclared": {k: v for k, v in out.items() if v},
+                  "ran": sorted(k.name for k in kernels() if k.dispatcher.signatures)}))
 """
 
 
-def test_each_kernel_compiles_once_per_input_dtype_whatever_the_array_flags():
-    """Read-only inputs and alphas, another memory layout, mixed (p, g) dtypes: every kernel
-    that ran has one signature per dtype of its first argument (numba compiles a new
-    specialization for each distinct argument type, and read-only is part of the type;
-    before the arguments were normalised each row kernel compiled twice per dtype)."""
+def test_every_specialization_a_call_compiles_is_declared():
+    """A broad set of calls (every operation, both dtypes, read-only inputs, another
+    layout, every solver path, both attention score products, causal chunks, the dense
+    backward, the decoding path) compiles no kernel signature that its kernel does not
+    declare: ``entmax-ref compile`` then covers every call, and one specialization serves
+    whatever flags the caller's arrays carry."""
     r = _run(SIGNATURES)
     assert r.returncode == 0, r.stderr[-3000:]
-    sigs = json.loads(r.stdout.strip().splitlines()[-1])
-    ran = {k: v for k, v in sigs.items() if v}
-    def find(name):  # "module.function", whichever kernel module defines it
-        hits = [k for k in ran if k.endswith("." + name) or k == name]
-        assert len(hits) == 1, f"{name}: {hits} in {sorted(ran)}"
-        return ran[hits[0]]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["undeclared"] == {}
+    from entmax_ref.backends.numba_precompile import kernels
 
-    for kernel in ("_rows_15", "_vjp_small", "budget._forward_blk", "FWD_ROWS[2]", "FWD_ROWS[3]", "bwd_rows",
-                   "scan_block", "matmul_into"):
-        find(kernel)
-    # a call compiles the row kernels of its heads' solver paths only: 1.5 (path 2), and the
-    # kv-heads of alpha 1.5 and of 1.25 (path 3; one query head each); the decoding path
-    # runs the same kernels
-    assert {k.rsplit(".", 1)[1] for k in ran if "_ROWS[" in k} == {"FWD_ROWS[2]", "FWD_ROWS[3]"}
-    # the products take views (slices, transposes) of one dtype: one specialization per
-    # kind of operand, whatever the caller's arrays
-    assert len(find("matmul_into")) <= 6, find("matmul_into")
-    for kernel, lst in ran.items():
-        if kernel.endswith("matmul_into"):
-            continue
-        for sig in lst:
-            arrays = [t for t in sig if isinstance(t, list)]
-            assert arrays and all(t[1:] == ["C", True] for t in arrays), f"{kernel}: {sig}"
-        firsts = [sig[0][0] for sig in lst]
-        assert len(firsts) == len(set(firsts)), f"{kernel} compiled more than once for one input dtype: {lst}"
-    # the row kernels: float64 and float32; attention: float32-filtered or float64 scores
-    assert sorted(s[0][0] for s in find("_rows_15")) == ["float32", "float64"]
-    assert len(find("budget._forward_blk")) == 1
+    assert set(out["ran"]) == {k.name for k in kernels()}  # every declared kernel ran
 
 
 LITERAL_TWINS = """
 import importlib, json, pkgutil
 from numba.core import types
-from entmax_ref.backends import numba_precompile as pc
+from entmax_ref.backends.numba_precompile import tasks
 import entmax_ref.backends.numba as kernels
 
-for unit in ("softmax", "budget", "normmax", "entmax_big"):
-    for dt in ("float64", "float32"):
-        pc.UNITS[unit][1](dt)
+for t in tasks(["entmax_forward", "budget_forward", "normmax_forward"]):
+    if t.kernel in ("rows._rows_softmax", "rows._rows_softmax64", "rows._rows_big", "budget._forward_blk",
+                    "normmax._forward_blk"):
+        t.compile()
 twins, seen, ran = [], set(), set()
 for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
     mod = importlib.import_module(info.name)
@@ -159,28 +134,31 @@ def test_no_kernel_compiles_a_literal_twin_of_a_counter():
     assert twins == []
 
 
-def test_units_cover_the_named_kernels_and_validate_arguments():
-    assert set(pc.CHECK_UNITS) < set(pc.UNITS)
-    with pytest.raises(ValueError, match="unknown unit 'nope'"):
+def test_compile_validates_its_arguments():
+    with pytest.raises(ValueError, match="unknown operation 'nope'"):
         pc.compile_kernels(["nope"])
     with pytest.raises(ValueError, match="dtypes"):
-        pc.compile_kernels(["softmax"], dtypes=["float16"])
+        pc.compile_kernels(["entmax_vjp"], dtypes=["float16"])
     with pytest.raises(ValueError, match="jobs must be >= 1"):
-        pc.compile_kernels(["softmax"], jobs=0)
+        pc.compile_kernels(["entmax_vjp"], jobs=0)
 
 
 def test_compile_command_fills_the_cache_that_a_new_process_then_loads(tmp_path):
-    """``entmax-ref compile`` in worker processes; a second run finds it done; a new
-    process's first large call compiles nothing (numba's compile event never fires)."""
+    """``entmax-ref compile`` in worker processes; a second run finds it done (numba's
+    cache, no marker file); a new process's calls compile nothing (numba's compile event
+    never fires)."""
     env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path)}
     cmd = "import sys; from entmax_ref.cli import main; sys.exit(main({!r}))"
-    r = _run(cmd.format(["compile", "--ops", "softmax,entmax_vjp", "--dtypes", "float64", "--jobs", "2"]), env)
+    r = _run(cmd.format(["compile", "--ops", "entmax_vjp", "--dtypes", "float64", "--jobs", "2"]), env)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    assert "compiled softmax (float64)" in r.stdout and "compiled entmax_vjp (float64)" in r.stdout
-    assert "2 compiled, 0 already cached, 0 failed, 2 processes" in r.stdout
-    assert list(tmp_path.glob("numba/*/compiled/softmax-float64"))
-    r = _run(cmd.format(["compile", "--ops", "softmax", "--dtypes", "float64"]), env)
-    assert r.returncode == 0 and "0 compiled, 1 already cached" in r.stdout, r.stdout + r.stderr[-2000:]
+    for name in ("grads._vjp_small", "grads._vjp_big", "grads._vjp_any"):
+        assert f"compiled {name} (float64, signature 1 of 2)" in r.stderr, r.stderr
+    assert "3 compiled, 0 already cached, 0 failed of 3 kernel signatures; 2 processes" in r.stdout
+    assert not list(tmp_path.rglob("compiled"))
+    r = _run(cmd.format(["compile", "--ops", "entmax_vjp", "--dtypes", "float64"]), env)
+    assert r.returncode == 0 and "0 compiled, 3 already cached" in r.stdout, r.stdout + r.stderr[-2000:]
+    r = _run(cmd.format(["compile", "--ops", "entmax_vjp", "--list"]), env)
+    assert r.stdout.count("compiled ") == 3 and r.stdout.count("pending ") == 3, r.stdout
     r = _run("""
         from numba.core import event
         compiled = []
@@ -190,8 +168,8 @@ def test_compile_command_fills_the_cache_that_a_new_process_then_loads(tmp_path)
         event.register("numba:compile", L())
         import numpy as np, entmax_ref as er
         x = np.random.default_rng(0).standard_normal((300, 200))
-        p = er.softmax(x, backend="numba")
-        er.entmax_vjp(p, x, 1.5, backend="numba")
+        for a in (1.5, 3.0, np.linspace(1.5, 3.0, 300)):
+            er.entmax_vjp(er.entmax(x, a, backend="numpy"), x, a, backend="numba")
         print(compiled)
         """, env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -210,11 +188,11 @@ def test_compile_command_errors(tmp_path):
 def test_compile_is_a_no_op_when_the_cache_is_off(tmp_path):
     r = _run("""
         from entmax_ref.backends.numba_precompile import compile_kernels
-        rep = compile_kernels(["softmax"])
-        print(rep["cache"], rep["compiled"], rep["skipped"])
+        rep = compile_kernels(["entmax_vjp"], dtypes=["float64"])
+        print(rep["cache"], rep["compiled"], len(rep["skipped"]))
         """, {"ENTMAX_REF_NUMBA_CACHE": "0", "ENTMAX_REF_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "None {} ['softmax']"
+    assert r.stdout.strip() == "None {} 3"
 
 
 def test_check_rejects_negative_jobs(capsys):
@@ -224,13 +202,13 @@ def test_check_rejects_negative_jobs(capsys):
     assert "--jobs" in capsys.readouterr().err
 
 
-def _run_schedule(tasks, jobs, cost):
-    """Run ``pc._Schedule(tasks)`` on ``jobs`` threads whose work is a sleep of ``cost(task)``
+def _run_schedule(todo, jobs, cost):
+    """Run ``pc._Schedule(todo)`` on ``jobs`` threads whose work is a sleep of ``cost(task)``
     seconds; returns {task: (start, end)} in a shared monotonic order."""
     import threading
     import time
 
-    sched = pc._Schedule(tasks)
+    sched = pc._Schedule(todo)
     spans = {}
     lock = threading.Lock()
 
@@ -248,109 +226,57 @@ def _run_schedule(tasks, jobs, cost):
         th.start()
     for th in threads:
         th.join(timeout=60)
-    return spans
+    return sched, spans
 
 
-def test_schedule_starts_a_task_only_after_the_kernels_it_calls_are_cached():
-    """The attention units call the row solvers' and the alpha VJPs' kernels (and the
-    decoding path the forward's): they start only after those units' tasks have ended, so
-    they load those kernels instead of compiling them again, and no two workers compile one
-    kernel (write one cache index) at once; a unit's float32 task never overlaps its float64
-    one.  The longest chain (the attention's) starts first."""
-    tasks = [(u, d) for u, dts in pc._units_dtypes(pc.UNITS, pc.DTYPES) for d in dts]
-    assert len(tasks) == len(set(tasks))
-    spans = _run_schedule(tasks, 2, lambda t: 0.002 * pc._COST.get(t, 1.0))
-    assert set(spans) == set(tasks)
-    for t in tasks:
-        for need in pc._task_needs(t):
-            assert need in spans, (t, need)
-            assert spans[need][1] <= spans[t][0], f"{t} started before {need} ended"
-    for u, d in tasks:
-        if d == "float32":
-            assert spans[(u, "float64")][1] <= spans[(u, d)][0]
-    for unit, needs in (("attention_big", ("entmax_big",)), ("decode", ("attention_entmax15",)),
-                        ("attention_entmax15", ("entmax15",)), ("attention_vjp", ("attention_entmax15",))):
-        assert set(needs) <= set(pc._NEEDS[unit])
-        for v in needs:
-            assert spans[(v, "float64")][1] <= spans[(unit, "float64")][0]
-    # the first task started is one the longest chain (to the attention backward) needs
-    first = min(spans, key=lambda t: spans[t][0])
-    chain, todo = set(), ["attention_vjp"]
-    while todo:
-        for v in pc._NEEDS.get(todo.pop(), ()):
-            chain.add(v)
-            todo.append(v)
-    assert first[0] in chain, first
+def test_the_schedule_comes_from_the_kernels_code():
+    """Every declared kernel signature is a task; the attention forward of a solver path
+    waits for the row driver of that path in the same dtype (its solver is in the
+    forward's reach), a kernel's second signature for its first; no task starts before
+    the tasks it waits for have ended, and both workers keep busy."""
+    todo = pc.tasks()
+    assert len(todo) == sum(len(k.signatures) for k in pc.kernels())
+    sched, spans = _run_schedule(todo, 2, lambda t: 0.0005 * len(pc.reach(t.entry.dispatcher)))
+    assert set(spans) == set(todo)
+    for t, waits in sched.waits.items():
+        for u in waits:
+            assert spans[u][1] <= spans[t][0], f"{t.label} started before {u.label} ended"
+    by = {(t.kernel, t.index): t for t in todo}
+    assert by[("rows._rows_15", 0)] in sched.waits[by[("attention_rows.fwd_rows[2]", 0)]]
+    assert by[("rows._rows_sparse", 0)] in sched.waits[by[("attention_rows.fwd_rows[1]", 0)]]
+    assert by[("rows._rows_15", 0)] in sched.waits[by[("rows._rows_15", 1)]]
+    from entmax_ref.backends.numba import rows
 
-
-def test_schedule_keeps_both_workers_busy_and_ignores_needs_outside_it():
-    """A unit whose needs are not asked for (or already cached) starts at once; a task that
-    waits on a running one does not hold back the ready ones."""
-    spans = _run_schedule([("attention_entmax", "float64"), ("budget", "float64")], 2, lambda t: 0.5)
-    a, b = spans[("attention_entmax", "float64")], spans[("budget", "float64")]
-    assert a[0] < b[1] and b[0] < a[1]  # they ran at the same time
-    order = pc._Schedule([(u, "float64") for u in ("normmax", "decode", "attention_entmax15", "entmax15")]).order()
-    assert order.index(("entmax15", "float64")) < order.index(("attention_entmax15", "float64"))
-    assert order.index(("attention_entmax15", "float64")) < order.index(("decode", "float64"))
+    assert rows.solve_15 in pc.reach(rows._rows_15) and rows.solve_15 not in pc.reach(rows._rows_sparse)
 
 
 def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch):
-    """``compile_kernels`` hands the workers the tasks in the schedule's order, one (unit,
-    dtype) per line, and waits for a task's needs to end before it hands it out: a stand-in
-    worker logs when each task starts and ends.  The entmax15 task lasts until normmax has
-    started (60 s at most), so the other worker's overlap does not rest on a start-up time."""
+    """``compile_kernels`` hands the workers the tasks in the schedule's order, one
+    ``kernel index`` per line, and waits for a task's waits to end before it hands it out:
+    a stand-in worker logs when each task starts and ends."""
     log = tmp_path / "log"
     fake = textwrap.dedent(f"""
-        import os, sys, time
-        def started(unit):
-            return os.path.exists({str(log)!r}) and f"start {{unit}} " in open({str(log)!r}).read()
+        import sys, time
         for line in sys.stdin:
             with open({str(log)!r}, "a") as f:
                 f.write(f"start {{line.strip()}} {{time.time()!r}}\\n")
-            if line.startswith("entmax15"):
-                t0 = time.time()
-                while not started("normmax") and time.time() - t0 < 60:
-                    time.sleep(0.02)
-            else:
-                time.sleep(0.05)
+            time.sleep(0.05)
             with open({str(log)!r}, "a") as f:
                 f.write(f"end {{line.strip()}} {{time.time()!r}}\\n")
-            print("ok 0.1", flush=True)
+            print("ok 0.1 0.1", flush=True)
         """)
     monkeypatch.setattr(pc, "_WORKER_CODE", fake)
-    rep = pc.compile_kernels(["attention_entmax15", "entmax15", "normmax"], dtypes=["float64"], jobs=2, force=True)
+    monkeypatch.setattr(pc.Task, "compiled", lambda self: False)  # every task to do
+    todo = [t for t in pc.tasks(["entmax_forward", "attention_forward"], ["float64"])
+            if t.kernel in ("rows._rows_15", "attention_rows.fwd_rows[2]", "normmax._forward_blk", "rows._rows_big")]
+    monkeypatch.setattr(pc, "tasks", lambda *a, **k: todo)
+    rep = pc.compile_kernels(jobs=2)
     if rep["cache"] is None:
         pytest.skip("the kernel cache is off")
     assert not rep["failed"], rep["failed"]
-    assert sorted(rep["compiled"]) == ["attention_entmax15", "entmax15", "normmax"] and rep["jobs"] == 2
+    assert len(rep["compiled"]) == len(todo) and rep["jobs"] == 2
     ev = {}
     for line in log.read_text().splitlines():
-        kind, unit, dt, t = line.split()
-        ev[(kind, unit)] = float(t)
-    assert ev[("end", "entmax15")] <= ev[("start", "attention_entmax15")]
-    assert ev[("start", "normmax")] < ev[("end", "entmax15")]  # the other worker did not wait
-
-
-def test_each_attention_unit_runs_the_kernels_of_its_own_solver_path():
-    """The call of ``attention_<path>`` runs the forward's row kernel of that path (the
-    chunked forward and the decoding path both run it), and the call of ``decode`` the
-    decoding path's own phase-1 kernels: what "auto" takes a unit's marker to mean.  In a
-    fresh process, each unit in turn, so a kernel has signatures only when a unit run so
-    far called it."""
-    code = """
-        import json
-        from entmax_ref.backends import engine, numba_precompile as pc
-        from entmax_ref.backends.numba.attention_rows import FWD_ROWS
-        from entmax_ref.backends.numba.decode import scan_block, score_bounds
-        missing = []
-        for i, path in enumerate(engine.SOLVER_PATHS):
-            pc.UNITS[f"attention_{path}"][1]("float64")
-            if not FWD_ROWS[i].signatures:
-                missing.append(path)
-        pc.UNITS["decode"][1]("float64")
-        missing += [f.__name__ for f in (scan_block, score_bounds) if not f.signatures]
-        print(json.dumps(missing))
-    """
-    r = _run(code)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+        kind, kernel, index, t = line.split()
+        ev[(kind, kernel)] = float(t)
+    assert ev[("end", "rows._rows_15")] <= ev[("start", "attention_rows.fwd_rows[2]")]

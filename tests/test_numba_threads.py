@@ -21,7 +21,7 @@ import pytest
 numba = pytest.importorskip("numba")
 
 import entmax_ref as er  # noqa: E402
-from entmax_ref.backends import engine  # noqa: E402
+from entmax_ref.backends.numba import paths as engine  # noqa: E402
 from entmax_ref.backends.numba import _threads, budget, grads, normmax, rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

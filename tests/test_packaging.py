@@ -67,7 +67,8 @@ def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     for folder in ("entmax_ref", "backends"):
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        shutil.copytree(ROOT / folder, src / folder, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheels)], check=True, capture_output=True, text=True)

@@ -8,7 +8,7 @@
 ``attention``  the fused chunked attention forward and support-only backward;
 ``decode``   the decoding forward (few queries, long key cache, split over the keys).
 
-Every kernel is a per-row ``@njit`` core function plus an ``@njit(nogil=True)`` driver
+Every kernel is a per-row compiled core function plus a ``nogil`` driver
 that runs the core over a range of rows; ``_threads.run_blocks`` splits the rows into blocks
 and runs the driver on ``numba.get_num_threads()`` Python threads with the GIL released (no
 shared writes; a row's answer never depends on its block or thread).  No row kernel uses
@@ -17,8 +17,11 @@ without it the row operations need no Numba threading layer at all.  The Python 
 picks the driver of the one path a call takes (for example the 1.5-entmax path at
 alpha = 1.5), so a first call compiles that path only.
 
-Compiled machine code is cached on disk (``cache=CACHE`` on every kernel), so a new
-process loads it instead of compiling again.  The cache lives in the per-user cache
+Every compiled function is made by :func:`._jit.jit` (helpers) or :func:`._jit.kernel`
+(entry kernels, the functions the Python side calls, with the signatures they are
+compiled for declared next to them: :data:`._jit.KERNELS`, what ``entmax-ref compile``
+compiles).  Compiled machine code is cached on disk, so a new process loads it instead of
+compiling again.  The cache lives in the per-user cache
 directory of the platform (``~/.cache/entmax-ref`` on Linux, ``ENTMAX_REF_CACHE_DIR``
 overrides it), never inside the installed package, and is keyed on a hash of every kernel
 source in this folder (and the package modules they import), so a change to a helper in

@@ -1,67 +1,58 @@
-"""Where the numba kernels' compiled code is cached, and when it is stale.
+"""Where the kernels' compiled code is stored: a cache object of this package's own, set on
+its own dispatchers (:mod:`._jit`), that leaves numba's classes as they are.
 
-Numba's own ``cache=True`` writes next to the source file (``__pycache__`` inside the
-installed package, which ``pip uninstall`` then leaves behind) and only checks the source
-file of the function itself, so a kernel that calls a helper from another file keeps its
-stale machine code after the helper changes.  Here instead (the folder and the key are
-:mod:`entmax_ref.backends.cache_folder`'s, found without importing numba):
+Numba's ``cache=True`` writes next to the source file (``__pycache__`` inside the installed
+package, which ``pip uninstall`` then leaves behind) and checks only the source file of
+the function itself, so a kernel that calls a helper from another file keeps its stale
+machine code after the helper changes.  :class:`KernelCache` instead (the folder and the
+key are :mod:`entmax_ref.backends.cache_folder`'s, found without importing numba):
 
-* the cache lives in the platform's per-user cache directory
-  (``platformdirs.user_cache_dir("entmax-ref")``, e.g. ``~/.cache/entmax-ref`` on Linux),
-  or in ``ENTMAX_REF_CACHE_DIR`` when that is set, never in ``site-packages``;
-* its key is one hash of every kernel source (all ``.py`` files of this folder, and any
-  module of the package they import from), the numba version and the Python ABI: any
-  change to any of them gives a new, empty folder, so nothing stale is ever loaded.
+* lives in the platform's per-user cache directory (``~/.cache/entmax-ref`` on Linux, or
+  ``ENTMAX_REF_CACHE_DIR``), never in ``site-packages``;
+* is stamped with one hash of every kernel source, the numba version and the Python ABI:
+  any change gives a new, empty folder, so nothing stale is ever loaded;
+* saves an entry's code before its index line, under a lock file in the folder
+  (:func:`file_lock`: the ``entmax-ref compile`` workers save concurrently, and numba's
+  own index update is a read-modify-write), so an entry is in the index only once its
+  code is on disk: a save that fails (a full disk, an unwritable folder) leaves the index
+  as it was, and the kernel is simply not cached;
+* treats a damaged entry (a truncated ``.nbc``, a corrupt or empty ``.nbi``) as a miss:
+  the kernel compiles again and the save replaces it.
 
-Importing this module creates the current folder (when it can) and deletes nothing: the
-folders of other versions stay until ``entmax-ref cache clear`` (which removes the current
-one only) or the user deletes them.
-
-What this module changes in numba, and only for the numba versions it is tested on
-(:data:`TESTED_NUMBA`; elsewhere the kernels run uncached, :data:`CACHE` is False):
-
-* :class:`KernelCacheLocator` is put first in numba's list of cache locators but claims
-  only functions defined in files of this folder; every other numba function in the
-  process keeps numba's default behaviour, and no environment variable is set;
-* numba's index/data cache file gets two guards that act on files of :data:`CACHE_DIR`
-  only (every other path goes straight to numba's own code): a save takes a lock file in
-  the folder (:func:`file_lock`), so processes that compile at the same time (the
-  ``entmax-ref compile`` workers) cannot corrupt an index; and a damaged entry (a
-  truncated ``.nbc``, a corrupt or empty ``.nbi``) or an unwritable folder is a cache miss,
-  never an error: the kernel compiles again, the damaged entry is replaced when the
-  folder can be written, and the call runs uncached when it cannot.
-
-When the cache directory cannot be created or written at import, caching is off
-(:data:`CACHE` is False) rather than falling back to the package folder.
+Only numba's documented-by-use extension points are subclassed here (the cache, its
+implementation, locator and index file classes, all in ``numba.core.caching``), on the
+numba versions of :data:`~entmax_ref.backends.cache_folder.TESTED_NUMBA`; on any other the
+kernels run uncached (:data:`CACHE` is False).  Every other numba function of the process
+keeps numba's own behaviour: nothing of numba is patched, no environment variable is set.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import logging
+import os
 import sys
 from pathlib import Path
 
-import numba
 from numba.core import caching as _caching
 
 try:
     import fcntl
-except ImportError:  # pragma: no cover - not POSIX: numba's unlocked saves
+except ImportError:  # pragma: no cover - not POSIX: saves are not serialised
     fcntl = None
 
-from ..cache_folder import (CACHE, CACHE_DIR, KERNEL_DIR, KEY, PACKAGE_DIR, TESTED_NUMBA, cache_root,
-                            kernel_sources, source_key)
+from ..cache_folder import (CACHE, CACHE_DIR, KERNEL_DIR, KEY, TESTED_NUMBA, cache_root, kernel_sources,
+                            source_key)
 
-_CACHE_DIR_STR = os.path.abspath(CACHE_DIR)
 _LOG = logging.getLogger("entmax_ref")
+
+#: numba's compile-result cache implementation (renamed from ``_CompileResultCacheImpl``)
+_ResultImpl = getattr(_caching, "CompileResultCacheImpl", None) or getattr(_caching, "_CompileResultCacheImpl")
 
 
 class KernelCacheLocator(_caching._CacheLocator):
-    """Numba cache locator for the functions defined under :data:`KERNEL_DIR` (and only
-    those): files go to :data:`CACHE_DIR` (a subfolder per kernel subfolder), stamped with
-    :data:`KEY`, the hash of all kernel sources."""
+    """Where a kernel of :data:`~entmax_ref.backends.cache_folder.KERNEL_DIR` is cached:
+    :data:`CACHE_DIR` (a subfolder per kernel subfolder), stamped with :data:`KEY`."""
 
     def __init__(self, py_func, py_file):
         self._lineno = py_func.__code__.co_firstlineno
@@ -78,12 +69,9 @@ class KernelCacheLocator(_caching._CacheLocator):
         return str(self._lineno)
 
     def ensure_cache_path(self):
-        """Create the folder if it can; an unwritable one is left to the save, which then
-        skips (:func:`_guarded_save`) instead of failing the call."""
-        try:
-            os.makedirs(self._cache_path, exist_ok=True)
-        except OSError:
-            pass
+        """Create the folder if it can; an unwritable one fails the save, which is then a
+        miss (:meth:`KernelCache.save_overload`)."""
+        os.makedirs(self._cache_path, exist_ok=True)
 
     @classmethod
     def from_function(cls, py_func, py_file):
@@ -94,6 +82,12 @@ class KernelCacheLocator(_caching._CacheLocator):
         if KERNEL_DIR not in path.parents or not path.is_file():
             return None
         return cls(py_func, py_file)
+
+
+class _KernelCacheImpl(_ResultImpl):
+    """numba's compile-result cache, located by :class:`KernelCacheLocator` alone."""
+
+    _locator_classes = [KernelCacheLocator]
 
 
 @contextlib.contextmanager
@@ -113,6 +107,63 @@ def file_lock(path):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+class _IndexDataFile(_caching.IndexDataCacheFile):
+    """numba's index and data files of one kernel, saved code first: the index names an
+    entry only once its code is written (numba writes the index first, so a failed data
+    write left an entry that pointed at nothing); an index that cannot be read is
+    replaced rather than failing the save."""
+
+    def save(self, key, data):
+        with file_lock(os.path.join(self._cache_path, ".index.lock")):
+            try:
+                overloads = self._load_index()
+            except Exception:  # noqa: BLE001 - any unreadable index: start a new one
+                _LOG.debug("entmax-ref kernel cache: replacing the unreadable %s", self._index_path)
+                overloads = {}
+            name = overloads.get(key)
+            if name is None:
+                used = set(overloads.values())
+                name = next(n for n in map(self._data_name, range(1, len(used) + 2)) if n not in used)
+            self._save_data(name, data)
+            if overloads.get(key) != name:
+                overloads[key] = name
+                self._save_index(overloads)
+
+
+class KernelCache(_caching.FunctionCache):
+    """The disk cache of one dispatcher of this package (:class:`._jit.Dispatcher` sets it):
+    :class:`KernelCacheLocator`'s folder and stamp, :class:`_IndexDataFile`'s order of
+    writes, and every failure to read or write an entry a cache miss, never an error of
+    the call."""
+
+    _impl_class = _KernelCacheImpl
+
+    def __init__(self, py_func):
+        super().__init__(py_func)
+        self._cache_file = _IndexDataFile(self._cache_path, self._impl.filename_base,
+                                          self._impl.locator.get_source_stamp())
+
+    def load_overload(self, sig, target_context):
+        try:
+            return super().load_overload(sig, target_context)
+        except Exception as exc:  # noqa: BLE001 - a damaged entry is a miss
+            _LOG.debug("entmax-ref kernel cache: unreadable entry of %s (%s: %s); compiling again",
+                       self._name, type(exc).__name__, exc)
+            return None
+
+    def save_overload(self, sig, data):
+        try:
+            super().save_overload(sig, data)
+        except Exception as exc:  # noqa: BLE001 - not saved: the next process compiles it
+            _LOG.debug("entmax-ref kernel cache: %s not saved (%s: %s)", self._name, type(exc).__name__, exc)
+
+
+def cached(py_func) -> bool:
+    """Whether ``py_func`` can be cached here: the cache is on and the function is defined
+    in a file of :data:`KERNEL_DIR`."""
+    return CACHE and KernelCacheLocator.from_function(py_func, py_func.__code__.co_filename) is not None
+
+
 def child_env() -> dict[str, str]:
     """The environment of a helper process (an ``entmax-ref compile`` worker) that must
     import this same entmax_ref and use this same kernel cache: the caller's, with the
@@ -124,81 +175,5 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _ours(cache_file) -> bool:
-    """Whether a numba ``IndexDataCacheFile`` is one of this cache's (under :data:`CACHE_DIR`)."""
-    path = os.path.abspath(cache_file._cache_path)
-    return path == _CACHE_DIR_STR or path.startswith(_CACHE_DIR_STR + os.sep)
-
-
-def _guarded_save(save):
-    """Numba's ``IndexDataCacheFile.save`` for the files of :data:`CACHE_DIR`, under
-    :func:`file_lock`, over a damaged index and into an unwritable folder.
-
-    Numba reads the function's index, picks the first free data file number, writes the
-    index back and then the data, with no lock: two processes that save two signatures of
-    one kernel at once both take number 1, one index entry is lost and the other can point
-    at the other signature's code.  The ``entmax-ref compile`` workers and a test session do
-    save concurrently; held for the milliseconds of a save, the lock makes it atomic.  An
-    index that cannot be read (truncated, corrupt, empty) is removed first, so the save
-    writes a fresh one; a folder that cannot be written (``OSError``) leaves the kernel
-    uncached.  Other numba caches are untouched."""
-
-    def guarded(self, key, data):
-        if not _ours(self):
-            return save(self, key, data)
-        try:
-            with file_lock(os.path.join(self._cache_path, ".index.lock")):
-                try:
-                    self._load_index()
-                except Exception:  # noqa: BLE001 - any unreadable index: start a new one
-                    _LOG.debug("entmax-ref kernel cache: replacing the unreadable %s", self._index_path)
-                    os.unlink(self._index_path)
-                return save(self, key, data)
-        except OSError as exc:
-            _LOG.debug("entmax-ref kernel cache: not saved (%s)", exc)
-            return None
-
-    guarded._entmax_ref_guard = True
-    return guarded
-
-
-def _guarded_load(load):
-    """Numba's ``IndexDataCacheFile.load`` for the files of :data:`CACHE_DIR`: an entry that
-    cannot be read (a truncated ``.nbc``, a corrupt or empty ``.nbi``: numba's loader raises
-    ``UnpicklingError``, ``EOFError``, ``MemoryError`` and others) is a cache miss, so the
-    kernel compiles and :func:`_guarded_save` replaces the entry.  Other paths: numba's."""
-
-    def guarded(self, key):
-        if not _ours(self):
-            return load(self, key)
-        try:
-            return load(self, key)
-        except Exception as exc:  # noqa: BLE001 - a damaged entry is a miss, never an error
-            _LOG.debug("entmax-ref kernel cache: unreadable entry in %s (%s: %s); compiling again",
-                       self._index_path, type(exc).__name__, exc)
-            return None
-
-    guarded._entmax_ref_guard = True
-    return guarded
-
-
-def _install_guards() -> None:
-    cls = _caching.IndexDataCacheFile
-    if not getattr(cls.save, "_entmax_ref_guard", False):
-        cls.save = _guarded_save(cls.save)
-    if not getattr(cls.load, "_entmax_ref_guard", False):
-        cls.load = _guarded_load(cls.load)
-
-
-def _install_locator() -> None:
-    impl = getattr(_caching, "CacheImpl", None) or getattr(_caching, "_CacheImpl")
-    if not any(c.__name__ == KernelCacheLocator.__name__ and c.__module__ == __name__ for c in impl._locator_classes):
-        impl._locator_classes.insert(0, KernelCacheLocator)
-
-
-if CACHE:  # the kernels are compiled with cache=CACHE: nothing to place otherwise
-    _install_locator()
-    _install_guards()
-
-__all__ = ["CACHE", "CACHE_DIR", "KEY", "TESTED_NUMBA", "KernelCacheLocator", "cache_root", "child_env",
-           "file_lock", "kernel_sources", "source_key"]
+__all__ = ["CACHE", "CACHE_DIR", "KEY", "TESTED_NUMBA", "KernelCache", "KernelCacheLocator", "cache_root",
+           "cached", "child_env", "file_lock", "kernel_sources", "source_key"]

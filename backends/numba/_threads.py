@@ -1,10 +1,10 @@
 """Python worker threads for the drivers of the numba backend.
 
-The row kernels are sequential ``@njit(nogil=True)`` functions over a range of rows; a
+The row kernels are sequential ``nogil`` compiled functions over a range of rows; a
 call splits its rows into blocks and ``numba.get_num_threads()`` worker threads take the
 blocks from a shared counter, each running the kernel with the GIL released (the attention
 drivers run their chunks the same way, :func:`run_on_workers`).  Compared with an
-``@njit(parallel=True)`` ``prange`` driver this compiles several times faster (no
+``parallel=True`` ``prange`` driver this compiles several times faster (no
 parallel-accelerator passes, no gufunc outlining), launches no parallel region on Numba's
 threading layer (so the ``workqueue`` layer's abort on concurrent parallel launches cannot
 arise), and keeps the results deterministic: every row is solved by the same code whatever
@@ -21,6 +21,7 @@ A forked child starts a pool of its own.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import queue
 import threading
@@ -84,7 +85,10 @@ def run_on_workers(fn, workers):
     worker: as one, a call made after an idle spell (the bench's 50 ms pause) ran both
     workers on one core of a 2-core machine for most of the call (512 x 8192 float32 softmax
     12.6-13.0 ms against 7.5-7.8, 1.5-entmax 7.4 against 4.7; decoding 1-2 ms longer);
-    back to back, with no pause, the two were the same."""
+    back to back, with no pause, the two were the same.  Each worker runs ``fn`` in a copy
+    of the caller's context (its context variables: :func:`._jit.compiled_only`)."""
+    contexts = [contextvars.copy_context() for _ in range(workers)]
+    fn = (lambda f: lambda slot: contexts[slot].run(f, slot))(fn)
     pool = _POOL
     if pool.busy.acquire(blocking=False):
         try:

@@ -40,7 +40,8 @@ from ..geometry import key_offset, visible_keys_end
 from .attention_chunks import (OVERFLOW, chunk_cost, filter_bound, group_alphas, group_slopes, head_items,
                                Heads, chunk_product, chunk_row_scale, run_chunks, writable_copy,
                                empty_kernel_forward, trimmed_keys)
-from .attention_rows import ForwardArrays, chunk_rows, fwd_runs
+from .attention_records import ForwardArrays, chunk_rows
+from .attention_rows import fwd_runs
 from .products import matmul_into
 
 

@@ -25,7 +25,8 @@ from ..geometry import key_offset
 from .attention_chunks import (OVERFLOW, chunk_cost, group_alphas, group_slopes, Head, head_items, InOrder,
                                chunk_row_scale, run_chunks, run_parallel, chunk_scores,
                                own_support_keys, writable_copy)
-from .attention_rows import BackwardOut, BackwardRows, bwd_rows, bwd_scatter, chunk_rows, expand
+from .attention_records import BackwardOut, BackwardRows, chunk_rows
+from .attention_rows import bwd_rows, bwd_scatter, expand
 from .products import matmul_into
 
 #: Support density of a chunk (nonzeros / block size) above which the backward forms

@@ -43,15 +43,18 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
-from . import CACHE
+from ._jit import f64, jit, kernel
+
+#: the operations whose calls run this module's kernels
+_ATTENTION = ("attention_forward", "attention_backward")
 from ..constants import FILTER_MARGIN, FILTER_SLACK, G_CUT_MARGIN, G_CUT_TINY
 from .candidates import MASK_MIN, set_bits as _set_bits
 
 
-@njit(cache=CACHE)
+@jit
 def candidate_buffers(key_end):
     """Scratch of :func:`_candidates` for rows of up to ``key_end`` keys: the approximate
     scores ``za`` and the candidates' key ``idx``, exact score ``zc`` and exact q.k ``gx``."""
@@ -59,7 +62,7 @@ def candidate_buffers(key_end):
             np.empty(key_end, np.float64))
 
 
-@njit(cache=CACHE)
+@jit
 def score_at(gv, scale, s, has_s, slope, i_abs, j):
     """The reference's z: ``a = scale * g``, ``z = a * s``, ``z = z - slope * |i_abs - j|``."""
     z = scale * gv
@@ -70,7 +73,7 @@ def score_at(gv, scale, s, has_s, slope, i_abs, j):
     return z
 
 
-@njit(cache=CACHE, fastmath={"reassoc", "contract"})
+@jit(fastmath={"reassoc", "contract"})
 def dot64(qc, r, kk, j):
     """q_r . k_j (``qc[r] . kk[j]``; the backward's dO_r . v_j too) in float64, summed in
     the order the compiler vectorises (``fastmath`` reassociation and fused multiply-adds:
@@ -122,7 +125,7 @@ def prefetch_row(typingctx, a, j):
     return types.void(a, j), codegen
 
 
-@njit(cache=CACHE, fastmath={"reassoc", "contract"}, _nrt=False)
+@jit(fastmath={"reassoc", "contract"}, _nrt=False)
 def theta_lower(zc, m, L, a1):
     """A lower bound of the threshold of the scores ``zc[:m]`` (maximum ``L``; every key
     that can carry mass is among them).  For alpha <= 2 the mass ``f(A) = sum_j
@@ -156,7 +159,7 @@ def theta_lower(zc, m, L, a1):
     return (L + A) - FILTER_MARGIN * (1.0 + abs(L) + A)
 
 
-@njit(cache=CACHE)
+@jit
 def max_cut(L, window, err):
     """The first cut of the float32 filter: a key whose approximate score is at most this
     line, below the row maximum ``L`` of the approximate scores by the window and ``3 err``
@@ -165,14 +168,14 @@ def max_cut(L, window, err):
     return L - (window * (1.0 + FILTER_MARGIN) + 3.0 * err + FILTER_SLACK) - FILTER_SLACK * abs(L)
 
 
-@njit(cache=CACHE)
+@jit
 def theta_cut(t, window, err):
     """The second cut: below ``t - window - 2 err`` (``t`` the threshold or a lower bound of
     it, with margins for rounding) a key's approximate score leaves ``p = 0``."""
     return t - window * (1.0 + FILTER_MARGIN) - 2.0 * err - FILTER_SLACK * (1.0 + abs(t))
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _score_over_cut(z, keyed, m1, cut, qc, r, kk, scale, s, has_s, slope, i_abs, idx, zc, gx):
     """The keys ``i < m1`` whose approximate score ``z[i]`` is over ``cut`` (key ``idx[i]``,
     or ``i`` itself unless ``keyed``), gathered in order into ``idx[:m]`` with no branch on
@@ -198,7 +201,7 @@ def _score_over_cut(z, keyed, m1, cut, qc, r, kk, scale, s, has_s, slope, i_abs,
     return m
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                 za, idx, zc, gx):
     """The keys of row ``r`` that can carry probability, with their exact float64 scores.
@@ -332,7 +335,7 @@ def _unsortable(typingctx, s):
     return (types.float32 if w == 32 else types.float64)(s), codegen
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _g_range(g, r, j0, j1):
     """(min, max, NaN count) of the float32 ``g[r, j0:j1]`` ((inf, -inf, 0) when empty): the
     extrema on :func:`_sortable` integers, a loop LLVM vectorises (a NaN makes them
@@ -353,7 +356,7 @@ def _g_range(g, r, j0, j1):
     return _unsortable(lo), _unsortable(hi), nan
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def z_range(g, r, j0, j1, scale, s, has_s, i_abs):
     """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
     the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
@@ -370,7 +373,7 @@ def z_range(g, r, j0, j1, scale, s, has_s, i_abs):
     return L, int(nan > 0 or not (z_lo > -1e300 and L < 1e300))
 
 
-@njit(cache=CACHE)
+@jit
 def g_cut(cut, scale, s):
     """A float32 line below which no ``g`` has ``z(g) = (scale g) s > cut`` (``scale s > 0``):
     ``cut / (scale s)`` lowered by far more than the roundings of z and of float32."""
@@ -378,7 +381,7 @@ def g_cut(cut, scale, s):
     return np.float32(x - abs(x) * G_CUT_MARGIN - G_CUT_TINY)
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _above(g, r, n, gc, idx, scratch):
     """The keys ``j < n`` with ``g[r, j] > gc`` into ``idx``, ascending; returns their count.
     As the row solvers' gathers (:func:`.candidates._gather_alive`): for a long row a bit
@@ -403,7 +406,7 @@ def _above(g, r, n, gc, idx, scratch):
     return m1
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
                      za, idx, zc, gx):
     """:func:`_candidates`, the same keys in the same order with the same scores, for the
@@ -448,7 +451,7 @@ def candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, w
 _U32 = 2.0**-24
 
 
-@njit(cache=CACHE)
+@kernel(lambda x: (f64[:, ::1], f64, f64, f64[::1], f64[::1]), ops=_ATTENTION, dtypes=("float64",))
 def score_errors(qc, kmax, scale, rs, err):
     """Per-row bound ``err[r]`` on |z(float32 q.k) - z(exact q.k)| for the float32 filter;
     returns whether every bound is below 1e290 (a larger one, or NaN, turns the filter
@@ -477,7 +480,7 @@ def score_errors(qc, kmax, scale, rs, err):
     return fits
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (x[:, ::1],), ops=_ATTENTION)
 def key_norms(kk):
     """``||k_j||`` of every key (row of ``kk``), from float64 sums of the exact float64
     squares (a float32 input converts exactly; a float64 input's squares may overflow

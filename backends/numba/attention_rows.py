@@ -38,65 +38,30 @@ backward (``bwd_rows`` then ``bwd_scatter``)
 from __future__ import annotations
 
 import math
-from collections import namedtuple
-
 import numpy as np
-from numba import njit
 
-from . import CACHE
+from ._jit import f64, i32, i64, jit, kernel
 from ..constants import EDGE_TIE_ULPS
-from ..engine import path_runs
+from .paths import path_runs
 from ..geometry import visible_count
+from .attention_records import BWD_SIGNATURES, FWD_SIGNATURES
 from .attention_filter import PREFETCH_AHEAD, candidate_buffers, candidates_fast, dot64, prefetch_row, score_at
 from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p
 from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
 from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
 from .grads import signed_exp as _signed_exp, skew as _skew
-from .rows import N_PATHS, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
-
-
-#: A chunk's place and its rows' parameters, as the row kernels take them (one record, which
-#: numba passes as a tuple): batch ``b``, first query head ``h0``, queries per head ``nc``,
-#: first query ``i0``, the absolute position of query 0 (``offset``), the causal flag, the
-#: score scale, the rows' ASEntmax scales (``row_scale``, (rows,) or empty), and per query
-#: head of the group the ALiBi ``slopes`` and ``alphas`` ((group,) float64).
-ChunkRows = namedtuple("ChunkRows", "b h0 nc i0 offset causal scale row_scale slopes alphas")
-
-#: The forward's arrays every row writes at its place ``[b, hq, i]`` (the whole
-#: ``(B, Hq, Nq, ...)`` arrays): the skewed output, theta, the support, the residual (row
-#: maximum, edge, edge probability) and the support keys; ``keep``: whether the skewed
-#: output and the keys are formed (otherwise ``skew`` and ``keys`` are zero-size stand-ins).
-ForwardArrays = namedtuple("ForwardArrays", "skew theta support rmax edge edge_p keys keep")
-
-#: The backward's inputs per row of a chunk: theta, the residual of alpha > 2 (row max,
-#: edge, edge probability; theta again where unused), dO, the forward's skewed output
-#: ((rows, Dv) or (0, Dv)) and its support keys ((rows, cap) or (0, cap)).
-BackwardRows = namedtuple("BackwardRows", "th rmax edge edge_p doc skew keys")
-
-#: What the backward's row kernel writes per row of a chunk: the compacted support (key
-#: ``idx``, ``pb`` = p, ``ub`` = s dZ, ``cnt`` entries), ``dq``, ``ds``, ``bad`` and
-#: ``dal`` (dalpha, or empty).
-BackwardOut = namedtuple("BackwardOut", "idx pb ub cnt dq ds bad dal")
-
-
-def chunk_rows(b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas):
-    """A :data:`ChunkRows` whose scalar fields have the types the kernels are compiled
-    for (int64, bool, float64), whatever integer or float types the caller has: one
-    specialization per array type."""
-    return ChunkRows(int(b), int(h0), int(nc), int(i0), int(offset), bool(causal), float(scale), row_scale, slopes,
-                     alphas)
-
+from .rows import N_PATHS, PATH_SOFTMAX, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
 
 
 _EPS = float(np.finfo(np.float64).eps)
 
 #: The compiled twin of :func:`entmax_ref.backends.geometry.visible_count`: that very
 #: function, compiled (tests/test_geometry.py ties the two).
-_visible_count = njit(visible_count)
+_visible_count = jit(visible_count)
 
 
-@njit(cache=CACHE)
+@jit
 def _visible(r, nc, i0, offset, key_end, causal):
     """(query head index within the group, absolute query index, visible key count)."""
     h = r // nc
@@ -104,9 +69,9 @@ def _visible(r, nc, i0, offset, key_end, causal):
     return h, i_abs, _visible_count(i_abs, key_end, causal)
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _row_params(r, rows, key_end, has_s):
-    """Row ``r`` of a chunk (``rows`` its :data:`ChunkRows`): :func:`_visible`'s (h, i_abs,
+    """Row ``r`` of a chunk (``rows`` its :data:`~.attention_records.ChunkRows`): :func:`_visible`'s (h, i_abs,
     n), then its head's ``a1 = alpha - 1``, ``a2 = 2 - alpha``, whether alpha > 2, the
     support window ``1/a1`` (inf at alpha = 1) and the row's ASEntmax scale ``s`` (1
     without one)."""
@@ -119,7 +84,7 @@ def _row_params(r, rows, key_end, has_s):
     return h, i_abs, n, a1, a2, alpha > 2.0, window, s
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
     """From one row's solved candidates (scores ``zc[:m]``, probabilities ``pc[:m]``, keys
     ``idx[:m]``): ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
@@ -170,7 +135,7 @@ def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
     return L, ce, qe
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _store_keys(m, pc, idx, row):
     """A row's support keys into ``row`` (:func:`keys_width` wide): the keys of the
     candidates with ``p > 0`` in candidate (ascending key) order, then -1; -2 and then -1
@@ -189,7 +154,7 @@ def _store_keys(m, pc, idx, row):
         row[c] = -1
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad, ncand):
     """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
     idx)`` (exact scores, their p, keys; ``ok``: its scores were finite) as the row solver
@@ -199,7 +164,7 @@ def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad,
     then (:func:`_weigh`; ``alpha = (a1, a2, big)``; ``scratch = (o, sk)``) theta, the
     support, the residual, the skewed output (the output itself at alpha = 1, as the
     reference has it) and the support's keys (:func:`_store_keys`) straight into their
-    place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`ForwardArrays`);
+    place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`~.attention_records.ForwardArrays`);
     without ``fwd.keep`` (no backward will follow) the last two are neither formed nor
     written.  A row without candidates, or with overflowed scores, attends nothing.  It
     links no row solver: the kernel of each solver path calls its solver itself, so that
@@ -243,16 +208,17 @@ def _fwd_kernel(path):
     it links that path's row solver alone; the kernel itself is not wrapped: numba
     optimises a kernel again with everything it calls, once per level of calls)."""
 
-    @njit(nogil=True, cache=CACHE)
+    @kernel(FWD_SIGNATURES if path != PATH_SOFTMAX else FWD_SIGNATURES[1:], name=f"attention_rows.fwd_rows[{path}]",
+            ops=("attention_forward",))
     def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
         """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of
         it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``g`` (n, key_end) is their q.k
         (float64, or float32 as a filter when ``filt``; see
         :func:`~.attention_filter._candidates`), ``err`` (n,) its score error bound; ``rows``
-        the chunk's :data:`ChunkRows` (``filt`` needs every alpha > 1).  ``qc``, ``err``,
+        the chunk's :data:`~.attention_records.ChunkRows` (``filt`` needs every alpha > 1).  ``qc``, ``err``,
         ``out`` (float64, n x Dv), ``ncand`` (candidates) and ``bad`` (1 for a row whose
         scores overflowed) hold these rows only.  Each row writes ``fwd``
-        (:data:`ForwardArrays`: the skewed output, theta, the support, the residual: the row
+        (:data:`~.attention_records.ForwardArrays`: the skewed output, theta, the support, the residual: the row
         maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's keys,
         :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
         (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
@@ -281,16 +247,16 @@ def _fwd_kernel(path):
 
 #: The fused forward's row kernel of each solver path (``FWD_ROWS[path](g, r0, ...)``:
 #: :func:`_fwd_kernel` with ``path`` a compile-time constant,
-#: :func:`~entmax_ref.backends.engine.solver_path`): a first call compiles the one row
+#: :func:`~.paths.solver_path`): a first call compiles the one row
 #: solver of its heads' path.  A group whose heads take several paths runs each run of
 #: heads of one path through that path's kernel (:func:`fwd_runs`).
 FWD_ROWS = tuple(_fwd_kernel(p) for p in range(N_PATHS))
 
 
 def fwd_runs(g, g0, r0, r1, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
-    """Rows ``r0 .. r1 - 1`` of a chunk (``rows`` its :data:`ChunkRows`) through
+    """Rows ``r0 .. r1 - 1`` of a chunk (``rows`` its :data:`~.attention_records.ChunkRows`) through
     :data:`FWD_ROWS`, each run of heads of one solver path
-    (:func:`~entmax_ref.backends.engine.path_runs`) through that path's kernel: the
+    (:func:`~.paths.path_runs`) through that path's kernel: the
     chunked forward's blocks and the decoding path's rows.  ``g`` holds the scores of rows
     ``g0 ..``; ``qc``, ``err``, ``out``, ``ncand`` and ``bad`` those of the whole chunk."""
     for lo, hi, path in path_runs(rows.alphas, rows.nc, r0, r1):
@@ -298,18 +264,18 @@ def fwd_runs(g, g0, r0, r1, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
                        ncand[lo:hi], bad[lo:hi])
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(BWD_SIGNATURES, ops=("attention_backward",))
 def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
     """Per-row backward of one chunk over the support only (see the module docstring).
     ``g``, ``filt``, ``err``, ``rows`` (every alpha > 1 here) as in :func:`fwd_rows`;
-    ``inp`` (:data:`BackwardRows`): ``th`` (rows,) theta (-inf: empty row), and for the
+    ``inp`` (:data:`~.attention_records.BackwardRows`): ``th`` (rows,) theta (-inf: empty row), and for the
     rows whose alpha > 2 the forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which
     p is rebuilt as the row solver wrote it (:func:`~.big_alpha._edge_p`); ``doc`` dO;
     ``skew`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p); ``keys``
     (rows, cap) or (0, cap): the forward's support keys (:func:`_store_keys`); a row that
     has them takes its candidates from them (:func:`_stored_candidates`) and reads
     nothing of ``g``, which may then be empty when every row has them.  Writes ``res``
-    (:data:`BackwardOut`): the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ),
+    (:data:`~.attention_records.BackwardOut`): the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ),
     ``cnt`` per row, ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1`` where a score
     overflowed, 2 where the keys do not belong to this call.  alpha > 2:
     :func:`_dz_big`.  ``dal`` (rows,) or empty: dL/dalpha of each row, the row
@@ -413,7 +379,7 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
                 dal[r] = _alpha_vjp_row(pb[r, :m], gd[:m], a1)
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, zc, gx):
     """Row r's candidates from the forward's support keys ``keys[r]`` (ascending, then -1):
     their keys ``idx``, exact scores ``zc`` and exact q.k ``gx``, as :func:`_candidates`
@@ -442,7 +408,7 @@ def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, z
     return m, status
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
     """Row r's skewed output into ``sk``: the forward's (``skew_in[r]``) when the caller
     kept it, else ``sum_c w_c v_j / sum_c w_c`` over the compacted support (key ``idx[r,
@@ -468,7 +434,7 @@ def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
             sk[d] /= norm
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _output_grads(r, m, idx, doc, vv, sk, gd):
     """``gd[c] = dO_r . v_j`` over the compacted support of row r (key ``j = idx[r, c]``);
     returns ``delta = dO_r . skew_r``."""
@@ -483,7 +449,7 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
     return delta
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     """alpha > 2: ``dZ_rc = u_c (g_c - delta_r)`` over the compacted support of row r, in
     the overflow-free form of the row VJP (``NumpyBackend.entmax_vjp``), with ``g_c = dO_r
@@ -545,7 +511,7 @@ def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     return mi
 
 
-@njit(inline="always")
+@jit(inline="always")
 def _next_entry(r, c, cnt):
     """The entry of the compacted support (``cnt[r]`` entries in row r) after (r, c): the
     next in row r, or the first of the next row that has any; r = ``cnt.shape[0]`` when
@@ -557,7 +523,8 @@ def _next_entry(r, c, cnt):
     return r, c
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (i32[:, ::1], f64[:, ::1], f64[:, ::1], i64[::1], f64[:, ::1], f64[:, ::1], f64, f64[:, ::1],
+                   f64[:, ::1]), ops=("attention_backward",), dtypes=("float64",))
 def bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc):
     """``dv_acc[j] += p dO_r`` and ``dk_acc[j] += scale (s dZ) q_r`` over the compacted
     support of one chunk.  The rows ``j`` come in random order from accumulators larger
@@ -586,7 +553,8 @@ def bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc):
                 dk_acc[j, d] += dz * qc[r, d]
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (i32[:, ::1], f64[:, ::1], f64[:, ::1], i64[::1], f64[:, ::1], f64[:, ::1]), ops=("attention_backward",),
+        dtypes=("float64",))
 def expand(idx, pb, ub, cnt, P, U):
     """Dense blocks ``P``, ``U`` (rows, key_end) from the compacted support (zeros off it)."""
     rows, n = P.shape

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from ..constants import EDGE_ULPS, MAX_ITER
-from . import CACHE
+from ._jit import jit
 from .candidates import count_finite, window_candidates
 from .compensated import acc as _acc
 from .elementwise import EPS, K_BIG, TIE, power, settled_row
@@ -23,7 +22,7 @@ from .threshold import halve, partition3, random_entry, pivot_seed
 # p_i = (a1 d_i + q^a1)^(1/a1), d_i = y_i - cv >= 0 (0 below cv), evaluated in log space
 # (:func:`edge_p`), so an edge entry's probability is q itself, to full precision, even
 # where its gap q^a1 / a1 is below the float64 range.
-@njit(cache=CACHE)
+@jit
 def _mass_T(c, i0, k, T, a1):
     """``sum_{i0 <= i < k} (a1 (c_i - T))_+^(1/a1) - 1``, compensated."""
     s = 0.0
@@ -34,7 +33,7 @@ def _mass_T(c, i0, k, T, a1):
     return (s - 1.0) + comp
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def _logaddexp(x, y):
     """``log(exp(x) + exp(y))``, numpy's ``npy_logaddexp`` step for step."""
     if x == y:
@@ -47,7 +46,7 @@ def _logaddexp(x, y):
     return tmp
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def a1_log_q(q, a1):
     """``a1 log q`` = ``log(q^a1)`` (``-inf`` at q = 0)."""
     if q > 0.0:
@@ -55,7 +54,7 @@ def a1_log_q(q, a1):
     return -np.inf
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def edge_p(d, a1, q, lqa):
     """``(a1 d + q^a1)^(1/a1)`` for ``d >= 0`` (0 for ``d < 0``), as the reference's
     ``edge_p``: ``exp(logaddexp(log(a1 d), a1 log q) / a1)``, never forming ``q^a1``
@@ -68,7 +67,7 @@ def edge_p(d, a1, q, lqa):
     return 0.0
 
 
-@njit(cache=CACHE)
+@jit
 def _mass_q(c, k, a1, cv, q):
     """``sum_i p_i - 1`` over ``c[:k]`` at edge probability q (:func:`edge_p`), compensated."""
     lqa = a1_log_q(q, a1)
@@ -80,7 +79,7 @@ def _mass_q(c, k, a1, cv, q):
     return (s - 1.0) + comp
 
 
-@njit(cache=CACHE)
+@jit
 def _pivot_big(c, k, a1, tmin, seed):
     """The support edge for alpha > 2 by randomised pivoting on the entries themselves
     (expected O(k + s log k) power evaluations, s = support size).  f(v) is evaluated
@@ -110,7 +109,7 @@ def _pivot_big(c, k, a1, tmin, seed):
     return cv, bv, hi, steps
 
 
-@njit(cache=CACHE)
+@jit
 def _edge_q(c, s0, k, a1, cv, bv):
     """The edge probability q for the support ``c[s0:k]`` (smallest entry cv, largest excluded entry bv).
 
@@ -153,7 +152,7 @@ def _edge_q(c, s0, k, a1, cv, bv):
     return q, MAX_ITER, False
 
 
-@njit(cache=CACHE)
+@jit
 def _edge_newton(c, s0, k, a1, cv, bv):
     """The edge probability q for the support ``c[s0:k]``: :func:`_edge_q`, then, like the
     reference's last-bit bisection, the float near it whose probabilities (over all
@@ -182,7 +181,7 @@ def _edge_newton(c, s0, k, a1, cv, bv):
     return best, it, ok
 
 
-@njit(cache=CACHE)
+@jit
 def _last_bit_T(c, k, a1, lo, hi):
     """The reference's first stage for alpha > 2: bisection of T to adjacent floats."""
     it = 0
@@ -198,7 +197,7 @@ def _last_bit_T(c, k, a1, lo, hi):
     return lo, hi, it, False
 
 
-@njit(cache=CACHE)
+@jit
 def _bisect_big(c, k, a1, nf):
     """The reference's two-stage bisection for alpha > 2: T to adjacent floats, then the
     edge probability q on ``[0, q(lo)]``.  Returns (cv, q, it, ok)."""
@@ -226,7 +225,7 @@ def _bisect_big(c, k, a1, nf):
     return cv, q, it1 + it2, ok1 and ok2
 
 
-@njit(cache=CACHE)
+@jit
 def _output_big(x, out, m, cv, q, a1):
     lqa = a1_log_q(q, a1)
     cnt = 0
@@ -237,7 +236,7 @@ def _output_big(x, out, m, cv, q, a1):
     return cnt
 
 
-@njit(cache=CACHE)
+@jit
 def _finish_big(x, out, m, cv, q, a1, it, ok):
     """The output pass at edge entry ``cv`` and edge probability ``q``, and the row's
     (theta, support, n_iter, converged)."""
@@ -246,7 +245,7 @@ def _finish_big(x, out, m, cv, q, a1, it, ok):
     return m + ((cv - delta) + 1.0 / a1), cnt, it, ok
 
 
-@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
+@jit(_nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_big(x, out, a1, c, seed):
     """alpha > 2, ``method=None`` (and ``"newton"``): pivot on the entries, then Newton
     on the edge probability."""
@@ -259,7 +258,7 @@ def solve_big(x, out, a1, c, seed):
     return _finish_big(x, out, m, cv, q, a1, it + it2, ok)
 
 
-@njit(cache=CACHE)
+@jit
 def solve_big_bisect(x, out, a1, c):
     """alpha > 2, ``method="bisect"``: two-stage bisection (T, then q)."""
     m, k, bad = window_candidates(x, a1, K_BIG, c)

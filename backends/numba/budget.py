@@ -25,9 +25,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
-from . import CACHE
+from ._jit import f64, i64, jit, kernel
 from .compensated import acc as _acc
 from .sorting import select, sort
 from ._threads import run_blocks
@@ -36,7 +35,7 @@ from ._threads import run_blocks
 _SUM_LIMIT = 2.0 ** 1020
 
 
-@njit(cache=CACHE)
+@jit
 def _first_over(s, k, B, kind):
     """The first descending rank j < k with ``sum_i clip(s_i - s_j + kind, 0, 1) > B``
     (``s`` the k candidates ascending, rank j at ``s[k - 1 - j]``); k when none."""
@@ -54,7 +53,7 @@ def _first_over(s, k, B, kind):
     return lo
 
 
-@njit(cache=CACHE)
+@jit
 def _budget_solve(x, B, c):
     """(c, r, top, low) of one row (``c``: float64 scratch of length >= n): tau = c + r,
     entries >= top are 1, entries <= low are 0, the others ``clip(x - (c + r), 0, 1)``.
@@ -94,7 +93,7 @@ def _budget_solve(x, B, c):
     return ref, r, top, low
 
 
-@njit(cache=CACHE)
+@jit
 def _budget_row(x, out, B, c):
     ref, r, top, low = _budget_solve(x, B, c)
     if ref == -np.inf:  # every unmasked entry is 1
@@ -118,7 +117,7 @@ def _budget_row(x, out, B, c):
     return hi, cnt
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (x[:, ::1], f64[::1], x[:, ::1], f64[::1], i64[::1], i64, i64), ops=("budget_forward",))
 def _forward_blk(x, budget, out, tau, support, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
@@ -131,7 +130,7 @@ def budget_rows(x, budget, out, tau, support, nblk):
     run_blocks(_forward_blk, (x, budget, out, tau, support), x.shape, nblk)
 
 
-@njit(cache=CACHE)
+@jit
 def _vjp_row(p, g, dx):
     """``dx_i = g_i - mean_F(g)`` on ``F = {0 < p < 1}``, 0 elsewhere.  A row whose sum
     over F could overflow is scaled by a power of two (exact) first."""
@@ -160,7 +159,7 @@ def _vjp_row(p, g, dx):
             dx[i] = 0.0
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (x[:, ::1], x[:, ::1], x[:, ::1], i64, i64), ops=("budget_vjp",))
 def _vjp_blk(p, g, dx, r0, r1):
     for r in range(r0, r1):
         _vjp_row(p[r], g[r], dx[r])

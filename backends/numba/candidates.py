@@ -5,15 +5,14 @@ Units as in :mod:`.rows`."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ..constants import LB_MARGIN
-from . import CACHE
+from ._jit import jit
 from .elementwise import is_alive
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def max_lanes(x, M, M2):
     """The two alternating lane arrays of :func:`lane_max` for row ``x``: the float64
     scratch ``M``, ``M2`` viewed as x's dtype (``L = M.shape[0]`` lanes each), the first
@@ -26,14 +25,14 @@ def max_lanes(x, M, M2):
     return A, B
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def max_block(A, B, b):
     """The lanes block ``b`` of :func:`lane_max` reads and writes: (A, B) for even ``b``,
     (B, A) for odd; after ``nb`` blocks the maxima are in ``max_block(A, B, nb)[0]``."""
     return (A, B) if b % 2 == 0 else (B, A)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def max_into(src, dst, j, v):
     """One step of :func:`lane_max`: ``dst[j]`` = the larger of ``src[j]`` and ``v`` (a NaN
     ``v`` keeps ``src[j]``).  Returns 1 for a NaN or +inf ``v``, else 0."""
@@ -42,7 +41,7 @@ def max_into(src, dst, j, v):
     return not (v < np.inf)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def max_end(x, A, B, nb):
     """The end of :func:`lane_max` after ``nb`` blocks of ``L`` entries: the largest lane
     (:func:`max_block`) and the tail ``x[nb * L:]``.  Returns (m, nonfinite entries of the
@@ -62,7 +61,7 @@ def max_end(x, A, B, nb):
     return m, bad
 
 
-@njit(cache=CACHE)
+@jit
 def lane_max(x, M, M2):
     """The row maximum (NaN entries ignored; ``-inf`` for an empty or all ``-inf`` row) and
     the number of NaN or +inf entries (the row solvers' finiteness check, in the same pass),
@@ -88,7 +87,7 @@ def lane_max(x, M, M2):
     return m, bad + tail
 
 
-@njit(cache=CACHE)
+@jit
 def _max_gather(x, W, c):
     """One pass over the row: its maximum m, in ``c[:k]`` (as float64 x values) a superset
     of the entries with ``x > m - W``, and the number of NaN or +inf entries.  An entry is
@@ -112,7 +111,7 @@ def _max_gather(x, W, c):
     return m, k, bad
 
 
-@njit(cache=CACHE)
+@jit
 def _refilter(c, k, m, a1, kind, lo):
     """Turn the x values in ``c[:k]`` into ``y = x - m`` and keep the candidates: the
     entries that can be in the support for some ``A >= lo`` (the output pass's own test)."""
@@ -125,7 +124,7 @@ def _refilter(c, k, m, a1, kind, lo):
     return j
 
 
-@njit(cache=CACHE)
+@jit
 def window_candidates(x, a1, kind, c):
     """The row maximum m (``-inf`` for an all ``-inf`` row, or n = 0) and in ``c[:k]`` the
     candidates: the ``y = x - m`` alive at A = 0 (the output pass's own test) among the
@@ -139,7 +138,7 @@ def window_candidates(x, a1, kind, c):
     return m, _refilter(c, k, m, a1, kind, 0.0), bad  # k = 0 when m = -inf: nothing to filter
 
 
-@njit(cache=CACHE)
+@jit
 def _compact(c, k, a1, kind, lo, dst):
     """Copy the candidates of ``c[:k]`` (y values) alive at ``lo`` into ``dst`` (no solver
     calls it: it is the tests' window-then-filter reference for the one-pass gathers)."""
@@ -151,7 +150,7 @@ def _compact(c, k, a1, kind, lo, dst):
     return j
 
 
-@njit(cache=CACHE)
+@jit
 def count_finite(x):
     nf = 0
     for i in range(x.shape[0]):
@@ -159,7 +158,7 @@ def count_finite(x):
     return nf
 
 
-@njit(cache=CACHE)
+@jit
 def max_zeroing(x, out, aux, aux2):
     """The row maximum and its count of NaN or +inf entries (the steps of :func:`lane_max`),
     with the output row zero-filled in the same loop, and the lanes in the first entries of
@@ -189,7 +188,7 @@ def max_zeroing(x, out, aux, aux2):
     return m, bad + tail
 
 
-@njit(cache=CACHE)
+@jit
 def _row_max(x):
     """The row maximum (:func:`lane_max` with its own 8 lanes), for callers without scratch
     (the tests; the solvers use :func:`max_zeroing` or their own lanes)."""
@@ -205,7 +204,7 @@ MASK_MIN = 256
 _LINE_STEPS = 8
 
 
-@njit(cache=CACHE)
+@jit
 def _first_alive(x, m, a1, kind, lo):
     """The smallest value ``v`` of x's dtype alive at ``lo`` (the test of :func:`is_alive` on
     ``y = float64(v) - m``), and whether it was found.  The test is nondecreasing in the
@@ -235,7 +234,7 @@ def _first_alive(x, m, a1, kind, lo):
     return v, False
 
 
-@njit(cache=CACHE)
+@jit
 def _mask_alive(x, m, a1, kind, lo, words):
     """Bit ``t`` of ``words[w]`` is whether entry ``64 w + t`` is alive at ``lo`` (the test of
     :func:`gather_alive`), for ``w < words.shape[0]``.  The tests of a word are a loop with
@@ -257,7 +256,7 @@ def _mask_alive(x, m, a1, kind, lo, words):
         words[w] = b
 
 
-@njit(cache=CACHE)
+@jit
 def _unpack(x, m, words, dst, idx):
     """The entries whose bits are set in ``words``, in row order: ``dst[k] = x - m`` (and
     ``idx[k]`` their columns when ``idx`` is not empty), one step per set bit (a few percent
@@ -276,7 +275,7 @@ def _unpack(x, m, words, dst, idx):
     return k
 
 
-@njit(cache=CACHE)
+@jit
 def set_bits(words, idx):
     """The positions ``64 w + t`` of the set bits of ``words`` into ``idx``, ascending (the
     attention filter's keys); returns their count."""
@@ -290,7 +289,7 @@ def set_bits(words, idx):
     return k
 
 
-@njit(cache=CACHE)
+@jit
 def gather_alive(x, m, a1, kind, lo, dst, idx):
     """Gather into ``dst``, in row order, the ``y = x - m`` alive at ``lo`` (the test of
     :func:`is_alive`), and into ``idx`` their columns unless ``idx`` is empty, for a row whose

@@ -3,12 +3,11 @@ every source file of this folder, so a helper may live in its own module)."""
 
 from __future__ import annotations
 
-from numba import njit
 
-from . import CACHE
+from ._jit import jit
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def acc(s, comp, v):
     """One step of Neumaier's compensated summation: returns the new running sum and the
     new compensation (the true sum is ``s + comp``)."""
@@ -20,7 +19,7 @@ def acc(s, comp, v):
     return t, comp
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def two_sum(s, v):
     """Knuth's branch-free TwoSum: ``s + v = t + err`` exactly; returns ``(t, err)``.  No
     branch, so a loop of independent lanes (one per position of a block) vectorises."""
@@ -29,7 +28,7 @@ def two_sum(s, v):
     return t, (s - (t - bv)) + (v - bv)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def merge_lanes(S, C, L):
     """The first ``L`` TwoSum lanes (sums ``S``, error terms ``C``) merged into one running
     sum and compensation with Neumaier's step."""

@@ -48,15 +48,15 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit
 
-from . import CACHE
+from ._jit import b1, f32, f64, i64, kernel
 from ..attention_driver import batch_chunks
 from ..geometry import key_offset
 from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_scale, run_parallel, writable_copy,
                                empty_kernel_forward, trimmed_keys)
 from .attention_filter import score_errors
-from .attention_rows import ForwardArrays, chunk_rows, fwd_runs
+from .attention_records import ForwardArrays, chunk_rows
+from .attention_rows import fwd_runs
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
@@ -72,7 +72,8 @@ KEY_BLOCK = 8192
 BLOCK_BYTES = 64 * 2**20
 
 
-@njit(nogil=True, cache=CACHE, fastmath={"reassoc", "contract"})
+@kernel(lambda x: (x[:, ::1], x[:, ::1], x[:, ::1], b1, i64, i64, f32[:, ::1], x), ops=("attention_forward",),
+        fastmath={"reassoc", "contract"})
 def scan_block(qf, kf, vf, scan_v, j0, j1, g, zero):
     """Phase 1 on keys ``j0 .. j1 - 1`` of one kv-head: ``g[r, j] = q_r . k_j`` (input
     precision, any order of summation, rounded to float32) for every row r.  Returns the
@@ -107,7 +108,8 @@ def scan_block(qf, kf, vf, scan_v, j0, j1, g, zero):
     return kn, tot
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (f64[:, ::1], f64[::1], f64, f64[::1], f64[::1]), ops=("attention_forward",),
+        dtypes=("float64",))
 def score_bounds(qc, kn, scale, row_scale, err):
     """The score error bound ``err`` of every row of a kv-head (:func:`~.attention_filter.
     score_errors`) from the largest squared key norm of its blocks ``kn`` (phase 1); a

@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from ..constants import LB_MARGIN, TIE_ULPS
-from . import CACHE
+from ._jit import jit
 
 #: method codes of :func:`.rows.entmax_rows`
 METHOD_DEFAULT = 0
@@ -33,7 +32,7 @@ EPS = np.finfo(np.float64).eps
 TIE = TIE_ULPS * EPS
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def p_u(d, a1, kind):
     """``p = e_alpha(d)`` and ``u = p^(2 - alpha)`` (0 off the support)."""
     if kind == K_SPARSE:
@@ -57,7 +56,7 @@ def p_u(d, a1, kind):
         return 0.0, 0.0
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def is_alive(d, a1, kind):
     """Whether ``e_alpha(d)`` can be nonzero (the exact test the output pass uses)."""
     if kind == K_SPARSE:
@@ -73,7 +72,7 @@ def is_alive(d, a1, kind):
         return a1 * d > -1.0
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def power(t, a1):
     """``t_+ ** (1 / a1)``, computed as the reference does, ``exp(log(t) / a1)``."""
     if t > 0.0:
@@ -81,7 +80,7 @@ def power(t, a1):
     return 0.0
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def uniform_bound(k, a1):
     """``(1 - k^(-a1)) / a1`` (``log k`` at ``a1 = 0``): the A at which k entries equal to the
     maximum have mass 1, so the root for a row of at most k entries alive lies below it."""
@@ -90,7 +89,7 @@ def uniform_bound(k, a1):
     return -math.expm1(-a1 * math.log(k)) / a1
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def bound_above(k, a1):
     """:func:`uniform_bound` raised by :data:`LB_MARGIN`: certainly above the root despite
     rounding (the upper end of the Newton bracket)."""
@@ -98,7 +97,7 @@ def bound_above(k, a1):
     return hi + LB_MARGIN * (1.0 + hi)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def bound_below(A):
     """A lower bound ``A`` of the root, computed with rounding, lowered by :data:`LB_MARGIN`
     (the mirror of :func:`bound_above`) so that it is certainly below, and at least 0
@@ -107,7 +106,7 @@ def bound_below(A):
     return lo if lo > 0.0 else 0.0
 
 
-@njit(cache=CACHE)
+@jit
 def write_output(x, out, m, A, a1, kind):
     """Write ``p = e_alpha(x - m - A)`` and return the support size (p > 0 in float64)."""
     cnt = 0
@@ -133,7 +132,7 @@ def write_output(x, out, m, A, a1, kind):
     return cnt
 
 
-@njit(cache=CACHE)
+@jit
 def write_output_at(x, out, m, A, a1, kind, idx, k):
     """:func:`write_output` for a row whose entries that can be nonzero at ``A`` are among the
     columns ``idx[:k]`` (the candidates alive at a lower bound of A), and whose ``out`` is
@@ -148,7 +147,7 @@ def write_output_at(x, out, m, A, a1, kind, idx, k):
     return cnt
 
 
-@njit(cache=CACHE)
+@jit
 def settled_row(out, m, nonfinite):
     """Whether a solver's maximum pass settles the row (``m``: its maximum; ``nonfinite``:
     its count of NaN and +inf entries), and the row's (theta, support, n_iter, converged):

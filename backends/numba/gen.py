@@ -33,10 +33,9 @@ at most, well inside the accuracy contract (``tests/test_numba_rows.py``,
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..constants import MAX_ITER
-from . import CACHE
+from ._jit import jit
 from .compensated import acc, merge_lanes, two_sum
 from .candidates import gather_alive
 from .elementwise import K_GEN, K_SPARSE, is_alive, bound_above
@@ -56,7 +55,7 @@ ROUGH_SWITCH = 0.05
 ROUGH_MIN_A1 = 1e-6
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def _pu_gen(y, A, a1):
     """``p = e_alpha(y - A)`` and ``u = p^(2 - alpha) = p / (1 + w)``, 0 off the support, as
     selects (no branch), with the vectorisable log1p and exp."""
@@ -68,7 +67,7 @@ def _pu_gen(y, A, a1):
     return (p if alive else 0.0), (u if alive else 0.0)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def _mass(P, Q, k, lanes, exact):
     """``(sum P[:k] - 1, sum Q[:k])`` in ``L`` lanes, one per position in a block of ``L``
     consecutive entries (``lanes``: float64 scratch of shape (3, L)); with ``exact`` (a
@@ -101,7 +100,7 @@ def _mass(P, Q, k, lanes, exact):
     return (s - 1.0) + comp, su
 
 
-@njit(cache=CACHE)
+@jit
 def _f_gen(c, k, a1, A, buf, lanes):
     """``f(A) = sum p - 1`` (compensated) and ``sum u`` over ``c[:k]``: the ``p`` and ``u`` in
     one vectorised loop into ``buf`` (float64, shape (2, >= k)), then their sums
@@ -113,7 +112,7 @@ def _f_gen(c, k, a1, A, buf, lanes):
     return _mass(P, Q, k, lanes, np.bool_(True))
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def _pu_gen_rough(y, A, a1, inv_a1):
     """:func:`_pu_gen` with :func:`.vexp.vlog1p_rough` and :func:`.vexp.vexp_rough` (and a
     product by ``1 / a1`` for the division).  For ``a1 >= ROUGH_MIN_A1``, ``p`` is within
@@ -129,7 +128,7 @@ def _pu_gen_rough(y, A, a1, inv_a1):
     return (p if alive else 0.0), (u if alive else 0.0)
 
 
-@njit(cache=CACHE)
+@jit
 def _f_gen_rough(c, k, a1, A, buf, lanes):
     """:func:`_f_gen` with :func:`_pu_gen_rough`: ``f`` within about 4e-8 (1 + f) (the
     terms' errors), for Newton's early steps only."""
@@ -141,7 +140,7 @@ def _f_gen_rough(c, k, a1, A, buf, lanes):
     return _mass(P, Q, k, lanes, np.bool_(False))
 
 
-@njit(cache=CACHE)
+@jit
 def _compact_gen(c, idx, k, a1, lo):
     """Keep, in order, the candidates of ``c[:k]`` (and their indices) alive at ``lo``; the
     others are zero at every ``A >= lo``.  Returns the new count."""
@@ -154,7 +153,7 @@ def _compact_gen(c, idx, k, a1, lo):
     return j
 
 
-@njit(cache=CACHE)
+@jit
 def _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, switch):
     """Newton's early steps on phi with rough evaluations (:func:`_f_gen_rough`) on the
     candidates ``c[:k]`` (columns ``idx[:k]``, filtered at ``lo``), from ``A``: while the
@@ -183,7 +182,7 @@ def _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, switch):
     return A, lo, k, last_lo, it
 
 
-@njit(cache=CACHE)
+@jit
 def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
     """:func:`.threshold.newton_row` for ``K_GEN`` on the compacted candidates (see
     :mod:`.rows`), after early steps with rough evaluations: while the rough f is above
@@ -213,7 +212,7 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
     return A, it, False, k, False
 
 
-@njit(cache=CACHE)
+@jit
 def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
     """Write ``p = e_alpha(x - m - A)`` for the whole row, whose ``out`` is already zero
     (:func:`.candidates.max_zeroing`): the candidates' ``p`` (computed into ``pbuf`` in a
@@ -234,7 +233,7 @@ def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
 GEN_WINDOW = 1.25
 
 
-@njit(cache=CACHE)
+@jit
 def subset_bound_gen(x, m, a1, c, idx):
     """A lower bound of the threshold of a row with maximum m: the rough steps of
     :func:`_rough_steps` on alpha's own mass over the entries within :data:`GEN_WINDOW` of
@@ -252,7 +251,7 @@ def subset_bound_gen(x, m, a1, c, idx):
     return res[1], res[4]
 
 
-@njit(cache=CACHE)
+@jit
 def finish_gen(x, out, m, a1, lo, c, idx, k, pbuf):
     """:func:`.rows._finish` for ``K_GEN`` from the lower bound ``lo``: Newton on the ``k``
     candidates ``c[:k]`` (columns ``idx[:k]``), then the output pass."""

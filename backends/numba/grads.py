@@ -25,15 +25,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from ..constants import SERIES_TERMS
-from . import CACHE
+from ._jit import f64, i64, jit, kernel
 from .compensated import acc as _acc
 from ._threads import run_blocks
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def skew(p, a2):
     """``u = p^(2 - alpha)`` for ``p > 0`` (``a2 = 2 - alpha``)."""
     if a2 == 0.0:
@@ -45,7 +44,7 @@ def skew(p, a2):
     return math.exp(a2 * math.log(p))
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def _h(w):
     """``(exp(w) - 1 - w) / w^2`` without cancellation (the reference's series for |w| < 1)."""
     if abs(w) < 1.0:
@@ -58,7 +57,7 @@ def _h(w):
     return (math.expm1(w) - w) / (w * w)
 
 
-@njit(cache=CACHE)
+@jit
 def _vjp_row(p, g, a2, dx):
     su = 0.0
     csu = 0.0
@@ -79,7 +78,7 @@ def _vjp_row(p, g, a2, dx):
         dx[i] = u * (np.float64(g[i]) - r) if u > 0.0 else 0.0
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def signed_exp(l, v):
     """``sign(v) exp(l + log|v|)`` (0 at v = 0): ``exp(l) * v`` without overflowing early."""
     if v == 0.0:
@@ -88,7 +87,7 @@ def signed_exp(l, v):
     return e if v > 0.0 else -e
 
 
-@njit(cache=CACHE)
+@jit
 def _vjp_row_big(p, g, a2, dx):
     """alpha > 2, as the reference's ``_vjp_big``: with ``lu = a2 log p``, m the first entry
     of largest u and ``w = exp(lu - lu_m)``, ``g_i - r = (g_i S_i - G_i) / S`` (S_i, G_i:
@@ -163,19 +162,29 @@ def _vjp_row_big(p, g, a2, dx):
     dx[m] = signed_exp(l2, (T + cT) / S)
 
 
-@njit(nogil=True, cache=CACHE)
+#: the row VJP drivers' signature for input dtype ``x``: (p, g, alpha, dx, r0, r1)
+def _VJP(x):
+    return x[:, ::1], x[:, ::1], f64[::1], x[:, ::1], i64, i64
+
+
+#: the alpha VJP drivers' signature: (p, g, alpha, out, r0, r1), ``out`` float64
+def _ALPHA_VJP(x):
+    return x[:, ::1], x[:, ::1], f64[::1], f64[::1], i64, i64
+
+
+@kernel(_VJP, ops=("entmax_vjp",))
 def _vjp_small(p, g, alpha, dx, r0, r1):
     for r in range(r0, r1):
         _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_VJP, ops=("entmax_vjp",))
 def _vjp_big(p, g, alpha, dx, r0, r1):
     for r in range(r0, r1):
         _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_VJP, ops=("entmax_vjp",))
 def _vjp_any(p, g, alpha, dx, r0, r1):
     for r in range(r0, r1):
         if alpha[r] > 2.0:
@@ -193,7 +202,7 @@ def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
     run_blocks(kernel, (p, g, alpha, dx), p.shape, nblk)
 
 
-@njit(cache=CACHE)
+@jit
 def alpha_vjp_row(p, g, a1):
     a2 = 1.0 - a1
     sgc = 0.0
@@ -220,7 +229,7 @@ def alpha_vjp_row(p, g, a1):
     return (sgc + cgc) - corr
 
 
-@njit(cache=CACHE)
+@jit
 def alpha_vjp_row_big(p, g, a1):
     """alpha > 2, as the reference: ``sum_i p_i (1 - a1 log p_i) (g_i - r) / a1^2`` with
     ``r = (w . g) / sum w``, ``w = exp(lu - max lu)`` (the unbounded u-terms of the
@@ -251,19 +260,19 @@ def alpha_vjp_row_big(p, g, a1):
     return (t + ct) / (a1 * a1)
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ALPHA_VJP, ops=("entmax_alpha_vjp",))
 def _alpha_vjp_small(p, g, alpha, out, r0, r1):
     for r in range(r0, r1):
         out[r] = alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ALPHA_VJP, ops=("entmax_alpha_vjp",))
 def _alpha_vjp_big(p, g, alpha, out, r0, r1):
     for r in range(r0, r1):
         out[r] = alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ALPHA_VJP, ops=("entmax_alpha_vjp",))
 def _alpha_vjp_any(p, g, alpha, out, r0, r1):
     for r in range(r0, r1):
         if alpha[r] > 2.0:

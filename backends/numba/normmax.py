@@ -22,16 +22,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from ..constants import MAX_NEWTON
-from . import CACHE
+from ._jit import b1, f64, i64, jit, kernel
 from .compensated import acc as _acc
 from .sorting import sort
 from ._threads import run_blocks
 
 
-@njit(cache=CACHE)
+@jit
 def _norm_slope(s, k, K, T, beta):
     """``||s_desc[:K] - T||_beta`` and ``sum_i ((s_i - T) / norm)^(beta - 1)``, with
     ``s_desc[i] = s[k - 1 - i]`` (``s`` ascending); scaled by the top term ``s_desc[0] - T``."""
@@ -50,7 +49,7 @@ def _norm_slope(s, k, K, T, beta):
     return top * math.exp(lsr), slope
 
 
-@njit(cache=CACHE)
+@jit
 def _normmax_row(x, out, a, c):
     """alpha-normmax of one row into ``out``; returns (tau, support, n_iter, converged).
     ``c`` is float64 scratch of length >= n."""
@@ -123,7 +122,7 @@ def _normmax_row(x, out, a, c):
     return m + T, cnt, it, ok
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (x[:, ::1], f64[::1], x[:, ::1], f64[::1], i64[::1], i64[::1], b1[::1], i64, i64), ops=("normmax_forward",))
 def _forward_blk(x, alpha, out, tau, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
@@ -136,7 +135,7 @@ def normmax_rows(x, alpha, out, tau, support, n_iter, converged, nblk):
     run_blocks(_forward_blk, (x, alpha, out, tau, support, n_iter, converged), x.shape, nblk)
 
 
-@njit(cache=CACHE)
+@jit
 def _vjp_row(p, g, a, dx):
     """``dx = v (g - <p, g>) - p (v . (g - <p, g>))``, ``v = N (p / N)^(2 - a) / (a - 1)``
     on the support, ``N = ||p||_a`` (computed relative to the largest p)."""
@@ -176,7 +175,7 @@ def _vjp_row(p, g, a, dx):
             dx[i] = 0.0
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(lambda x: (x[:, ::1], x[:, ::1], f64[::1], x[:, ::1], i64, i64), ops=("normmax_vjp",))
 def _vjp_blk(p, g, alpha, dx, r0, r1):
     for r in range(r0, r1):
         _vjp_row(p[r], g[r], alpha[r], dx[r])

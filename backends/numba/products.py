@@ -22,14 +22,16 @@ backward.
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 from numba.np.linalg import ensure_blas, get_blas_kind
 
-from . import CACHE
+from ..cache_folder import NUMBA_VERSION, tested
+from ._jit import f64, jit, kernel
 
 #: The most multiply-adds of one BLAS call (2^18): OpenBLAS runs a product of at most
 #: this size on the calling thread.  Blocks of 64 x 64 scores at D = 64 run at the speed
@@ -41,6 +43,12 @@ ROW_BLOCK = 64
 
 #: The longest inner dimension of one block (longer sums are split and added up).
 INNER_BLOCK = 256
+
+#: Whether the blocks go straight to numba's BLAS wrapper (:func:`_xxgemm`, which binds
+#: ``numba_xxgemm``, a function of numba's own C helpers): on the numba releases this
+#: package is tested on (:data:`~entmax_ref.backends.cache_folder.TESTED_NUMBA`); on any
+#: other, each block is a public ``np.dot`` of contiguous copies (:func:`_dot_block`).
+DIRECT_BLAS = tested(NUMBA_VERSION)
 
 _CHAR = ir.IntType(8)
 _VOIDP = ir.IntType(8).as_pointer()
@@ -89,7 +97,7 @@ def _xxgemm(typingctx, transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc):
     return sig, codegen
 
 
-@njit(cache=CACHE, _nrt=False)
+@jit(_nrt=False)
 def _orient(a):
     """(transposed, leading dimension) of a 2-D view for BLAS: 0 when its rows are
     contiguous (row-major), 1 when its columns are; (-1, 0) for any other strides."""
@@ -108,7 +116,10 @@ def _orient(a):
     return -1, 0
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel((lambda x: (x[:, ::1], x[:, ::1], x[:, ::1], f64),  # whole C-contiguous operands
+         lambda x: (x[:, ::1], x[:, :], x[:, ::1], f64),  # the transposed keys up to a chunk's last key
+         lambda x: (x[::1, :], x[:, ::1], x[:, ::1], f64) if x == f64 else None),  # the backward's P.T, U.T
+        ops=("attention_forward", "attention_backward"))
 def matmul_into(x, y, out, beta):
     """``out = x @ y + beta * out`` (``beta`` 0: ``out``'s old values are not read) in BLAS
     calls of at most :data:`CALL_MADDS` multiply-adds, on the calling thread.
@@ -147,4 +158,17 @@ def matmul_into(x, y, out, beta):
                 # row-major c (m x n) is the column-major c^T = y^T x^T: Fortran's A is
                 # the block of y, its B the block of x
                 b = beta if k0 == 0 else 1.0
-                _xxgemm(ty, tx, j1 - j0, i1 - i0, k1 - k0, ys, ldy, xs, ldx, b, c, ldc)
+                if DIRECT_BLAS:  # a compile-time constant: the other branch is not compiled
+                    _xxgemm(ty, tx, j1 - j0, i1 - i0, k1 - k0, ys, ldy, xs, ldx, b, c, ldc)
+                else:
+                    _dot_block(xs, ys, b, c)
+
+
+@jit
+def _dot_block(xs, ys, beta, c):
+    """``c = xs @ ys + beta * c`` through numba's public ``np.dot`` (on contiguous copies
+    of the blocks): :func:`matmul_into`'s product where :data:`DIRECT_BLAS` is off."""
+    p = np.dot(np.ascontiguousarray(xs), np.ascontiguousarray(ys))
+    for i in range(c.shape[0]):
+        for j in range(c.shape[1]):
+            c[i, j] = p[i, j] if beta == 0.0 else p[i, j] + beta * c[i, j]

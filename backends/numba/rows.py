@@ -90,10 +90,9 @@ from __future__ import annotations
 import bisect
 
 import numpy as np
-from numba import njit
 
-from . import CACHE
-from ..engine import SOLVER_PATHS, row_runs
+from ._jit import b1, f64, i64, jit, kernel
+from .paths import SOLVER_PATHS, row_runs
 from ._threads import run_blocks
 from .big_alpha import solve_big, solve_big_bisect
 from .candidates import MASK_MIN, count_finite, gather_alive, max_zeroing, window_candidates
@@ -105,7 +104,7 @@ from .softmax import LANES, softmax_lanes, softmax_rows_next, solve_softmax
 from .threshold import bisect_row, condat, newton_row, pivot15
 
 
-@njit(cache=CACHE)
+@jit
 def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
     """Newton from ``A0`` in ``[0, hi]`` (on the identified support ``sup[:ns]`` when
     ``closed``: a closed form is only polished), then the output pass, over the candidates'
@@ -138,7 +137,7 @@ def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
 # among the bisection and Newton solvers per row at run time.
 
 
-@njit(cache=CACHE)
+@jit
 def _solve_bisect(x, out, a1, c):
     """``method="bisect"``, alpha <= 2."""
     kind = K_EXP if a1 == 0.0 else K_GEN
@@ -152,7 +151,7 @@ def _solve_bisect(x, out, a1, c):
     return m + A, cnt, it, ok
 
 
-@njit(cache=CACHE)
+@jit
 def kind_of(a1):
     if a1 == 0.0:
         return K_EXP
@@ -163,7 +162,7 @@ def kind_of(a1):
     return K_GEN
 
 
-@njit(cache=CACHE)
+@jit
 def _solve_newton(x, out, a1, c):
     """``method="newton"``, alpha <= 2: safeguarded Newton from A = 0."""
     kind = kind_of(a1)
@@ -175,7 +174,7 @@ def _solve_newton(x, out, a1, c):
     return _finish(x, out, m, k, a1, kind, 0.0, c[:k], k, closed, c.view(np.int64)[:0])
 
 
-@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
+@jit(_nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
     polished by Newton; the output pass visits the candidates' columns."""
@@ -190,7 +189,7 @@ def solve_sparse(x, out, c, aux, aux2):
     return _finish(x, out, m, k, 1.0, K_SPARSE, A0, aux[:ns], ns, closed, idx)
 
 
-@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
+@jit(_nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_15(x, out, c, aux, seed):
     """alpha = 1.5, ``method=None``: randomised pivot, polished by Newton.  The maximum first
     (vectorised), then the entries alive at a lower bound ``lo`` of A in one masked pass
@@ -218,7 +217,7 @@ def solve_15(x, out, c, aux, seed):
     return _finish(x, out, m, k, 0.5, K_15, A0, c[s0:k], k - s0, closed, idx)
 
 
-@njit(cache=CACHE)
+@jit
 def _subset_bound15(x, m, c, idx, seed):
     """The exact 1.5-entmax threshold ``A_S`` of the entries within 1 of the maximum (the
     sparsemax window ``y > -1``: some 28 of a normal row of 8192), gathered into ``c`` (and
@@ -234,7 +233,7 @@ def _subset_bound15(x, m, c, idx, seed):
     return A, s0, k, bound_below(A) >= 1.0
 
 
-@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
+@jit(_nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_gen(x, out, a1, c, aux, aux2, seed):
     """1 < alpha < 2 (not 1.5), ``method=None``: lower bound, then Newton.  The row is read
     three times with its maximum known (a vectorised maximum, the bound's candidates, the
@@ -266,14 +265,13 @@ def solve_gen(x, out, a1, c, aux, aux2, seed):
 
 
 #: The solver paths of the attention kernels, in the order of
-#: :data:`entmax_ref.backends.engine.SOLVER_PATHS` (whose :func:`~entmax_ref.backends.engine.
-#: solver_path` gives the path of a head's alpha): one row solver each
+#: :data:`.paths.SOLVER_PATHS` (whose :func:`.paths.solver_path` gives the path of a head's alpha): one row solver each
 #: (:func:`solve_on_path`).
 PATH_SOFTMAX, PATH_SPARSE, PATH_15, PATH_GEN, PATH_BIG = range(len(SOLVER_PATHS))
 N_PATHS = len(SOLVER_PATHS)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def solve_on_path(x, out, a1, c, aux, aux2, seed, path):
     """The row solver of solver path ``path`` (``PATH_*``), as ``method=None`` takes it:
     returns (theta, support, n_iter, converged); writes ``out``.  ``path`` is a constant
@@ -281,7 +279,7 @@ def solve_on_path(x, out, a1, c, aux, aux2, seed, path):
     the chain to the one branch, so the kernel links that solver alone, at one level of
     calls (numba optimises and emits a callee's code again in every compiled function
     that links it).  The caller guarantees that every row's ``a1`` is of that path
-    (:func:`entmax_ref.backends.engine.solver_path`)."""
+    (:func:`.paths.solver_path`)."""
     if path == PATH_SOFTMAX:
         return solve_softmax(x, out, c)
     if path == PATH_SPARSE:
@@ -293,11 +291,17 @@ def solve_on_path(x, out, a1, c, aux, aux2, seed, path):
     return solve_big(x, out, a1, c, seed)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def solver_scratch(n):
     """The row solvers' scratch for rows of up to ``n`` entries: the candidates
     ``c`` and the closed forms' and lower bounds' ``aux``, ``aux2``."""
     return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.float64)
+
+
+#: the drivers' signature for input dtype ``x``: (x, alpha, method, out, theta, support,
+#: n_iter, converged, r0, r1)
+def _ROWS(x):
+    return x[:, ::1], f64[::1], i64, x[:, ::1], f64[::1], i64[::1], i64[::1], b1[::1], i64, i64
 
 
 # Every driver solves rows r0 .. r1 - 1 of ``x`` with the GIL released (``nogil``); the
@@ -306,7 +310,7 @@ def solver_scratch(n):
 # the block or the thread.
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ROWS, ops=("entmax_forward",), dtypes=("float32",))
 def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     lanes = np.empty((4, LANES), np.float64)
@@ -314,19 +318,19 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
         theta[r], support[r], n_iter[r], converged[r] = softmax_lanes(x[r], out[r], c, lanes)
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_softmax64(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ROWS, ops=("entmax_forward",))
 def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = solve_sparse(x[r], out[r], c, aux, aux2)
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ROWS, ops=("entmax_forward",))
 def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     aux = np.empty(x.shape[1], np.float64)
@@ -334,7 +338,7 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = solve_15(x[r], out[r], c, aux, r)
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ROWS, ops=("entmax_forward",))
 def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
@@ -342,7 +346,7 @@ def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ROWS, ops=("entmax_forward",))
 def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
@@ -350,7 +354,7 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
-@njit(nogil=True, cache=CACHE)
+@kernel(_ROWS, ops=("entmax_forward",), methods=("bisect", "newton"))
 def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
     """``method="bisect"`` (any alphas) and ``method="newton"`` (alphas on both sides of
     2), the solver picked per row."""
@@ -380,7 +384,7 @@ _PATH_DRIVERS = {PATH_SOFTMAX: _rows_softmax, PATH_SPARSE: _rows_sparse, PATH_15
 def _runs(alpha, method, dtype):
     """The rows as runs ``(lo, hi, driver)``, each through the driver that compiles least for
     it: with ``method=None`` the driver of each run of rows on one solver path
-    (:func:`~entmax_ref.backends.engine.row_runs`), so that rows of several alphas get the
+    (:func:`~.paths.row_runs`), so that rows of several alphas get the
     bits that a call with each row's alpha alone gives; ``_rows_any`` for the other
     methods (``_rows_big`` when every alpha > 2 and the method is not bisection)."""
     if method != METHOD_DEFAULT:

@@ -18,10 +18,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from ..constants import SOFTMAX_EXP_FLOOR
-from . import CACHE
+from ._jit import jit
 from .candidates import lane_max, max_block, max_end, max_into, max_lanes
 from .compensated import acc, merge_lanes, two_sum
 from .elementwise import settled_row
@@ -31,7 +30,7 @@ from .vexp import VEXP_NEG_MIN, vexp, vexp_neg
 LANES = 64
 
 
-@njit(cache=CACHE)
+@jit
 def _lanes(n):
     """How many lanes a row of n entries uses: fewer for short rows, whose lane merge would
     otherwise cost more than the row (the answer depends only on n)."""
@@ -41,7 +40,7 @@ def _lanes(n):
     return L
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def _exp_entry(x, e, i, m, low):
     """``e[i] = exp(x[i] - m)`` (``x[i] <= m``: the row is finite here, the callers settle
     others), and whether ``x[i] - m`` lies at or below ``low`` (0/1)."""
@@ -50,7 +49,7 @@ def _exp_entry(x, e, i, m, low):
     return y <= low
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def _low(n):
     """Entries with ``y - A <= SOFTMAX_EXP_FLOOR`` take ``exp(y - A)`` directly in the output
     pass; ``A <= log(n)``, so only entries with ``y <= _low(n)`` can (one unit more allows
@@ -58,7 +57,7 @@ def _low(n):
     return (SOFTMAX_EXP_FLOOR + 1.0) + math.log(n)
 
 
-@njit(cache=CACHE)
+@jit
 def _softmax_finish(x, e, out, m, nlow, lanes):
     """Softmax of row ``x`` with maximum m after its exponential pass left ``e_i = exp(x_i -
     m)`` in ``e`` (``out`` itself, or scratch) and found entries at or below :func:`_low`
@@ -121,7 +120,7 @@ def _softmax_finish(x, e, out, m, nlow, lanes):
     return A, cnt
 
 
-@njit(cache=CACHE)
+@jit
 def _softmax_row(x, out, m, c, lanes):
     """Softmax of one row with maximum m: the exponentials into the float64 scratch ``c``,
     then :func:`_softmax_finish`.  Returns (A, support)."""
@@ -132,7 +131,7 @@ def _softmax_row(x, out, m, c, lanes):
     return _softmax_finish(x, c, out, m, nlow, lanes)
 
 
-@njit(cache=CACHE)
+@jit
 def _softmax_row_next(x, out, m, lanes, xn):
     """:func:`_softmax_row` of a float64 row whose exponential pass also takes the maximum
     and NaN/+inf count of ``xn``, the next row of the caller's block (x itself when there
@@ -167,7 +166,7 @@ def _softmax_row_next(x, out, m, lanes, xn):
     return Ax, cnt, m_next, bad
 
 
-@njit(cache=CACHE)
+@jit
 def softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
     """alpha = 1, ``method=None``, float64 rows ``r0 .. r1 - 1``: log-sum-exp, each row's
     maximum taken in the previous row's exponential pass (:func:`_softmax_row_next`)."""
@@ -187,7 +186,7 @@ def softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
         m = m_next
 
 
-@njit(cache=CACHE)
+@jit
 def softmax_lanes(x, out, c, lanes):
     """alpha = 1, ``method=None``, one row: log-sum-exp, with the scratch of
     :func:`_softmax_row` from the caller."""
@@ -200,7 +199,7 @@ def softmax_lanes(x, out, c, lanes):
     return m + A, cnt, 0, True
 
 
-@njit(cache=CACHE, _nrt=True)  # allocates: also when called from code compiled without NRT
+@jit(_nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_softmax(x, out, c):
     """alpha = 1, ``method=None``: log-sum-exp."""
     return softmax_lanes(x, out, c, np.empty((4, LANES), np.float64))

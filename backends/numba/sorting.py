@@ -13,12 +13,11 @@ NumPy's except, at most, where -0.0 and +0.0 sit among equal entries.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from . import CACHE
+from ._jit import jit
 
 
-@njit(cache=CACHE)
+@jit
 def select(a, n, t):
     """The value of ascending rank ``t`` (0-based) among ``a[:n]``: ``np.partition(a[:n],
     t)[t]``.  Reorders ``a[:n]`` (quickselect, Hoare partition around a median of three)."""
@@ -47,7 +46,7 @@ def select(a, n, t):
     return a[t]
 
 
-@njit(cache=CACHE)
+@jit
 def sort(a):
     """Sort the 1-D ``a`` in place, ascending (heapsort: no recursion, O(n log n))."""
     n = a.shape[0]
@@ -58,7 +57,7 @@ def sort(a):
         _sift(a, np.int64(0), end)  # not a literal: see the package docstring
 
 
-@njit(cache=CACHE)
+@jit
 def _sift(a, root, n):
     while True:
         child = 2 * root + 1

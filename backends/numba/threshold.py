@@ -7,15 +7,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from ..constants import MAX_ITER
-from . import CACHE
+from ._jit import jit
 from .compensated import acc as _acc
 from .elementwise import K_EXP, K_GEN, TIE, is_alive, p_u
 
 
-@njit(cache=CACHE)
+@jit
 def _f_eval(c, k, a1, kind, A, lo, compact):
     """``f(A) = sum p - 1`` (compensated), ``sum u`` over the candidates ``c[:k]``; when
     ``compact``, candidates that are zero at the lower bound ``lo <= A`` are dropped in place
@@ -39,7 +38,7 @@ def _f_eval(c, k, a1, kind, A, lo, compact):
     return (s - 1.0) + comp, su, j
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def phi_step(A, f, fp, a1):
     """Newton's step on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0) from A, given
     ``f(A)`` and ``fp = -f'(A)``: phi is the (1/a1)-norm of the [1 + a1 (y - A)]_+, convex
@@ -50,7 +49,7 @@ def phi_step(A, f, fp, a1):
     return A + phi / (math.exp((a1 - 1.0) * ls) * fp)
 
 
-@njit(cache=CACHE)
+@jit
 def newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
     """One step of the safeguarded Newton iteration, after ``f(A)`` and ``fp = -f'(A)``:
     the bracket ``[lo, hi]`` (with ``|f|`` at its ends, ``flo``/``fhi``) narrowed by A, then
@@ -91,7 +90,7 @@ def newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
     return False, An, lo, hi, flo, fhi
 
 
-@njit(cache=CACHE)
+@jit
 def newton_row(c, k, a1, kind, A, lo, hi):
     """Safeguarded Newton on ``f`` (described in :mod:`.rows`; one step is
     :func:`newton_step`, on ``phi`` for alpha = 1 and the general kind), from ``A`` in
@@ -114,7 +113,7 @@ def newton_row(c, k, a1, kind, A, lo, hi):
     return A, it, False
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def halve(lo, hi):
     """The reference's bisection step: the midpoint of ``[lo, hi]``, and whether it equals
     an endpoint (then the bracket cannot be split and the bisection stops)."""
@@ -122,7 +121,7 @@ def halve(lo, hi):
     return mid, mid <= lo or mid >= hi
 
 
-@njit(cache=CACHE)
+@jit
 def bisect_row(c, k, a1, kind, lo, hi):
     """The reference's bisection (midpoint until it equals an endpoint, then the endpoint
     with the smaller |f|).  Returns (A, halvings, converged)."""
@@ -155,7 +154,7 @@ def bisect_row(c, k, a1, kind, lo, hi):
     return A, it, done
 
 
-@njit(cache=CACHE)
+@jit
 def condat(c, k, v, vt):
     """Condat's (2016) simplex-projection threshold on ``c[:k]`` (sum 1); returns
     ``(A, |S|)`` with ``A = tau + 1`` from the identified support S, summed with
@@ -207,13 +206,13 @@ def condat(c, k, v, vt):
     return ((s + comp) - 1.0) / nv + 1.0, nv
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def pivot_seed(seed):
     """The pivot generator's state for a row (a deterministic function of the seed)."""
     return np.int64(seed) * np.int64(2654435761) + np.int64(1013904223)
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def random_entry(state, c, lo, hi):
     """Advance the 64-bit LCG and return (state, a pseudo-random entry of c[lo:hi])."""
     state = state * np.int64(6364136223846793005) + np.int64(1442695040888963407)
@@ -221,7 +220,7 @@ def random_entry(state, c, lo, hi):
     return state, c[lo + r % (hi - lo)]
 
 
-@njit(inline="always", cache=CACHE)
+@jit(inline="always")
 def partition3(c, lo, hi, v):
     """Three-way partition of ``c[lo:hi]`` around ``v`` in place: returns ``(lt, gt, s1,
     s2)`` with ``c[lo:lt] < v``, ``c[lt:gt] == v``, ``c[gt:hi] > v``, and the sums of
@@ -251,7 +250,7 @@ def partition3(c, lo, hi, v):
     return lt, gt, s1, s2
 
 
-@njit(cache=CACHE)
+@jit
 def pivot15(c, k, seed):
     """Expected-O(k) 1.5-entmax threshold on ``c[:k]`` by randomised pivoting (permutes
     ``c`` in place, keeps every element).  Returns ``(A, s0)``: ``A = t + 2`` where ``t``

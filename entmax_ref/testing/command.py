@@ -42,36 +42,6 @@ CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale", "normmax
                    "budget_sparsemax_vjp")
 
 
-class _Progress:
-    """Progress on stderr: a one-line bar when stderr is a terminal, else one plain line per
-    job (so a log or a piped run, ``entmax-ref check > report.txt``, still shows where the
-    run is while the table goes to stdout)."""
-
-    def __init__(self, total: int, enabled: bool, bar: bool):
-        self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.perf_counter()
-        self.bar = bar
-
-    def step(self, label: str) -> None:
-        if not self.enabled:
-            return
-        if not self.bar:
-            self.done += 1
-            sys.stderr.write(f"[{self.done}/{self.total} {time.perf_counter() - self.t0:6.1f}s] {label}\n")
-            sys.stderr.flush()
-            return
-        width = 30
-        fill = int(width * self.done / max(self.total, 1))
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
-                         f"{time.perf_counter() - self.t0:5.1f}s  {label[:48]:<48}")
-        sys.stderr.flush()
-        self.done += 1
-
-    def close(self) -> None:
-        if self.enabled and self.bar:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            sys.stderr.flush()
-
-
 # ----------------------------------------------------------------------------- backend jobs
 
 
@@ -363,21 +333,24 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _precompile(args) -> None:
-    """Compile the kernels the numba rows of the check need, in ``args.jobs`` worker
-    processes, into the disk cache (nothing when they are cached already or the cache is
-    off); the check itself then loads them."""
-    from ..backends.numba_precompile import CHECK_UNITS, compile_kernels, pending
+#: the operations the numba rows of the check run (with ``method=None``): their declared
+#: kernels are compiled first (:func:`_precompile`)
+CHECK_OPS = ("entmax_forward", "entmax_vjp", "normmax_forward", "normmax_vjp", "budget_forward", "budget_vjp",
+             "attention_forward", "attention_backward")
 
-    if not pending(CHECK_UNITS):
-        return
-    say = (lambda m: None) if args.no_progress else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
-    if not args.no_progress:
-        print("compiling the numba kernels in parallel processes (entmax-ref compile; once per kernel version)",
-              file=sys.stderr, flush=True)
-    rep = compile_kernels(CHECK_UNITS, jobs=args.jobs, progress=say)
-    if not args.no_progress and rep["cache"] is not None:
-        print(f"compiled {len(rep['compiled'])} units in {rep['seconds']:.1f}s ({rep['jobs']} processes)",
+
+def _precompile(args) -> None:
+    """Compile the declared kernels of :data:`CHECK_OPS`, in ``args.jobs`` worker processes,
+    into the disk cache (nothing when they are cached already or the cache is off), with
+    progress on stderr; the check itself then loads them."""
+    from ..backends.numba_precompile import Progress, compile_kernels
+
+    bar = Progress(0, not args.no_progress)
+    rep = compile_kernels(CHECK_OPS, jobs=args.jobs, methods=(None,), progress=bar)
+    bar.close()
+    if not args.no_progress and rep["compiled"]:
+        print(f"compiled {len(rep['compiled'])} numba kernel signatures in {rep['seconds']:.1f}s "
+              f"({rep['jobs']} processes; once per kernel version, as entmax-ref compile does)",
               file=sys.stderr, flush=True)
 
 
@@ -440,15 +413,17 @@ def main(argv: list[str] | None = None) -> int:
                 jobs.append(peers_in_a_process(args.seed, args.size))
             else:
                 jobs.extend(peer_jobs(args.size, args.seed))
-    bar = _Progress(len(jobs), not args.no_progress, bar=sys.stderr.isatty())
+    from ..backends.numba_precompile import Progress
+
+    bar = Progress(len(jobs), not args.no_progress)
     report = CheckReport()
     for label, job in jobs:
-        bar.step(label)
         try:
             report.extend(job())
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken job must not stop the others
             report.extend(CheckReport.failed_run(label, "-", f"raised {type(exc).__name__}: {exc}",
                                   "exit" if isinstance(exc, SystemExit) else "raised"))
+        bar.step(label)
     bar.close()
     wall = time.perf_counter() - t0
     print(report.table())
