@@ -95,6 +95,7 @@ LITERAL_TWINS = """
 import importlib, json, pkgutil
 from numba.core import types
 from entmax_ref.backends.numba_precompile import tasks
+from entmax_ref.backends.numba._jit import Dispatcher
 import entmax_ref.backends.numba as kernels
 
 for t in tasks(["entmax_forward", "budget_forward", "normmax_forward"]):
@@ -106,7 +107,7 @@ for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
     mod = importlib.import_module(info.name)
     for name in dir(mod):
         d = getattr(mod, name)
-        if not hasattr(d, "signatures") or id(d) in seen:
+        if not isinstance(d, Dispatcher) or id(d) in seen:
             continue
         seen.add(id(d))
         sigs = [tuple(s) for s in d.signatures]
