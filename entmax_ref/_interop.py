@@ -14,6 +14,10 @@ JAX out, and any array-API array through its namespace's ``from_dlpack``.  An ob
 Frameworks are recognised from the type's module name: torch and jax are never imported
 here unless the caller has already passed (and therefore imported) their arrays.
 NumPy masked arrays are rejected (their mask would be silently ignored otherwise).
+
+A torch tensor that requires grad is read detached, so the result is a tensor that autograd
+does not follow; the first such call in a process warns (a UserWarning naming
+:mod:`entmax_ref.torch`, whose functions are the same ones made differentiable).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -152,6 +157,23 @@ def _arg_to_numpy(x: Any) -> Any:
     return to_numpy(x)
 
 
+#: whether this process was told that a tensor requiring grad is read detached (once)
+_told_detached = False
+
+
+def _warn_detached(objs: Any) -> None:
+    """The one warning of a process whose call passed a torch tensor that requires grad."""
+    global _told_detached
+    if _told_detached or not any(is_torch(o) and getattr(o, "requires_grad", False) for o in objs):
+        return
+    _told_detached = True
+    warnings.warn(
+        "entmax_ref's functions read a tensor that requires grad detached: the result is a tensor "
+        "autograd does not follow. For gradients use entmax_ref.torch (the same functions, differentiable); "
+        "this warning is given once per process",
+        UserWarning, stacklevel=3)
+
+
 def public(fn: Callable) -> Callable:
     """Decorate a public function: framework arrays in (arguments, and the fields of an
     info record passed back in), the same framework's arrays out."""
@@ -161,6 +183,7 @@ def public(fn: Callable) -> Callable:
         like = next((f for f in map(_foreign_in, (*args, *kwargs.values())) if f is not None), None)
         if like is None:
             return fn(*args, **kwargs)
+        _warn_detached((*args, *kwargs.values()))
         args = tuple(_arg_to_numpy(a) for a in args)
         kwargs = {k: _arg_to_numpy(v) for k, v in kwargs.items()}
         return _convert_out(fn(*args, **kwargs), _converter(like))

@@ -53,6 +53,12 @@ def is_real_dtype(dt: Any) -> bool:
     return dt.name in _LOW_PRECISION or dt.kind in "fiu"
 
 
+def shown(value: Any) -> Any:
+    """``value`` as an error message shows it: a NumPy scalar as the Python number it holds
+    (``0.5``, not NumPy 2's ``np.float64(0.5)``), anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def eps_of(dt: Any) -> float:
     """Machine epsilon of a floating dtype (bfloat16 included); float64's for integers."""
     dt = np.dtype(dt)
@@ -92,8 +98,12 @@ def real_array(a: Any, name: str) -> np.ndarray:
 
 
 def compute_dtype(arr: Any, name: str) -> tuple[np.dtype, np.dtype]:
-    """(dtype to compute in, dtype to return) under design.md's dtype policy."""
+    """(dtype to compute in, dtype to return) under design.md's dtype policy.  Both are
+    in the machine's byte order: a big-endian float64 (``>f8``) is computed and returned
+    as float64 (``astype`` to them converts the bytes)."""
     dt = np.dtype(arr.dtype)
+    if dt.byteorder not in "=|":  # a non-native byte order: the same values, natively stored
+        dt = dt.newbyteorder("=")
     if dt.name in _LOW_PRECISION:
         return np.dtype(np.float32), dt
     if dt.kind == "f":
@@ -134,7 +144,7 @@ def check_finite(arr: Any, name: str, *, allow_neg_inf: bool, locate: Any = None
         hint = "; use -inf to mask an entry" if allow_neg_inf else ""
         raise ValueError(
             f"{name} contains {count} {what} value{'s' if count > 1 else ''}; the first is "
-            f"{name}[{', '.join(map(str, where))}] = {arr[first]!r}{hint}"
+            f"{name}[{', '.join(map(str, where))}] = {shown(arr[first])!r}{hint}"
         )
 
 
@@ -229,29 +239,37 @@ def finite_real(a: Any, name: str) -> np.ndarray:
     """A real parameter as float64 NumPy, with a ValueError naming the first non-finite value."""
     arr = real_array(a, name)
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite, got {arr.ravel()[~np.isfinite(arr.ravel())][0]!r}")
+        raise ValueError(f"{name} must be finite, got {shown(arr.ravel()[~np.isfinite(arr.ravel())][0])!r}")
     return arr
 
 
-def per_row(a: np.ndarray, name: str, batch_shape: tuple, xp: Any = np) -> Any:
-    """A validated float64 parameter broadcast to ``batch_shape``, as a (rows,) array of ``xp``."""
+def per_row(a: np.ndarray, name: str, rows: Rows, xp: Any = np) -> Any:
+    """A validated float64 parameter, one value per row of ``rows``, as a (rows,) array of
+    ``xp``: ``a`` broadcasts to the row shape (the input's shape without its axis), or has
+    the input's shape with size 1 along the axis (the keepdims form, ``x.sum(axis,
+    keepdims=True).shape``, which the ``entmax`` package takes)."""
+    batch_shape = rows.batch_shape
+    if not rows.scalar and a.ndim == len(rows.shape) and a.shape[rows.axis] == 1:
+        a = a.reshape(a.shape[:rows.axis] + a.shape[rows.axis + 1:])  # the keepdims form
     try:
         a = np.broadcast_to(a, batch_shape)
     except ValueError:
         raise ValueError(
             f"{name} of shape {a.shape} does not broadcast to the row shape {batch_shape} "
-            "(the input's shape with the axis removed)"
+            "(the input's shape with the axis removed), nor has the input's shape with size 1 "
+            "along the axis"
         ) from None
     return xp.asarray(np.ascontiguousarray(a).reshape(-1))
 
 
-def alpha_rows(alpha: Any, batch_shape: tuple, xp: Any = np) -> Any:
-    """alpha as a float64 (rows,) array; scalar or broadcastable to ``batch_shape``.  A
-    Python float or int in ``[1, 1e300]`` is filled in directly (the checks below would
-    pass it unchanged; a larger int takes them, which reject one past float64's range)."""
+def alpha_rows(alpha: Any, rows: Rows, xp: Any = np) -> Any:
+    """alpha as a float64 (rows,) array: a scalar, or one value per row as :func:`per_row`
+    takes it.  A Python float or int in ``[1, 1e300]`` is filled in directly (the checks
+    below would pass it unchanged; a larger int takes them, which reject one past float64's
+    range)."""
     if xp is np and type(alpha) in (float, int) and 1.0 <= alpha <= 1e300:
-        return np.full(math.prod(batch_shape), float(alpha))
+        return np.full(math.prod(rows.batch_shape), float(alpha))
     a = finite_real(alpha, "alpha")
     if np.any(a < 1.0):
-        raise ValueError(f"alpha must be >= 1, got {a.ravel()[a.ravel() < 1.0][0]!r}")
-    return per_row(a, "alpha", batch_shape, xp)
+        raise ValueError(f"alpha must be >= 1, got {shown(a.ravel()[a.ravel() < 1.0][0])!r}")
+    return per_row(a, "alpha", rows, xp)

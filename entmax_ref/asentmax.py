@@ -330,7 +330,7 @@ def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backe
     [0.25, 0.75, 0.0]
     """
     rows, data, n, live, _, s = _row_setup(x, axis, beta, gamma, delta, offset)
-    a = V.alpha_rows(alpha, rows.batch_shape)
+    a = V.alpha_rows(alpha, rows)
     res = entmax(_scaled(data, s, rows.batch_shape), a, -1, backend=backend, return_info=return_info)
     p2, info = res if return_info else (res, None)
     p = rows.restore(p2)
@@ -367,7 +367,7 @@ def asentmax_vjp(grad, x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, p=No
     ([1.0, -1.0], -0.125, -0.125)
     """
     rows, data, n, live, params, s = _row_setup(x, axis, beta, gamma, delta, offset)
-    a = V.alpha_rows(alpha, rows.batch_shape)
+    a = V.alpha_rows(alpha, rows)
     if p is None:
         p2 = entmax(_scaled(data, s, rows.batch_shape), a, -1, backend=backend).astype(np.float64, copy=False)
     else:

@@ -126,7 +126,7 @@ def _scalar(x: Any, name: str) -> float:
         return float(x)
     a = V.real_array(x, name) if V.namespace(x) is np else V.namespace(x).asarray(x)
     if a.ndim != 0 or not V.is_real_dtype(a.dtype) or a.dtype.kind == "b":
-        raise ValueError(f"{name} must be a real scalar, got {x!r}")
+        raise ValueError(f"{name} must be a real scalar, got {V.shown(x)!r}")
     val = float(a)
     if not np.isfinite(val):
         raise ValueError(f"{name} must be finite, got {val!r}")
@@ -159,7 +159,7 @@ def alpha_arg(alpha: Any, Hq: int, q_shape: tuple) -> tuple[float, Any, tuple | 
     """(alpha of the spec, (Hq,) float64 per-head alpha or None, the array shape of alpha
     or None for a scalar).  An array alpha of equal values runs as a scalar."""
     if isinstance(alpha, (bool, np.bool_)):
-        raise ValueError(f"alpha must be a real scalar or an array of shape ({Hq},), got {alpha!r}")
+        raise ValueError(f"alpha must be a real scalar or an array of shape ({Hq},), got {V.shown(alpha)!r}")
     if isinstance(alpha, (int, float, np.integer, np.floating)):
         a = _scalar(alpha, "alpha")
         if a < 1.0:
@@ -221,7 +221,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
             f"key/value heads of k {tuple(k.shape)}"
         )
     if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+        raise TypeError(f"causal must be a bool, got {V.shown(causal)!r}")
     a, head_alpha, alpha_shape = alpha_arg(alpha, Hq, q.shape)
     key_mask = _key_mask_arg(key_padding_mask, B, Nk, k.shape)
     if scale is None:
@@ -250,7 +250,7 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
             )
         slopes = np.ascontiguousarray(sl)
     if chunk is not None and (not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1):
-        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
+        raise ValueError(f"chunk must be a positive integer or None, got {V.shown(chunk)!r}")
 
     xp = V.namespace(q)
     n = xp.broadcast_to(xp.asarray(geometry.keys_visible(Nq, Nk, causal=bool(causal), key_lengths=lengths, batch=B,

@@ -77,8 +77,8 @@ def _op(be, name: str):
     return fn
 
 
-def _normmax_alpha(alpha, batch_shape, xp):
-    a = V.alpha_rows(alpha, batch_shape, xp)
+def _normmax_alpha(alpha, rows, xp):
+    a = V.alpha_rows(alpha, rows, xp)
     a_host = a.get() if hasattr(a, "get") else a
     if a_host.size and float(a_host.min()) <= 1.0:
         raise ValueError(
@@ -88,14 +88,15 @@ def _normmax_alpha(alpha, batch_shape, xp):
     return a
 
 
-def _budget_rows(budget, batch_shape, n, xp):
-    """budget as a float64 (rows,) array in [0, n]; scalar or broadcastable to batch_shape."""
+def _budget_rows(budget, rows, n, xp):
+    """budget as a float64 (rows,) array in [0, n]; a scalar or one per row of ``rows``
+    (:func:`entmax_ref._validate.per_row`)."""
     b = V.finite_real(budget, "budget")
     bad = (b < 0) | (b > n)
     if np.any(bad):
         raise ValueError(f"budget must be in [0, n] = [0, {n}] for rows of length n = {n}, "
-                         f"got budget = {b.ravel()[bad.ravel()][0]!r}")
-    return V.per_row(b, "budget", batch_shape, xp)
+                         f"got budget = {V.shown(b.ravel()[bad.ravel()][0])!r}")
+    return V.per_row(b, "budget", rows, xp)
 
 
 def _solve(x, axis, backend, check_finite, return_info, op, param, info_cls):
@@ -169,7 +170,7 @@ def normmax(x, alpha=2.0, axis=-1, *, backend=None, return_info=False, check_fin
     [0.688982, 0.311018, 0.0]
     """
     return _solve(x, axis, backend, check_finite, return_info, "normmax_forward",
-                  lambda rows: _normmax_alpha(alpha, rows.batch_shape, xp_of(rows.data)), NormmaxInfo)
+                  lambda rows: _normmax_alpha(alpha, rows, xp_of(rows.data)), NormmaxInfo)
 
 
 @public
@@ -190,7 +191,7 @@ def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
     """
     rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
-    a = _normmax_alpha(alpha, rp.batch_shape, xp_of(p2))
+    a = _normmax_alpha(alpha, rp, xp_of(p2))
     dx = _op(be, "normmax_vjp")(p2, g2, a)
     return rp.restore(dx)
 
@@ -207,7 +208,7 @@ def _normmax_pq(x, target, alpha, axis, backend):
     rows = V.to_rows(x, axis, "x")
     xp = xp_of(rows.data)
     be = resolve_backend(backend, rows.data)
-    a = _normmax_alpha(alpha, rows.batch_shape, xp)
+    a = _normmax_alpha(alpha, rows, xp)
     q = target_rows(target, rows, xp)
     p = _op(be, "normmax_forward")(rows.data, a).p.astype(np.float64)
     return rows, xp, a, p, q
@@ -306,7 +307,7 @@ def budget_sparsemax(x, budget=2.0, axis=-1, *, backend=None, return_info=False,
     [1.0, 0.8, 0.2, 0.0]
     """
     return _solve(x, axis, backend, check_finite, return_info, "budget_forward",
-                  lambda rows: _budget_rows(budget, rows.batch_shape, rows.data.shape[1], xp_of(rows.data)),
+                  lambda rows: _budget_rows(budget, rows, rows.data.shape[1], xp_of(rows.data)),
                   BudgetInfo)
 
 
@@ -326,6 +327,6 @@ def budget_sparsemax_vjp(p, grad, budget=2.0, axis=-1, *, backend=None):
     """
     rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
-    _budget_rows(budget, rp.batch_shape, p2.shape[1], xp_of(p2))
+    _budget_rows(budget, rp, p2.shape[1], xp_of(p2))
     dx = _op(be, "budget_vjp")(p2, g2)
     return rp.restore(dx)

@@ -34,7 +34,7 @@ def entmax_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     """
     rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
-    a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
+    a = V.alpha_rows(alpha, rp, xp_of(p2))
     # rows of length 0 have nothing to differentiate (engines are not asked about them)
     dx = be.entmax_vjp(p2, g2, a) if p2.shape[1] else xp_of(p2).zeros(p2.shape, p2.dtype)
     return rp.restore(dx)
@@ -57,7 +57,7 @@ def entmax_alpha_vjp(p, grad, alpha=1.5, axis=-1, *, backend=None):
     """
     rp, p2, g2 = pair_rows(p, grad, axis)
     be = resolve_backend(backend, p2, g2)
-    a = V.alpha_rows(alpha, rp.batch_shape, xp_of(p2))
+    a = V.alpha_rows(alpha, rp, xp_of(p2))
     da = be.entmax_alpha_vjp(p2, g2, a) if p2.shape[1] else xp_of(p2).zeros(p2.shape[0])
     return rp.per_row(da)
 
@@ -79,7 +79,7 @@ def entmax_jacobian(p, alpha=1.5, axis=-1, *, backend=None):
     xp = xp_of(rp.data)
     rows, n = rp.data.shape
     be = resolve_backend(backend, rp.data)
-    a = V.alpha_rows(alpha, rp.batch_shape, xp)
+    a = V.alpha_rows(alpha, rp, xp)
     p_rep = xp.ascontiguousarray(xp.repeat(rp.data, n, axis=0))
     eye = xp.ascontiguousarray(xp.tile(xp.eye(n, dtype=rp.data.dtype), (rows, 1)))
     jac = be.entmax_vjp(p_rep, eye, xp.repeat(a, n)) if n else p_rep

@@ -63,7 +63,7 @@ def _prediction_and_target(x, target, alpha, axis, backend):
     rows = V.to_rows(x, axis, "x")
     xp = xp_of(rows.data)
     be = resolve_backend(backend, rows.data)
-    a = V.alpha_rows(alpha, rows.batch_shape, xp)
+    a = V.alpha_rows(alpha, rows, xp)
     q = target_rows(target, rows, xp)
     p = be.entmax_forward(rows.data, a, None).p.astype(np.float64)
     return rows, xp, a, p, q

@@ -115,7 +115,7 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     scanned = getattr(be, "entmax_forward_scanned", None) if check_finite else None
     if check_finite and scanned is None:
         V.check_finite(rows.source, "x", allow_neg_inf=True)
-    a = V.alpha_rows(alpha, rows.batch_shape, xp_of(rows.data))
+    a = V.alpha_rows(alpha, rows, xp_of(rows.data))
     if scanned is None:
         res = be.entmax_forward(rows.data, a, method)
     else:

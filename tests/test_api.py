@@ -53,6 +53,70 @@ def test_alpha_shape_mismatch(backend):
         er.entmax(backend.asarray(np.zeros((2, 4))), np.full(3, 1.5), backend=backend)
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_alpha_per_row_in_the_keepdims_shape(axis):
+    """alpha of x's shape with size 1 along the axis (``x.sum(axis, keepdims=True)``'s shape,
+    as the entmax package takes it) is one alpha per row, like the row shape itself."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 6) if axis == -1 else (6, 3))
+    rows = np.array([1.2, 1.5, 2.5])
+    keep = rows[:, None] if axis == -1 else rows[None, :]
+    g = rng.standard_normal(x.shape)
+    p = er.entmax(x, rows, axis=axis)
+    assert np.array_equal(er.entmax(x, keep, axis=axis), p)
+    assert np.array_equal(er.entmax_vjp(p, g, keep, axis=axis), er.entmax_vjp(p, g, rows, axis=axis))
+    assert np.array_equal(er.entmax_alpha_vjp(p, g, keep, axis=axis), er.entmax_alpha_vjp(p, g, rows, axis=axis))
+    target = np.zeros(3, int)
+    assert np.array_equal(er.entmax_loss(x, target, keep, axis=axis), er.entmax_loss(x, target, rows, axis=axis))
+    assert np.array_equal(er.normmax(x, keep, axis=axis), er.normmax(x, rows, axis=axis))
+    assert np.array_equal(er.budget_sparsemax(x, keep + 0.5, axis=axis), er.budget_sparsemax(x, rows + 0.5, axis=axis))
+    assert np.array_equal(er.asentmax(x, keep, beta=0.5, gamma=1.0, axis=axis),
+                          er.asentmax(x, rows, beta=0.5, gamma=1.0, axis=axis))
+    with pytest.raises(ValueError, match="nor has the input's shape with size 1 along the axis"):
+        er.entmax(x, np.repeat(keep, 2, axis=axis), axis=axis)
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "numba", "auto"])
+@pytest.mark.parametrize("dtype", [">f8", ">f4"])
+def test_non_native_byte_order_is_computed_as_its_values(backend_name, dtype):
+    """A big-endian (non-native) float64 is float64 for every function: the same bits as the
+    native array, returned natively; 65 rows of 64 send ``auto`` to numba."""
+    if backend_name == "numba":
+        pytest.importorskip("numba")
+    native = np.dtype(dtype).newbyteorder("=")
+    rng = np.random.default_rng(6)
+    x, g = rng.standard_normal((65, 64)), rng.standard_normal((65, 64))
+    q, k, v, do = (rng.standard_normal((1, 2, 9, 4)) for _ in range(4))
+    kw = dict(alpha=1.5, causal=True, backend=backend_name)
+
+    def run(t):
+        p = er.entmax(t(x), 1.5, backend=backend_name)
+        out, info = er.attention(t(q), t(k), t(v), return_info=True, **kw)
+        return (p, er.entmax_vjp(p, t(g), 1.5, backend=backend_name), er.entmax_threshold(t(x), 1.25),
+                er.entmax_loss(t(x), np.zeros(65, int), 2.0), out,
+                *er.attention_vjp(t(do), t(q), t(k), t(v), info=info, **kw)[:3])
+
+    for got, want in zip(run(lambda a: a.astype(dtype)), run(lambda a: a.astype(native)), strict=True):
+        assert got.dtype == want.dtype and got.dtype.isnative
+        assert np.array_equal(got, want)
+
+
+def test_error_messages_show_numbers_not_numpy_reprs():
+    x = np.zeros((2, 3))
+    cases = [(lambda: er.entmax(x, np.array([0.5, 2.0])), "got 0.5"),
+             (lambda: er.entmax(x, np.array([np.nan, 2.0])), "got nan"),
+             (lambda: er.entmax(np.array([1.0, np.nan], np.float32)), "x[1] = nan"),
+             (lambda: er.budget_sparsemax(x, np.float64(9.0)), "budget = 9.0"),
+             (lambda: er.attention(*[np.ones((1, 1, 2, 2))] * 3, alpha=np.True_), "got True"),
+             (lambda: er.attention(*[np.ones((1, 1, 2, 2))] * 3, scale=np.ones(2)), "got array("),
+             (lambda: er.attention(*[np.ones((1, 1, 2, 2))] * 3, causal=np.int64(1)), "got 1"),
+             (lambda: er.attention(*[np.ones((1, 1, 2, 2))] * 3, chunk=np.int64(0)), "got 0")]
+    for call, shown in cases:
+        with pytest.raises((ValueError, TypeError)) as exc:
+            call()
+        assert shown in str(exc.value) and "np." not in str(exc.value), str(exc.value)
+
+
 def test_axis_out_of_range(backend):
     with pytest.raises(ValueError, match="axis 2 is out of range"):
         er.entmax(backend.asarray(np.zeros((2, 4))), 1.5, axis=2, backend=backend)

@@ -92,6 +92,7 @@ def test_torch_in_torch_out_same_values(name):
         assert np.array_equal(g.numpy(), np.asarray(w), equal_nan=True)
 
 
+@pytest.mark.filterwarnings("ignore:entmax_ref's functions read a tensor that requires grad detached")
 @pytest.mark.parametrize("name", ["entmax", "entmax_vjp", "asentmax", "attention_vjp", "row_diagnostics"])
 def test_torch_requires_grad_and_bfloat16(name):
     torch = pytest.importorskip("torch")
@@ -112,6 +113,23 @@ def test_torch_requires_grad_and_bfloat16(name):
             assert b.dtype == torch.bfloat16 and torch.equal(b, w.to(torch.bfloat16))
 
 
+def test_a_tensor_that_requires_grad_warns_once_naming_the_torch_adapter(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(_interop, "_told_detached", False)  # as in a new process
+    x = torch.tensor(X, requires_grad=True)
+    with pytest.warns(UserWarning, match="autograd does not follow. For gradients use entmax_ref.torch") as rec:
+        p = er.entmax(x, 1.5)
+    assert rec[0].filename == __file__  # the caller's line
+    assert not p.requires_grad
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        er.entmax(x, 1.5)  # once per process
+        er.entmax(x.detach(), 1.5)
+
+
+@pytest.mark.filterwarnings("ignore:entmax_ref's functions read a tensor that requires grad detached")
 def test_torch_round_trip_is_zero_copy():
     torch = pytest.importorskip("torch")
     t = torch.tensor(X, requires_grad=True)
