@@ -10,7 +10,7 @@ from the threshold and the skewed output, is in docs/attention.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,6 +22,7 @@ from .asentmax import broadcast_params, real_param, scale_vjp
 from .asentmax import row_scale as row_scale_of
 from .backends import geometry, resolve_backend
 from ._attention_residual import any_big, check_tau, info_alpha, residual_from_info
+from ._attention_options import AttentionOptions
 from ._attention_shapes import ShapeGuard
 from .backends._base import AttentionResidual, AttentionSpec, theta_to_tau
 from .backends._base import NonFiniteInput
@@ -197,9 +198,45 @@ def _key_mask_arg(mask: Any, B: int, Nk: int, k_shape: tuple) -> np.ndarray | No
     return np.ascontiguousarray(m)
 
 
-def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-             chunk, backend, key_padding_mask=None, forward=False, check_finite=True, residual=True) -> _Problem:
-    check_finite = bool(check_finite)  # truthiness, as the row transforms take it
+def _key_lengths_arg(key_lengths: Any, B: int, Nk: int, q_shape: tuple, k_shape: tuple) -> np.ndarray | None:
+    """key_lengths as a (B,) int64 numpy array (None when not given): a small host
+    parameter of the backend contract."""
+    if key_lengths is None:
+        return None
+    kl = V.to_host(key_lengths)
+    if kl.shape != (B,):
+        raise ValueError(f"key_lengths must have shape ({B},) for q {tuple(q_shape)}, got {kl.shape}")
+    if kl.dtype.kind not in "iu":
+        if kl.dtype.kind != "f" or not np.all(np.isfinite(kl)) or np.any(kl != np.round(kl)):
+            raise ValueError(f"key_lengths must be integers, got {kl.tolist()!r}")
+    if np.any(kl < 0) or np.any(kl > Nk):
+        raise ValueError(f"key_lengths must lie in [0, {Nk}] for k {tuple(k_shape)}, got {kl.tolist()!r}")
+    return np.ascontiguousarray(kl, np.int64)
+
+
+def _slopes_arg(alibi_slopes: Any, Hq: int, q_shape: tuple) -> np.ndarray | None:
+    """alibi_slopes as a (Hq,) float64 numpy array (None when not given)."""
+    if alibi_slopes is None:
+        return None
+    sl = real_param(V.to_host(alibi_slopes), "alibi_slopes")
+    if sl.shape != (Hq,):
+        raise ValueError(
+            f"alibi_slopes must have one slope per query head, shape ({Hq},) for q "
+            f"{tuple(q_shape)}, got {sl.shape}"
+        )
+    return np.ascontiguousarray(sl)
+
+
+def _prepare(q, k, v, opts: AttentionOptions, forward: bool = False, residual: bool = True) -> _Problem:
+    """Validate an attention call (the arrays and ``opts``) and build its engine's
+    ``AttentionSpec``, the one place that does: ``forward`` for a forward alone,
+    ``residual`` when a backward will follow it (a backward computes dalpha when alpha is
+    an array)."""
+    alpha, scale, causal, key_lengths, key_padding_mask = (opts.alpha, opts.scale, opts.causal, opts.key_lengths,
+                                                            opts.key_padding_mask)
+    alibi_slopes, beta, gamma, delta, offset, chunk = (opts.alibi_slopes, opts.beta, opts.gamma, opts.delta,
+                                                       opts.offset, opts.chunk)
+    check_finite = bool(opts.check_finite)  # truthiness, as the row transforms take it
     q, cq, oq = _tensor(q, "q", 4, finite=check_finite)
     k, ck, ok = _tensor(k, "k", 4, finite=False)  # scanned last (or by the backend's forward)
     v, cv, ov = _tensor(v, "v", 4, finite=False)
@@ -229,26 +266,8 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         sc = 1.0 / float(np.sqrt(D)) if D else 1.0
     else:
         sc = _scalar(scale, "scale")
-    lengths = None
-    if key_lengths is not None:
-        kl = V.to_host(key_lengths)  # a small host parameter of the backend contract
-        if kl.shape != (B,):
-            raise ValueError(f"key_lengths must have shape ({B},) for q {tuple(q.shape)}, got {kl.shape}")
-        if kl.dtype.kind not in "iu":
-            if kl.dtype.kind != "f" or not np.all(np.isfinite(kl)) or np.any(kl != np.round(kl)):
-                raise ValueError(f"key_lengths must be integers, got {kl.tolist()!r}")
-        if np.any(kl < 0) or np.any(kl > Nk):
-            raise ValueError(f"key_lengths must lie in [0, {Nk}] for k {tuple(k.shape)}, got {kl.tolist()!r}")
-        lengths = np.ascontiguousarray(kl, np.int64)
-    slopes = None
-    if alibi_slopes is not None:
-        sl = real_param(V.to_host(alibi_slopes), "alibi_slopes")
-        if sl.shape != (Hq,):
-            raise ValueError(
-                f"alibi_slopes must have one slope per query head, shape ({Hq},) for q "
-                f"{tuple(q.shape)}, got {sl.shape}"
-            )
-        slopes = np.ascontiguousarray(sl)
+    lengths = _key_lengths_arg(key_lengths, B, Nk, q.shape, k.shape)
+    slopes = _slopes_arg(alibi_slopes, Hq, q.shape)
     if chunk is not None and (not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1):
         raise ValueError(f"chunk must be a positive integer or None, got {V.shown(chunk)!r}")
 
@@ -275,12 +294,13 @@ def _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gam
         raise ValueError("delta and offset only apply with beta and gamma (the ASEntmax scale)")
 
     cdt = V.common_dtype(cq, ck, cv)
-    be = resolve_backend(backend, q, k, v)
+    be = resolve_backend(opts.backend, q, k, v)
     if B * Hq * Nq == 0 or D == 0 or v.shape[3] == 0:
         be = ShapeGuard(be)
     spec = AttentionSpec(alpha=a, scale=sc, causal=bool(causal), key_lengths=lengths,
                          alibi_slopes=slopes, row_scale=row_scale, chunk=chunk, head_alpha=head_alpha,
-                         key_mask=key_mask, check_finite=check_finite, residual=residual)
+                         key_mask=key_mask, check_finite=check_finite, residual=residual,
+                         alpha_grad=not forward and alpha_shape is not None)
 
     def canon(x):
         return np.ascontiguousarray(x.astype(cdt, copy=False)) if isinstance(x, np.ndarray) else x.astype(cdt)
@@ -408,9 +428,13 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     >>> er.attention(q, k, v, alpha=1.5, scale=1.0).round(4).tolist()
     [[[[0.1693, 0.8307]]]]
     """
-    prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend, key_padding_mask, forward=True, check_finite=check_finite,
-                    residual=bool(return_info))
+    return attention_of(q, k, v, AttentionOptions.of(locals()), return_info=return_info)
+
+
+def attention_of(q, k, v, opts: AttentionOptions, *, return_info: bool = False):
+    """:func:`attention` of the options record ``opts`` (what the public function and the
+    adapters call)."""
+    prob = _prepare(q, k, v, opts, forward=True, residual=bool(return_info))
     try:
         fwd = prob.backend.attention_forward(prob.q, prob.k, prob.v, prob.spec)
     except NonFiniteInput:
@@ -510,8 +534,13 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
     >>> g.dq.tolist(), g.dv.tolist()
     ([[[[0.0]]]], [[[[0.0, 0.0], [1.0, 1.0]]]])
     """
-    prob = _prepare(q, k, v, alpha, scale, causal, key_lengths, alibi_slopes, beta, gamma, delta, offset,
-                    chunk, backend, key_padding_mask, check_finite=check_finite)
+    return attention_vjp_of(grad_out, q, k, v, AttentionOptions.of(locals()), info=info, out=out, tau=tau)
+
+
+def attention_vjp_of(grad_out, q, k, v, opts: AttentionOptions, *, info=None, out=None, tau=None):
+    """:func:`attention_vjp` of the options record ``opts`` (what the public function and
+    the adapters call)."""
+    prob = _prepare(q, k, v, opts)
     B, Hq, Nq, _ = prob.q.shape
     Dv = prob.v.shape[3]
     do, cdo, _ = _tensor(grad_out, "grad_out", 4, finite=prob.spec.check_finite)
@@ -541,15 +570,14 @@ def attention_vjp(grad_out, q, k, v, *, info=None, out=None, tau=None, alpha=1.5
                 raise ValueError(f"out must have shape {(B, Hq, Nq, Dv)}, got {tuple(o.shape)}")
             if prob.spec.alpha == 1.0 and prob.spec.head_alpha is None:
                 skew = V.namespace(o).ascontiguousarray(o.astype(np.float64))
-    spec = prob.spec if prob.alpha_shape is None else replace(prob.spec, alpha_grad=True)
-    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, res, skew, spec)
+    grads = prob.backend.attention_backward(do, prob.q, prob.k, prob.v, res, skew, prob.spec)
     dq, dk, dv = (V.cast(g, dt) for g, dt in zip(grads[:3], prob.out_dtypes))
     dalpha = None
     if prob.alpha_shape is not None:  # per row -> per head (summed over batch and queries), on the host
         n_host = V.to_host(prob.n)
         da = np.where(n_host > 0, V.to_host(grads.dalpha).astype(np.float64), 0.0)
         dalpha = da.sum(axis=(0, 2)) if prob.alpha_shape else np.asarray(da.sum())
-        dalpha = V.namespace(alpha).asarray(dalpha)  # in alpha's namespace
+        dalpha = V.namespace(opts.alpha).asarray(dalpha)  # in alpha's namespace
     if prob.params is None:
         return AttentionGradients(dq, dk, dv, dalpha=dalpha)
     live = prob.n > 0

@@ -1,11 +1,16 @@
 """entmax-ref inside JAX: the library's functions with custom VJP rules, under jit, grad and vmap.
 
 Each function computes exactly what the function of the same name in :mod:`entmax_ref`
-computes (bit for bit: the same engines run on the host, through ``jax.pure_callback``) and
-differentiates through the library's own VJPs: the scores, an array ``alpha``, the ASEntmax
-parameters ``beta``, ``gamma``, ``delta``, and q, k, v.  Only reverse-mode first derivatives
-exist: the VJP rules are not themselves differentiable, and JAX refuses forward mode
-(``jax.jvp``, ``jax.hessian``) of a custom-VJP function with a TypeError.
+computes (bit for bit: the same engines run on the host, at once for concrete arrays and
+through ``jax.pure_callback`` when traced) and differentiates through the library's own
+VJPs: the scores, an array ``alpha``, the ASEntmax parameters ``beta``, ``gamma``,
+``delta`` (arrays, or Python floats under ``jax.grad``), and q, k, v.  Only first
+derivatives exist: the VJP rules are not themselves differentiable, and JAX refuses
+forward mode (``jax.jvp``, ``jax.hessian``) of a custom-VJP function with a TypeError (the
+losses, custom JVPs, have forward mode; differentiating them in the target is a
+ValueError).  The library's errors (a ``ValueError`` naming a NaN, ...) reach an eager call
+and ``jax.grad`` as they are; under ``jax.jit`` the host runs inside XLA, and JAX's runtime
+error carries the library's message.  A 0-d input is one row of length 1.
 
 Arrays are computed on the host (CPU); float64 needs ``jax_enable_x64`` as anywhere in JAX
 (without it the losses, float64 in the library, are returned in float32).  ``import
@@ -25,9 +30,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._attention_options import AttentionOptions
 from .adapters import jax_attention as _att
 from .adapters import jax_ops as _ops
-from .adapters.jax_ops import jnp
+from .adapters import number
+from .adapters.jax_ops import jax, jnp
 
 __all__ = ["attention", "attention_varlen", "asentmax", "budget_sparsemax", "entmax", "entmax15", "entmax_loss",
            "normmax", "normmax_loss", "softmax", "sparsemax", "ssmax"]
@@ -45,20 +52,38 @@ def _opts(method=None, backend=None) -> tuple:
 
 
 def _is_array(a: Any) -> bool:
-    return hasattr(a, "shape") and hasattr(a, "dtype")
+    return isinstance(a, jax.Array) or hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+def _rows(x: Any, axis: int) -> tuple:
+    """(x with a row axis, that axis as a negative number, whether x was 0-d): a 0-d x is one
+    row of length 1, as the library takes it; the row axis stays negative, so that a vmapped
+    axis (a leading one) is one more row axis."""
+    x = _floating(x)
+    if x.ndim == 0:
+        if axis not in (-1, 0):
+            raise ValueError(f"axis {axis} is out of range for x of shape ()")
+        return x[None], -1, True
+    return x, _ops.negative_axis(x, axis), False
+
+
+def _unrow(p: Any, scalar: bool) -> Any:
+    return p[..., 0] if scalar else p
 
 
 def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None):
     """alpha-entmax along ``axis`` (:func:`entmax_ref.entmax`), differentiable in x and in an
-    array ``alpha`` (broadcastable to x's shape without ``axis``; its gradient is the
-    library's :func:`entmax_ref.entmax_alpha_vjp` summed over the rows sharing an entry).
-    A Python number is a constant."""
-    x = _floating(x)
-    axis = _ops.negative_axis(x, axis)
+    array ``alpha`` (broadcastable to x's shape without ``axis``, or of x's shape with size 1
+    along ``axis``; its gradient is the library's :func:`entmax_ref.entmax_alpha_vjp` summed
+    over the rows sharing an entry).  A Python number is a constant."""
+    x, axis, scalar = _rows(x, axis)
     if not _is_array(alpha):
-        return _ops.transform(x, "entmax", float(alpha), axis, _opts(method, backend))
-    rows = jnp.broadcast_to(_floating(alpha, "alpha"), _ops.rows_shape(x, axis))
-    return _ops.entmax_rows(x, rows, axis, _opts(method, backend))
+        return _unrow(_ops.transform(x, "entmax", number(alpha, "alpha"), axis, _opts(method, backend)), scalar)
+    alpha = _floating(alpha, "alpha")
+    if alpha.ndim == x.ndim and not scalar and alpha.shape[axis] == 1:
+        alpha = jnp.squeeze(alpha, axis)  # the keepdims form (the entmax package's): one per row
+    rows = jnp.broadcast_to(alpha, _ops.rows_shape(x, axis))
+    return _unrow(_ops.entmax_rows(x, rows, axis, _opts(method, backend)), scalar)
 
 
 def softmax(x, axis=-1, *, backend=None):
@@ -78,41 +103,49 @@ def sparsemax(x, axis=-1, *, backend=None):
 
 def normmax(x, alpha=2.0, axis=-1, *, backend=None):
     """alpha-normmax, differentiable in x (:func:`entmax_ref.normmax`)."""
-    x = _floating(x)
-    return _ops.transform(x, "normmax", float(alpha), _ops.negative_axis(x, axis), _opts(None, backend))
+    x, axis, scalar = _rows(x, axis)
+    return _unrow(_ops.transform(x, "normmax", number(alpha, "alpha"), axis, _opts(None, backend)), scalar)
 
 
 def budget_sparsemax(x, budget=2.0, axis=-1, *, backend=None):
     """budget-sparsemax, differentiable in x (:func:`entmax_ref.budget_sparsemax`)."""
-    x = _floating(x)
-    return _ops.transform(x, "budget_sparsemax", float(budget), _ops.negative_axis(x, axis), _opts(None, backend))
+    x, axis, scalar = _rows(x, axis)
+    return _unrow(_ops.transform(x, "budget_sparsemax", number(budget, "budget"), axis, _opts(None, backend)),
+                  scalar)
+
+
+def _loss(kind, x, target, alpha, axis, backend):
+    x, axis, scalar = _rows(x, axis)
+    target = jnp.asarray(target)
+    if scalar and not jnp.issubdtype(target.dtype, jnp.integer):
+        target = target[None]  # a probability target of a 0-d x: one row of length 1
+    return _ops.loss(x, target, kind, number(alpha, "alpha"), axis, backend)
 
 
 def entmax_loss(x, target, alpha=1.5, axis=-1, *, backend=None):
     """The alpha-entmax Fenchel-Young loss per row (:func:`entmax_ref.entmax_loss`),
-    differentiable in x (not in ``target``: class indices or probabilities)."""
-    x = _floating(x)
-    return _ops.loss(x, jnp.asarray(target), "entmax", float(alpha), _ops.negative_axis(x, axis), backend)
+    differentiable in x; differentiating it in ``target`` (class indices or probabilities)
+    is a ValueError."""
+    return _loss("entmax", x, target, alpha, axis, backend)
 
 
 def normmax_loss(x, target, alpha=2.0, axis=-1, *, backend=None):
     """The alpha-normmax Fenchel-Young loss per row (:func:`entmax_ref.normmax_loss`),
-    differentiable in x."""
-    x = _floating(x)
-    return _ops.loss(x, jnp.asarray(target), "normmax", float(alpha), _ops.negative_axis(x, axis), backend)
+    differentiable in x (not in ``target``)."""
+    return _loss("normmax", x, target, alpha, axis, backend)
 
 
 def _param(v: Any) -> Any:
     """A parameter as an array: a number in float64 (float32 without x64), as the library reads it."""
-    return v if _is_array(v) else jnp.asarray(v, _ops._float64())
+    return v if isinstance(v, jax.Array) else jnp.asarray(v, _ops._float64())
 
 
 def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, axis=-1, backend=None):
     """ASEntmax (:func:`entmax_ref.asentmax`), differentiable in x, beta, gamma and delta
     (their gradients are :func:`entmax_ref.asentmax_vjp`'s)."""
-    x = _floating(x)
+    x, axis, scalar = _rows(x, axis)
     b, g, d = (_param(v) for v in (beta, gamma, delta))
-    return _ops.asentmax(x, float(alpha), b, g, d, float(offset), _ops.negative_axis(x, axis), backend)
+    return _unrow(_ops.asentmax(x, number(alpha, "alpha"), b, g, d, number(offset, "offset"), axis, backend), scalar)
 
 
 def ssmax(x, *, beta, offset=1.0, axis=-1, backend=None):
@@ -120,16 +153,12 @@ def ssmax(x, *, beta, offset=1.0, axis=-1, backend=None):
     return asentmax(x, 1.0, beta=beta, gamma=1.0, delta=0.0, offset=offset, axis=axis, backend=backend)
 
 
-def _attention(q, k, v, alpha, scale, causal, aux, beta, gamma, delta, offset, chunk, backend, varlen):
+def _attention(q, k, v, cu, names):
+    """The attention of the options among ``names`` (packed when ``cu`` is given)."""
     q, k, v = (_floating(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    alpha_t = _floating(alpha, "alpha") if _is_array(alpha) else None
-    params = None
-    if beta is not None or gamma is not None:
-        params = tuple(_param(p) for p in (beta, gamma, delta))
-    static = (1.5 if alpha_t is not None else float(alpha), None if scale is None else float(scale), bool(causal),
-              float(offset), chunk, backend, varlen)
-    aux = {name: None if a is None else jnp.asarray(a) for name, a in aux.items()}
-    return _att.attention(q, k, v, alpha_t, params, aux, static)
+    arrays, static = AttentionOptions.encode(names)
+    cu = None if cu is None else tuple(jnp.asarray(c) for c in cu)
+    return _att.attention(q, k, v, cu, tuple(jnp.asarray(a) for a in arrays), static)
 
 
 def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, key_padding_mask=None,
@@ -144,13 +173,11 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     >>> erj.attention(q, k, v, alpha=2, scale=1.0).tolist()
     [[[[0.0, 1.0]]]]
     """
-    aux = {"key_lengths": key_lengths, "key_padding_mask": key_padding_mask, "alibi_slopes": alibi_slopes}
-    return _attention(q, k, v, alpha, scale, causal, aux, beta, gamma, delta, offset, chunk, backend, False)
+    return _attention(q, k, v, None, locals())
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=None, causal=False,
                      alibi_slopes=None, beta=None, gamma=None, delta=1.0, offset=1.0, chunk=None, backend=None):
     """Attention of packed variable-length sequences (:func:`entmax_ref.attention_varlen`),
     differentiable like :func:`attention`."""
-    aux = {"alibi_slopes": alibi_slopes, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
-    return _attention(q, k, v, alpha, scale, causal, aux, beta, gamma, delta, offset, chunk, backend, True)
+    return _attention(q, k, v, (cu_seqlens_q, cu_seqlens_k), locals())

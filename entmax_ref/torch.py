@@ -7,10 +7,14 @@ forward's output (for attention: of its lossless residual), so gradients reach t
 a tensor ``alpha``, the ASEntmax parameters ``beta``, ``gamma``, ``delta``, and q, k, v.
 
 The operations are registered with ``torch.library.custom_op`` (namespace ``entmax_ref``)
-with shape-only fake implementations, so they also run inside ``torch.compile`` without a
-graph break.  They work on CPU tensors (and on CUDA tensors where the cupy backend runs;
-otherwise a CUDA tensor is a TypeError).  Only first derivatives exist: a double backward
-(``torch.autograd.gradgradcheck``, ``create_graph=True`` Hessians) raises a RuntimeError.
+with shape-only fake implementations (with the real ones' strides), so they also run inside
+``torch.compile`` (``aot_eager`` and ``inductor``) without a graph break, and they are
+differentiable through ``torch.autograd.Function`` classes, so ``torch.func.grad``, ``vjp``,
+``jacrev`` and ``vmap`` take them too (``vmap`` calls the library once per mapped element;
+forward mode, ``jvp`` and ``jacfwd``, is not implemented).  They work on CPU tensors (and on
+CUDA tensors where the cupy backend runs; otherwise a CUDA tensor is a TypeError).  Only first
+derivatives exist: a double backward (``torch.autograd.gradgradcheck``, ``create_graph=True``
+Hessians, ``torch.func.grad`` of ``torch.func.grad``) raises a RuntimeError.
 
 ``import entmax_ref`` does not import torch; this module does (an ImportError says how to
 install it).  The functions of :mod:`entmax_ref` itself take tensors too, but return
@@ -33,9 +37,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._validate import real_array
+from .adapters import number
 from .adapters._torch_host import torch
-from .adapters.torch_attention import attention_op
-from .adapters.torch_rows import asentmax_op, budget_op, entmax_op, loss_op, normmax_op
+from .adapters.torch_attention import attention_apply
+from .adapters.torch_rows import asentmax_fn, budget_fn, entmax_fn, loss_fn, normmax_fn
 
 __all__ = ["attention", "attention_varlen", "asentmax", "budget_sparsemax", "entmax", "entmax15", "entmax_loss",
            "normmax", "normmax_loss", "softmax", "sparsemax", "ssmax"]
@@ -48,11 +54,12 @@ def _tensor(x: Any, name: str) -> Any:
     return x
 
 
-def _param(v: Any, like: Any) -> Any:
-    """A parameter (number or tensor) as a tensor: numbers become float64 (as the library reads them)."""
+def _param(v: Any, like: Any, name: str) -> Any:
+    """A parameter (a number, an array or a tensor) as a tensor: numbers and arrays in
+    float64, as the library reads them (a bool or a string is refused as it refuses it)."""
     if v is None or isinstance(v, torch.Tensor):
         return v
-    return torch.as_tensor(v, dtype=torch.float64, device=like.device)
+    return torch.as_tensor(real_array(v, name), device=like.device)
 
 
 def entmax(x, alpha=1.5, dim=-1, *, method=None, backend=None):
@@ -60,7 +67,8 @@ def entmax(x, alpha=1.5, dim=-1, *, method=None, backend=None):
     (:func:`entmax_ref.entmax`).
 
     ``alpha`` is a number (a constant) or a tensor broadcastable to x's shape without
-    ``dim`` (one per row, per head, ...), whose gradient is the library's
+    ``dim`` (one per row, per head, ...), or of x's shape with size 1 along ``dim`` (the
+    ``entmax`` package's form); its gradient is the library's
     :func:`entmax_ref.entmax_alpha_vjp` summed over the rows that share each entry.
 
     >>> import torch, entmax_ref.torch as ert
@@ -69,33 +77,35 @@ def entmax(x, alpha=1.5, dim=-1, *, method=None, backend=None):
     """
     x = _tensor(x, "x")
     if isinstance(alpha, torch.Tensor):
-        return entmax_op(x, 1.5, alpha, dim, method, backend)
-    return entmax_op(x, float(alpha), None, dim, method, backend)
+        if alpha.dim() == x.dim() > 0 and alpha.shape[dim] == 1:
+            alpha = alpha.squeeze(dim)  # the keepdims form: autograd sums its gradient back
+        return entmax_fn(x, 1.5, alpha, dim, method, backend)
+    return entmax_fn(x, number(alpha, "alpha"), None, dim, method, backend)
 
 
 def softmax(x, dim=-1, *, backend=None):
     """Softmax (alpha = 1) along ``dim``, differentiable (:func:`entmax_ref.softmax`)."""
-    return entmax_op(_tensor(x, "x"), 1.0, None, dim, None, backend)
+    return entmax_fn(_tensor(x, "x"), 1.0, None, dim, None, backend)
 
 
 def entmax15(x, dim=-1, *, backend=None):
     """1.5-entmax along ``dim``, differentiable (:func:`entmax_ref.entmax15`)."""
-    return entmax_op(_tensor(x, "x"), 1.5, None, dim, None, backend)
+    return entmax_fn(_tensor(x, "x"), 1.5, None, dim, None, backend)
 
 
 def sparsemax(x, dim=-1, *, backend=None):
     """Sparsemax (alpha = 2) along ``dim``, differentiable (:func:`entmax_ref.sparsemax`)."""
-    return entmax_op(_tensor(x, "x"), 2.0, None, dim, None, backend)
+    return entmax_fn(_tensor(x, "x"), 2.0, None, dim, None, backend)
 
 
 def normmax(x, alpha=2.0, dim=-1, *, backend=None):
     """alpha-normmax along ``dim``, differentiable in x (:func:`entmax_ref.normmax`)."""
-    return normmax_op(_tensor(x, "x"), float(alpha), dim, backend)
+    return normmax_fn(_tensor(x, "x"), number(alpha, "alpha"), dim, backend)
 
 
 def budget_sparsemax(x, budget=2.0, dim=-1, *, backend=None):
     """budget-sparsemax along ``dim``, differentiable in x (:func:`entmax_ref.budget_sparsemax`)."""
-    return budget_op(_tensor(x, "x"), float(budget), dim, backend)
+    return budget_fn(_tensor(x, "x"), number(budget, "budget"), dim, backend)
 
 
 def _target(target: Any, x: Any) -> Any:
@@ -113,14 +123,14 @@ def entmax_loss(x, target, alpha=1.5, dim=-1, *, backend=None):
     0.0625
     """
     x = _tensor(x, "x")
-    return loss_op(x, _target(target, x), "entmax", float(alpha), dim, backend)
+    return loss_fn(x, _target(target, x), "entmax", number(alpha, "alpha"), dim, backend)
 
 
 def normmax_loss(x, target, alpha=2.0, dim=-1, *, backend=None):
     """The alpha-normmax Fenchel-Young loss per row (float64), differentiable in x
     (:func:`entmax_ref.normmax_loss`)."""
     x = _tensor(x, "x")
-    return loss_op(x, _target(target, x), "normmax", float(alpha), dim, backend)
+    return loss_fn(x, _target(target, x), "normmax", number(alpha, "alpha"), dim, backend)
 
 
 def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, dim=-1, backend=None):
@@ -128,31 +138,14 @@ def asentmax(x, alpha=1.5, *, beta, gamma, delta=1.0, offset=1.0, dim=-1, backen
     tensors ``beta``, ``gamma``, ``delta`` (numbers are constants); their gradients are
     :func:`entmax_ref.asentmax_vjp`'s, shaped like them."""
     x = _tensor(x, "x")
-    b, g, d = (_param(v, x) for v in (beta, gamma, delta))
-    return asentmax_op(x, float(alpha), b, g, d, float(offset), dim, backend)
+    b, g, d = (_param(v, x, n) for v, n in ((beta, "beta"), (gamma, "gamma"), (delta, "delta")))
+    return asentmax_fn(x, number(alpha, "alpha"), b, g, d, number(offset, "offset"), dim, backend)
 
 
 def ssmax(x, *, beta, offset=1.0, dim=-1, backend=None):
     """Scalable softmax (:func:`entmax_ref.ssmax`): ASEntmax with alpha = 1, gamma = 1,
     delta = 0, differentiable in x and a tensor ``beta``."""
     return asentmax(x, 1.0, beta=beta, gamma=1.0, delta=0.0, offset=offset, dim=dim, backend=backend)
-
-
-def _attention(q, k, v, cu_q, cu_k, alpha, scale, causal, key_lengths, key_padding_mask, alibi_slopes, beta,
-               gamma, delta, offset, chunk, backend):
-    q, k, v = (_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    alpha_t = alpha if isinstance(alpha, torch.Tensor) else None
-    a = 1.5 if alpha_t is not None else float(alpha)
-    if beta is None and gamma is None:
-        delta = None
-    b, g, d, slopes = (_param(p, q) for p in (beta, gamma, delta, alibi_slopes))
-    if key_lengths is not None and not isinstance(key_lengths, torch.Tensor):
-        key_lengths = torch.as_tensor(key_lengths, dtype=torch.int64)
-    if key_padding_mask is not None and not isinstance(key_padding_mask, torch.Tensor):
-        key_padding_mask = torch.as_tensor(key_padding_mask, dtype=torch.bool)
-    outs = attention_op(q, k, v, cu_q, cu_k, a, alpha_t, None if scale is None else float(scale), bool(causal),
-                        key_lengths, key_padding_mask, slopes, b, g, d, float(offset), chunk, backend)
-    return outs[0]
 
 
 def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None, key_padding_mask=None,
@@ -170,8 +163,8 @@ def attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_lengths=None,
     >>> ert.attention(q, k, v, alpha=2, scale=1.0).tolist()
     [[[[0.0, 1.0]]]]
     """
-    return _attention(q, k, v, None, None, alpha, scale, causal, key_lengths, key_padding_mask, alibi_slopes, beta,
-                      gamma, delta, offset, chunk, backend)
+    q, k, v = (_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    return attention_apply(q, k, v, None, None, locals())
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=None, causal=False,
@@ -179,7 +172,5 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     """alpha-entmax attention of packed variable-length sequences
     (:func:`entmax_ref.attention_varlen`: q (total_q, Hq, D), k and v (total_k, Hkv, .)),
     differentiable like :func:`attention`."""
-    cu = [c if isinstance(c, torch.Tensor) else torch.as_tensor(c, dtype=torch.int64)
-          for c in (cu_seqlens_q, cu_seqlens_k)]
-    return _attention(q, k, v, *cu, alpha, scale, causal, None, None, alibi_slopes, beta, gamma, delta, offset,
-                      chunk, backend)
+    q, k, v = (_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    return attention_apply(q, k, v, cu_seqlens_q, cu_seqlens_k, locals())

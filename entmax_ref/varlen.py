@@ -16,6 +16,7 @@ one sequence.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,8 @@ import numpy as np
 from . import _validate as V
 from ._interop import public
 from .asentmax import broadcast_params, real_param, reduce_to
-from .attention import AttentionGradients, AttentionInfo, alpha_arg, attention, attention_vjp
+from ._attention_options import AttentionOptions
+from .attention import AttentionGradients, AttentionInfo, alpha_arg, attention_of, attention_vjp_of
 from .backends.attention_driver import concat_keys
 
 __all__ = ["attention_varlen", "attention_varlen_vjp"]
@@ -58,7 +60,9 @@ def _offsets(cu: Any, name: str, total: int, total_name: str) -> np.ndarray:
 class _Packed:
     """The validated packed problem and its per-sequence slices."""
 
-    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, alpha, alibi_slopes, beta, gamma, delta, offset):
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, opts: AttentionOptions):
+        self.opts = opts
+        alpha, alibi_slopes, beta, gamma, delta = opts.alpha, opts.alibi_slopes, opts.beta, opts.gamma, opts.delta
         self.q, oq = _packed(q, "q", "(total_q, Hq, D)")
         self.k, ok = _packed(k, "k", "(total_k, Hkv, D)")
         self.v, ov = _packed(v, "v", "(total_k, Hkv, Dv)")
@@ -124,14 +128,15 @@ class _Packed:
         """Rows i0:i1 of a packed (total, H, d) array as (1, H, i1 - i0, d) (a view)."""
         return x[i0:i1].transpose(1, 0, 2)[None]
 
-    def scale_params(self, q0, q1, beta, gamma, delta):
-        """beta, gamma, delta of one sequence, shape (1, Hq, N_s) (broadcast views)."""
-        if self.params is None:
-            return {"beta": beta, "gamma": gamma, "delta": delta}
-        shape = (self.total_q, self.Hq)
-        xp = V.namespace(self.q)
-        return {name: xp.broadcast_to(self.params[name], shape)[q0:q1].T[None]
-                for name in ("beta", "gamma", "delta")}
+    def options(self, q0, q1, **changes) -> AttentionOptions:
+        """The options of one sequence (rows q0:q1): beta, gamma, delta shaped (1, Hq, N_s)
+        (broadcast views), and ``changes``."""
+        if self.params is not None:
+            shape = (self.total_q, self.Hq)
+            xp = V.namespace(self.q)
+            changes.update({name: xp.broadcast_to(self.params[name], shape)[q0:q1].T[None]
+                            for name in ("beta", "gamma", "delta")})
+        return replace(self.opts, **changes)
 
 
 @public
@@ -202,8 +207,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
     >>> er.attention_varlen(q, k, v, cu_q, cu_k, alpha=2, scale=1.0, causal=True)[:, 0, 0].tolist()
     [0.0, 1.0, 5.0]
     """
-    P = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, alpha, alibi_slopes, beta, gamma, delta, offset)
-    if check_finite:  # here, naming packed positions: the sequences' calls need not scan again
+    return attention_varlen_of(q, k, v, cu_seqlens_q, cu_seqlens_k, AttentionOptions.of(locals()),
+                               return_info=return_info)
+
+
+def attention_varlen_of(q, k, v, cu_seqlens_q, cu_seqlens_k, opts: AttentionOptions, *, return_info: bool = False):
+    """:func:`attention_varlen` of the options record ``opts`` (what the public function
+    and the adapters call)."""
+    P = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, opts)
+    if opts.check_finite:  # here, naming packed positions: the sequences' calls need not scan again
         P.check_finite()
     xp = V.namespace(P.q)
     out = xp.zeros((P.total_q, P.Hq, P.Dv), P.out_dtype)
@@ -217,10 +229,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alpha=1.5, scale=No
                  "edge": xp.full((P.total_q, P.Hq), -np.inf), "edge_p": xp.zeros((P.total_q, P.Hq))}
         keys = []  # each sequence's (rows, Hq, width) support keys, in row order (None: kept none)
     for _, q0, q1, k0, k1 in P.sequences():
-        res = attention(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
-                        alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
-                        chunk=chunk, return_info=return_info, backend=backend, check_finite=False,
-                        **P.scale_params(q0, q1, beta, gamma, delta))
+        res = attention_of(P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1), P.heads_first(P.v, k0, k1),
+                           P.options(q0, q1, check_finite=False), return_info=return_info)
         o, info = res if return_info else (res, None)
         out[q0:q1] = o[0].transpose(1, 0, 2)
         if info is not None:
@@ -294,7 +304,15 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
     >>> g.dv[:, 0, 0].tolist()  # each key has all the mass of one query
     [1.0, 1.0, 1.0]
     """
-    P = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, alpha, alibi_slopes, beta, gamma, delta, offset)
+    return attention_varlen_vjp_of(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, AttentionOptions.of(locals()),
+                                   info=info, out=out, tau=tau)
+
+
+def attention_varlen_vjp_of(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, opts: AttentionOptions, *, info=None,
+                            out=None, tau=None):
+    """:func:`attention_varlen_vjp` of the options record ``opts`` (what the public
+    function and the adapters call)."""
+    P = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, opts)
     do = V.as_array(grad_out)
     expect = (P.total_q, P.Hq, P.Dv)
     if tuple(do.shape) != expect:
@@ -317,7 +335,7 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
             if a is None or tuple(a.shape) != want:
                 got = None if a is None else tuple(a.shape)
                 raise ValueError(f"info.{name} must have shape {want} (the packed rows of this call), got {got}")
-    if check_finite:  # first here, so that the error names a packed position
+    if opts.check_finite:  # first here, so that the error names a packed position
         P.check_finite((do, "grad_out"))
     xp = V.namespace(P.q)
 
@@ -329,14 +347,11 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
     dscale = None if P.params is None else {name: xp.zeros((P.total_q, P.Hq)) for name in P.params}
     dalpha = None
     for _, q0, q1, k0, k1 in P.sequences():
-        kw = P.scale_params(q0, q1, beta, gamma, delta)
-        g = attention_vjp(P.heads_first(do, q0, q1), P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1),
-                          P.heads_first(P.v, k0, k1),
-                          out=None if out is None else P.heads_first(out, q0, q1),
-                          tau=None if tau is None else tau[q0:q1].T[None],
-                          info=None if info is None else _sequence_info(info, q0, q1),
-                          alpha=alpha, scale=scale, causal=causal, alibi_slopes=alibi_slopes, offset=offset,
-                          chunk=chunk, backend=backend, check_finite=check_finite, **kw)
+        g = attention_vjp_of(P.heads_first(do, q0, q1), P.heads_first(P.q, q0, q1), P.heads_first(P.k, k0, k1),
+                             P.heads_first(P.v, k0, k1), P.options(q0, q1),
+                             out=None if out is None else P.heads_first(out, q0, q1),
+                             tau=None if tau is None else tau[q0:q1].T[None],
+                             info=None if info is None else _sequence_info(info, q0, q1))
         dq[q0:q1] = g.dq[0].transpose(1, 0, 2)
         dk[k0:k1] = g.dk[0].transpose(1, 0, 2)
         dv[k0:k1] = g.dv[0].transpose(1, 0, 2)
@@ -346,7 +361,7 @@ def attention_varlen_vjp(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *, info=
         if g.dalpha is not None:
             dalpha = g.dalpha if dalpha is None else dalpha + g.dalpha
     if dalpha is None and P.alpha_shape is not None:  # no sequence has a query
-        dalpha = V.namespace(alpha).asarray(np.zeros(P.alpha_shape))
+        dalpha = V.namespace(opts.alpha).asarray(np.zeros(P.alpha_shape))
     if dscale is None:
         return AttentionGradients(dq, dk, dv, dalpha=dalpha)
     red = {name: reduce_to(dscale[name], P.params[name].shape) for name in dscale}

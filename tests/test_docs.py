@@ -40,6 +40,18 @@ def test_autodiff_guide_examples_run(heading, module):
     exec(compile(code, f"autodiff.md#{heading}", "exec"), {"__name__": f"autodiff_{module}"})
 
 
+def test_autodiff_guide_starts_from_the_ready_made_adapters():
+    """The guide to writing an autodiff rule first points to the rules the library ships,
+    and its ready-made example runs."""
+    pytest.importorskip("torch")
+    text = (DOCS / "guides" / "autodiff.md").read_text(encoding="utf-8")
+    intro = re.split(r"^## ", text, flags=re.M)[0]
+    assert "`entmax_ref.torch`" in intro and "`entmax_ref.jax`" in intro and "(training.md)" in intro
+    code = "\n".join(re.findall(r"```python\n(.*?)```", intro, flags=re.S))
+    assert "ert.sparsemax" in code
+    exec(compile(code, "autodiff.md#ready-made", "exec"), {"__name__": "autodiff_ready_made"})
+
+
 def test_every_docs_image_exists():
     for page in DOCS.rglob("*.md"):
         for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text(encoding="utf-8")):

@@ -148,6 +148,78 @@ def test_bad_input_is_named():
         erj.entmax15(jnp.zeros((2, 3)), axis=2)
 
 
+@pytest.mark.parametrize("call", ["asentmax", "ssmax", "attention", "attention_delta"])
+def test_grad_with_respect_to_a_python_float_parameter(call):
+    x = _randn(3, 5)
+    q, k, v = _qkv()
+    fns = {"asentmax": lambda b: (erj.asentmax(x, beta=b, gamma=1.0) * jnp.arange(5.0)).sum(),
+           "ssmax": lambda b: (erj.ssmax(x, beta=b) * jnp.arange(5.0)).sum(),
+           "attention": lambda b: jnp.square(erj.attention(q, k, v, beta=b, gamma=1.0)).sum(),
+           "attention_delta": lambda d: jnp.square(erj.attention(q, k, v, beta=0.5, gamma=1.0, delta=d)).sum()}
+    fn = fns[call]
+    got = jax.grad(fn)(0.5)  # a Python float: jax.grad hands the custom rules a plain number
+    assert got == jax.grad(fn)(jnp.array(0.5)) and got == jax.jit(jax.grad(fn))(0.5) and got != 0
+
+
+def test_loss_gradient_with_respect_to_a_probability_target_is_refused():
+    x = _randn(3, 5)
+    target = jax.nn.softmax(_randn(3, 5, seed=1))
+    for jit in (lambda f: f, jax.jit):
+        with pytest.raises(ValueError, match="differentiate the scores x, not the target"):
+            jit(jax.grad(lambda t: erj.entmax_loss(x, t, 1.5).sum()))(target)
+        dx = jit(jax.grad(lambda x: erj.normmax_loss(x, target, 2.0).sum()))(x)
+        assert np.array_equal(dx, er.normmax_loss_grad(np.asarray(x), np.asarray(target), 2.0))
+    _, tangent = jax.jvp(lambda x: erj.entmax_loss(x, target, 1.5), (x,), (jnp.ones_like(x),))
+    want = (er.entmax_loss_grad(np.asarray(x), np.asarray(target), 1.5)).sum(axis=-1)
+    assert np.allclose(tangent, want, rtol=0, atol=1e-15)
+
+
+def test_nan_input_is_the_librarys_value_error():
+    x = jnp.array([1.0, jnp.nan, 0.5])
+    with pytest.raises(ValueError, match=r"x contains 1 NaN or \+inf value; the first is x\[1\] = nan"):
+        erj.entmax15(x)
+    with pytest.raises(ValueError, match=r"the first is x\[1\] = nan"):
+        jax.grad(lambda x: erj.sparsemax(x)[0])(x)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"q contains 1 NaN"):
+        erj.attention(q.at[0, 0, 0, 0].set(jnp.nan), k, v)
+    # under jit the host runs in XLA's runtime: the library's message is in JAX's error
+    with pytest.raises(Exception, match=r"x contains 1 NaN or \+inf value"):
+        jax.jit(erj.entmax15)(x).block_until_ready()
+
+
+def test_zero_d_input_is_one_row_of_length_one():
+    x = jnp.array(3.0)
+    assert erj.entmax15(x) == 1.0 and erj.entmax15(x).shape == () and erj.normmax(x).shape == ()
+    assert erj.entmax(x, jnp.array(1.7)).shape == () and erj.softmax(x, axis=0) == 1.0
+    assert jax.grad(erj.entmax15)(x) == 0.0 and jax.grad(lambda a: erj.entmax(x, a))(jnp.array(1.7)) == 0.0
+    assert erj.entmax_loss(x, jnp.array(0), 1.5) == 0.0 and erj.entmax_loss(x, jnp.array(1.0), 1.5) == 0.0
+    assert np.array_equal(jax.vmap(erj.sparsemax)(jnp.array([3.0, -1.0])), [1.0, 1.0])
+    with pytest.raises(ValueError, match="axis 1 is out of range"):
+        erj.entmax15(x, axis=1)
+
+
+@pytest.mark.parametrize("bad", [True, "1.5", jnp.nan])
+def test_a_number_that_is_not_a_number_is_refused_as_the_library_refuses_it(bad):
+    x = _randn(2, 3)
+    for call in (lambda: erj.entmax(x, bad), lambda: erj.normmax(x, bad), lambda: erj.budget_sparsemax(x, bad),
+                 lambda: erj.entmax_loss(x, jnp.array([0, 1]), bad), lambda: erj.asentmax(x, bad, beta=0.5, gamma=1.0),
+                 lambda: erj.attention(*_qkv(), alpha=bad)):
+        with pytest.raises((TypeError, ValueError), match="alpha|budget"):
+            call()
+
+
+def test_alpha_in_the_keepdims_shape_of_the_entmax_package():
+    x = _randn(3, 5)
+    keep, rows = jnp.array([[1.2], [1.5], [2.0]]), jnp.array([1.2, 1.5, 2.0])
+    assert np.array_equal(erj.entmax(x, keep), erj.entmax(x, rows))
+    g = _randn(3, 5, seed=2)
+    _, vjp = jax.vjp(lambda a: erj.entmax(x, a), keep)
+    (dk,) = vjp(g)
+    assert dk.shape == (3, 1) and np.array_equal(dk[:, 0], jax.vjp(lambda a: erj.entmax(x, a), rows)[1](g)[0])
+    _grads(lambda x, a: erj.entmax(x, a, axis=0), x, jnp.array([[1.1, 1.3, 1.5, 2.0, 3.0]]))
+
+
 def test_import_entmax_ref_does_not_import_jax_and_the_adapter_names_the_install():
     code = ("import sys; import entmax_ref; assert 'jax' not in sys.modules, 'jax imported'; "
             "sys.modules['jax'] = None\n"

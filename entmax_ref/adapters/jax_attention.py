@@ -1,6 +1,12 @@
 """Attention (padded and packed) as a JAX function whose VJP is the library's
 :func:`entmax_ref.attention_vjp` of the forward's lossless residual (see
-:mod:`entmax_ref.adapters.jax_ops` for how the residual travels)."""
+:mod:`entmax_ref.adapters.jax_ops` for how the residual travels).
+
+The call's :class:`~entmax_ref._attention_options.AttentionOptions` travel encoded
+(:meth:`~entmax_ref._attention_options.AttentionOptions.encode`): the options that are
+arrays as JAX arrays (alpha, beta, gamma and delta among them are differentiated), the
+others as one static string.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,10 @@ from functools import partial
 
 import numpy as np
 
-from .jax_ops import host_call, shape_spec, jax, jnp
+from .._attention_options import AttentionOptions
+from ..attention import attention_of, attention_vjp_of
+from ..varlen import attention_varlen_of, attention_varlen_vjp_of
+from .jax_ops import host_call, jax, jnp, shape_spec, spec_of
 
 import entmax_ref as er
 
@@ -32,70 +41,60 @@ def _unpack(b, name: str) -> np.ndarray:
     return np.ascontiguousarray(b).view(_dtype(name)).reshape(b.shape[:-1])
 
 
-def _library(varlen: bool):
-    return (er.attention_varlen, er.attention_varlen_vjp) if varlen else (er.attention, er.attention_vjp)
+def _call(fn_padded, fn_packed, lead, cu, arrays, static, **kw):
+    """The library's attention function (padded, or packed when ``cu`` is given) of the host
+    arrays ``lead`` ((q, k, v), or (grad_out, q, k, v)), with the options record of
+    ``static`` and ``arrays``."""
+    opts = AttentionOptions.join(static, arrays)
+    return fn_padded(*lead, opts, **kw) if cu is None else fn_packed(*lead, *cu, opts, **kw)
 
 
-def _kwargs(static, alpha_t, params, aux):
-    """The library call's keyword arguments from the static tuple and the host arrays."""
-    alpha, scale, causal, offset, chunk, backend, varlen = static
-    kw = dict(alpha=alpha if alpha_t is None else alpha_t, scale=scale, causal=causal, offset=offset, chunk=chunk,
-              backend=backend, alibi_slopes=aux.get("alibi_slopes"))
-    if params is not None:
-        kw.update(zip(("beta", "gamma", "delta"), params))
-    if not varlen:
-        kw.update(key_lengths=aux.get("key_lengths"), key_padding_mask=aux.get("key_padding_mask"))
-    return kw
+@partial(jax.custom_vjp, nondiff_argnums=(5,))
+def attention(q, k, v, cu, arrays, static):
+    """The output of the library's attention; ``arrays`` (the array options, a tuple) are
+    differentiated where the library has their gradient (alpha, beta, gamma, delta),
+    ``cu`` (the packed batch's offsets, or None) is not."""
+    return _forward(q, k, v, cu, arrays, static)[0]
 
 
-def _positional(q, k, v, aux, varlen):
-    return (q, k, v, aux["cu_seqlens_q"], aux["cu_seqlens_k"]) if varlen else (q, k, v)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(6,))
-def attention(q, k, v, alpha_t, params, aux, static):
-    """The output of the library's attention; ``alpha_t`` (an array or None) and ``params``
-    ((beta, gamma, delta) or None) are differentiated, ``aux`` (masks, slopes, offsets) not."""
-    return _forward(q, k, v, alpha_t, params, aux, static)[0]
-
-
-def _forward(q, k, v, alpha_t, params, aux, static):
-    varlen = static[-1]
-    rows = tuple(q.shape[:2]) if varlen else tuple(q.shape[:3])
+def _forward(q, k, v, cu, arrays, static):
+    rows = tuple(q.shape[:3]) if cu is None else tuple(q.shape[:2])
     dv = v.shape[-1]
     out = shape_spec(rows + (dv,), jnp.result_type(q.dtype, k.dtype, v.dtype))
     shapes = (out, *(shape_spec(rows + ((dv, 2) if name == "skew" else (2,)), jnp.uint32) for name in RESIDUAL))
 
-    def host(q, k, v, alpha_t, params, aux):
-        fwd = _library(varlen)[0]
-        o, info = fwd(*_positional(q, k, v, aux, varlen), return_info=True, **_kwargs(static, alpha_t, params, aux))
+    def host(q, k, v, cu, arrays):
+        o, info = _call(attention_of, attention_varlen_of, (q, k, v), cu, arrays, static, return_info=True)
         return (o, *(_pack(getattr(info, name), name) for name in RESIDUAL))
 
-    res = host_call(host, shapes, q, k, v, alpha_t, params, aux, vmap="sequential")
+    res = host_call(host, shapes, q, k, v, cu, arrays, vmap="sequential")
     return res[0], res[1:]
 
 
-def _attention_fwd(q, k, v, alpha_t, params, aux, static):
-    out, residual = _forward(q, k, v, alpha_t, params, aux, static)
-    return out, (q, k, v, alpha_t, params, aux, residual)
+def _attention_fwd(q, k, v, cu, arrays, static):
+    out, residual = _forward(q, k, v, cu, arrays, static)
+    return out, (q, k, v, cu, arrays, residual)
 
 
 def _attention_bwd(static, res, g):
-    q, k, v, alpha_t, params, aux, residual = res
-    alpha, varlen = static[0], static[-1]
-    like = (q, k, v, alpha_t, params)
-    shapes = jax.tree.map(lambda t: shape_spec(t.shape, t.dtype), like)
+    q, k, v, cu, arrays, residual = res
+    names = AttentionOptions.arrays_of(static)
+    wanted = [name in AttentionOptions.DIFFERENTIABLE for name in names]
+    shapes = (*(spec_of(t) for t in (q, k, v)), tuple(spec_of(a) for a, want in zip(arrays, wanted) if want))
 
-    def host(g, q, k, v, alpha_t, params, aux, residual):
+    def host(g, q, k, v, cu, arrays, residual):
         fields = {name: _unpack(r, name) for name, r in zip(RESIDUAL, residual)}
-        info_alpha = alpha if alpha_t is None else tuple(float(a) for a in np.ravel(alpha_t))
-        info = er.AttentionInfo(alpha=info_alpha, **fields)
-        vjp = _library(varlen)[1]
-        gr = vjp(g, *_positional(q, k, v, aux, varlen), info=info, **_kwargs(static, alpha_t, params, aux))
-        return (gr.dq, gr.dk, gr.dv, gr.dalpha, None if params is None else (gr.dbeta, gr.dgamma, gr.ddelta))
+        opts = AttentionOptions.join(static, arrays)
+        alpha = opts.alpha  # AttentionInfo.alpha: a number, or one per head
+        info = er.AttentionInfo(alpha=tuple(np.ravel(alpha).tolist()) if isinstance(alpha, np.ndarray) else alpha,
+                                **fields)
+        gr = _call(attention_vjp_of, attention_varlen_vjp_of, (g, q, k, v), cu, arrays, static, info=info)
+        grads = {"alpha": gr.dalpha, "beta": gr.dbeta, "gamma": gr.dgamma, "delta": gr.ddelta}
+        return gr.dq, gr.dk, gr.dv, tuple(grads[name] for name, want in zip(names, wanted) if want)
 
-    dq, dk, dv, dalpha, dparams = host_call(host, shapes, g, q, k, v, alpha_t, params, aux, residual, vmap="sequential")
-    return dq, dk, dv, dalpha, dparams, None
+    dq, dk, dv, option_grads = host_call(host, shapes, g, q, k, v, cu, arrays, residual, vmap="sequential")
+    it = iter(option_grads)
+    return dq, dk, dv, None, tuple(next(it) if want else None for want in wanted)
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

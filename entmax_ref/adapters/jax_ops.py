@@ -1,8 +1,10 @@
 """The library's functions as JAX functions with ``jax.custom_vjp`` rules.
 
-Every forward and backward runs on the host through ``jax.pure_callback`` with declared
-result shapes (``jax.ShapeDtypeStruct``), so the functions work under ``jit``, ``grad`` and
-``vmap``.  Row transforms batch with ``vmap_method="broadcast_all"`` (a vmapped axis is one
+Every forward and backward runs on the host: at once when its arrays are concrete (an
+eager call, or ``jax.grad`` without ``jit``: the library's own errors then reach the caller
+as they are, a ``ValueError`` naming a NaN), else through ``jax.pure_callback`` with
+declared result shapes (``jax.ShapeDtypeStruct``), so the functions work under ``jit``,
+``grad`` and ``vmap`` (where an error of the library surfaces as JAX's runtime error).  Row transforms batch with ``vmap_method="broadcast_all"`` (a vmapped axis is one
 more leading row axis: the row axis is kept negative and a per-row alpha is broadcast to the
 rows first); ASEntmax and attention, whose parameters broadcast against their own axes,
 run the callback once per vmapped element (``"sequential"``).
@@ -28,6 +30,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without jax
 
 import entmax_ref as er
 
+SymbolicZero = jax.custom_derivatives.SymbolicZero
+
 
 def _float64() -> Any:
     """float64 where JAX has it (``jax_enable_x64``), else float32."""
@@ -35,7 +39,8 @@ def _float64() -> Any:
 
 
 def host_call(fn: Any, shapes: Any, *args: Any, vmap: str = "broadcast_all") -> Any:
-    """``fn(*host arrays)`` through pure_callback, its results cast to the declared dtypes."""
+    """``fn(*host arrays)``, its results cast to the declared dtypes: called now when the
+    arguments are concrete arrays, else through pure_callback."""
 
     def host(*a):
         # the engines get NumPy arrays: a JAX array would make the library answer in JAX
@@ -43,11 +48,21 @@ def host_call(fn: Any, shapes: Any, *args: Any, vmap: str = "broadcast_all") -> 
         res = fn(*jax.tree.map(np.asarray, a))
         return jax.tree.map(lambda r, s: np.asarray(r).astype(s.dtype, copy=False), res, shapes)
 
-    return jax.pure_callback(host, shapes, *args, vmap_method=vmap)
+    try:
+        concrete = jax.tree.map(np.asarray, args)
+    except jax.errors.TracerArrayConversionError:  # traced (jit, vmap): the host runs later
+        return jax.pure_callback(host, shapes, *args, vmap_method=vmap)
+    return jax.tree.map(jnp.asarray, host(*concrete))
 
 
 def shape_spec(shape: Any, dtype: Any) -> Any:
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def spec_of(t: Any) -> Any:
+    """The shape and dtype of an argument: an array, or the plain number that ``jax.grad``
+    hands a custom rule for a differentiated Python float."""
+    return shape_spec(jnp.shape(t), jnp.result_type(t))
 
 
 def rows_shape(x: Any, axis: int) -> tuple:
@@ -118,26 +133,31 @@ entmax_rows.defvjp(_entmax_rows_fwd, _entmax_rows_bwd)
 _LOSSES = {"entmax": (er.entmax_loss, er.entmax_loss_grad), "normmax": (er.normmax_loss, er.normmax_loss_grad)}
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+@partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5))
 def loss(x, target, kind, alpha, axis, backend):
-    """The Fenchel-Young loss per row (float64 under x64, else float32); not differentiated in target."""
+    """The Fenchel-Young loss per row (float64 under x64, else float32), differentiable in x;
+    differentiating it in target is a ValueError (a custom JVP, whose tangent of target is
+    a symbolic zero exactly when target is not differentiated, under ``jit`` too)."""
     fn = _LOSSES[kind][0]
-    return host_call(lambda a, t: fn(a, t, alpha, axis, backend=backend), shape_spec(rows_shape(x, axis), _float64()), x, target)
+    return host_call(lambda a, t: fn(a, t, alpha, axis, backend=backend), shape_spec(rows_shape(x, axis), _float64()),
+                     x, target)
 
 
-def _loss_fwd(x, target, kind, alpha, axis, backend):
-    return loss(x, target, kind, alpha, axis, backend), (x, target)
-
-
-def _loss_bwd(kind, alpha, axis, backend, res, g):
-    x, target = res
+def _loss_jvp(kind, alpha, axis, backend, primals, tangents):
+    x, target = primals
+    dx, dtarget = tangents
+    if not isinstance(dtarget, SymbolicZero):
+        raise ValueError("the losses of entmax_ref.jax differentiate the scores x, not the target; "
+                         "pass jax.lax.stop_gradient(target)")
+    out = loss(x, target, kind, alpha, axis, backend)
+    if isinstance(dx, SymbolicZero):
+        return out, jnp.zeros_like(out)
     fn = _LOSSES[kind][1]
     grad = host_call(lambda a, t: fn(a, t, alpha, axis, backend=backend), shape_spec(x.shape, x.dtype), x, target)
-    dx = (grad * jnp.expand_dims(g, axis)).astype(x.dtype)
-    return dx, None
+    return out, jnp.sum(grad * dx, axis=axis).astype(out.dtype)
 
 
-loss.defvjp(_loss_fwd, _loss_bwd)
+loss.defjvp(_loss_jvp, symbolic_zeros=True)
 
 
 # ---------------------------------------------------------------- ASEntmax
@@ -164,7 +184,7 @@ def _asentmax_bwd(alpha, offset, axis, backend, res, g):
         return tuple(er.asentmax_vjp(gr, a, alpha, beta=b, gamma=gm, delta=d, offset=offset, p=pp, axis=axis,
                                      backend=backend))
 
-    shapes = tuple(shape_spec(t.shape, t.dtype) for t in (x, beta, gamma, delta))
+    shapes = tuple(spec_of(t) for t in (x, beta, gamma, delta))
     return host_call(vjp, shapes, g, x, p, beta, gamma, delta, vmap="sequential")
 
 

@@ -4,8 +4,8 @@ Each forward runs the library's public function on the tensors' memory and each 
 the library's VJP of the forward's output (``entmax_vjp`` and ``entmax_alpha_vjp`` of p,
 ``normmax_vjp``, ``budget_sparsemax_vjp``, the losses' gradients, ``asentmax_vjp``), itself
 an operation with a fake (shape-only) implementation, so that ``torch.compile`` traces both
-without a graph break.  The backward operations have no derivative of their own
-(:func:`._torch_host.backward_only`).
+without a graph break.  The differentiable functions are ``torch.autograd.Function`` classes
+around them (:func:`._torch_host.differentiable`), whose gradients are first order only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from torch.library import custom_op
 
 import entmax_ref as er
 
-from ._torch_host import NS, backward_only, empty, host, out_dtype, promote, sum_to, tensor, without_dim
+from ._torch_host import (NS, differentiable, empty, first_order, host, out_dtype, promote, sequential_vmap, sum_to,
+                          tensor, without_dim)
 
 # ---------------------------------------------------------------- alpha-entmax
 
@@ -33,7 +34,7 @@ def entmax_op(x: Tensor, alpha: float, alpha_t: Optional[Tensor], dim: int, meth
 
 @entmax_op.register_fake
 def _(x, alpha, alpha_t, dim, method, backend):
-    return torch.empty_like(x, dtype=out_dtype(x))
+    return empty(*x.shape, like=x, dtype=out_dtype(x))
 
 
 @custom_op(f"{NS}::entmax_vjp", mutates_args=())
@@ -45,7 +46,7 @@ def entmax_vjp_op(p: Tensor, grad: Tensor, alpha: float, alpha_t: Optional[Tenso
 
 @entmax_vjp_op.register_fake
 def _(p, grad, alpha, alpha_t, dim, backend):
-    return torch.empty_like(p, dtype=promote(p.dtype, grad.dtype))
+    return empty(*p.shape, like=p, dtype=promote(p.dtype, grad.dtype))
 
 
 @custom_op(f"{NS}::entmax_alpha_vjp", mutates_args=())
@@ -67,16 +68,20 @@ def _entmax_setup(ctx, inputs, output):
 
 def _entmax_backward(ctx, grad):
     p, alpha_t = ctx.saved_tensors
-    dx = entmax_vjp_op(p, grad, ctx.alpha, alpha_t, ctx.dim, ctx.backend)
+    pd, gd, ad = p.detach(), grad.detach(), None if alpha_t is None else alpha_t.detach()
+    dx = entmax_vjp_op(pd, gd, ctx.alpha, ad, ctx.dim, ctx.backend)
     dalpha = None
     if ctx.needs_input_grad[2]:
-        dalpha = sum_to(entmax_alpha_vjp_op(p, grad, alpha_t, ctx.dim, ctx.backend), alpha_t)
+        dalpha = sum_to(entmax_alpha_vjp_op(pd, gd, ad, ctx.dim, ctx.backend), alpha_t)
+    dx, dalpha = first_order((dx, dalpha), p, grad, alpha_t)
     return dx, None, dalpha, None, None, None
 
 
-entmax_op.register_autograd(_entmax_backward, setup_context=_entmax_setup)
-backward_only(entmax_vjp_op)
-backward_only(entmax_alpha_vjp_op)
+def _entmax(*args):
+    return entmax_op(*args)
+
+
+entmax_fn = differentiable("Entmax", _entmax, _entmax_setup, _entmax_backward)
 
 # ---------------------------------------------------------------- normmax, budget-sparsemax
 
@@ -102,11 +107,11 @@ def budget_vjp_op(p: Tensor, grad: Tensor, budget: float, dim: int, backend: Opt
 
 
 def _fake_like_x(x, param, dim, backend):
-    return torch.empty_like(x, dtype=out_dtype(x))
+    return empty(*x.shape, like=x, dtype=out_dtype(x))
 
 
 def _fake_vjp(p, grad, param, dim, backend):
-    return torch.empty_like(p, dtype=promote(p.dtype, grad.dtype))
+    return empty(*p.shape, like=p, dtype=promote(p.dtype, grad.dtype))
 
 
 def _param_setup(ctx, inputs, output):
@@ -118,7 +123,8 @@ def _param_setup(ctx, inputs, output):
 def _param_backward(vjp):
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        return vjp(p, grad, ctx.param, ctx.dim, ctx.backend), None, None, None
+        (dx,) = first_order((vjp(p.detach(), grad.detach(), ctx.param, ctx.dim, ctx.backend),), p, grad)
+        return dx, None, None, None
 
     return backward
 
@@ -126,8 +132,18 @@ def _param_backward(vjp):
 for _fwd, _vjp in ((normmax_op, normmax_vjp_op), (budget_op, budget_vjp_op)):
     _fwd.register_fake(_fake_like_x)
     _vjp.register_fake(_fake_vjp)
-    _fwd.register_autograd(_param_backward(_vjp), setup_context=_param_setup)
-    backward_only(_vjp)
+
+
+def _normmax(*args):
+    return normmax_op(*args)
+
+
+def _budget(*args):
+    return budget_op(*args)
+
+
+normmax_fn = differentiable("Normmax", _normmax, _param_setup, _param_backward(normmax_vjp_op))
+budget_fn = differentiable("BudgetSparsemax", _budget, _param_setup, _param_backward(budget_vjp_op))
 
 # ---------------------------------------------------------------- Fenchel-Young losses
 
@@ -151,7 +167,7 @@ def loss_grad_op(x: Tensor, target: Tensor, kind: str, alpha: float, dim: int, b
 
 @loss_grad_op.register_fake
 def _(x, target, kind, alpha, dim, backend):
-    return torch.empty_like(x, dtype=out_dtype(x))
+    return empty(*x.shape, like=x, dtype=out_dtype(x))
 
 
 def _loss_setup(ctx, inputs, output):
@@ -165,13 +181,16 @@ def _loss_backward(ctx, grad):
     if ctx.needs_input_grad[1]:
         raise RuntimeError("the losses of entmax_ref.torch differentiate the scores x, not the target; "
                            "pass target.detach()")
-    g = loss_grad_op(x, target, *ctx.args)
-    dx = (g * grad.unsqueeze(ctx.args[2])).to(g.dtype)
+    g = loss_grad_op(x.detach(), target.detach(), *ctx.args)
+    (dx,) = first_order(((g * grad.detach().unsqueeze(ctx.args[2])).to(g.dtype),), x, grad)
     return dx, None, None, None, None, None
 
 
-loss_op.register_autograd(_loss_backward, setup_context=_loss_setup)
-backward_only(loss_grad_op)
+def _loss(*args):
+    return loss_op(*args)
+
+
+loss_fn = differentiable("FenchelYoungLoss", _loss, _loss_setup, _loss_backward)
 
 # ---------------------------------------------------------------- ASEntmax
 
@@ -186,7 +205,7 @@ def asentmax_op(x: Tensor, alpha: float, beta: Tensor, gamma: Tensor, delta: Ten
 
 @asentmax_op.register_fake
 def _(x, alpha, beta, gamma, delta, offset, dim, backend):
-    return torch.empty_like(x, dtype=out_dtype(x))
+    return empty(*x.shape, like=x, dtype=out_dtype(x))
 
 
 @custom_op(f"{NS}::asentmax_vjp", mutates_args=())
@@ -200,7 +219,7 @@ def asentmax_vjp_op(grad: Tensor, x: Tensor, p: Tensor, alpha: float, beta: Tens
 
 @asentmax_vjp_op.register_fake
 def _(grad, x, p, alpha, beta, gamma, delta, offset, dim, backend):
-    dx = torch.empty_like(x, dtype=promote(out_dtype(x), grad.dtype))
+    dx = empty(*x.shape, like=x, dtype=promote(out_dtype(x), grad.dtype))
     return dx, *(empty(*t.shape, like=x) for t in (beta, gamma, delta))
 
 
@@ -213,11 +232,20 @@ def _asentmax_setup(ctx, inputs, output):
 def _asentmax_backward(ctx, grad):
     x, p, beta, gamma, delta = ctx.saved_tensors
     alpha, offset, dim, backend = ctx.args
-    dx, db, dg, dd = asentmax_vjp_op(grad, x, p, alpha, beta, gamma, delta, offset, dim, backend)
+    dx, db, dg, dd = asentmax_vjp_op(grad.detach(), x.detach(), p.detach(), alpha, beta.detach(), gamma.detach(),
+                                     delta.detach(), offset, dim, backend)
     grads = [None if not need else g.to(t.dtype)
              for need, g, t in zip(ctx.needs_input_grad[2:5], (db, dg, dd), (beta, gamma, delta))]
+    dx, *grads = first_order((dx, *grads), x, p, grad, beta, gamma, delta)
     return dx, None, *grads, None, None, None
 
 
-asentmax_op.register_autograd(_asentmax_backward, setup_context=_asentmax_setup)
-backward_only(asentmax_vjp_op)
+def _asentmax(*args):
+    return asentmax_op(*args)
+
+
+asentmax_fn = differentiable("ASEntmax", _asentmax, _asentmax_setup, _asentmax_backward)
+
+for _op in (entmax_op, entmax_vjp_op, entmax_alpha_vjp_op, normmax_op, budget_op, normmax_vjp_op, budget_vjp_op,
+            loss_op, loss_grad_op, asentmax_op, asentmax_vjp_op):
+    sequential_vmap(_op)
