@@ -12,6 +12,7 @@ else.  These are the only ways entmax-ref deletes files.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .numba_precompile import pending, tasks
@@ -53,9 +54,10 @@ def cache_info() -> dict[str, object]:
             "others": [[str(e), _size(e)[0]] for e in others]}
 
 
-def cache_clear() -> tuple[str, int]:
+def cache_clear() -> tuple[str, int, int, int]:
     """Delete the current kernel cache folder (this version's, nothing else): (its path,
-    the bytes freed).  Kernels compile again on their next ``backend="numba"`` call or
+    the bytes freed, the files and bytes left: what a read-only folder, or another user's
+    files, kept).  Kernels compile again on their next ``backend="numba"`` call or
     ``entmax-ref compile``."""
     import shutil
 
@@ -63,9 +65,10 @@ def cache_clear() -> tuple[str, int]:
 
     if CACHE_DIR.name != KEY or CACHE_DIR.parent.name != "numba":  # pragma: no cover - never another folder
         raise RuntimeError(f"refusing to delete {CACHE_DIR}: not an entmax-ref kernel cache folder")
-    freed = _size(CACHE_DIR)[0]
+    before = _size(CACHE_DIR)[0]
     shutil.rmtree(CACHE_DIR, ignore_errors=True)
-    return str(CACHE_DIR), freed
+    left, files = _size(CACHE_DIR)[:2]
+    return str(CACHE_DIR), before - left, files, left
 
 
 def _mb(n: int) -> str:
@@ -85,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     if args.action == "clear":
-        where, freed = cache_clear()
+        where, freed, files, left = cache_clear()
+        if files or Path(where).exists():  # the truth: a folder that stays was not removed
+            print(f"entmax-ref cache clear: could not remove {where}: {files} file{'s' * (files != 1)} "
+                  f"({left} bytes) left ({_mb(freed)} freed); check its permissions", file=sys.stderr)
+            return 1
         print(f"removed {where} ({_mb(freed)})")
         return 0
     info = cache_info()

@@ -167,9 +167,35 @@ def pytest_testnodedown(node, error):
         node.config.stash.setdefault(_PRECOMPILED, []).append(f"{line} [worker {node.gateway.id}]")
 
 
+#: what a kind of skip needs, and how to run it: (a piece of the skip reasons, the text)
+SKIP_KINDS = [
+    ("exhaustive tier", "are the exhaustive tier (python -m pytest --exhaustive)"),
+    ("cupy", "need cupy and a CUDA GPU (pip install \"entmax-ref[cuda]\")"),
+    ("nvcc", "need the CUDA toolkit's nvcc on PATH"),
+    ("'torch'", "need torch (pip install -e \".[test]\"; its CPU build: docs/guides/install.md)"),
+    ("torch is not installed", "need torch (pip install -e \".[test]\"; its CPU build: docs/guides/install.md)"),
+    ("'entmax'", "need the entmax package (pip install -e \".[test]\")"),
+    ("entmax package is not installed", "need the entmax package (pip install -e \".[test]\")"),
+]
+
+
+def _skip_kind(report) -> str:
+    """What a skipped test needs, from its reason: one of :data:`SKIP_KINDS`, else the reason."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    return next((text for piece, text in SKIP_KINDS if piece in reason), reason)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in config.stash.get(_PRECOMPILED, []):
         terminalreporter.write_line(line)
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
+    if skipped:  # one closing line: what was skipped and how to run it
+        from collections import Counter
+
+        kinds = Counter(_skip_kind(r) for r in skipped).most_common()
+        terminalreporter.write_line(f"{len(skipped)} skipped: " + "; ".join(f"{n} {kind}" for kind, n in kinds))
 
 
 @pytest.fixture(scope="session")

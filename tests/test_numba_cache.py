@@ -304,6 +304,30 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+_CLEAR_KEEPING_FILES = textwrap.dedent("""
+    import shutil, sys
+    from entmax_ref.backends.cache_folder import CACHE_DIR
+    from entmax_ref.cli import main
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    (CACHE_DIR / "kern.nbi").write_bytes(b"x" * 1000)
+    # a folder whose files cannot be removed (read-only, or another user's): rmtree with
+    # ignore_errors removes nothing and says nothing, as it does there
+    real = shutil.rmtree
+    shutil.rmtree = lambda path, ignore_errors=False, **kw: None if ignore_errors else real(path, **kw)
+    sys.exit(main(["cache", "clear"]))
+""")
+
+
+def test_cache_clear_of_a_folder_it_cannot_remove_says_so_and_fails(tmp_path):
+    env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c")}
+    res = subprocess.run([sys.executable, "-c", _CLEAR_KEEPING_FILES], cwd=ROOT, env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "removed" not in res.stdout and "Traceback" not in res.stderr
+    assert res.stderr.startswith("entmax-ref cache clear: could not remove ")
+    assert "1 file (1000 bytes) left" in res.stderr and res.stderr.count("\n") == 1
+
+
 def test_cache_info_and_clear(tmp_path):
     env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"}
     sibling = tmp_path / "c" / "numba" / "0123456789abcdef0123"

@@ -286,7 +286,7 @@ def test_scan_in_the_row_pass_raises_the_public_error(nb, alpha, method):
     for bad, pos in ((np.nan, (0, 0, 0)), (np.inf, (5, 63, 69)), (np.nan, (3, 17, 2))):
         xb = x.copy()
         xb[pos] = bad
-        want = f"x contains 1 NaN or +inf value; the first is x[{', '.join(map(str, pos))}] = {xb[pos]!r}"
+        want = f"x contains 1 NaN or +inf value; the first is x[{', '.join(map(str, pos))}] = {xb[pos].item()!r}"
         with pytest.raises(ValueError, match=re.escape(want)):
             er.entmax(xb, a, axis=1, method=method, backend="numba")
     rows = np.moveaxis(x, 1, -1).reshape(-1, 64).copy()

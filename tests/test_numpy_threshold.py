@@ -19,8 +19,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import entmax_ref as er
 from entmax_ref.backends._base import theta_to_tau
 from entmax_ref.backends.numpy_backend import NumpyBackend
+from entmax_ref.backends.numpy_elementwise import e_alpha
 from entmax_ref.backends.numpy_threshold import last_bit, solve_row, solve_rows
 from entmax_ref.testing import tolerance as T
 from entmax_ref.testing.corpus import GOLDEN, row_corpus
@@ -95,6 +97,37 @@ def test_stopping_rule_reaches_adjacent_floats():
         lo, hi = last_bit(f, 0.0, -np.expm1((1.0 - alpha) * np.log(len(y))) / (alpha - 1.0))
         assert hi == np.nextafter(lo, np.inf), (alpha, lo, hi)
         assert f(lo) >= 0.0 > f(hi), (alpha, f(lo), f(hi))
+
+
+def test_the_solver_returns_the_bracket_end_with_the_smaller_residual():
+    """The stopping rule's second half: of the two adjacent ends, the one whose |f| is
+    smaller.  On [1, 1] at alpha 1.25 the two ends differ by one ulp and the upper one wins,
+    on [0, 0, -1] the lower one: a solver that always returned one end, or the other, or
+    the end with the larger |f|, is caught."""
+    winners = set()
+    for x, alpha in (([1.0, 1.0], 1.25), ([0.0, 0.0, -1.0], 1.25)):
+        x = np.array(x)
+        y = x - x.max()
+
+        def f(a):
+            return np.sum(e_alpha(y - a, alpha)) - 1.0  # the solver's own evaluation
+
+        lo, hi = last_bit(f, 0.0, -np.expm1((1.0 - alpha) * np.log(len(y))) / (alpha - 1.0))
+        assert hi == np.nextafter(lo, np.inf) and abs(f(lo)) != abs(f(hi)), (x, f(lo), f(hi))
+        want, other = (hi, lo) if abs(f(hi)) < abs(f(lo)) else (lo, hi)
+        winners.add(want == hi)
+        _, theta = solve_row(x, alpha)
+        assert theta == x.max() + want != x.max() + other, (x, theta, lo, hi)
+    assert winners == {True, False}  # each end wins once
+
+
+def test_support_counts_the_nonzero_entries_of_a_sparse_row():
+    """sparsemax of (0, -2) is (1, 0): a support of 1, not the row length (NumPy engine and
+    the literal solver alike)."""
+    p, info = er.entmax(np.array([0.0, -2.0]), 2.0, return_info=True, backend="numpy")
+    assert p.tolist() == [1.0, 0.0] and int(info.support) == 1 == int(info.support_exact)
+    assert int(NumpyBackend().entmax_forward(np.array([[0.0, -2.0]]), np.array([2.0]), None).support[0]) == 1
+    assert (solve_row(np.array([0.0, -2.0]), 2.0)[0] > 0).sum() == 1
 
 
 @given(x=score_rows(max_n=30, max_rows=3, magnitude=50.0), alpha=alphas(1.0, 5.0),

@@ -102,3 +102,46 @@ def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
     assert not got["top_level_backends"], "a top-level 'backends' module is installed"
     assert {"entmax_core.cuh", "entmax_rows.cu", "entmax_attention.cu", "entmax_teams.cuh"} <= set(got["cuda_sources"])
     assert got["sparsemax"] == [0.0, 0.25, 0.75]
+
+
+def test_the_readme_test_command_brings_the_peers_without_a_cuda_build():
+    """``pip install -e ".[test]"`` installs torch (the adapter's tests) and the entmax
+    package (the peer comparisons), pinned to the versions the suite runs with, so no
+    separate requirements file exists; the README and the install guide say how to get
+    torch's CPU build where the index serves its CUDA build."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "torch==2.13.0" in extras["test"] and "entmax==1.3" in extras["test"]
+    assert not (ROOT / ".ci" / "requirements-peers.txt").exists()
+    assert "requirements-peers" not in (ROOT / ".ci" / "run").read_text()
+    cpu_index = "--index-url https://download.pytorch.org/whl/cpu"
+    for page in ("README.md", "docs/guides/install.md"):
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        assert f'python -m pip install -e ".[test]" && python -m pytest' in text, page
+        assert f"python -m pip install torch==2.13.0 {cpu_index}" in text, page
+
+
+def test_the_test_run_closes_with_what_it_skipped_and_how_to_run_it():
+    """conftest.py's last line of a run (pytest_terminal_summary): the skipped tests counted
+    by what they need, each with the command or install that runs them."""
+    import conftest
+
+    class Report:
+        def __init__(self, reason):
+            self.longrepr = ("tests/test_x.py", 1, f"Skipped: {reason}")
+
+    class Config:
+        stash: dict = {}
+
+    lines = []
+
+    class Reporter:
+        stats = {"skipped": [Report("exhaustive tier: run with --exhaustive (or ENTMAX_REF_EXHAUSTIVE=1)")] * 3
+                 + [Report("cupy: cupy is not installed (pip install 'entmax-ref[cuda]')")] * 2
+                 + [Report("could not import 'torch': No module named 'torch'")]
+                 + [Report("node is not installed")]}
+        write_line = staticmethod(lines.append)
+
+    conftest.pytest_terminal_summary(Reporter(), 0, Config())
+    assert lines == ["7 skipped: 3 are the exhaustive tier (python -m pytest --exhaustive); 2 need cupy and a CUDA "
+                     "GPU (pip install \"entmax-ref[cuda]\"); 1 need torch (pip install -e \".[test]\"; its CPU build: "
+                     "docs/guides/install.md); 1 node is not installed"]

@@ -7,8 +7,8 @@ import pytest
 
 import entmax_ref as er
 
-torch = pytest.importorskip("torch", reason="torch is not installed (CI installs torch==2.13.0 CPU)")
-entmax_pkg = pytest.importorskip("entmax", reason="the entmax package is not installed (CI installs entmax==1.3)")
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e \".[test]\")")
+entmax_pkg = pytest.importorskip("entmax", reason="the entmax package is not installed (pip install -e \".[test]\")")
 
 pytestmark = pytest.mark.peer
 

@@ -31,6 +31,7 @@ from entmax_ref.testing import (
 )
 from entmax_ref.testing import tolerance as T
 from entmax_ref.testing.report import LEGEND, CheckRow
+from entmax_ref.testing.corpus import row_corpus
 from entmax_ref.testing.strategies import alpha_columns, attention_problems
 
 QUICK = dict(size="quick", seed=0)
@@ -87,22 +88,102 @@ def correct_attention(q, k, v, **kw):
 # ----------------------------------------------------------------------------- tolerance formula
 
 
-def test_tolerance_formula_values():
-    u = 2.0**-53
-    assert T.threshold_budget(np.float64, 16) == pytest.approx(u * (8 + 4 * 4))
-    # softmax: relative budget p (e^d - 1) + u p + tiny, d = delta_n + 2u|log p|
-    p = np.array([[0.25, 0.75]])
-    tol = T.entmax_tolerance(p, 1.0, np.float64)
-    d = T.threshold_budget(np.float64, 2) + 2 * u * np.abs(np.log(p))
-    np.testing.assert_allclose(tol, p * np.expm1(d) + u * p + np.finfo(np.float64).tiny, rtol=1e-6)
-    # masked entries get 0; an entry at the threshold gets the Hölder term for alpha = 3
-    tol = T.entmax_tolerance(np.array([[1.0, 0.0, 0.0]]), 3.0, np.float64,
-                             masked=np.array([[False, False, True]]))
-    d0 = T.threshold_budget(np.float64, 3) + 2 * u * 0.5
+def check_tolerance_pins(T) -> None:
+    """Each formula of the tolerance model ``T`` (a module like
+    :mod:`entmax_ref.testing.tolerance`) at values worked out by hand: exactly where the
+    formula is exact in floating point, else to 2 float64 ulps."""
+    u, u32 = 2.0**-53, 2.0**-24
+    tiny = float(np.finfo(np.float64).tiny)
+
+    def near(got, want):
+        np.testing.assert_allclose(got, want, rtol=2 * np.finfo(np.float64).eps, atol=0)
+
+    # the unit roundoffs and formula 1, delta_n = u (8 + 4 sqrt(n)): exact at n = 16 and n = 1
+    assert (T.unit_roundoff(np.float64), T.unit_roundoff(np.float32)) == (u, u32)
+    assert (T.unit_roundoff(np.float16), T.unit_roundoff("bfloat16")) == (2.0**-11, 2.0**-8)
+    assert T.threshold_budget(np.float64, 16) == 24 * u and T.threshold_budget(np.float32, 16) == 24 * u32
+    assert T.threshold_budget(np.float64, 1) == 12 * u == T.threshold_budget(np.float64, 0)
+    delta2, delta3 = u * (8 + 4 * np.sqrt(2)), u * (8 + 4 * np.sqrt(3))
+    near(T.threshold_budget(np.float64, 3), delta3)
+    # formula 3, tol_tau = max(alpha - 1, 1[alpha = 1]) delta_n + 2u |tau|: exact at n = 16
+    assert T.threshold_tolerance(0.5, 2.0, np.float64, 16) == 25 * u
+    assert T.threshold_tolerance(-3.0, 1.0, np.float64, 16) == 30 * u
+    assert T.threshold_tolerance(1.0, 1.5, np.float64, 16) == 14 * u
+    assert T.threshold_tolerance(-np.inf, 1.5, np.float64, 16) == 0.0
+    # formula 2 on sparsemax (1/4, 3/4, 0): t = p - 1 on the support and -1 at the zero, so
+    # d = delta_3 + 2u (3/4, 1/4, 1); the envelope is d itself (p is linear in t), plus u p and tiny
+    d = delta3 + 2 * u * np.array([0.75, 0.25, 1.0])
+    near(T.entmax_tolerance(np.array([[0.25, 0.75, 0.0]]), 2.0, np.float64)[0],
+         d + u * np.array([0.25, 0.75, 0.0]) + tiny)
+    # softmax (1/4, 3/4): relative, p (e^d - 1) + u p + tiny with d = delta_2 + 2u |log p|
+    p = np.array([0.25, 0.75])
+    near(T.entmax_tolerance(p[None], 1.0, np.float64)[0], p * np.expm1(delta2 + 2 * u * np.abs(np.log(p))) + u * p + tiny)
+    # alpha = 3: the zero at the threshold (t = -1/2) gets the Hölder term ((alpha-1) d)^(1/(alpha-1)); masked 0
+    tol = T.entmax_tolerance(np.array([[1.0, 0.0, 0.0]]), 3.0, np.float64, masked=np.array([[False, False, True]]))
+    near(tol[0, 1], np.sqrt(2 * (delta3 + 2 * u * 0.5)) + tiny)
     assert tol[0, 2] == 0.0
-    assert tol[0, 1] == pytest.approx(np.sqrt(2 * d0), rel=1e-6)
-    # float32 budgets are 2^29 times the float64 ones
-    assert T.threshold_budget(np.float32, 7) / T.threshold_budget(np.float64, 7) == 2.0**29
+    # formula 4, tol_row = 4 delta_n kappa max|g| max u + 2u max|dx|, u = p^(2-alpha), kappa = 1 + max
+    # |2-alpha| p^(1-alpha).  sparsemax (1/4, 3/4), g = (1, -1): u = 1, kappa = 1, dx = (1, -1)
+    g = np.array([[1.0, -1.0]])
+    near(T.vjp_tolerance(p[None], g, np.array([[1.0, -1.0]]), 2.0, np.float64)[0], 4 * delta2 + 2 * u)
+    # 1.5-entmax (1/4, 3/4): u = (1/2, sqrt(3)/2), kappa = 1 + (1/2) (1/4)^(-1/2) = 2,
+    # dx = u (g - (u . g) / sum u) = (1 - sqrt 3) / (1 + sqrt 3) (-1, 1) ... its max |dx|
+    w = np.sqrt(p)
+    dx = w * (g[0] - (w @ g[0]) / w.sum())
+    near(T.vjp_tolerance(p[None], g, dx[None], 1.5, np.float64)[0],
+         4 * delta2 * 2 * 1.0 * np.sqrt(0.75) + 2 * u * np.abs(dx).max())
+    # formula 6, delta_n (1 + |L| + max |x_i - max x| over the support of p or the target)
+    near(T.loss_tolerance(np.array([[2.0, 1.0, -4.0]]), np.array([[0.75, 0.25, 0.0]]), np.array([[1.0, 0, 0]]),
+                          np.array([0.125]), np.float64), delta3 * (1 + 0.125 + 1.0))
+    # the ill-posed rule: alpha >= 2 and an entry within ILL_POSED = 1000 delta_n of the threshold
+    def flagged(k, alpha=2.0):
+        x = np.array([[0.5, -1.0 / (alpha - 1) + k * delta3, -5.0]])
+        return bool(T.ill_posed_rows(x, np.zeros(1), alpha, np.float64)[0])
+
+    assert flagged(999) and not flagged(1001) and flagged(-999, 3.0) and not flagged(-1001, 3.0)
+    assert not flagged(10, 1.9)
+
+
+def test_tolerance_formula_values():
+    check_tolerance_pins(T)
+
+
+def test_the_ill_posed_rule_leaves_out_few_rows():
+    """At most 1 row in 16 of the built-in corpus is left out of the VJP comparison as
+    ill-posed (alpha >= 2 with an entry at the threshold): a wider rule would hide errors."""
+    for dt in (np.float64, np.float32):
+        for a in (2.0, 2.5, 3.0):
+            rows = flagged = 0
+            for case in row_corpus("default", 0):
+                x = case.x.astype(dt).astype(np.float64)
+                _, info = er.entmax(x, a, return_info=True, backend="numpy")
+                flagged += int(T.ill_posed_rows(x, tau_to_theta(info.tau, np.full(len(x), a)), a, dt).sum())
+                rows += len(x)
+            assert flagged <= rows / 16, (np.dtype(dt).name, a, flagged, rows)
+
+
+TOLERANCE_MUTANTS = {
+    "C_THETA x10": ("C_THETA = 8.0", "C_THETA = 80.0"),
+    "LAMBDA x10": ("LAMBDA = 4.0", "LAMBDA = 40.0"),
+    "VJP tolerance x10": ("tol = 4 * d * vjp_kappa(p, a) * gmax", "tol = 40 * d * vjp_kappa(p, a) * gmax"),
+    "threshold tolerance x10": ("tol = factor * (scale * threshold_budget", "tol = 10 * factor * (scale * threshold_budget"),
+    "ill-posed cut-off 1e3 -> 1e5": ("ILL_POSED = 1e3", "ILL_POSED = 1e5"),
+}
+
+
+@pytest.mark.parametrize("name", TOLERANCE_MUTANTS)
+def test_each_mutant_of_the_tolerance_model_is_caught(name):
+    """The pins above fail on a copy of tolerance.py with one constant or factor changed."""
+    import types
+    from pathlib import Path
+
+    old, new = TOLERANCE_MUTANTS[name]
+    source = Path(T.__file__).read_text(encoding="utf-8")
+    assert source.count(old) == 1, f"the mutated text is not once in tolerance.py: {old!r}"
+    mutant = types.ModuleType("tolerance_mutant")
+    exec(compile(source.replace(old, new), T.__file__, "exec"), mutant.__dict__)
+    with pytest.raises(AssertionError):
+        check_tolerance_pins(mutant)
 
 
 def test_tolerance_grows_with_n_and_shrinks_with_precision():
