@@ -3,6 +3,9 @@ JAX adapter tests (test_torch_adapter.py, test_jax_adapter.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import entmax_ref as er
 
 #: case name -> (the function's name, its arguments after x)
@@ -25,3 +28,13 @@ def row_pairs(adapter):
         return (lambda x, **kw: fn(x, *args, **kw)) if args else fn
 
     return {case: (bind(adapter, name, args), bind(er, name, args)) for case, (name, args) in ROW_CASES.items()}
+
+
+def message_without(framework: str) -> str:
+    """What ``import entmax_ref.<framework>`` says in a fresh process where the framework
+    cannot be imported, once it is checked there that ``import entmax_ref`` imports no
+    framework."""
+    code = (f"import sys; import entmax_ref; assert {framework!r} not in sys.modules, '{framework} imported'; "
+            f"sys.modules[{framework!r}] = None\n"
+            f"try:\n    import entmax_ref.{framework}\nexcept ImportError as e:\n    print(e)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -176,6 +176,7 @@ SKIP_KINDS = [
     ("torch is not installed", "need torch (pip install -e \".[test]\"; its CPU build: docs/guides/install.md)"),
     ("'entmax'", "need the entmax package (pip install -e \".[test]\")"),
     ("entmax package is not installed", "need the entmax package (pip install -e \".[test]\")"),
+    ("'array_api_strict'", "need the array_api_strict package (pip install array-api-strict)"),
 ]
 
 
