@@ -274,6 +274,7 @@ def test_bad_input_is_named():
 def _compiled_step(x, q, k, v):
     # q, k, v as the training guide lays them out: (B, N, H, D) permuted to (B, H, N, D), not contiguous
     q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))
+    assert not q.is_contiguous()
     p = ert.entmax15(x.T, dim=0)
     return (p * torch.arange(x.shape[-1])[:, None]).sum() + ert.attention(q, k, v, causal=True).square().sum()
 
@@ -281,7 +282,8 @@ def _compiled_step(x, q, k, v):
 def _check_compiled(backend):
     torch._dynamo.reset()
     x = _randn(3, 5, dtype=torch.float32)
-    q, k, v = (t.detach().float().permute(0, 2, 1, 3).requires_grad_(True) for t in _qkv(1, 2, 2, 6, 4, 4))
+    # contiguous in (B, N, H, D): the step's permute hands the operations strided q, k, v
+    q, k, v = (t.detach().float().permute(0, 2, 1, 3).contiguous().requires_grad_(True) for t in _qkv(1, 2, 2, 6, 4, 4))
     eager = _compiled_step(x, q, k, v)
     want = torch.autograd.grad(eager, (x, q, k, v))
     compiled = torch.compile(_compiled_step, fullgraph=True, backend=backend)  # fullgraph: a break is an error
