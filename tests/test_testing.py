@@ -403,7 +403,8 @@ def test_report_lines_fit_100_columns_and_rows_say_why_they_failed():
     assert lines.index(next(ln for ln in lines if ln.startswith("peers "))) == 4  # after the two rows of ours
     assert "cases passed/failed/skipped: entmax " in text and ", attention 0/0/1" in text and "failures:" in text
     text = " ".join(text.split())
-    assert "SKIP (see below)" in text and "skipped: attention / adasplash: installed; check it with: " in text
+    assert "SKIP (below)" in text and "skipped: attention / adasplash: installed; check it with: " in text
+    assert any("a_rather_lon~orward_kernel" in ln for ln in rows), rows  # its start and its end
 
 
 def test_a_large_error_within_its_budget_names_the_budget():

@@ -176,6 +176,18 @@ def _family(op: str) -> str:
     return op.split(" a=")[0].split(" B=")[0]
 
 
+#: the verdict of a skipped row whose reason is listed below the table
+SKIP_BELOW = "SKIP (below)"
+
+
+def _shortened(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: its start and its end around a ``~``."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "~" + text[len(text) - (width - 1 - head):]
+
+
 def _fit(cells: list, widths: list, last: str) -> str:
     line = "  ".join(c.ljust(w) for c, w in zip(cells, widths))
     return (line + "  " + last)[:WIDTH].rstrip()
@@ -248,23 +260,21 @@ class CheckReport:
                        else f"FAIL {r.cause}".rstrip() if r.failed else r.verdict)
             lines.append(([r.op, r.impl, r.dtype, *figures, props], verdict, r.peer))
         widths = [max([len(h)] + [len(cells[i]) for cells, _, _ in lines]) for i, h in enumerate(head)]
-        over = sum(widths) + 2 * len(widths) + len("SKIP (see below)") - WIDTH
-        if over > 0:  # a long implementation name gives way first
+        # a skip's reason that does not fit goes below the table
+        room = max(len(SKIP_BELOW), WIDTH - sum(widths) - 2 * len(widths))
+        verdicts = [SKIP_BELOW if len(v) > room else v for _, v, _ in lines]
+        over = sum(widths) + 2 * len(widths) + max(len(v) for v in ["verdict", *verdicts]) - WIDTH
+        if over > 0:  # a long implementation name gives way, keeping its start and its end
             widths[1] = max(len(head[1]), widths[1] - over)
-            lines = [([c[0], c[1] if len(c[1]) <= widths[1] else c[1][:widths[1] - 1] + "~", *c[2:]], v, p)
-                     for c, v, p in lines]
+            lines = [([c[0], _shortened(c[1], widths[1]), *c[2:]], v, p) for c, v, p in lines]
         out = [_fit(head, widths, "verdict"), _fit(["-" * w for w in widths], widths, "-------")]
-        room = WIDTH - sum(widths) - 2 * len(widths)
         peers_shown = False
-        long_skips = []
-        for (cells, verdict, peer), r in zip(lines, self.rows):
+        long_skips = [r for r, v, (_, verdict, _) in zip(self.rows, verdicts, lines) if v != verdict]
+        for (cells, _, peer), verdict in zip(lines, verdicts):
             if peer and not peers_shown:
                 peers_shown = True
                 out.append("peers (third-party implementations: failures do not count in the exit status "
                            "unless --strict-peers)"[:WIDTH])
-            if len(verdict) > room:  # a skip's reason that does not fit: below the table
-                long_skips.append(r)
-                verdict = "SKIP (see below)"
             out.append(_fit(cells, widths, verdict))
         out += ["", LEGEND]
         counts = self.counts()
