@@ -357,12 +357,30 @@ def _attention_reference(q, k, v, dtype, kw) -> AttentionReference:
     # the output from the dense probabilities, not from the chunked NumPy driver: the
     # reference of the numpy engine is then not its own output
     out = np.einsum("bhij,bhjd->bhid", p, np.repeat(v, rep, axis=1))
+    return attention_budgets(q, k, out, p, s, scale, np.broadcast_to(mask, p.shape), dtype, kw)
+
+
+def _row_alphas(alpha, shape) -> np.ndarray:
+    """A scalar alpha, or one per query head, as one per (B, Hq, Nq) row, flattened."""
+    a = np.asarray(alpha, np.float64)
+    return np.broadcast_to(a.reshape(-1, 1) if a.ndim else a, shape[1:]).reshape(1, -1).repeat(shape[0], 0).reshape(-1)
+
+
+def attention_budgets(q, k, out, p, s, scale, masked, dtype, kw) -> AttentionReference:
+    """The :class:`AttentionReference` of the dense probabilities ``p`` (B, Hq, Nq, Nk) of an
+    attention problem, with the per-entry budget of every probability: the threshold
+    budget plus the score error of tolerance formula 5, ``u (C + LAMBDA sqrt(D)) s_i scale
+    max_j sum_d |q_id k_jd|``.  ``masked`` marks the keys a row does not see; ``kw`` holds
+    alpha (a number, or one per query head) and the problem's keywords."""
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    kk = np.repeat(k, Hq // k.shape[1], axis=1)
     uu = T.unit_roundoff(dtype)
     mag = np.einsum("bhid,bhjd->bhij", np.abs(q), np.abs(kk)) * scale * np.abs(s)[..., None]
-    mag = np.where(mask, 0.0, mag).max(axis=-1, initial=0.0)
+    mag = np.where(masked, 0.0, mag).max(axis=-1, initial=0.0)
     delta = uu * (T.C_THETA + T.LAMBDA * np.sqrt(D)) * mag
-    tol_p = T.entmax_tolerance(p.reshape(-1, Nk), alpha, dtype, masked=np.broadcast_to(mask, p.shape).reshape(-1, Nk),
-                               extra_delta=delta.reshape(-1)).reshape(p.shape)
+    tol_p = T.entmax_tolerance(p.reshape(-1, Nk), _row_alphas(kw.get("alpha", 1.5), p.shape[:3]), dtype,
+                               masked=masked.reshape(-1, Nk), extra_delta=delta.reshape(-1)).reshape(p.shape)
     return AttentionReference(out, p, tol_p, delta + T.threshold_budget(dtype, Nk), s, scale, kw)
 
 
@@ -379,17 +397,20 @@ def attention_out_tolerance(ref: AttentionReference, v, dtype) -> np.ndarray:
     return tol
 
 
-def attention_grad_tolerances(ref: AttentionReference, q, k, v, do, dtype, grads):
+def attention_grad_tolerances(ref: AttentionReference, q, k, v, do, dtype, grads, dense=None):
     """Budgets for dq, dk, dv (module docs, formula 5): dv from the probability budgets,
-    dq and dk from the row VJP budget of dZ = entmax_vjp(p, dO v^T) weighted by |k|, |q|."""
+    dq and dk from the row VJP budget of dZ = entmax_vjp(p, dO v^T) weighted by |k|, |q|.
+    ``dense`` is ``(G, dZ)`` (the probabilities' upstream gradient dO V^T and dZ, dense
+    (B, Hq, Nq, Nk)) when the caller has them, else they come from the float64 reference."""
     q, k, v, do = (np.asarray(a, np.float64) for a in (q, k, v, do))
     B, Hq, Nq, _ = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     rep = Hq // Hkv
-    alpha = float(ref.kwargs.get("alpha", 1.5))
+    alpha = _row_alphas(ref.kwargs.get("alpha", 1.5), (B, Hq, Nq))
     uu = T.unit_roundoff(dtype)
     kk, vv = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    G, dz = _dense_dz(ref.p, do, v, alpha)  # the probabilities' upstream gradient, and dZ
+    # the probabilities' upstream gradient, and dZ
+    G, dz = dense if dense is not None else _dense_dz(ref.p, do, v, float(ref.kwargs.get("alpha", 1.5)))
     Dv = v.shape[3]
     gerr = uu * (T.C_THETA + T.LAMBDA * np.sqrt(Dv)) * np.einsum("bhie,bhje->bhij", np.abs(do), np.abs(vv))
     tol_dz = T.vjp_tolerance(ref.p.reshape(-1, Nk), np.abs(G.reshape(-1, Nk)) + gerr.reshape(-1, Nk),

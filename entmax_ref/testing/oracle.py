@@ -23,20 +23,21 @@ DPS = 50
 EDGE_GAP_MIN = 1e-290
 
 
-def entmax_mp(x, alpha, start: float | None = None):
+def entmax_mp(x, alpha, start: float | None = None, dps: int = DPS):
     """Exact probabilities (mpf list) of alpha-entmax(x) and the support threshold T
     (p_i = ((alpha-1)(x_i - T))_+ ** (1/(alpha-1)); T = logsumexp(x) at alpha = 1).
 
     alpha <= 2: safeguarded Newton on T inside the bracket [max - 1/(alpha-1), max] (where
-    the mass is >= 1 and 0), at 50 digits; ``start`` (a float estimate of T) only speeds
+    the mass is >= 1 and 0), at ``dps`` digits; ``start`` (a float estimate of T) only speeds
     it up.  alpha > 2: see :func:`_edge_relative` (``start`` is not used): there an edge
     probability p needs T to ~p^(alpha-1) (1e-330 for p = 5e-4 at alpha = 100), which no
     fixed number of digits of T resolves.
 
     The row is shifted by its maximum first (each difference of two floats to 50 digits),
-    so huge offsets (1e300) cost no digits; T is returned in x's units.
+    so huge offsets (1e300) cost no digits; T is returned in x's units.  ``dps`` (decimal
+    digits, 50 by default) sets the working precision and the stopping rule.
     """
-    with mp.workdps(DPS):
+    with mp.workdps(dps):
         top0 = mp.mpf(float(max(float(v) for v in x if np.isfinite(v))))
         xm = [mp.mpf(float(v)) - top0 if np.isfinite(v) else None for v in x]
         xs = [v for v in xm if v is not None]
@@ -45,7 +46,7 @@ def entmax_mp(x, alpha, start: float | None = None):
             return [mp.e ** (v - lse) if v is not None else mp.mpf(0) for v in xm], lse + top0
         a1 = mp.mpf(float(alpha)) - 1
         if float(alpha) > 2.0:
-            p, T = _edge_relative(xm, xs, a1)
+            p, T = _edge_relative(xm, xs, a1, dps)
             return p, T + top0
         top = max(xs)
         lo, hi = top - 1 / a1, top
@@ -56,7 +57,7 @@ def entmax_mp(x, alpha, start: float | None = None):
 
         start = None if start is None else mp.mpf(float(start)) - top0
         T = start if start is not None and lo < start < hi else (lo + hi) / 2
-        tol = mp.mpf(10) ** (-DPS + 3)
+        tol = mp.mpf(10) ** (-dps + 3)
         for _ in range(2000):
             f, df = mass(T)
             if f == 0:
@@ -81,7 +82,7 @@ def entmax_mp(x, alpha, start: float | None = None):
         return [(a1 * (v - T)) ** (1 / a1) if v is not None and v > T else mp.mpf(0) for v in xm], T + top0
 
 
-def _edge_relative(xm, xs, a1):
+def _edge_relative(xm, xs, a1, dps):
     """alpha > 2, exactly: the support from the mass at the entries themselves, then the
     edge probability q.
 
@@ -119,7 +120,7 @@ def _edge_relative(xm, xs, a1):
         return mp.fsum((a1 * d + qa) ** inv if d > 0 else q for d in sup) - 1
 
     qlo, qhi = mp.mpf(0), (a1 * (c - b)) ** inv
-    tol = mp.mpf(10) ** (-DPS + 3)
+    tol = mp.mpf(10) ** (-dps + 3)
     for _ in range(2000):
         if qhi - qlo <= tol * qhi:
             break

@@ -198,7 +198,9 @@ def entmax_tolerance(expected, alpha, dtype, *, masked=None, extra_delta=0.0, fa
                         np.where(w >= 1.0, 1.0, -np.expm1(np.log1p(-np.minimum(w, 1.0)) * inv)))
         zero = np.where(a1 == 0.0, 0.0, np.power(np.maximum(a1 * d, 0.0), inv))
     env = np.where(pos, safe_p * np.maximum(up, down), np.where(live, zero, 0.0))
-    tol = env + uu * p + np.where(live, tiny(dtype), 0.0)
+    # the underflow allowance: every entry that is not masked (a softmax entry whose value
+    # underflows to 0 included, when the masks are given) may round to a subnormal or to 0
+    tol = env + uu * p + np.where(live if masked is None else ~np.asarray(masked, bool), tiny(dtype), 0.0)
     if masked is not None:
         tol = np.where(masked, 0.0, tol)
     return tol
