@@ -13,19 +13,21 @@ def test_every_python_package_folder_is_listed_in_pyproject():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(cfg["packages"])
     dirs = cfg["package-dir"]
-    assert dirs == {"entmax_ref": "entmax_ref", "entmax_ref.backends": "backends"}
+    # the corpus's readers ship from their one copy in the repository, the pinned corpus's runners/
+    assert dirs == {"entmax_ref": "entmax_ref", "entmax_ref.backends": "backends",
+                    "entmax_ref.testing.conformance.runners": "corpus/v2/runners"}
     assert "backends" not in listed, "a top-level 'backends' module must never be installed"
     found = set()
     for pkg, folder in dirs.items():
-        for init in (ROOT / folder).rglob("__init__.py"):
+        for init in (ROOT / folder).rglob("__init__.py") if pkg.count(".") < 2 else ():
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join((pkg, *rel.parts)) if rel.parts else pkg)
     # data-only folders (the CUDA sources) are listed too, with their package data, so that
     # setuptools ships them without a "package would be ignored" warning; they hold no Python
     data = {pkg for pkg in cfg["package-data"] if pkg not in found}
     for pkg in data:
-        base = "entmax_ref.backends" if pkg.startswith("entmax_ref.backends.") else "entmax_ref"
-        folder = ROOT / dirs[base] / pkg.removeprefix(base + ".").replace(".", "/")
+        base = max((b for b in dirs if pkg == b or pkg.startswith(b + ".")), key=len)
+        folder = ROOT / dirs[base] / pkg.removeprefix(base).lstrip(".").replace(".", "/")
         assert folder.is_dir() and not any(folder.glob("*.py")), pkg
     assert found | data == listed, f"unlisted: {sorted(found - listed)}; listed but absent: {sorted(listed - found - data)}"
 
@@ -40,6 +42,7 @@ out = {
     "backends": str(pathlib.Path(er.backends.__file__).resolve()),
     "top_level_backends": importlib.util.find_spec("backends") is not None,
     "cuda_sources": sorted(p.name for p in _cuda_loader.cuda_dir().iterdir()),
+    "runners": sorted(__import__("entmax_ref.testing.conformance.write", fromlist=["x"]).runner_texts()),
     "sparsemax": er.sparsemax([-2.0, 0.0, 0.5], backend="numpy").tolist(),
     "site": str(site),
 }
@@ -66,9 +69,9 @@ def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for folder in ("entmax_ref", "backends"):
+    for folder in ("entmax_ref", "backends", "corpus/v2/runners"):
         shutil.copytree(ROOT / folder, src / folder, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "target"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheels)], check=True, capture_output=True, text=True)
@@ -102,6 +105,10 @@ def test_the_built_wheel_installs_backends_as_a_subpackage(tmp_path):
     assert not got["top_level_backends"], "a top-level 'backends' module is installed"
     assert {"entmax_core.cuh", "entmax_rows.cu", "entmax_attention.cu", "entmax_teams.cuh"} <= set(got["cuda_sources"])
     assert got["sparsemax"] == [0.0, 0.25, 0.75]
+    # the corpus's readers, from the pinned corpus's runners/, ship as package data
+    from entmax_ref.testing.conformance.write import RUNNERS
+
+    assert got["runners"] == sorted(f"runners/{name}" for name in RUNNERS)
 
 
 def test_the_readme_test_command_brings_the_peers_without_a_cuda_build():

@@ -38,8 +38,8 @@ from .assertions import compare
 ALPHAS = (1.0, 1.25, 1.5, 2.0, 3.0)
 OPS = ("entmax", "threshold", "entmax_vjp", "attention", "attention_vjp", "normmax", "budget_sparsemax")
 #: operations only a conformance corpus (--corpus) replays
-CORPUS_ONLY_OPS = ("entmax_alpha_vjp", "entmax_loss", "asentmax_scale", "normmax_threshold", "normmax_vjp",
-                   "budget_sparsemax_vjp")
+CORPUS_ONLY_OPS = ("entmax_batch", "entmax_alpha_vjp", "entmax_loss", "asentmax_scale", "normmax_threshold",
+                   "normmax_vjp", "budget_sparsemax_vjp", "attention_varlen", "attention_varlen_vjp")
 
 
 # ----------------------------------------------------------------------------- backend jobs
@@ -264,6 +264,15 @@ def _corpus_jobs(args):
         print(f"entmax-ref check: the corpus has no {args.op} cases; --op is one of {', '.join(CORPUS_OPS)} "
               "with --corpus", file=sys.stderr)
         return None
+    alphas = tuple(args.alpha) if args.alpha else None
+    if alphas is not None:
+        from .conformance.operations import operation
+        from .conformance.replay import selected
+
+        files = [operation(args.op).file] if args.impl else list(corpus.cases)
+        cases = [c for f in files for c in corpus.cases.get(f, [])]
+        print(f"corpus {args.corpus}: {len(selected(cases, alphas=alphas))} of {len(cases)} cases selected (--alpha "
+              f"{', '.join(f'{a:g}' for a in alphas)}; cases without alpha are all replayed)")
     if args.impl:
         def run_impl():
             try:
@@ -271,13 +280,13 @@ def _corpus_jobs(args):
             except ValueError as exc:
                 return CheckReport.failed_run(f"corpus {args.op}", args.impl, str(exc), "import")
             return replay_corpus(corpus, fn, args.op, name=args.impl, vjp_inputs=args.vjp_inputs,
-                                 framework=args.framework, device=args.device, dtypes=dtypes)
+                                 framework=args.framework, device=args.device, dtypes=dtypes, alphas=alphas)
 
         return [(f"corpus {args.op} [{args.impl}]", run_impl)]
     import entmax_ref as er
 
     names = er.available_backends() if args.backends is None else args.backends
-    return [(f"corpus [{b}]", lambda b=b: replay_backend(corpus, b)) for b in names]
+    return [(f"corpus [{b}]", lambda b=b: replay_backend(corpus, b, alphas=alphas)) for b in names]
 
 
 # ----------------------------------------------------------------------------- main

@@ -3,11 +3,12 @@ dtype, gathered in a :class:`CheckReport` that prints as a table or writes JSON.
 
 Every comparison a row makes is also kept as a per-case record (:meth:`CheckRow.judge`):
 ``{"tcId", "verdict", "field", "worst", "error", "bound", "reason"}``, the case's id (the
-built-in corpus's case name, or a conformance corpus's ``tcId``), PASS / FAIL / SKIP, the
-compared output, the index of its entry that used the largest fraction of its tolerance,
-the absolute error and the tolerance there, and for a case that could not be compared why
-(the call raised, returned None, a result of the wrong shape).  ``--json`` writes them all;
-the table counts them.
+built-in corpus's case name, or a conformance corpus's ``tcId``), PASS / FAIL / SKIP (or
+ACCEPTABLE: a difference on a conformance case whose verdict is ``acceptable``, counted with
+the skipped), the compared output, the index of its entry that used the largest fraction of
+its tolerance, the absolute error and the tolerance there, and for a case that could not be
+compared why (the call raised, returned None, a result of the wrong shape).  ``--json``
+writes them all; the table counts them.
 """
 
 from __future__ import annotations
@@ -136,18 +137,29 @@ class CheckRow:
             self.used, self.tol_ulps = max(cmp.used, self.used), cmp.tol_ulps
 
     def judge(self, cmp, what: str, where: str, why: str = "", *, tc_id: str | None = None,
-              budget: str = "") -> bool:
+              budget: str = "", acceptable: bool = False) -> bool:
         """Record a comparison: its figures, a record for case ``tc_id`` (default ``where``),
         and ``[where] <what's worst entry> (why)`` as a failing note when it is out of
         tolerance.  ``budget`` names the tolerance it was judged by (default: the one
-        :data:`BUDGETS` gives ``what``).  Returns whether it is within."""
+        :data:`BUDGETS` gives ``what``).  With ``acceptable`` (a case whose expected value is
+        one of several defensible answers) a difference is an ACCEPTABLE record and a note,
+        not a failure.  Returns whether it is within."""
         self.measure(cmp, tc_id or where, what, budget)
-        self.cases.append(_case_record(tc_id or where, "PASS" if cmp.ok else "FAIL", what, cmp,
-                                       cmp.problem))
+        verdict = "PASS" if cmp.ok else "ACCEPTABLE" if acceptable else "FAIL"
+        self.record(tc_id or where, verdict, what, cmp, cmp.problem)
         if not cmp.ok:
-            cause = cmp.problem_kind or ("NaN" if cmp.actual is not None and np.isnan(cmp.actual) else "tol")
-            self.fail(f"[{where}] {cmp.describe(what)}" + (f" ({why})" if why else ""), cause)
+            msg = f"[{where}] {cmp.describe(what)}" + (f" ({why})" if why else "")
+            nan = cmp.actual is not None and np.isnan(cmp.actual)
+            if acceptable:
+                self.note(msg + " (an acceptable difference, not a failure)")
+            else:
+                self.fail(msg, cmp.problem_kind or ("NaN" if nan else "tol"))
         return cmp.ok
+
+    def record(self, tc_id: str, verdict: str, what: str | None = None, cmp=None, reason: str = "") -> None:
+        """Add case ``tc_id``'s record as it is (a count judged without figures, an error the
+        case expects), without the row's figures or notes."""
+        self.cases.append(_case_record(tc_id, verdict, what, cmp, reason))
 
     def prop(self, name: str, ok: bool, why: str = "") -> None:
         self.props_total += 1

@@ -1,5 +1,5 @@
-"""The generators of the normmax and budget-sparsemax files (and their VJPs), checked against
-the 50-digit normmax oracle and the exact rational budget oracle."""
+"""The generators of the normmax and budget-sparsemax files (and their VJPs): expected values
+from the mpmath normmax oracle and the exact rational budget oracle, correctly rounded."""
 
 from __future__ import annotations
 
@@ -7,128 +7,108 @@ from fractions import Fraction
 
 import numpy as np
 
-from .exact import family_oracle, mp_err, normmax_vjp_mp
-from .numformat import num, nums, roundtrips
-from .sources import NORMMAX_ALPHAS, Context, budget_cases, budget_why, family_cases, normmax_boundary_rows
+from .exact import FamilyOracle, normmax_vjp_exact, to_float
+from .lines import float64_class
+from .numformat import num, nums
+from .sources import (NORMMAX_ALPHAS, Context, budget_cases, budget_why, case_rng, family_cases, in_dtype,
+                      normmax_boundary_rows)
 
 
-def _normmax_ref(x64, a):
-    import entmax_ref as er
+def _oracle(ctx: Context) -> FamilyOracle:
+    if ctx.family is None:
+        ctx.family = FamilyOracle()
+    return ctx.family
 
-    p, info = er.normmax(x64[None], a, backend="numpy", return_info=True)
-    return p[0], float(info.tau[0]), int(info.support[0])
+
+def _normmax(ctx, x, a):
+    """(p, tau (-inf when all masked), the exact p and tau) of one normmax row."""
+    pm, tm = _oracle(ctx).normmax(x, a)
+    return np.array([to_float(v) for v in pm]), (-np.inf if tm is None else to_float(tm)), pm, tm
+
+
+def _either(on, p, tol_p, t, reach):
+    """How many entries a correct implementation may put in or out of the support: in it
+    with a probability within its budget of 0, or within ``reach`` of the threshold (t = x
+    minus the threshold, in x's units)."""
+    return int((on & (p <= tol_p) | (np.isfinite(t) & (np.abs(t) <= reach))).sum())
+
+
+def _grad(x, prm, dt):
+    return in_dtype(case_rng("grad", x, prm, dt).standard_normal(len(x)), dt)
+
+
+def _gradient_case(op, src, prm_name, prm, dt, x, p, g, dx, tol, ill, why) -> dict:
+    """A VJP line of the family files: 'acceptable' (flag ill-posed) where x sits at a breakpoint."""
+    case = {"kind": src.kind, prm_name: num(prm), "dtype": dt, "n": len(x), "x": nums(x, dt), "p": nums(p),
+            "grad": nums(g, dt), "dx": nums(dx), "tol_dx": nums(tol) if np.ndim(tol) else num(tol), "why": why}
+    if ill:
+        case.update(verdict="acceptable", extra_flags=("ill-posed",))
+    return case
 
 
 def gen_normmax(ctx: Context):
-    """normmax.jsonl: p, tau and support of alpha-normmax, checked against the 50-digit oracle."""
+    """normmax.jsonl: p, tau and support of alpha-normmax (the mpmath oracle)."""
     from ..family_checks import normmax_threshold_tolerance, normmax_tolerance
 
-    fo = family_oracle(ctx)
-    mp = fo.fo.mp
-    for src, a, dt, x, x64 in family_cases(ctx, NORMMAX_ALPHAS, normmax_boundary_rows):
-        p, tau, support = _normmax_ref(x64, a)
-        tol_p = normmax_tolerance(p[None], [tau], x64[None], a, dt)[0]
-        tol_tau = float(normmax_threshold_tolerance(x64[None], dt)[0]) if np.isfinite(tau) else 0.0
-        exact, tau_mp = fo.normmax(x64, a)
-        with mp.workdps(50):
-            per_entry = np.array([float(abs(mp.mpf(float(v)) - e)) for v, e in zip(p, exact)])
-            tau_err = 0.0 if tau_mp is None else float(abs(mp.mpf(tau) - tau_mp))
-        err = float(per_entry.max(initial=0.0))
-        within = bool(np.all(per_entry <= normmax_tolerance(p[None], [tau], x64[None], a, "float64")[0])
-                      and (tau_mp is None) == (not np.isfinite(tau))
-                      and tau_err <= float(normmax_threshold_tolerance(x64[None], "float64")[0]))
-        case = {"op": "normmax", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
-                "p": nums(p), "tau": num(tau), "support": support, "tol_p": nums(tol_p), "tol_tau": num(tol_tau),
-                "oracle_err": num(max(err, tau_err)), "within_tol_of_oracle": within, "why": src.why}
-        if not within:
-            case["why"] += "; the float64 reference is further from the oracle than its own float64 tolerance"
-        roundtrips(case["x"], x, dt)
-        yield case
-
-
-
+    for src, a, dt, x in family_cases(ctx, NORMMAX_ALPHAS, normmax_boundary_rows):
+        p, tau, pm, _ = _normmax(ctx, x, a)
+        tol_p = normmax_tolerance(p[None], [tau], x[None], a, dt)[0]
+        tol_tau = float(normmax_threshold_tolerance(x[None], dt)[0]) if np.isfinite(tau) else 0.0
+        on = np.array([v > 0 for v in pm])
+        with np.errstate(invalid="ignore"):
+            t = np.where(np.isfinite(x), x - tau, -np.inf) if np.isfinite(tau) else np.full(len(x), -np.inf)
+        yield {"kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt), "p": nums(p),
+               "tau": num(tau), "support": int(on.sum()), "tol_p": nums(tol_p), "tol_tau": num(tol_tau),
+               "tol_support": int((on & (p == 0)).sum()) if float64_class("normmax", {"dtype": dt}, "p")
+               else _either(on, p, tol_p, t, tol_tau), "why": src.why}
 
 
 def gen_normmax_vjp(ctx: Context):
-    """normmax_vjp.jsonl: dx = J^T grad of alpha-normmax at x, checked against the oracle."""
-    import entmax_ref as er
-
+    """normmax_vjp.jsonl: dx = J^T grad of alpha-normmax at x (the mpmath oracle)."""
+    from .. import oracle
     from ..family_checks import normmax_vjp_tolerance
 
-    fo = family_oracle(ctx)
-    mp = fo.fo.mp
-    rng = np.random.default_rng([ctx.seed, 25])
-    for src, a, dt, x, x64 in family_cases(ctx, NORMMAX_ALPHAS, normmax_boundary_rows):
-        p, tau, _ = _normmax_ref(x64, a)
-        g = rng.standard_normal(len(x)).astype(dt)
-        g64 = g.astype(np.float64)
-        dx = np.asarray(er.normmax_vjp(p[None], g64[None], a, backend="numpy"), np.float64)
-        tol, ill = normmax_vjp_tolerance(p[None], x64[None], [tau], g64[None], dx, a, dt, ill_posed_inf=False)
-        tol64, ill64 = normmax_vjp_tolerance(p[None], x64[None], [tau], g64[None], dx, a, "float64")
-        exact, tau_mp = fo.normmax(x64, a)
-        err = mp_err(mp, dx[0], normmax_vjp_mp(mp, x64, tau_mp, exact, g64, a))
-        ill = bool(ill[0])
-        within = bool(ill64[0]) or err <= float(tol64[0, 0])
-        why = src.why + ("; ill-posed gradient (alpha >= 2 with an entry at the threshold): compare only "
-                         "implementations that take p" if ill else "")
-        yield {"op": "normmax_vjp", "kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt),
-               "p": nums(p), "grad": nums(g, dt), "dx": nums(dx[0]), "tol_dx": num(tol[0, 0]),
-               "ill_posed": ill, "oracle_err": num(err), "within_tol_of_oracle": bool(within), "why": why}
-
-
-
+    mp = oracle.mp
+    for src, a, dt, x in family_cases(ctx, NORMMAX_ALPHAS, normmax_boundary_rows):
+        p, tau, pm, tm = _normmax(ctx, x, a)
+        g = _grad(x, a, dt)
+        with mp.workdps(oracle.DPS):
+            dx = np.array([to_float(v) for v in normmax_vjp_exact(mp, x, tm, pm, g, a)])
+        tol, _ = normmax_vjp_tolerance(p[None], x[None], [tau], g[None], dx[None], a, dt, ill_posed_inf=False)
+        _, ill = normmax_vjp_tolerance(p[None], x[None], [tau], g[None], dx[None], a, dt)
+        yield _gradient_case("normmax_vjp", src, "alpha", a, dt, x, p, g, dx, float(tol[0, 0]), bool(ill[0]), src.why)
 
 
 def gen_budget_sparsemax(ctx: Context):
-    """budget_sparsemax.jsonl: p = clip(x - tau, 0, 1) with sum p = budget, against the exact rational oracle."""
-    import entmax_ref as er
-
+    """budget_sparsemax.jsonl: p = clip(x - tau, 0, 1) with sum p = budget (the exact rational oracle)."""
     from ..family_checks import budget_tolerance
 
-    fo = family_oracle(ctx)
-    for src, B, dt, x, x64 in budget_cases(ctx):
-        p, info = er.budget_sparsemax(x64[None], B, backend="numpy", return_info=True)
-        p, tau, support = p[0], float(info.tau[0]), int(info.support[0])
-        exact, _ = fo.budget(x64, B)
-        err = max((float(abs(Fraction(float(v)) - e)) for v, e in zip(p, exact)), default=0.0)
-        within = err <= float(budget_tolerance(x64[None], B, "float64").max(initial=0.0))
-        case = {"op": "budget_sparsemax", "kind": src.kind, "budget": num(B), "dtype": dt, "n": len(x),
-                "x": nums(x, dt), "p": nums(p), "tau": num(tau), "support": support,
-                "tol_p": nums(budget_tolerance(x64[None], B, dt)[0]), "oracle_err": num(err),
-                "within_tol_of_oracle": bool(within), "why": budget_why(src, B, x64)}
-        if not within:
-            case["why"] += "; the float64 reference is further from the exact projection than its own tolerance"
-        roundtrips(case["x"], x, dt)
-        yield case
+    for src, B, dt, x in budget_cases(ctx):
+        pf, tauf = _oracle(ctx).budget(x, B)
+        p = np.array([float(v) for v in pf])
+        tol_p = budget_tolerance(x[None], B, dt)[0]
+        on = np.array([v > 0 for v in pf])
+        if float64_class("budget_sparsemax", {"dtype": dt}, "p"):
+            either = int((on & (p == 0)).sum())
+        else:
+            t = np.where(np.isfinite(x), x - float(tauf), -np.inf) if tauf is not None else np.full(len(x), np.inf)
+            either = _either(on, p, tol_p, t, tol_p)
+        yield {"kind": src.kind, "budget": num(B), "dtype": dt, "n": len(x), "x": nums(x, dt), "p": nums(p),
+               "support": int(on.sum()), "tol_p": nums(tol_p), "tol_support": either, "why": budget_why(src, B, x)}
 
 
 def gen_budget_sparsemax_vjp(ctx: Context):
     """budget_sparsemax_vjp.jsonl: dx_i = g_i - mean over the free set F = {0 < p < 1} of g on F, 0 elsewhere."""
-    import entmax_ref as er
-
     from ..family_checks import budget_vjp_tolerance
 
-    fo = family_oracle(ctx)
-    rng = np.random.default_rng([ctx.seed, 27])
-    for src, B, dt, x, x64 in budget_cases(ctx):
-        p = er.budget_sparsemax(x64[None], B, backend="numpy")
-        g = rng.standard_normal(len(x)).astype(dt)
-        g64 = g.astype(np.float64)
-        dx = np.asarray(er.budget_sparsemax_vjp(p, g64[None], B, backend="numpy"), np.float64)
-        tol, ill = budget_vjp_tolerance(x64[None], p, g64[None], dx, B, dt, ill_posed_inf=False)
-        tol64, _ = budget_vjp_tolerance(x64[None], p, g64[None], dx, B, "float64")
-        exact, _ = fo.budget(x64, B)
-        free = [i for i, e in enumerate(exact) if 0 < e < 1]
-        mean = sum((Fraction(float(g64[i])) for i in free), Fraction(0)) / len(free) if free else Fraction(0)
-        dx_exact = [Fraction(float(g64[i])) - mean if i in free else Fraction(0) for i in range(len(x))]
-        err = max((float(abs(Fraction(float(v)) - e)) for v, e in zip(dx[0], dx_exact)), default=0.0)
-        ill = bool(ill[0])
-        within = ill or err <= float(tol64.max(initial=0.0))
-        why = budget_why(src, B, x64) + ("; ill-posed gradient (an entry at a breakpoint 0 or 1): compare only "
-                                          "implementations that take p" if ill else "")
-        yield {"op": "budget_sparsemax_vjp", "kind": src.kind, "budget": num(B), "dtype": dt, "n": len(x),
-               "x": nums(x, dt), "p": nums(p[0]), "grad": nums(g, dt), "dx": nums(dx[0]),
-               "tol_dx": nums(tol[0]), "ill_posed": ill, "oracle_err": num(err),
-               "within_tol_of_oracle": bool(within), "why": why}
-
-
+    for src, B, dt, x in budget_cases(ctx):
+        pf, _ = _oracle(ctx).budget(x, B)
+        p = np.array([float(v) for v in pf])
+        g = _grad(x, B, dt)
+        free = [i for i, e in enumerate(pf) if 0 < e < 1]
+        mean = sum((Fraction(float(g[i])) for i in free), Fraction(0)) / len(free) if free else Fraction(0)
+        dx = np.array([float(Fraction(float(g[i])) - mean) if i in free else 0.0 for i in range(len(x))])
+        tol, _ = budget_vjp_tolerance(x[None], p[None], g[None], dx[None], B, dt, ill_posed_inf=False)
+        _, ill = budget_vjp_tolerance(x[None], p[None], g[None], dx[None], B, dt)
+        yield _gradient_case("budget_sparsemax_vjp", src, "budget", B, dt, x, p, g, dx, tol[0], bool(ill[0]),
+                             budget_why(src, B, x))

@@ -6,16 +6,25 @@ import math
 
 import numpy as np
 
+from .sources import in_dtype
+
 
 def num(value: float, dtype: str = "float64") -> str:
-    """The shortest decimal string that round-trips ``value`` in ``dtype`` ("-inf", "inf", "nan")."""
+    """The shortest decimal string that round-trips ``value`` in ``dtype`` ("-inf", "inf",
+    "nan"): Python's repr for float64, NumPy's for float32 and float16, and the shortest of
+    ``%.{k}g`` for bfloat16 (which NumPy lacks)."""
     v = float(value)
     if math.isnan(v):
         return "nan"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
-    if dtype == "float32":
-        return str(np.float32(v))
+    if dtype in ("float32", "float16"):
+        return str(np.dtype(dtype).type(v))
+    if dtype == "bfloat16":
+        for k in range(1, 10):
+            s = f"{v:.{k}g}"
+            if in_dtype(np.array([float(s)]), "bfloat16")[0] == v:
+                return s if any(c in s for c in ".en") else s + ".0"
     return repr(v)
 
 
@@ -28,8 +37,9 @@ def nums(a, dtype: str = "float64"):
 
 
 def parse(strings, dtype: str = "float64") -> np.ndarray:
-    """A (nested) list of number strings back to an array of ``dtype``."""
-    return np.asarray(np.array(strings, dtype=object).astype(np.float64), dtype=np.dtype(dtype))
+    """A (nested) list of number strings back to float64 values of ``dtype`` (a float64 array
+    holding values of that dtype)."""
+    return in_dtype(np.array(strings, dtype=object).astype(np.float64), dtype)
 
 
 def roundtrips(strings, values: np.ndarray, dtype: str) -> None:
@@ -37,4 +47,3 @@ def roundtrips(strings, values: np.ndarray, dtype: str) -> None:
     same = (back == values) | (np.isnan(back) & np.isnan(values))
     if not np.all(same):  # pragma: no cover - a formatting bug
         raise AssertionError(f"number strings do not round-trip in {dtype}")
-

@@ -1,4 +1,13 @@
-"""Replaying a corpus: each operation's cases against an implementation, as a :class:`CheckReport`."""
+"""Replaying a corpus: each operation's cases against an implementation, as a :class:`CheckReport`
+with a record per case and output (:mod:`entmax_ref.testing.report`).
+
+Every field a file holds is judged by its tolerance class when the implementation returns it:
+p, tau and support of the row files (a function that returns p alone has its support counted
+from p), the gradients, the loss and its gradient, the ASEntmax scale and its derivatives,
+the attention outputs and gradients.  A case whose verdict is ``acceptable`` and whose result
+differs is recorded as ``ACCEPTABLE``, not as a failure; a case whose expected outcome is an
+error passes when the call raises.
+"""
 
 from __future__ import annotations
 
@@ -9,31 +18,124 @@ import numpy as np
 
 from .._adapters import from_numpy
 from ..assertions import compare
-from ..calling import (CallError, attention_grads, attention_signature, caller, guarded_call,
-                       positional_capacity, safe_np)
+from ..calling import CallError, attention_signature, caller, positional_capacity, raised, safe_np
 from ..report import CheckReport, CheckRow
 from .lines import tolerance, value
 
+#: per row operation: (the data fields, the parameter, whether the parameter is required,
+#: the expected fields in the order the function returns them)
+_ROWS = {
+    "entmax": (("x",), "alpha", False, ("p", "tau", "support")),
+    "threshold": (("x",), "alpha", False, ("tau",)),
+    "entmax_batch": (("x",), "alpha", False, ("p", "tau", "support")),
+    "entmax_vjp": (("x", "grad"), "alpha", False, ("dx",)),
+    "entmax_alpha_vjp": (("p", "grad"), "alpha", False, ("dalpha",)),
+    "entmax_loss": (("x", "target"), "alpha", False, ("loss", "grad")),
+    "normmax": (("x",), "alpha", True, ("p", "tau", "support")),
+    "normmax_threshold": (("x",), "alpha", True, ("tau",)),
+    "normmax_vjp": (("x", "grad"), "alpha", True, ("dx",)),
+    "budget_sparsemax": (("x",), "budget", True, ("p", "tau", "support")),
+    "budget_sparsemax_vjp": (("x", "grad"), "budget", True, ("dx",)),
+}
 
-def _rows1(case, key, dtype):
-    return value(case, key, dtype)[None]
+
+def _alphas_of(case) -> np.ndarray:
+    return np.asarray(value(case, "alpha"), np.float64).reshape(-1)
 
 
-def _expect(case, name, dtype, shape=None):
-    """(expected, tolerance) of output ``name``, as float64 arrays reshaped to ``shape``."""
+def selected(cases, dtypes=None, alphas=None) -> list:
+    """The cases of the given dtypes whose every alpha is one of ``alphas`` (all when None)."""
+    want = None if alphas is None else {float(a) for a in alphas}
+    return [c for c in cases if (dtypes is None or c["dtype"] in dtypes)
+            and (want is None or "alpha" not in c or set(_alphas_of(c).tolist()) <= want)]
+
+
+def _groups(report, cases, dtypes, alphas, op, label):
+    """The selected cases by dtype: yields ``(dtype, cases, row)`` with a row ``corpus <op>``
+    added to ``report``, timed until the caller's loop body ends; a row whose every case was
+    skipped is a SKIP row, one that compared nothing fails (:meth:`CheckRow.finish`)."""
+    chosen = selected(cases, dtypes, alphas)
+    by_dt: dict = {}
+    for c in chosen:
+        by_dt.setdefault(c["dtype"], []).append(c)
+    if alphas is not None and not chosen:
+        report.rows.append(CheckRow(f"corpus {op}", label, "-", verdict="SKIP",
+                                    notes=[f"no case with alpha in {sorted(map(float, alphas))}"]))
+    for dt, group in by_dt.items():
+        row = CheckRow(f"corpus {op}", label, dt)
+        report.rows.append(row)
+        t0 = time.perf_counter()
+        yield dt, group, row
+        row.seconds = time.perf_counter() - t0
+        row.case = ""
+        if row.cases and not row.failed and all(r["verdict"] == "SKIP" for r in row.cases):
+            row.verdict = "SKIP"
+            row.notes.insert(0, row.cases[0]["reason"])
+        else:
+            row.finish()
+
+
+def _tc(case) -> str:
+    return case.get("tcId", case.get("id"))
+
+
+def judge(row: CheckRow, case: dict, checks, where: str) -> None:
+    """Judge one case's ``checks`` ((field, got, expected, bound) each), a record each: a
+    difference on an 'acceptable' case is an ACCEPTABLE record and a note, not a failure; the
+    support (a count) is judged without entering the row's error figures."""
+    dt, acceptable = case["dtype"], case.get("verdict") == "acceptable"
+    for name, got, exp, tol in checks:
+        if getattr(got, "dtype", None) is not None and got.dtype.kind == "V":  # ml_dtypes' bfloat16
+            got = got.astype(np.float64)
+        cmp = compare(got, exp, tol, dt, name=name)
+        cls = case.get("tol", {}).get(name, "")
+        if name != "support":
+            row.judge(cmp, name, where, case["why"], tc_id=_tc(case), acceptable=acceptable,
+                      budget=f"the corpus's {cls}" if cls else "")
+            continue
+        row.record(_tc(case), "PASS" if cmp.ok else "ACCEPTABLE" if acceptable else "FAIL", name, cmp, cmp.problem)
+        if not cmp.ok:
+            msg = f"[{where}] {cmp.describe(name)} ({case['why']})"
+            row.note(msg) if acceptable else row.fail(msg, cmp.problem_kind or "tol")
+
+
+def _call(row: CheckRow, case: dict, call, *args, **kw):
+    """``call(*args, **kw)`` as NumPy (a tuple when it returns several), or None with the case
+    recorded: PASS when the case expects an error and the call raised, SKIP when it raised
+    NotImplementedError, FAIL otherwise (an exception, ``sys.exit()``, a result of None)."""
+    row.case = _tc(case)
+    try:
+        res = call(*args, **kw)
+    except NotImplementedError as exc:
+        row.skip_case(row.case, f"not implemented: {str(exc).splitlines()[0][:120] if str(exc) else ''}")
+        return None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the implementation may raise anything
+        if case.get("error") and not isinstance(exc, SystemExit):
+            row.measured = True  # the outcome was compared: the error the case expects
+            row.record(row.case, "PASS", "error", reason=f"raised {type(exc).__name__} (expected: {case['error']})")
+            return None
+        row.fail_case(raised(row, exc), "exit" if isinstance(exc, SystemExit) else "raised")
+        return None
+    if res is None:
+        row.fail_case(f"[{row.case}] returned None instead of an array", "None")
+        return None
+    if isinstance(res, (tuple, list)):  # several results; an info object (it has .tau) stays as it is
+        return tuple(r if r is None or hasattr(r, "tau") else safe_np(row, r) for r in res)
+    return safe_np(row, res)
+
+
+def _expected(case, name, dtype):
+    """(expected, bound) of field ``name``: a per-row number of a one-row case as shape (1,)."""
     exp = value(case, name)
-    tol = tolerance(case, name, exp, dtype)
-    return (exp, tol) if shape is None else (exp.reshape(shape), np.reshape(tol, shape))
+    exp = exp.reshape(1) if exp.ndim == 0 else exp
+    return exp, tolerance(case, name, exp, dtype)
 
 
-def _row_label(case):
-    prm = f"budget={case['budget']}" if "budget" in case else f"alpha={case['alpha']}"
-    return f"{case.get('tcId', case.get('id'))} {case['kind']} {prm} n={case['n']}"
-
-
-def _param_caller(fn, data_args, op, form, param):
-    """A caller passing the (required) parameter by keyword ``param`` when fn has it (or
-    ``**kwargs``), else positionally right after the data."""
+def _param_caller(fn, data_args, op, form, param, required):
+    """A caller passing the parameter by keyword ``param`` when fn has it (or ``**kwargs``),
+    else positionally right after the data (only when required: fn(x) of a fixed alpha)."""
+    if not required:
+        return caller(fn, data_args, op, form)
     try:
         _, _, var_kw, names = positional_capacity(fn)
     except (TypeError, ValueError):
@@ -41,202 +143,124 @@ def _param_caller(fn, data_args, op, form, param):
     return caller(fn, data_args, op, form, param if (param in names or var_kw) else data_args)
 
 
-def _dtype_groups(report, cases, dtypes, op, label):
-    """The cases by dtype (only ``dtypes``, when given): yields ``(dtype, cases, row)`` with
-    a row ``corpus <op>`` added to ``report``, timed until the caller's loop body ends."""
-    by_dt: dict = {}
-    for c in cases:
-        if dtypes is None or c["dtype"] in dtypes:
-            by_dt.setdefault(c["dtype"], []).append(c)
-    for dt, group in by_dt.items():
-        row = CheckRow(f"corpus {op}", label, dt)
-        report.rows.append(row)
-        t0 = time.perf_counter()
-        yield dt, group, row
-        row.seconds = time.perf_counter() - t0
+def _row_outputs(op, res, rows: int):
+    """The result's fields by name: p, or a tuple (p, tau[, support]) or (p, info)."""
+    names = _ROWS[op][3]
+    parts = res if isinstance(res, tuple) else (res,)
+    if len(parts) == 2 and parts[1] is not None and hasattr(parts[1], "tau"):  # (p, info) as the library returns
+        parts = (parts[0], np.asarray(parts[1].tau), np.asarray(parts[1].support))
+    got = {n: np.asarray(v) if n in ("p", "dx", "grad") else np.asarray(v).reshape(-1)
+           for n, v in zip(names, parts) if v is not None}
+    if "p" in got and "support" in names and "support" not in got:
+        got["support"] = (got["p"] > 0).sum(axis=-1).reshape(-1)  # counted from p
+    return got
 
 
-def _replay_rows(cases, fn, op, form, data_args, compute, label, framework, device, dtypes, param=None):
-    """Shared loop of the row replays: one CheckRow per dtype; ``compute(call, case, dt)``
-    returns (got, expected, tol) arrays or None (skipped).  ``param`` (normmax's "alpha",
-    "budget") names a required parameter taken from the case; by default alpha is passed
-    as :func:`calling.caller` does."""
+def replay_rows(cases, fn, *, op, label, framework="numpy", device=None, dtypes=None, alphas=None, vjp_inputs="x"):
+    """The row operations (:data:`_ROWS`): one row per dtype."""
+    data, param, required, _ = _ROWS[op]
+    if vjp_inputs == "p" and op.endswith("vjp") and op != "entmax_alpha_vjp":
+        data = ("p",) + data[1:]
+    form = f"fn({', '.join(data)}, {param})"
     report = CheckReport()
-    for dt, group, row in _dtype_groups(report, cases, dtypes, op, label):
+    for dt, group, row in _groups(report, cases, dtypes, alphas, op, label):
         try:
-            call = (caller(fn, data_args, f"corpus {op}", form) if param is None
-                    else _param_caller(fn, data_args, f"corpus {op}", form, param))
+            call = _param_caller(fn, len(data), f"corpus {op}", form, param, required)
         except CallError as exc:
             row.fail(str(exc))
             continue
-        skipped = 0
         for c in group:
-            def run(*arrays):
-                res = guarded_call(row, call, *(from_numpy(a, framework, device) for a in arrays),
-                           alpha=float(value(c, param or "alpha")))
-                return None if res is None else safe_np(row, res)
-
-            out = compute(run, c, dt)
-            if out is None:
-                skipped += 1
+            where = f"{c.get('tcId', c.get('id'))} {c['kind']} {param}={c[param]} n={c['n']}"
+            if dt == "bfloat16":
+                try:
+                    value(c, "x", dt)
+                except ModuleNotFoundError as exc:
+                    row.skip_case(_tc(c), str(exc))
+                    continue
+            x = value(c, "x", dt)
+            rows = x.shape[0] if x.ndim == 2 else 1
+            args = [(value(c, d, dt if d in ("x", "grad") else "float64") if d != "target" else np.array([c["target"]]))
+                    for d in data]
+            args = [a if a.ndim > 1 or d == "target" else a[None] for a, d in zip(args, data)]
+            res = _call(row, c, call, *(from_numpy(a, framework, device) for a in args),
+                        alpha=value(c, param).reshape(-1) if rows > 1 else float(value(c, param).reshape(-1)[0]))
+            if res is None:
                 continue
-            if out is False:
-                continue
-            for what, got, exp, tol in out:
-                cmp = compare(got, exp, tol, np.dtype(dt), name=what)
-                row.judge(cmp, what, _row_label(c), c["why"])
-        if skipped:
-            row.note(f"{skipped} ill-posed case(s) not compared")
+            got = _row_outputs(op, res, rows)
+            checks = []
+            for name, g in got.items():
+                if name in c or name + "_hex" in c:
+                    exp, tol = _expected(c, name, dt)
+                    checks.append((name, g, exp if exp.ndim != 1 or name not in ("p", "dx", "grad") else exp[None],
+                                   tol if np.ndim(tol) != 1 or name not in ("p", "dx", "grad") else tol[None]))
+            judge(row, c, checks, where)
     return report
 
 
-def replay_entmax(corpus, fn, **kw):
-    def compute(run, c, dt):
-        got = run(_rows1(c, "x", dt))
-        if got is None:
-            return False
-        return [("p", got, *_expect(c, "p", dt, (1, -1)))]
-
-    return _replay_rows(corpus.cases["entmax.jsonl"], fn, "entmax", "fn(x, alpha)", 1, compute, **kw)
-
-
-def replay_threshold(corpus, fn, **kw):
-    def compute(run, c, dt):
-        got = run(_rows1(c, "x", dt))
-        if got is None:
-            return False
-        return [("tau", got.reshape(-1), *_expect(c, "tau", dt, (-1,)))]
-
-    return _replay_rows(corpus.cases["entmax.jsonl"], fn, "threshold", "fn(x, alpha)", 1, compute, **kw)
-
-
-def replay_entmax_vjp(corpus, fn, *, vjp_inputs="x", **kw):
-    if vjp_inputs not in ("x", "p"):
-        raise ValueError(f"vjp_inputs must be 'x' or 'p', got {vjp_inputs!r}")
-
-    def compute(run, c, dt):
-        if vjp_inputs == "x" and c["ill_posed"]:
-            return None
-        first = _rows1(c, "x", dt) if vjp_inputs == "x" else _rows1(c, "p", dt)
-        got = run(first, _rows1(c, "grad", dt))
-        if got is None:
-            return False
-        return [("dx", got, *_expect(c, "dx", dt, (1, -1)))]
-
-    form = f"fn({vjp_inputs}, grad, alpha)"
-    return _replay_rows(corpus.cases["entmax_vjp.jsonl"], fn, "entmax_vjp", form, 2, compute, **kw)
-
-
-def replay_alpha_vjp(corpus, fn, **kw):
-    def compute(run, c, dt):
-        got = run(_rows1(c, "p", dt), _rows1(c, "grad", dt))
-        if got is None:
-            return False
-        return [("dalpha", got.reshape(-1), *_expect(c, "dalpha", dt, (-1,)))]
-
-    return _replay_rows(corpus.cases["entmax_alpha_vjp.jsonl"], fn, "entmax_alpha_vjp", "fn(p, grad, alpha)",
-                        2, compute, **kw)
-
-
-def replay_loss(corpus, fn, **kw):
-    def compute(run, c, dt):
-        got = run(_rows1(c, "x", dt), np.array([c["target"]]))
-        if got is None:
-            return False
-        return [("loss", got.reshape(-1), *_expect(c, "loss", dt, (-1,)))]
-
-    return _replay_rows(corpus.cases["entmax_loss.jsonl"], fn, "entmax_loss", "fn(x, target, alpha)", 2,
-                        compute, **kw)
-
-
-def replay_family(corpus, fn, *, op, vjp_inputs="x", **kw):
-    """normmax / normmax_threshold / budget_sparsemax and their VJPs."""
-    if vjp_inputs not in ("x", "p"):
-        raise ValueError(f"vjp_inputs must be 'x' or 'p', got {vjp_inputs!r}")
-    param = "budget" if op.startswith("budget") else "alpha"
-    vjp = op.endswith("_vjp")
-    file = (op[:-4] if vjp else op.replace("_threshold", "")) + ("_vjp" if vjp else "") + ".jsonl"
-
-    def compute(run, c, dt):
-        if vjp:
-            if vjp_inputs == "x" and c["ill_posed"]:
-                return None
-            got = run(_rows1(c, vjp_inputs, dt), _rows1(c, "grad", dt))
-            return False if got is None else [("dx", got, *_expect(c, "dx", dt, (1, -1)))]
-        got = run(_rows1(c, "x", dt))
-        if got is None:
-            return False
-        if op == "normmax_threshold":
-            return [("tau", got.reshape(-1), *_expect(c, "tau", dt, (-1,)))]
-        return [("p", got, *_expect(c, "p", dt, (1, -1)))]
-
-    first = vjp_inputs if vjp else "x"
-    form = f"fn({first}, grad, {param})" if vjp else f"fn(x, {param})"
-    return _replay_rows(corpus.cases[file], fn, op, form, 2 if vjp else 1, compute, param=param, **kw)
-
-
-def replay_scale(corpus, fn, *, label, framework="numpy", device=None, dtypes=None):
+def replay_scale(cases, fn, *, op, label, framework="numpy", device=None, dtypes=None, alphas=None, vjp_inputs="x"):
+    """asentmax_scale.jsonl: s, and ds/dbeta, ds/dgamma, ds/ddelta when fn returns them."""
     report = CheckReport()
-    row = CheckRow("corpus asentmax_scale", label, "float64")
-    report.rows.append(row)
-    t0 = time.perf_counter()
-    for c in corpus.cases["asentmax_scale.jsonl"]:
-        args = [c["n"]] + [float(value(c, k)) for k in ("beta", "gamma", "delta", "offset")]
-        res = guarded_call(row, fn, *args)
-        got = None if res is None else safe_np(row, res)
-        if got is None:
-            continue
-        cmp = compare(got.reshape(-1), *_expect(c, "s", "float64", (-1,)), np.float64, name="s")
-        row.judge(cmp, "s", f"n={c['n']} beta={c['beta']} gamma={c['gamma']}")
-    row.seconds = time.perf_counter() - t0
+    for _, group, row in _groups(report, cases, dtypes, None, op, label):
+        for c in group:
+            args = [c["n"]] + [float(value(c, k)) for k in ("beta", "gamma", "delta", "offset")]
+            res = _call(row, c, fn, *args)
+            if res is None:
+                continue
+            parts = res if isinstance(res, tuple) else (res,)
+            checks = [(name, np.asarray(g, np.float64).reshape(-1), *_expected(c, name, "float64"))
+                      for name, g in zip(("s", "dbeta", "dgamma", "ddelta"), parts) if g is not None]
+            judge(row, c, checks, f"{c.get('tcId', c.get('id'))} n={c['n']} beta={c['beta']} gamma={c['gamma']}")
     return report
 
 
-def _attn_args(c):
-    dt = c["dtype"]
-    q, k, v = (value(c, n, dt) for n in ("q", "k", "v"))
+def _attn_args(c, dt):
+    """(data arrays, keywords) of an attention case."""
+    names = ("q", "k", "v") + (("cu_seqlens_q", "cu_seqlens_k") if "cu_seqlens_q" in c else ())
+    data = [value(c, n, dt) if n in ("q", "k", "v") else np.array(c[n], np.int64) for n in names]
     kw: dict[str, Any] = {}
     if c["causal"]:
         kw["causal"] = True
-    if c["key_lengths"] is not None:
-        kw["key_lengths"] = np.array(c["key_lengths"])
+    for key in ("key_lengths",):
+        if c.get(key) is not None:
+            kw[key] = np.array(c[key])
     if c.get("key_padding_mask") is not None:
         kw["key_padding_mask"] = np.array(c["key_padding_mask"], bool)
-    if c["alibi_slopes"] is not None:
-        kw["alibi_slopes"] = value(c, "alibi_slopes")
-    if c["beta"] is not None:
-        kw["beta"], kw["gamma"] = value(c, "beta"), value(c, "gamma")
-    return q, k, v, kw
+    for key in ("alibi_slopes", "beta", "gamma"):
+        if c.get(key) is not None:
+            kw[key] = value(c, key)
+    if "delta" in c and np.any(value(c, "delta") != 1.0):
+        kw["delta"] = value(c, "delta")
+    if "offset" in c and float(value(c, "offset")) != 1.0:
+        kw["offset"] = float(value(c, "offset"))
+    return data, kw
 
 
-def replay_attention(corpus, fn, *, op="attention", label, framework="numpy", device=None, dtypes=None):
-    file = "attention.jsonl" if op == "attention" else "attention_vjp.jsonl"
+def replay_attention(cases, fn, *, op, label, framework="numpy", device=None, dtypes=None, alphas=None,
+                     vjp_inputs="x"):
+    """The attention files: out, or (dq, dk, dv); one row per dtype."""
     report = CheckReport()
-    for dt, group, row in _dtype_groups(report, corpus.cases[file], dtypes, op, label):
-        data = 3 if op == "attention" else 4
+    grads = op.endswith("_vjp")
+    varlen = "varlen" in op
+    for dt, group, row in _groups(report, cases, dtypes, alphas, op, label):
+        data_n = (5 if varlen else 3) + grads
         try:
-            names, var_kw = attention_signature(fn, data, f"corpus {op}")
+            names, var_kw = attention_signature(fn, data_n, f"corpus {op}")
         except CallError as exc:
             row.fail(str(exc))
             continue
         for c in group:
-            q, k, v, kw = _attn_args(c)
+            data, kw = _attn_args(c, dt)
             if "alpha" in names or var_kw:
-                kw["alpha"] = float(value(c, "alpha"))
-            args = [from_numpy(t, framework, device) for t in (q, k, v)]
-            where = f"{c.get('tcId', c.get('id'))} {c['kind']} alpha={c['alpha']}"
-            if op == "attention":
-                res = guarded_call(row, fn, *args, **kw)
-                got = None if res is None else safe_np(row, res)
-                if got is None:
-                    continue
-                checks = [("out", got, *_expect(c, "out", dt))]
-            else:
-                got = attention_grads(row, fn, from_numpy(value(c, "grad_out", dt), framework, device), *args, **kw)
-                if got is None:
-                    continue
-                checks = [(n, g, *_expect(c, n, dt)) for n, g in zip(("dq", "dk", "dv"), got)]
-            for what, got_, exp, tol in checks:
-                cmp = compare(got_, exp, tol, np.dtype(dt), name=what)
-                row.judge(cmp, what, where, c["why"])
+                a = value(c, "alpha")
+                kw["alpha"] = float(a) if a.ndim == 0 else a
+            args = [from_numpy(t, framework, device) if i < 3 else t for i, t in enumerate(data)]
+            if grads:
+                args = [from_numpy(value(c, "grad_out", dt), framework, device)] + args
+            res = _call(row, c, fn, *args, **kw)
+            if res is None:
+                continue
+            outs = ("dq", "dk", "dv") if grads else ("out",)
+            parts = res[:3] if grads and isinstance(res, tuple) else (res,)
+            checks = [(n, g, *_expected(c, n, dt)) for n, g in zip(outs, parts) if g is not None]
+            judge(row, c, checks, f"{c.get('tcId', c.get('id'))} {c['kind']} alpha={c['alpha']}")
     return report

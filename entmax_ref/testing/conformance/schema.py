@@ -13,14 +13,15 @@ import json
 from pathlib import Path
 
 from .fields import FIELDS, outputs
-from .lines import FLAGS, FORMAT_MAJOR
+from .lines import ERRORS, FLAGS, FORMAT_MAJOR, VERDICTS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 #: a decimal number string (Python's repr of a float, NumPy's str of a float32) or a non-finite value
 DECIMAL = r"^(-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|-?inf|nan)$"
 #: a C99 hex-float string as printf's %a writes it, or a non-finite value
 HEXFLOAT = r"^(-?0x[01](\.[0-9a-f]*[1-9a-f])?p[-+][0-9]+|-?inf|nan)$"
-TOLERANCE_CLASS = r"^(exact|ulps:[1-9][0-9]*|abs:(@tol_[a-z_]+|[0-9][0-9.e+-]*|0x[0-9a-f.]+p[-+][0-9]+))$"
+TOLERANCE_CLASS = r"^(exact|ulps:[1-9][0-9]*|abs:@tol_[a-z_]+)$"
+DTYPES = ["float64", "float32", "float16", "bfloat16"]
 
 _NUM = {"type": "string", "pattern": DECIMAL}
 _HEX = {"type": "string", "pattern": HEXFLOAT}
@@ -32,18 +33,28 @@ def _lists(item: dict, depth: int) -> dict:
     return item
 
 
-_SHAPE = {"type": "object", "required": ["B", "Hq", "Hkv", "Nq", "Nk", "D", "Dv"], "additionalProperties": False,
-          "properties": {k: {"type": "integer", "minimum": 0} for k in ("B", "Hq", "Hkv", "Nq", "Nk", "D", "Dv")}}
+def _sizes(names: str) -> dict:
+    return {"type": "object", "required": names.split(), "additionalProperties": False,
+            "properties": {k: {"type": "integer", "minimum": 0} for k in names.split()}}
+
+
+#: a number string, or lists of them to any depth (a parameter that broadcasts)
+_ARR = {"anyOf": [_NUM, {"type": "array", "items": {"$ref": "#/$defs/arr"}}]}
+_ARR_HEX = {"anyOf": [_HEX, {"type": "array", "items": {"$ref": "#/$defs/arr_hex"}}]}
 _TYPES = {
     "num": (_NUM, _HEX),
     "vec": ({"type": "array", "items": _NUM}, {"type": "array", "items": _HEX}),
     "mat": (_lists(_NUM, 2), _lists(_HEX, 2)),
+    "t3": (_lists(_NUM, 3), _lists(_HEX, 3)),
     "t4": (_lists(_NUM, 4), _lists(_HEX, 4)),
+    "arr": ({"$ref": "#/$defs/arr"}, {"$ref": "#/$defs/arr_hex"}),
     "int": ({"type": "integer", "minimum": 0}, None),
     "bool": ({"type": "boolean"}, None),
     "ints": ({"type": "array", "items": {"type": "integer", "minimum": 0}}, None),
     "bools2": ({"type": "array", "items": {"type": "array", "items": {"type": "boolean"}}}, None),
-    "shape": (_SHAPE, None),
+    "shape": (_sizes("B Hq Hkv Nq Nk D Dv"), None),
+    "vshape": (_sizes("total_q total_k Hq Hkv D Dv"), None),
+    "error": ({"enum": list(ERRORS)}, None),
 }
 
 
@@ -57,7 +68,9 @@ def _nullable(s: dict, nullable: bool) -> dict:
 
 
 def line_schema(op: str) -> dict:
-    """The JSON Schema of one line of ``op``'s file."""
+    """The JSON Schema of one line of ``op``'s file: every field of this format's minor (the
+    schema is closed); a ``tol_<field>`` is present exactly when the field's class is
+    ``abs:@tol_<field>``."""
     props: dict = {
         "schema": {"type": "object", "required": ["file", "format", "generator"], "additionalProperties": False,
                    "properties": {"file": {"const": schema_file(op)}, "format": {"const": FORMAT_MAJOR},
@@ -65,57 +78,74 @@ def line_schema(op: str) -> dict:
         "tcId": {"type": "string", "pattern": f"^{op}-[0-9a-f]{{12}}$"},
         "op": {"const": op},
         "kind": {"type": "string", "minLength": 1},
-        "dtype": {"enum": ["float64", "float32"]},
+        "dtype": {"enum": DTYPES},
     }
+    required = list(props)
     for f in FIELDS[op]:
         plain, hexed = _TYPES[f.type]
         props[f.name] = _nullable(plain, f.nullable)
+        if f.role != "tol":
+            required.append(f.name)
         if hexed is not None:
             props[f.name + "_hex"] = _nullable(hexed, f.nullable)
+            if f.role != "tol":
+                required.append(f.name + "_hex")
     outs = list(outputs(op))
+    props["verdict"] = {"enum": list(VERDICTS)}
     props["flags"] = {"type": "array", "uniqueItems": True, "items": {"enum": list(FLAGS)}}
     props["tol"] = {"type": "object", "required": outs, "additionalProperties": False,
                     "properties": {o: {"type": "string", "pattern": TOLERANCE_CLASS} for o in outs}}
     props["why"] = {"type": "string", "minLength": 1}
+    required += ["verdict", "flags", "tol", "why"]
+    tols = [{"if": {"properties": {"tol": {"properties": {o: {"const": f"abs:@tol_{o}"}}}}},
+             "then": {"required": [f"tol_{o}"]}, "else": {"not": {"required": [f"tol_{o}"]}}} for o in outs]
     return {"$schema": DRAFT, "$id": f"urn:entmax-ref:corpus:{FORMAT_MAJOR}:{op}",
             "title": f"entmax-ref conformance corpus (format {FORMAT_MAJOR}): one line of {op}.jsonl",
-            "type": "object", "required": list(props), "additionalProperties": False, "properties": props}
+            "type": "object", "required": required, "additionalProperties": False, "properties": props,
+            "allOf": tols, "$defs": {"arr": _ARR, "arr_hex": _ARR_HEX}}
 
 
 def manifest_schema() -> dict:
     """The JSON Schema of ``manifest.json``."""
     sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
     group = {"type": "object", "required": ["param", "value", "dtype", "first", "cases"], "additionalProperties": False,
-             "properties": {"param": {"enum": ["alpha", "budget", None]}, "value": {"type": ["string", "null"]},
-                            "dtype": {"enum": ["float64", "float32"]}, "first": {"type": "integer", "minimum": 1},
+             "properties": {"param": {"enum": ["alpha", "budget", None]}, "value": {"type": ["string", "array", "null"]},
+                            "dtype": {"enum": DTYPES}, "first": {"type": "integer", "minimum": 1},
                             "cases": {"type": "integer", "minimum": 1}}}
+    names = {"type": "array", "items": {"type": "string"}}
     file_entry = {"type": "object", "additionalProperties": False,
-                  "required": ["file", "op", "schema", "cases", "sha256", "beyond_oracle_tol", "inputs_in_dtype",
-                               "groups"],
+                  "required": ["file", "op", "schema", "cases", "sha256", "id_fields", "inputs_in_dtype", "groups"],
                   "properties": {"file": {"type": "string"}, "op": {"enum": list(FIELDS)}, "schema": {"type": "string"},
-                                 "cases": {"type": "integer", "minimum": 0}, "sha256": sha,
-                                 "beyond_oracle_tol": {"type": "integer", "minimum": 0},
-                                 "inputs_in_dtype": {"type": "array", "items": {"type": "string"}},
-                                 "groups": {"type": "array", "items": group}}}
+                                 "cases": {"type": "integer", "minimum": 0}, "sha256": sha, "id_fields": names,
+                                 "inputs_in_dtype": names, "groups": {"type": "array", "items": group}}}
     digests = {"type": "object", "additionalProperties": sha}
+    text = {"type": "string"}
+    provenance = {"type": "object", "required": ["date", "python", "numpy", "mpmath", "platform"],
+                  "additionalProperties": False,
+                  "properties": {"commit": {"type": ["string", "null"]}, "source": {"enum": ["committed", "modified"]},
+                                 "date": text, "python": text, "numpy": text, "mpmath": text, "platform": text}}
     props = {
         "schema": {"type": "object", "required": ["file", "format", "generator"],
                    "properties": {"file": {"const": schema_file("manifest")}, "format": {"const": FORMAT_MAJOR},
-                                  "generator": {"type": "string"}}},
+                                  "generator": text}},
         "format": {"const": "entmax-ref conformance corpus"},
         "format_major": {"const": FORMAT_MAJOR},
+        "format_minor": {"type": "integer", "minimum": 0},
         "generator": {"type": "string", "pattern": "^entmax-ref "},
         "seed": {"type": "integer", "minimum": 0},
         "size": {"enum": ["small", "full"]},
-        "numbers": {"type": "string"},
-        "tolerance_classes": {"type": "object", "additionalProperties": {"type": "string"}},
-        "tolerances": {"type": "string"},
-        "notes": {"type": "object", "required": ["flags", "tcId", "groups"]},
+        "oracle_digits": {"type": "array", "items": {"type": "integer"}},
+        "numbers": text,
+        "tolerance_classes": {"type": "object", "additionalProperties": text},
+        "tolerances": text,
+        "notes": {"type": "object", "required": ["flags", "verdicts", "errors", "tcId", "groups", "policy",
+                                                 "provenance"]},
         "files": {"type": "array", "items": file_entry},
         "schemas": digests,
         "runners": digests,
         "row_cases": {"type": "integer", "minimum": 0},
         "attention_cases": {"type": "integer", "minimum": 0},
+        "provenance": provenance,
     }
     return {"$schema": DRAFT, "$id": f"urn:entmax-ref:corpus:{FORMAT_MAJOR}:manifest",
             "title": f"entmax-ref conformance corpus (format {FORMAT_MAJOR}): manifest.json", "type": "object",

@@ -6,17 +6,17 @@
  *     ec_value c;  char err[200];
  *     char *line = ec_read_line(fp);                    // one JSON Lines record (malloc'd)
  *     if (ec_parse(line, &c, err, sizeof err) == 0) {
- *         const ec_value *x = ec_get(&c, "x_hex");      // the bit-exact form of field x
+ *         const ec_value *x = ec_field(&c, "x");        // x_hex: the bit-exact form of field x
  *         double *xs = malloc(ec_count(x) * sizeof *xs);
  *         ec_numbers(x, xs);                            // strtod of each hex-float string
  *         ...
- *         ec_within(&c, "p", i, got, expected)          // the tolerance class of field p
+ *         ec_within(&c, "p", i, n, got, expected)       // the tolerance class of field p (n entries)
  *         ec_free(&c);
  *     }
  *
  * Numbers are read from the NAME_hex fields (C99 hex floats, "inf", "-inf", "nan"): strtod gives
  * each value exactly.  The tolerance classes (the line's "tol" object, the manifest's
- * "tolerance_classes") are "exact", "ulps:K", "abs:E" and "abs:@FIELD"; ec_within implements them.
+ * "tolerance_classes") are "exact", "ulps:K" and "abs:@FIELD"; ec_within implements them.
  */
 #ifndef ENTMAX_CORPUS_H
 #define ENTMAX_CORPUS_H
@@ -227,43 +227,62 @@ static size_t ec_numbers(const ec_value *v, double *out) {
     return n;
 }
 
-/* Entry i of the numbers of field name_hex in a case (0 when absent); a single number serves every i. */
-static double ec_entry(const ec_value *c, const char *name, size_t i) {
+/* The exact numbers of field name in a case: name_hex (hex-float strings), or name itself for an
+ * integer field (support, tol_support), which has no hex twin; NULL when absent. */
+static const ec_value *ec_field(const ec_value *c, const char *name) {
     char key[64];
-    const ec_value *v;
+    snprintf(key, sizeof key, "%s_hex", name);
+    return ec_get(c, key) ? ec_get(c, key) : ec_get(c, name);
+}
+
+/* Entry i of the numbers of field name in a case (0 when absent).  A field of fewer numbers
+ * than `of` entries broadcasts (row-major): entry i uses number i * count / of (one number serves
+ * every entry; one per row serves the row's entries). */
+static double ec_entry(const ec_value *c, const char *name, size_t i, size_t of) {
+    const ec_value *v = ec_field(c, name);
     double *all, r;
     size_t n;
-    snprintf(key, sizeof key, "%s_hex", name);
-    v = ec_get(c, key);
     n = ec_count(v);
     if (n == 0) return 0.0;
     all = (double *)malloc(n * sizeof *all);
     if (!all) return NAN;
     ec_numbers(v, all);
-    r = all[n == 1 ? 0 : (i < n ? i : n - 1)];
+    r = all[n == of ? i : of ? (i * n) / of : 0];
     free(all);
     return r;
 }
 
-/* The gap from |e| to the next larger value of the case's dtype. */
+/* The gap from |e| to the next larger value of dtype (float64, float32, float16 or bfloat16). */
 static double ec_ulp(double e, const char *dtype) {
-    if (strcmp(dtype, "float32") == 0) { float f = (float)fabs(e); return (double)nextafterf(f, INFINITY) - f; }
-    return nextafter(fabs(e), INFINITY) - fabs(e);
+    int bits = 53, emin = -1022, ex;
+    if (strcmp(dtype, "float32") == 0) { bits = 24; emin = -126; }
+    else if (strcmp(dtype, "float16") == 0) { bits = 11; emin = -14; }
+    else if (strcmp(dtype, "bfloat16") == 0) { bits = 8; emin = -126; }
+    frexp(fabs(e), &ex);                               /* |e| = m 2^ex, 0.5 <= m < 1 */
+    if (e == 0.0 || ex - 1 < emin) ex = emin + 1;      /* zero and subnormals: the smallest gap */
+    return ldexp(1.0, ex - bits);
 }
 
-/* Whether result got matches entry i (value expected) of output field name, by the field's
- * tolerance class (the case's "tol" object).  A non-finite expected value must be matched exactly. */
-static int ec_within(const ec_value *c, const char *name, size_t i, double got, double expected) {
-    const char *cls = ec_str(ec_get(c, "tol"), name);
-    double bound;
+/* The tolerance class of output field name in a case ("" when the case has none). */
+static const char *ec_class(const ec_value *c, const char *name) { return ec_str(ec_get(c, "tol"), name); }
+
+/* The bound on |got - expected| of entry i of output field name (n entries), by the field's
+ * tolerance class (the case's "tol" object); -1 for a class this reader does not know. */
+static double ec_bound(const ec_value *c, const char *name, size_t i, size_t n, double expected) {
+    const char *cls = ec_class(c, name);
+    if (strcmp(cls, "exact") == 0) return 0.0;
+    if (strncmp(cls, "ulps:", 5) == 0) return atof(cls + 5) * ec_ulp(expected, ec_str(c, "dtype"));
+    if (strncmp(cls, "abs:@", 5) == 0) return ec_entry(c, cls + 5, i, n);
+    return -1.0;
+}
+
+/* Whether result got matches entry i (of n, value expected) of output field name.  A non-finite
+ * expected value must be matched exactly (NaN by NaN); 0 and -0 are equal. */
+static int ec_within(const ec_value *c, const char *name, size_t i, size_t n, double got, double expected) {
+    double bound = ec_bound(c, name, i, n, expected);
     if (isnan(expected)) return isnan(got);
     if (isinf(expected)) return got == expected;
-    if (strcmp(cls, "exact") == 0) bound = 0.0;
-    else if (strncmp(cls, "ulps:", 5) == 0) bound = atof(cls + 5) * ec_ulp(expected, ec_str(c, "dtype"));
-    else if (strncmp(cls, "abs:@", 5) == 0) bound = ec_entry(c, cls + 5, i);
-    else if (strncmp(cls, "abs:", 4) == 0) bound = strtod(cls + 4, NULL);
-    else return 0;  /* an unknown class never passes */
-    return fabs(got - expected) <= bound;  /* false for a NaN result */
+    return bound >= 0.0 && fabs(got - expected) <= bound;  /* false for a NaN result */
 }
 
 /* Read one line (without its newline) into a malloc'd buffer; NULL at the end of the file. */
