@@ -119,13 +119,14 @@ def _solve_buffers(x: np.ndarray):
 
 
 def _row_forward(kernel, x: np.ndarray, alpha: np.ndarray, *options) -> RowSolve:
-    """A row solver's kernel ``kernel(x, alpha, *options, *outputs, blocks)`` on checked
-    rows (``alpha`` one float64 per row) into :func:`_solve_buffers`."""
+    """A row solver's kernel ``kernel(x, alpha, *options, outputs, blocks)`` on checked
+    rows (``alpha`` one float64 per row) into :func:`_solve_buffers` (the kernels'
+    :data:`~entmax_ref.backends.numba.rows.Solved` record)."""
     x = _as_rows(x)
     alpha = _as_alpha(alpha, x.shape[0])
     bufs = _solve_buffers(x)
     if x.shape[0]:
-        kernel(x, alpha, *options, *bufs, 8 * numba.get_num_threads())
+        kernel(x, alpha, *options, _rows.Solved(*bufs), 8 * numba.get_num_threads())
     return RowSolve(*bufs)
 
 

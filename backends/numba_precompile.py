@@ -9,10 +9,11 @@ of compiling it.
 
 The order also comes from the kernels: a kernel's *reach* is the set of the package's
 compiled functions its code calls, directly or through its callees (read from the
-functions' code, :func:`reach`).  A task waits for the tasks of the same input dtype
-whose kernel's reach is strictly inside its own (their helpers are then in the cache
-when it starts: the attention forward of a solver path waits for the row drivers whose
-solvers it links), and a kernel's later signatures wait for its first; a free worker takes
+functions' code, :func:`reach`).  A task waits for the tasks of the same input dtype (or
+of any, for a signature that serves every dtype) whose kernel's reach is strictly inside
+its own (their helpers are then in the cache when it starts: the attention forward of a
+solver path waits for the row drivers whose solvers it links), and a kernel's later
+signatures wait for its first; a free worker takes
 the ready task with the most work behind it (its reach, plus the longest chain of tasks
 that wait on it).  The lock of :mod:`entmax_ref.backends.numba._cache` serialises saves
 into one index.
@@ -103,7 +104,7 @@ def tasks(ops: Iterable[str] | None = None, dtypes: Iterable[str] = DTYPES,
     methods = None if methods is None else tuple(methods)
     return [Task(k.name, j) for k in every
             if (ops is None or set(k.ops) & set(ops)) and (methods is None or set(k.methods) & set(methods))
-            for j, (dt, _) in enumerate(k.signatures) if dt in dtypes]
+            for j, (dt, _) in enumerate(k.signatures) if dt in dtypes or dt == "any"]
 
 
 def reach(dispatcher, _seen=None) -> frozenset:
@@ -134,7 +135,8 @@ class _Schedule:
         for t in self.tasks:
             first.setdefault(t.kernel, t)
         self.waits = {t: {u for u in self.tasks if u is not t and (
-            (u.dtype == t.dtype and reaches[u] < reaches[t]) or (u.kernel == t.kernel and first[t.kernel] is u))}
+            (u.dtype in (t.dtype, "any") or t.dtype == "any") and reaches[u] < reaches[t]
+            or (u.kernel == t.kernel and first[t.kernel] is u))}
                       for t in self.tasks}
         after: dict[Task, list[Task]] = {t: [] for t in self.tasks}
         for t, ws in self.waits.items():

@@ -45,6 +45,9 @@ from ._cache import KernelCache, cached
 
 #: the input dtypes the entry kernels are compiled for, by default
 DTYPES = ("float64", "float32")
+#: ``dtypes`` of a kernel whose one signature serves every input dtype (its signature
+#: function is called with None)
+ANY = ("any",)
 
 
 class NotCompiled(RuntimeError):
@@ -178,7 +181,7 @@ def kernel(signatures: Signature | tuple[Signature, ...], ops: tuple[str, ...], 
         sigs: list[tuple[str, tuple]] = []
         for dt in dtypes:
             for make in makers:
-                sig = make(getattr(types, dt))
+                sig = make(None if dt == "any" else getattr(types, dt))
                 if sig is not None and all(s != tuple(sig) for _, s in sigs):
                     sigs.append((dt, tuple(sig)))
         label = name or f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"

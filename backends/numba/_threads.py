@@ -3,19 +3,17 @@
 The row kernels are sequential ``nogil`` compiled functions over a range of rows; a
 call splits its rows into blocks and ``numba.get_num_threads()`` worker threads take the
 blocks from a shared counter, each running the kernel with the GIL released (the attention
-drivers run their chunks the same way, :func:`run_on_workers`).  Compared with an
-``parallel=True`` ``prange`` driver this compiles several times faster (no
-parallel-accelerator passes, no gufunc outlining), launches no parallel region on Numba's
-threading layer (so the ``workqueue`` layer's abort on concurrent parallel launches cannot
-arise), and keeps the results deterministic: every row is solved by the same code whatever
-block or thread it lands on.
+drivers run their chunks the same way, :func:`run_on_workers`).  Unlike a
+``parallel=True`` ``prange`` driver, this needs no parallel-accelerator passes or gufunc
+outlining at compile time, launches no parallel region on Numba's threading layer (so the
+``workqueue`` layer's abort on concurrent parallel launches cannot arise), and keeps the
+results deterministic: every row is solved by the same code whatever block or thread it
+lands on.
 
-The worker threads outlive a call: they wait for the next one on a queue of their own.
-Starting threads for each call cost 0.25-0.6 ms after an idle spell on a 2-core AMD EPYC (Zen 4)
-(the second worker began 0.5-0.9 ms into a 2.5 ms 1.5-entmax call), against 0.05-0.15 ms
-to wake waiting ones.  One call uses the pool at a time; a call made meanwhile (from another
-thread of the caller, or from inside a worker) runs on threads started for it, as before.
-A forked child starts a pool of its own.
+The worker threads outlive a call: they wait for the next one on a queue of their own
+(waking a waiting thread costs less than starting one).  One call uses the pool at a
+time; a call made meanwhile (from another thread of the caller, or from inside a worker)
+runs on threads started for it.  A forked child starts a pool of its own.
 """
 
 from __future__ import annotations
@@ -82,11 +80,9 @@ if hasattr(os, "register_at_fork"):
 def run_on_workers(fn, workers):
     """``fn(slot)`` for ``slot = 0 .. workers - 1``, each on a worker thread of its own, the
     calling thread waiting; re-raises the first exception.  The calling thread is never a
-    worker: as one, a call made after an idle spell (the bench's 50 ms pause) ran both
-    workers on one core of a 2-core machine for most of the call (512 x 8192 float32 softmax
-    12.6-13.0 ms against 7.5-7.8, 1.5-entmax 7.4 against 4.7; decoding 1-2 ms longer);
-    back to back, with no pause, the two were the same.  Each worker runs ``fn`` in a copy
-    of the caller's context (its context variables: :func:`._jit.compiled_only`)."""
+    worker: after an idle spell the scheduler may keep a woken worker on the caller's core,
+    and a caller that works too then shares that core with it.  Each worker runs ``fn`` in a
+    copy of the caller's context (its context variables: :func:`._jit.compiled_only`)."""
     contexts = [contextvars.copy_context() for _ in range(workers)]
     fn = (lambda f: lambda slot: contexts[slot].run(f, slot))(fn)
     pool = _POOL

@@ -36,11 +36,10 @@ import numba
 import numpy as np
 
 from . import attention_chunks as shared
-from ..geometry import key_offset, visible_keys_end
-from .attention_chunks import (OVERFLOW, chunk_cost, filter_bound, group_alphas, group_slopes, head_items,
-                               Heads, chunk_product, chunk_row_scale, run_chunks, writable_copy,
-                               empty_kernel_forward, trimmed_keys)
-from .attention_records import ForwardArrays, chunk_rows
+from ..geometry import visible_keys_end
+from .attention_chunks import (OVERFLOW, Heads, Problem, chunk_cost, chunk_product, empty_kernel_forward,
+                               filter_bound, run_chunks, trimmed_keys, writable_copy)
+from .attention_records import ForwardArrays, KeysValues, RowsOut, pair
 from .attention_rows import fwd_runs
 from .products import matmul_into
 
@@ -72,19 +71,18 @@ def attention_forward(backend, q, k, v, spec):
                          "(attention_driver.forward_by_key_runs)")
     f64 = np.float64
     q, k, v = (writable_copy(np.asarray(a)) for a in (q, k, v))
+    prob = Problem(spec, q.shape, k.shape)
+    keep = spec.residual  # off: no skewed output or support keys formed (no backward follows)
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
-    group = Hq // Hkv
-    offset = key_offset(Nq, Nk)
-    bounds = [head_items(spec, b, Nq, Nk, group) for b in range(B)]  # the chunks of each batch
+    group, offset, causal = prob.group, prob.offset, prob.causal
+    bounds = prob.chunks  # the chunks of each batch
     blank = np.ones((B, Hq, Nq), bool)  # the rows no chunk runs
     for b, chunks in enumerate(bounds):
         for i0, i1, _ in chunks:
             blank[b, :, i0:i1] = False
-    keep = spec.residual  # off: no skewed output or support keys formed (no backward follows)
     (out, theta, support, skew, row_max, edge, edge_p, support_keys), (skew_w, keys_w) = \
         empty_kernel_forward(B, Hq, Nq, Dv, q.dtype, keep, blank)
-    causal, scale = bool(spec.causal), float(spec.scale)
     fwd = ForwardArrays(skew_w, theta, support, row_max, edge, edge_p, keys_w, bool(keep))
     workers = numba.get_num_threads()
     state = {"filter": shared.FILTER_FRACTION > 0}  # the float32 filter, while it pays (alpha > 1 only)
@@ -97,16 +95,15 @@ def attention_forward(backend, q, k, v, spec):
         nc = i1 - i0
         qsl = q[b, h0:h0 + group, i0:i1]
         qc = np.ascontiguousarray(np.asarray(qsl, f64).reshape(-1, D))
-        rs = chunk_row_scale(spec, b, h0, group, i0, i1)
-        alphas = group_alphas(spec, h0, group)
-        filt, err = filter_bound(state["filter"] and bool(np.all(alphas > 1.0)), qc, head.kn, key_end, scale,
-                                  rs)
+        rows_rec = prob.rows(b, h0, i0, i1)
+        filt, err = filter_bound(state["filter"] and bool(np.all(rows_rec.alphas > 1.0)), qc, head.kn, key_end,
+                                  prob.scale, rows_rec.row_scale)
         kk, vv = head.rows(filt, key_end)
+        kv = KeysValues(pair(kk), pair(vv))
         rows = qc.shape[0]
         o = np.empty((rows, Dv), f64)  # the output rows in float64; the rest goes to its place
         ncand = np.empty(rows, np.int64)
         bad = np.empty(rows, np.int8)
-        rows_rec = chunk_rows(b, h0, nc, i0, offset, causal, scale, rs, group_slopes(spec, h0, group), alphas)
         if filt:  # the float32 product a block at a time (FILTER_BLOCK_BYTES)
             q32 = np.asarray(qsl, np.float32).reshape(rows, D)
             # at least D rows: a block reads the keys once (D floats a key), and fewer rows
@@ -129,7 +126,7 @@ def attention_forward(backend, q, k, v, spec):
                     matmul_into(q32[a:e], head.k32t[:, :kend], g, 0.0)
                 else:
                     g = chunk_product(qc, head.kkt[:, :key_end], None)
-                fwd_runs(g, a, a, e, filt, qc, kk, err, vv, rows_rec, fwd, o, ncand, bad)
+                fwd_runs(g, a, a, e, (err, qc), kv, rows_rec, fwd, RowsOut(o, ncand, bad))
         if bad.any():
             raise ValueError(OVERFLOW)
         if probe and filt and ncand.sum() > shared.FILTER_FRACTION * rows * key_end:

@@ -1,6 +1,6 @@
 """Attention of the numba backend: the support-only chunked backward.
 
-Per chunk of the driver (:func:`~.attention_chunks.head_items`; merged into runs of
+Per chunk of the driver (:attr:`~.attention_chunks.Problem.chunks`; merged into runs of
 :data:`STORED_CHUNK_ROWS` query rows when every row has its support keys), on a worker
 thread: the rows' candidates (the forward's support keys, or the float32 filter against
 the forward's theta, or a float64 score product), then the row kernel ``bwd_rows``
@@ -21,11 +21,9 @@ import numba
 import numpy as np
 
 from . import attention_chunks as shared
-from ..geometry import key_offset
-from .attention_chunks import (OVERFLOW, chunk_cost, group_alphas, group_slopes, Head, head_items, InOrder,
-                               chunk_row_scale, run_chunks, run_parallel, chunk_scores,
-                               own_support_keys, writable_copy)
-from .attention_records import BackwardOut, BackwardRows, chunk_rows
+from .attention_chunks import (OVERFLOW, Head, InOrder, Problem, chunk_cost, chunk_scores, own_support_keys,
+                               run_chunks, run_parallel, writable_copy)
+from .attention_records import BackwardOut, BackwardRows, KeysValues, pair, scores_of
 from .attention_rows import bwd_rows, bwd_scatter, expand
 from .products import matmul_into
 
@@ -61,10 +59,11 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
     if spec.key_mask is not None:
         raise ValueError("the chunked backward takes problems without a key mask: the backend routes key masks "
                          "(attention_driver.backward_by_key_runs)")
-    call = _Backward(do, q, k, v, res, skew, spec, bool(np.any(heads_alpha > 2.0)))
+    call = _Backward(do, q, k, v, res, skew, Problem(spec, q.shape, k.shape), bool(np.any(heads_alpha > 2.0)),
+                     bool(spec.alpha_grad))
     for b in range(call.B):
-        chunks = head_items(spec, b, call.Nq, call.Nk, call.group)
-        if call.all_stored and spec.chunk is None:
+        chunks = call.prob.chunks[b]
+        if call.all_stored and not call.prob.chunk_given:
             chunks = merged_chunks(chunks, STORED_CHUNK_ROWS)
         items = list(enumerate(chunks))
         for hk in range(call.Hkv):
@@ -76,7 +75,7 @@ def attention_backward(backend, do, q, k, v, res, skew, spec):
 def merged_chunks(chunks, rows):
     """The chunks ``(i0, i1, key_end)`` merged, in query order, into runs of consecutive
     chunks of at most ``rows`` query rows (a longer chunk stays whole); each run sees the
-    keys of its widest chunk.  Largest first, as :func:`.attention_chunks.head_items`."""
+    keys of its widest chunk.  Largest first, as :attr:`.attention_chunks.Problem.chunks`."""
     out = []
     for i0, i1, key_end in sorted(chunks):
         if out and out[-1][1] == i0 and i1 - out[-1][0] <= rows:
@@ -90,7 +89,7 @@ class _Backward:
     """One backward call: its inputs as the kernels take them, its outputs, and the work
     of one chunk (:meth:`work`, on a worker thread)."""
 
-    def __init__(self, do, q, k, v, res, skew, spec, big):
+    def __init__(self, do, q, k, v, res, skew, prob, big, alpha_grad):
         f64 = np.float64
         self.theta = writable_copy(np.asarray(res.theta))
         if big:
@@ -101,11 +100,10 @@ class _Backward:
             self.resid = None
         self.do, self.q, self.k, self.v = (writable_copy(np.asarray(a)) for a in (do, q, k, v))
         self.skew = None if skew is None else writable_copy(np.asarray(skew))
-        self.spec = spec
+        self.prob = prob
         self.B, Hq, self.Nq, self.D = self.q.shape
         self.Hkv, self.Nk, self.Dv = self.v.shape[1], self.v.shape[2], self.v.shape[3]
         self.group = Hq // self.Hkv
-        self.offset = key_offset(self.Nq, self.Nk)
         # the gradients in the inputs' dtypes: dQ rows are written as their chunks finish,
         # dK, dV of a kv-head when its float64 sums are complete (rounded once, as ``_base.narrow``)
         self.dq = np.zeros((self.B, Hq, self.Nq, self.D), self.q.dtype)
@@ -113,11 +111,11 @@ class _Backward:
         self.dv = np.zeros((self.B, self.Hkv, self.Nk, self.Dv), self.v.dtype)
         # worker 0's float64 sums of a kv-head: the outputs themselves when they are float64
         self.sums = tuple(None if a.dtype == f64 else np.empty(a.shape[2:], f64) for a in (self.dk, self.dv))
-        self.ds = np.zeros((self.B, Hq, self.Nq), f64) if spec.row_scale is not None else None
-        self.dalpha = np.zeros((self.B, Hq, self.Nq), f64) if spec.alpha_grad else None
+        self.ds = np.zeros((self.B, Hq, self.Nq), f64) if prob.row_scale is not None else None
+        self.dalpha = np.zeros((self.B, Hq, self.Nq), f64) if alpha_grad else None
         self.keys_all = own_support_keys(res)
         self.all_stored = self.keys_all is not None and bool(np.all(self.keys_all[..., 0] != -2))
-        self.causal, self.scale = bool(spec.causal), float(spec.scale)
+        self.scale = prob.scale
         self.workers = numba.get_num_threads()
         # per-worker accumulators of one kv-head (worker 0 uses dk, dv themselves), or one
         # shared pair, its additions in chunk order, when those would take too much memory
@@ -130,8 +128,7 @@ class _Backward:
         """dQ (ds, dalpha) of the chunks ``items`` of kv-head ``hk`` of batch ``b``, and
         that kv-head's dK, dV."""
         h0 = hk * self.group
-        self.at = (b, h0, Head(self.k, self.v, b, hk), group_slopes(self.spec, h0, self.group),
-                   group_alphas(self.spec, h0, self.group))
+        self.at = (b, h0, Head(self.k, self.v, b, hk))
         own = tuple(out[b, hk] if acc is None else acc for out, acc in zip((self.dk, self.dv), self.sums))
         for acc in self.sums:
             if acc is not None:
@@ -156,14 +153,15 @@ class _Backward:
 
     def rows(self, sl, key_end, head):
         """A chunk's rows as the kernel takes them (``sl`` its (batch, heads, queries)
-        slice): q, dO, the row scales, the forward's support keys and whether every row
-        has them, the score product (``g``, ``err``, ``filt``), theta and the residual of
-        alpha > 2 (row max, edge, edge p), the skewed output (or an empty stand-in)."""
-        f64, D, Dv, spec = np.float64, self.D, self.Dv, self.spec
+        slice): q, dO, the rows' :data:`~.attention_records.ChunkRows`, the forward's
+        support keys and whether every row has them, the score product (``g``, ``err``,
+        ``filt``), theta and the residual of alpha > 2 (row max, edge, edge p), the skewed
+        output (or an empty stand-in)."""
+        f64, D, Dv = np.float64, self.D, self.Dv
         b, h0 = sl[0], sl[1].start
         qc = np.ascontiguousarray(np.asarray(self.q[sl], f64).reshape(-1, D))
         doc = np.ascontiguousarray(np.asarray(self.do[sl], f64).reshape(-1, Dv))
-        rs = chunk_row_scale(spec, b, h0, self.group, sl[2].start, sl[2].stop)
+        rec = self.prob.rows(b, h0, sl[2].start, sl[2].stop)
         rows = qc.shape[0]
         kc = _NO_KEYS if self.keys_all is None else np.ascontiguousarray(self.keys_all[sl]).reshape(rows, -1)
         need = None if self.keys_all is None else kc[:, 0] == -2  # rows that find their support again
@@ -171,7 +169,7 @@ class _Backward:
         if stored:  # every row has its support's keys: no product, no filter pass
             g, err, filt = _NO_G, np.zeros(rows), True
         else:  # the product of the rows without keys only
-            g, err, filt = chunk_scores(self.filter, self.q[sl], qc, head, key_end, self.scale, rs, need)
+            g, err, filt = chunk_scores(self.filter, self.q[sl], qc, head, key_end, self.scale, rec.row_scale, need)
         th = np.ascontiguousarray(np.asarray(self.theta[sl], f64).reshape(-1))
         if self.resid is None:
             resid = (th, th, th)  # not read for alpha <= 2
@@ -179,16 +177,16 @@ class _Backward:
             resid = tuple(np.ascontiguousarray(np.asarray(a[sl], f64).reshape(-1)) for a in self.resid)
         sk = (np.empty((0, Dv), f64) if self.skew is None else
               np.ascontiguousarray(np.asarray(self.skew[sl], f64).reshape(-1, Dv)))
-        return qc, doc, rs, kc, stored, g, err, filt, th, resid, sk
+        return qc, doc, rec, kc, stored, g, err, filt, th, resid, sk
 
     def work(self, slot, item, probe=False):
         """Chunk ``item = (n, (i0, i1, key_end))`` on worker ``slot``: the row kernel, dQ,
         ds, dalpha, and its part of dK, dV (:meth:`add`)."""
-        f64, (b, h0, head, slopes, alphas), group = np.float64, self.at, self.group
+        f64, (b, h0, head), group = np.float64, self.at, self.group
         n, (i0, i1, key_end) = item
         nc = i1 - i0
         sl = (b, slice(h0, h0 + group), slice(i0, i1))
-        qc, doc, rs, kc, stored, g, err, filt, th, (rm, ce, qe), sk = self.rows(sl, key_end, head)
+        qc, doc, rec, kc, stored, g, err, filt, th, (rm, ce, qe), sk = self.rows(sl, key_end, head)
         kk, vv = head.rows(filt, key_end)
         rows = qc.shape[0]
         width = kc.shape[1] if stored else key_end
@@ -200,9 +198,8 @@ class _Backward:
         dsc = np.empty(rows, f64)
         bad = np.empty(rows, np.int8)
         dal = np.empty(0, f64) if self.dalpha is None else np.empty(rows, f64)
-        rec = chunk_rows(b, h0, nc, i0, self.offset, self.causal, self.scale, rs, slopes, alphas)
-        bwd_rows(g, filt, qc, kk, err, vv, rec, BackwardRows(th, rm, ce, qe, doc, sk, kc),
-                 BackwardOut(idx, pb, ub, cnt, dqc, dsc, bad, dal))
+        bwd_rows(scores_of(g, filt, err, qc), KeysValues(pair(kk), pair(vv)), rec,
+                 BackwardRows(th, rm, ce, qe, doc, sk, kc), BackwardOut(idx, pb, ub, cnt, dqc, dsc, bad, dal))
         if (bad == 2).any():
             raise ValueError("support_keys do not belong to this call (a key out of order or not "
                              "visible to its row): pass the residual of this problem's forward")
@@ -229,7 +226,7 @@ class _Backward:
         if cnt.sum() > DENSE_FRACTION * rows * key_end:
             P = np.empty((rows, key_end), f64)
             U = g if g.dtype == f64 else np.empty((rows, key_end), f64)  # g is done with
-            expand(idx, pb, ub, cnt, P, U)
+            expand(support, P, U)
             dv_part = np.empty((key_end, doc.shape[1]), f64)
             dk_part = np.empty((key_end, qc.shape[1]), f64)
             matmul_into(P.T, doc, dv_part, 0.0)
@@ -241,7 +238,7 @@ class _Backward:
                 np.add(dk_acc, dk_part, out=dk_acc)
         else:
             def add():
-                bwd_scatter(idx, pb, ub, cnt, doc, qc, self.scale, dv_acc, dk_acc)
+                bwd_scatter(support, doc, qc, self.scale, (dv_acc, dk_acc))
         if self.shared:
             self.in_order(n, add)  # one accumulator: the chunks' sums in chunk order
         else:

@@ -26,6 +26,8 @@ import threading
 import numpy as np
 
 from ..attention_driver import batch_chunks, empty_forward
+from ..geometry import key_offset
+from .attention_records import chunk_rows
 from ._threads import run_items
 from .attention_filter import key_norms, score_errors
 from .products import matmul_into
@@ -114,36 +116,43 @@ def chunk_cost(i0, i1, key_end):
     return (i1 - i0) * key_end
 
 
-def head_items(spec, b, Nq, Nk, group):
-    """The driver's chunks (i0, i1, key_end) of batch b, largest first."""
-    return sorted(batch_chunks(spec, b, Nq, Nk, group), key=lambda t: -chunk_cost(*t))
-
-
-# The kernels get C-contiguous, writable float64 arrays only (a fresh copy of the small
-# per-head / per-row parameters, the caller's q, k, v ... copied when read-only): numba
-# compiles one specialization per argument type, and read-only is part of the type.
-
-
 def writable_copy(a):
+    """``a`` itself, or a copy when it is read-only (the kernels get writable arrays only:
+    numba compiles one specialization per argument type, and read-only is part of it)."""
     return a if a is None or a.flags.writeable else a.copy()
 
 
-def group_alphas(spec, h0, group):
-    if spec.head_alpha is None:
-        return np.full(group, float(spec.alpha))
-    return np.array(spec.head_alpha[h0:h0 + group], np.float64, order="C")
+class Problem:
+    """What the numba attention drivers read of one call: its shapes and its
+    :class:`~entmax_ref.backends._base.AttentionSpec`, read once where the call enters a
+    driver.  Every later step (the chunks, their rows' records) takes this, never the spec:
+    the spec goes down, not back and forth.  Each query head's alpha and ALiBi slope and
+    the rows' ASEntmax scales are float64 arrays here; :meth:`rows` gives a chunk's fresh,
+    C-contiguous, writable copies (one specialization per kernel argument type)."""
 
+    def __init__(self, spec, q_shape, k_shape):
+        self.B, self.Hq, self.Nq, self.D = q_shape
+        self.Hkv, self.Nk = k_shape[1], k_shape[2]
+        self.group = self.Hq // self.Hkv
+        self.offset = key_offset(self.Nq, self.Nk)
+        self.causal, self.scale = bool(spec.causal), float(spec.scale)
+        self.alphas = (np.full(self.Hq, float(spec.alpha)) if spec.head_alpha is None else
+                       np.array(spec.head_alpha, np.float64))
+        self.slopes = np.zeros(self.Hq) if spec.alibi_slopes is None else np.array(spec.alibi_slopes, np.float64)
+        self.row_scale = None if spec.row_scale is None else np.asarray(spec.row_scale, np.float64)
+        #: the driver's chunks (i0, i1, key_end) of each batch, largest first
+        self.chunks = [sorted(batch_chunks(spec, b, self.Nq, self.Nk, self.group), key=lambda t: -chunk_cost(*t))
+                       for b in range(self.B)]
+        self.chunk_given = spec.chunk is not None
 
-def group_slopes(spec, h0, group):
-    if spec.alibi_slopes is None:
-        return np.zeros(group)
-    return np.array(spec.alibi_slopes[h0:h0 + group], np.float64, order="C")
-
-
-def chunk_row_scale(spec, b, h0, group, i0, i1):
-    if spec.row_scale is None:
-        return np.empty(0)
-    return np.array(spec.row_scale[b, h0:h0 + group, i0:i1], np.float64, order="C").reshape(-1)
+    def rows(self, b, h0, i0, i1):
+        """The :data:`~.attention_records.ChunkRows` of query rows ``i0 .. i1 - 1`` of the
+        query heads ``h0 ..`` of one kv-head group of batch ``b``."""
+        g = self.group
+        rs = (np.empty(0) if self.row_scale is None else
+              np.array(self.row_scale[b, h0:h0 + g, i0:i1], np.float64, order="C").reshape(-1))
+        return chunk_rows(b, h0, i1 - i0, i0, self.offset, self.causal, self.scale, rs,
+                          np.array(self.slopes[h0:h0 + g]), np.array(self.alphas[h0:h0 + g]))
 
 
 class Head:

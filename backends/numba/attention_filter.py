@@ -63,29 +63,57 @@ def candidate_buffers(key_end):
 
 
 @jit
-def score_at(gv, scale, s, has_s, slope, i_abs, j):
-    """The reference's z: ``a = scale * g``, ``z = a * s``, ``z = z - slope * |i_abs - j|``."""
-    z = scale * gv
-    if has_s:
-        z = z * s
-    if slope != 0.0:
-        z = z - slope * np.float64(abs(i_abs - j))
+def score_at(gv, sc, j):
+    """The reference's z of key ``j`` from its q.k ``gv`` (``sc`` a row's
+    :data:`~.attention_records.RowScore`): ``a = scale * g``, ``z = a * s``, ``z = z - slope
+    * |i_abs - j|``."""
+    z = sc.scale * gv
+    if sc.has_s:
+        z = z * sc.s
+    if sc.slope != 0.0:
+        z = z - sc.slope * np.float64(abs(sc.i_abs - j))
     return z
 
 
 @jit(fastmath={"reassoc", "contract"})
-def dot64(qc, r, kk, j):
-    """q_r . k_j (``qc[r] . kk[j]``; the backward's dO_r . v_j too) in float64, summed in
+def dot64(qc, r, kv, j):
+    """q_r . k_j (``qc[r] . k[j]``; the backward's dO_r . v_j too) in float64, summed in
     the order the compiler vectorises (``fastmath`` reassociation and fused multiply-adds:
     any order is as exact as BLAS's, and vector lanes are not one serial chain of D
-    additions; twice as fast as four explicit partial sums).  ``kk`` is float64 or the
-    float32 input itself (converted exactly).  The order depends on the argument types
-    and the machine only, so every driver passes K (and V) in the input's precision:
-    the chunked forward, the decoding path and the backward then get the same bits."""
+    additions; twice as fast as four explicit partial sums).  ``kv`` is a pair of
+    :data:`~.attention_records.KeysValues`: the keys in float64, or the float32 input
+    itself (converted exactly).  The order depends on the rows' precision and the machine
+    only, so every driver passes K (and V) as the others do: the chunked forward, the
+    decoding path and the backward then get the same bits."""
     a = 0.0
-    for d in range(qc.shape[1]):
-        a += qc[r, d] * kk[j, d]
+    k32, k64 = kv
+    if k64.shape[0] > 0:
+        for d in range(qc.shape[1]):
+            a += qc[r, d] * k64[j, d]
+    else:
+        for d in range(qc.shape[1]):
+            a += qc[r, d] * k32[j, d]
     return a
+
+
+@jit(_nrt=False)
+def add_row(acc, w, kv, j):
+    """``acc += w * kv[j]`` (``kv`` a pair of :data:`~.attention_records.KeysValues`; a
+    float32 entry converted exactly), entry by entry in order."""
+    k32, k64 = kv
+    if k64.shape[0] > 0:
+        for d in range(acc.shape[0]):
+            acc[d] += w * k64[j, d]
+    else:
+        for d in range(acc.shape[0]):
+            acc[d] += w * np.float64(k32[j, d])
+
+
+@jit(_nrt=False)
+def prefetch_pair(kv, j):
+    """:func:`prefetch_row` of row ``j`` of the pair ``kv`` (its empty stand-in has no bytes)."""
+    prefetch_row(kv[0], j)
+    prefetch_row(kv[1], j)
 
 
 #: How many candidates ahead the loops that read K or V rows in candidate order ask for a
@@ -176,63 +204,77 @@ def theta_cut(t, window, err):
 
 
 @jit(_nrt=False)
-def _score_over_cut(z, keyed, m1, cut, qc, r, kk, scale, s, has_s, slope, i_abs, idx, zc, gx):
+def _score_over_cut(z, keyed, m1, cut, sc, buf):
     """The keys ``i < m1`` whose approximate score ``z[i]`` is over ``cut`` (key ``idx[i]``,
     or ``i`` itself unless ``keyed``), gathered in order into ``idx[:m]`` with no branch on
-    the data, then their exact q.k (``gx[:m]``) and score (``zc[:m]``); returns m.  ``z``
-    may be ``zc`` itself: the gather reads every entry before any is written.  The K rows
-    come from L2 or L3 in random order, so each is asked for :data:`PREFETCH_AHEAD`
-    gathered keys before its dot product (the first ones before the loop); among the
-    cut's input, most of which the cut drops, the requests would come too late for the
-    rows that are read (docs/performance.md)."""
+    the data, then their exact q.k (``gx[:m]``) and score (``zc[:m]``) for the row ``sc``;
+    returns m (``buf = (za, idx, zc, gx)``, :func:`candidate_buffers`).  ``z`` may be ``zc``
+    itself: the gather reads every entry before any is written.  The K rows come from L2
+    or L3 in random order, so each is asked for :data:`PREFETCH_AHEAD` gathered keys before
+    its dot product (the first ones before the loop); among the cut's input, most of which
+    the cut drops, the requests would come too late for the rows that are read
+    (docs/performance.md)."""
+    _, idx, zc, gx = buf
     m = np.int64(0)
     for i in range(m1):
         idx[m] = idx[i] if keyed else i
         m += z[i] > cut
     for i in range(min(m, PREFETCH_AHEAD)):
-        prefetch_row(kk, idx[i])
+        prefetch_pair(sc.keys, idx[i])
     for i in range(m):
         if i + PREFETCH_AHEAD < m:
-            prefetch_row(kk, idx[i + PREFETCH_AHEAD])
+            prefetch_pair(sc.keys, idx[i + PREFETCH_AHEAD])
         j = idx[i]
-        gv = dot64(qc, r, kk, j)
+        gv = dot64(sc.qc, sc.r, sc.keys, j)
         gx[i] = gv
-        zc[i] = score_at(gv, scale, s, has_s, slope, i_abs, j)
+        zc[i] = score_at(gv, sc, j)
     return m
 
 
 @jit(_nrt=False)
-def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                za, idx, zc, gx):
-    """The keys of row ``r`` that can carry probability, with their exact float64 scores.
+def all_keys(g, n, sc, buf):
+    """Every visible key of row ``sc.r`` as a candidate, with its score from the float64
+    q.k ``g`` (the product without the filter): writes ``idx[:n]`` (key), ``zc[:n]`` (z),
+    ``gx[:n]`` (q.k); returns (n, whether every score of the row up to ``g.shape[1]`` is
+    finite)."""
+    _, idx, zc, gx = buf
+    r = sc.r
+    key_end = g.shape[1]
+    nonfinite = 0
+    for j in range(n):
+        z = score_at(g[r, j], sc, j)
+        idx[j] = j
+        zc[j] = z
+        gx[j] = g[r, j]
+        nonfinite += (z - z) != 0.0
+    for j in range(n, key_end):
+        z = score_at(g[r, j], sc, j)
+        nonfinite += (z - z) != 0.0
+    return n, nonfinite == 0
 
-    ``filt = False``: ``g`` holds the float64 q.k; every visible key is a candidate.
-    ``filt = True``: ``g`` holds a float32 q.k, within ``err`` of the exact score after
+
+@jit(_nrt=False)
+def _candidates(g, n, sc, cut, buf):
+    """The keys of row ``sc.r`` that can carry probability, with their exact float64 scores.
+
+    ``g`` holds a float32 q.k, within ``cut.err`` of the exact score after
     :func:`score_at` (a rigorous bound, see :func:`score_errors`).  A key whose exact score
-    is at most ``m - window`` (``m`` the row maximum: forward, ``use_max``) or
+    is at most ``m - window`` (``m`` the row maximum: forward, ``cut.use_max``) or
     ``t - window`` (``t = theta``: backward) gets ``p = 0`` exactly; it is dropped when
     even its approximate score plus the error cannot reach that line.  The exact score of
     each candidate is then the float64 dot product.  Rows whose approximate scores are
     not finite (or huge) take every key, exactly.  Writes ``idx[:m]`` (key), ``zc[:m]``
     (exact z), ``gx[:m]`` (exact q.k); returns (m, whether every score of the row up to
     ``g.shape[1]`` is finite, checked on the exact scores as the reference does)."""
+    za, idx, zc, gx = buf
+    r = sc.r
     key_end = g.shape[1]
-    if not filt:
-        nonfinite = 0
-        for j in range(n):
-            z = score_at(g[r, j], scale, s, has_s, slope, i_abs, j)
-            idx[j] = j
-            zc[j] = z
-            gx[j] = g[r, j]
-            nonfinite += (z - z) != 0.0
-        for j in range(n, key_end):
-            z = score_at(g[r, j], scale, s, has_s, slope, i_abs, j)
-            nonfinite += (z - z) != 0.0
-        return n, nonfinite == 0
+    window, err = cut.window, cut.err
+    t = cut.t
     suspect = 0
     L = -np.inf
     m1 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
-    if use_max:
+    if cut.use_max:
         # the scores and their maximum L (four running maxima: no serial dependency),
         # then, branch-free, every key within the window (+ 3 err) of L
         L0 = -np.inf
@@ -241,10 +283,10 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
         L3 = -np.inf
         j = np.int64(0)
         while j + 4 <= n:
-            z0 = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
-            z1 = score_at(np.float64(g[r, j + 1]), scale, s, has_s, slope, i_abs, j + 1)
-            z2 = score_at(np.float64(g[r, j + 2]), scale, s, has_s, slope, i_abs, j + 2)
-            z3 = score_at(np.float64(g[r, j + 3]), scale, s, has_s, slope, i_abs, j + 3)
+            z0 = score_at(np.float64(g[r, j]), sc, j)
+            z1 = score_at(np.float64(g[r, j + 1]), sc, j + 1)
+            z2 = score_at(np.float64(g[r, j + 2]), sc, j + 2)
+            z3 = score_at(np.float64(g[r, j + 3]), sc, j + 3)
             za[j] = z0
             za[j + 1] = z1
             za[j + 2] = z2
@@ -255,43 +297,42 @@ def _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, windo
             L3 = max(L3, z3)
             j += 4
         while j < n:
-            z0 = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            z0 = score_at(np.float64(g[r, j]), sc, j)
             za[j] = z0
             L0 = max(L0, z0)
             j += 1
         L = max(max(L0, L1), max(L2, L3))
         suspect += not (abs(L) < 1e300) and n > 0
-        cut = max_cut(L, window, err)
+        line = max_cut(L, window, err)
         for j in range(n):
             zj = za[j]
             suspect += not (zj > -1e300)
             idx[m1] = j
             zc[m1] = zj
-            m1 += zj > cut
+            m1 += zj > line
     else:
         for j in range(n):
-            z = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+            z = score_at(np.float64(g[r, j]), sc, j)
             za[j] = z
             suspect += not (abs(z) < 1e300)
     for j in range(n, key_end):
-        z = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
+        z = score_at(np.float64(g[r, j]), sc, j)
         suspect += not (abs(z) < 1e300)
     if suspect == 0:
-        if use_max:
+        if cut.use_max:
             # a lower bound of the threshold of the approximate scores, which is within
             # err of the exact one (theta is 1-Lipschitz in the max norm of the scores)
             t = theta_lower(zc, m1, L, 1.0 / window)
         else:
             m1 = n
-        cut = theta_cut(t, window, err)
-        m = _score_over_cut(zc if use_max else za, use_max, m1, cut, qc, r, kk, scale, s, has_s, slope, i_abs,
-                            idx, zc, gx)
+        line = theta_cut(t, window, err)
+        m = _score_over_cut(zc if cut.use_max else za, cut.use_max, m1, line, sc, buf)
         return m, True
     # the float32 product overflowed or is near the float64 range: everything exactly
     nonfinite = 0
     for j in range(key_end):
-        gv = dot64(qc, r, kk, j)
-        z = score_at(gv, scale, s, has_s, slope, i_abs, j)
+        gv = dot64(sc.qc, r, sc.keys, j)
+        z = score_at(gv, sc, j)
         nonfinite += (z - z) != 0.0
         if j < n:
             idx[j] = j
@@ -357,19 +398,19 @@ def _g_range(g, r, j0, j1):
 
 
 @jit(_nrt=False)
-def z_range(g, r, j0, j1, scale, s, has_s, i_abs):
-    """For a row whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
-    the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and whether
-    one of them is non-finite or huge (``|z| >= 1e300``, or a NaN ``g``), from the float32
-    range of ``g`` (:func:`_g_range`, a loop LLVM vectorises) in place of a
+def z_range(g, j0, j1, sc):
+    """For row ``sc.r``, whose ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s >
+    0``): the largest ``z`` of the keys ``j0 <= j < j1`` (-inf when there are none) and
+    whether one of them is non-finite or huge (``|z| >= 1e300``, or a NaN ``g``), from the
+    float32 range of ``g`` (:func:`_g_range`, a loop LLVM vectorises) in place of a
     float64 score of every key.  Without a NaN, that largest z is bit for bit the largest
     score (a monotone rounding keeps the order); with one the row is suspect and its
     largest z is not used."""
     if j1 <= j0:
         return -np.inf, 0
-    lo, hi, nan = _g_range(g, r, j0, j1)
-    L = score_at(np.float64(hi), scale, s, has_s, 0.0, i_abs, j0)
-    z_lo = score_at(np.float64(lo), scale, s, has_s, 0.0, i_abs, j0)
+    lo, hi, nan = _g_range(g, sc.r, j0, j1)
+    L = score_at(np.float64(hi), sc, j0)
+    z_lo = score_at(np.float64(lo), sc, j0)
     return L, int(nan > 0 or not (z_lo > -1e300 and L < 1e300))
 
 
@@ -407,44 +448,43 @@ def _above(g, r, n, gc, idx, scratch):
 
 
 @jit(_nrt=False)
-def candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                     za, idx, zc, gx):
-    """:func:`_candidates`, the same keys in the same order with the same scores, for the
-    float32 filter when ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``):
-    the row's range, maximum and the window's line are taken on the float32 ``g`` itself
-    (no float64 score of every key), and only the keys above a float32 line just below
-    the float64 cut get their approximate float64 score, compared with the cut exactly as
+def candidates_fast(g, n, sc, cut, buf):
+    """:func:`_candidates`, the same keys in the same order with the same scores, when
+    ``z(g)`` is nondecreasing in g (no ALiBi slope, ``scale s > 0``): the row's range,
+    maximum and the window's line are taken on the float32 ``g`` itself (no float64
+    score of every key), and only the keys above a float32 line just below the float64
+    cut get their approximate float64 score, compared with the cut exactly as
     :func:`_candidates` does.  Anything else (and a suspect row) is :func:`_candidates`."""
+    za, idx, zc, gx = buf
+    r = sc.r
     key_end = g.shape[1]
-    if not filt or slope != 0.0 or not (scale * s > 0.0) or n == 0:
-        return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                           za, idx, zc, gx)
+    if sc.slope != 0.0 or not (sc.scale * sc.s > 0.0) or n == 0:
+        return _candidates(g, n, sc, cut, buf)
     j0 = np.int64(0)  # run-time values, not literals: see "Compile cost" above
-    L, bad = z_range(g, r, j0, n, scale, s, has_s, i_abs)  # L = max_j z(g_j): z is monotone
+    L, bad = z_range(g, j0, n, sc)  # L = max_j z(g_j): z is monotone
     if not bad:  # the keys checked for overflow beyond the visible ones
-        bad = z_range(g, r, n, key_end, scale, s, has_s, i_abs)[1]
+        bad = z_range(g, n, key_end, sc)[1]
     if bad:  # the float64 path of the row, exactly as before
-        return _candidates(g, r, n, filt, qc, kk, scale, s, has_s, slope, i_abs, err, window, use_max, t,
-                           za, idx, zc, gx)
-    if use_max:
-        cut = max_cut(L, window, err)
+        return _candidates(g, n, sc, cut, buf)
+    if cut.use_max:
+        line = max_cut(L, cut.window, cut.err)
     else:
-        cut = theta_cut(t, window, err)
-    gc = g_cut(cut, scale, s)
+        line = theta_cut(cut.t, cut.window, cut.err)
+    gc = g_cut(line, sc.scale, sc.s)
     m1 = _above(g, r, n, gc, idx, za)  # za is free on this path
     m = np.int64(0)
     for i in range(m1):  # the approximate float64 scores of the survivors, the exact cut
         j = idx[i]
-        z = score_at(np.float64(g[r, j]), scale, s, has_s, slope, i_abs, j)
-        if z > cut:
+        z = score_at(np.float64(g[r, j]), sc, j)
+        if z > line:
             idx[m] = j
             zc[m] = z
             m += 1
-    if use_max:
+    if cut.use_max:
         # the lower bound of the threshold and the second cut of _candidates
-        t = theta_lower(zc, m, L, 1.0 / window)
-        cut = theta_cut(t, window, err)
-    m = _score_over_cut(zc, np.bool_(True), m, cut, qc, r, kk, scale, s, has_s, slope, i_abs, idx, zc, gx)
+        t = theta_lower(zc, m, L, 1.0 / cut.window)
+        line = theta_cut(t, cut.window, cut.err)
+    m = _score_over_cut(zc, np.bool_(True), m, line, sc, buf)
     return m, True
 
 

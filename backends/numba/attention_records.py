@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import numpy as np
+from numba import types
+
 from ._jit import b1, f32, f64, i8, i32, i64, record
 
 #: A chunk's place and its rows' parameters, as the row kernels take them (one record, which
@@ -46,28 +49,69 @@ BACKWARD_OUT = record(BackwardOut, i32[:, ::1], f64[:, ::1], f64[:, ::1], i64[::
                       f64[::1])
 
 
-def scored(g, kv):
-    """The row kernels' (scores, keys and values) types: the float32 filter's scores with K
-    and V in the input dtype, or float64 scores with float64 K and V."""
-    return g[:, ::1], kv[:, ::1]
+#: A block of a chunk's rows as the row kernels read their scores (:func:`scores_of`): the
+#: float32 filter's product ``g32`` (``filt`` on; ``err`` its bound per row) or the float64
+#: product ``g64`` (``filt`` off; ``err`` zeros), the other an empty stand-in, and the rows'
+#: float64 queries ``qc``.  (The backward passes an empty ``g32`` with ``filt`` on when every
+#: row reads its candidates from the forward's support keys.)
+Scores = namedtuple("Scores", "g32 g64 filt err qc")
+
+#: A kv-head's keys ``k`` and values ``v`` as the row kernels read them: each a pair
+#: ``(float32, float64)`` of which one holds the rows (:func:`pair`) and the other is an empty
+#: stand-in.  The kernels convert an entry to float64 where they read it (exactly), so one
+#: compiled kernel serves both precisions with the bits of each.
+KeysValues = namedtuple("KeysValues", "k v")
+
+#: What a forward row kernel writes per row of its block, besides the forward's arrays: the
+#: row's output in float64 (``out``, the driver converts it to q's dtype), its candidate
+#: count ``ncand`` and ``bad`` (1 where a score overflowed).
+RowsOut = namedtuple("RowsOut", "out ncand bad")
+
+#: What scores row ``r`` of a block exactly (:func:`~.attention_filter.score_at`,
+#: :func:`~.attention_filter.dot64`): the rows' float64 queries ``qc``, the keys (a pair), the
+#: score scale, the row's ASEntmax scale ``s`` (``has_s``: whether there is one), its head's
+#: ALiBi slope and its absolute query position ``i_abs``.
+RowScore = namedtuple("RowScore", "qc r keys scale s has_s slope i_abs")
+
+#: The float32 filter's cut of a row: its score error bound ``err``, the support window, and
+#: the line it follows: the row's maximum (``use_max``: the forward) or the threshold ``t``
+#: (the backward).
+Cut = namedtuple("Cut", "err window use_max t")
+
+_E32 = np.empty((0, 0), np.float32)
+_E64 = np.empty((0, 0), np.float64)
 
 
-def fwd_signature(g, kv):
-    g, kv = scored(g, kv)
-    return (g, i64, b1, f64[:, ::1], kv, f64[::1], kv, CHUNK_ROWS, FORWARD_ARRAYS, f64[:, ::1], i64[::1], i8[::1])
+def pair(a):
+    """``a`` (C-contiguous float32 or float64 rows) as the (float32, float64) pair of
+    :data:`KeysValues`."""
+    return (a, _E64) if a.dtype == np.float32 else (_E32, a)
 
 
-def bwd_signature(g, kv):
-    g, kv = scored(g, kv)
-    return g, b1, f64[:, ::1], kv, f64[::1], kv, CHUNK_ROWS, BACKWARD_ROWS, BACKWARD_OUT
+def scores_of(g, filt, err, qc):
+    """The :data:`Scores` of a block: ``g`` float32 with ``filt`` (the filter), else float64."""
+    return Scores(g, _E64, True, err, qc) if filt else Scores(_E32, g, False, err, qc)
 
 
-#: the row kernels' signatures for input dtype ``x``: float32-filtered scores (K and V in
-#: ``x``), and float64 scores (float64 K and V)
-FWD_SIGNATURES = (lambda x: fwd_signature(f32, x), lambda x: fwd_signature(f64, f64))
+PAIR = types.Tuple((f32[:, ::1], f64[:, ::1]))
+SCORES = record(Scores, f32[:, ::1], f64[:, ::1], b1, f64[::1], f64[:, ::1])
+KEYS_VALUES = record(KeysValues, PAIR, PAIR)
+ROWS_OUT = record(RowsOut, f64[:, ::1], i64[::1], i8[::1])
+#: the compacted support of a backward block: key ``idx``, p, s dZ, entries per row
+SUPPORT = types.Tuple((i32[:, ::1], f64[:, ::1], f64[:, ::1], i64[::1]))
 
-#: the backward's row kernel's signatures, as :data:`FWD_SIGNATURES`
-BWD_SIGNATURES = (lambda x: bwd_signature(f32, x), lambda x: bwd_signature(f64, f64))
+#: the forward's row kernels' signature (one for both input dtypes): (scores, keys and values,
+#: first row, rows, the forward's arrays, the rows' outputs)
+FWD_SIGNATURE = (SCORES, KEYS_VALUES, i64, CHUNK_ROWS, FORWARD_ARRAYS, ROWS_OUT)
+
+#: the backward's row kernel's signature: (scores, keys and values, rows, inputs, outputs)
+BWD_SIGNATURE = (SCORES, KEYS_VALUES, CHUNK_ROWS, BACKWARD_ROWS, BACKWARD_OUT)
+
+#: the backward's scatter into dV, dK: (support, dO, q, scale, (dV, dK) accumulators)
+SCATTER_SIGNATURE = (SUPPORT, f64[:, ::1], f64[:, ::1], f64, types.UniTuple(f64[:, ::1], 2))
+
+#: the backward's dense blocks: (support, P, U)
+EXPAND_SIGNATURE = (SUPPORT, f64[:, ::1], f64[:, ::1])
 
 
 def chunk_rows(b, h0, nc, i0, offset, causal, scale, row_scale, slopes, alphas):

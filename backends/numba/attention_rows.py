@@ -40,18 +40,20 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from ._jit import f64, i32, i64, jit, kernel
+from ._jit import ANY, jit, kernel
 from ..constants import EDGE_TIE_ULPS
 from .paths import path_runs
 from ..geometry import visible_count
-from .attention_records import BWD_SIGNATURES, FWD_SIGNATURES
-from .attention_filter import PREFETCH_AHEAD, candidate_buffers, candidates_fast, dot64, prefetch_row, score_at
+from .attention_records import (BWD_SIGNATURE, FWD_SIGNATURE, SCATTER_SIGNATURE, EXPAND_SIGNATURE, Cut, RowScore,
+                                RowsOut, scores_of)
+from .attention_filter import (PREFETCH_AHEAD, add_row, all_keys, candidate_buffers, candidates_fast, dot64,
+                               prefetch_pair, prefetch_row, score_at)
 from .big_alpha import a1_log_q as _lqa, edge_p as _edge_p
 from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
 from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
 from .grads import signed_exp as _signed_exp, skew as _skew
-from .rows import N_PATHS, PATH_SOFTMAX, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
+from .rows import N_PATHS, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
 
 
 _EPS = float(np.finfo(np.float64).eps)
@@ -85,13 +87,17 @@ def _row_params(r, rows, key_end, has_s):
 
 
 @jit(_nrt=False)
-def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
-    """From one row's solved candidates (scores ``zc[:m]``, probabilities ``pc[:m]``, keys
-    ``idx[:m]``): ``o += sum p_j v_j`` and, with ``keep`` (the backward's residual is
-    wanted), the skewed output ``sk = sum u_j v_j / sum u_j`` (``u = p^(2 - alpha)``,
-    divided by its maximum, the edge's, when ``big``: alpha > 2) on the support only; ``o``
-    and ``sk`` come zeroed (``o`` gets the same bits either way).  Returns (L, ce, qe): the
-    row maximum L, the edge ``ce = min_{p > 0} (z - L)`` and its probability ``qe``."""
+def _weigh(cand, m, alpha, vv, scratch, keep):
+    """From one row's solved candidates ``cand = (zc, pc, idx)`` (scores ``zc[:m]``,
+    probabilities ``pc[:m]``, keys ``idx[:m]``; ``alpha = (a1, a2, big)``): ``o += sum p_j
+    v_j`` and, with ``keep`` (the backward's residual is wanted), the skewed output ``sk =
+    sum u_j v_j / sum u_j`` (``u = p^(2 - alpha)``, divided by its maximum, the edge's, when
+    ``big``: alpha > 2) on the support only (``scratch = (o, sk)``, zeroed; ``vv`` the values'
+    pair); ``o`` gets the same bits either way.  Returns (L, ce, qe): the row maximum L, the
+    edge ``ce = min_{p > 0} (z - L)`` and its probability ``qe``."""
+    zc, pc, idx = cand
+    _, a2, big = alpha
+    o, sk = scratch
     L = -np.inf
     for ci in range(m):
         if zc[ci] > L:
@@ -104,33 +110,28 @@ def _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep):
             if y < ce:
                 ce = y
                 qe = pc[ci]
-    dv = o.shape[0]
     if not keep:
         for ci in range(m):
             if ci + PREFETCH_AHEAD < m and pc[ci + PREFETCH_AHEAD] > 0.0:  # the rows P.V reads
-                prefetch_row(vv, idx[ci + PREFETCH_AHEAD])
+                prefetch_pair(vv, idx[ci + PREFETCH_AHEAD])
             pj = pc[ci]
             if pj > 0.0:
-                j = idx[ci]
-                for d in range(dv):
-                    o[d] += pj * np.float64(vv[j, d])
+                add_row(o, pj, vv, idx[ci])
         return L, ce, qe
     lmax = a2 * math.log(qe) if (big and qe > 0.0) else 0.0  # log of max u (at the edge)
     su = 0.0
     for ci in range(m):
         if ci + PREFETCH_AHEAD < m and pc[ci + PREFETCH_AHEAD] > 0.0:
-            prefetch_row(vv, idx[ci + PREFETCH_AHEAD])
+            prefetch_pair(vv, idx[ci + PREFETCH_AHEAD])
         pj = pc[ci]
         if pj > 0.0:
             j = idx[ci]
             u = math.exp(a2 * math.log(pj) - lmax) if big else _skew(pj, a2)
             su += u
-            for d in range(dv):
-                vjd = np.float64(vv[j, d])
-                o[d] += pj * vjd
-                sk[d] += u * vjd
+            add_row(o, pj, vv, j)
+            add_row(sk, u, vv, j)
     inv = 1.0 / su if su > 0.0 else 0.0
-    for d in range(dv):
+    for d in range(sk.shape[0]):
         sk[d] *= inv
     return L, ce, qe
 
@@ -155,36 +156,37 @@ def _store_keys(m, pc, idx, row):
 
 
 @jit(_nrt=False)
-def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad, ncand):
-    """Everything one forward row writes, from its ``m`` candidates ``cand = (zc, pc,
-    idx)`` (exact scores, their p, keys; ``ok``: its scores were finite) as the row solver
-    left them (``solved = (theta, support)``: (-inf, 0) for a row the caller did not
-    solve, one without candidates or with overflowed scores): row ``r`` of the caller's
-    float64 ``out`` (the driver converts it to q's dtype) and flags ``bad``, ``ncand``;
-    then (:func:`_weigh`; ``alpha = (a1, a2, big)``; ``scratch = (o, sk)``) theta, the
-    support, the residual, the skewed output (the output itself at alpha = 1, as the
-    reference has it) and the support's keys (:func:`_store_keys`) straight into their
-    place ``place = (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`~.attention_records.ForwardArrays`);
+def row_result(row, solved, cand, alpha, vv, scratch, fwd, res):
+    """Everything one forward row writes, from its candidates ``cand = (zc, pc, idx)``
+    (exact scores, their p, keys) as the row solver left them: ``solved = (m, ok, theta,
+    support)`` (``m`` candidates, ``ok``: its scores were finite; theta and support (-inf,
+    0) for a row the caller did not solve, one without candidates or with overflowed
+    scores).  Row ``row[0]`` of the block's :data:`~.attention_records.RowsOut` ``res``
+    (``out``, float64: the driver converts it to q's dtype; ``bad``, ``ncand``); then
+    (:func:`_weigh`; ``alpha = (a1, a2, big)``; ``scratch = (o, sk)``) theta, the support,
+    the residual, the skewed output (the output itself at alpha = 1, as the reference has
+    it) and the support's keys (:func:`_store_keys`) straight into their place ``row[1:] =
+    (b, hq, i)`` of the forward's arrays ``fwd`` (:data:`~.attention_records.ForwardArrays`);
     without ``fwd.keep`` (no backward will follow) the last two are neither formed nor
     written.  A row without candidates, or with overflowed scores, attends nothing.  It
     links no row solver: the kernel of each solver path calls its solver itself, so that
-    this part compiles once per dtype and the solver into one level of calls."""
-    b, hq, i = place
+    this part compiles once and the solver into one level of calls."""
+    r, b, hq, i = row
+    m, ok, th, cnt = solved
     zc, pc, idx = cand
-    a1, a2, big = alpha
+    a1 = alpha[0]
     o, sk = scratch
     keep = fwd.keep
-    bad[r] = 0 if ok else 1
-    ncand[r] = m
+    res.bad[r] = 0 if ok else 1
+    res.ncand[r] = m
     for d in range(o.shape[0]):
         o[d] = 0.0
         sk[d] = 0.0
-    th, cnt = solved
     L = -np.inf
     ce = -np.inf
     qe = 0.0
     if m > 0 and ok:
-        L, ce, qe = _weigh(zc, pc, idx, m, a2, big, vv, o, sk, keep)
+        L, ce, qe = _weigh(cand, m, alpha, vv, scratch, keep)
         if cnt == 0:  # the residual (the row maximum, the support's edge) of a row with a support only
             L = -np.inf
             ce = -np.inf
@@ -195,7 +197,7 @@ def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad,
     fwd.edge[b, hq, i] = ce
     fwd.edge_p[b, hq, i] = qe
     for d in range(o.shape[0]):
-        out[r, d] = o[d]
+        res.out[r, d] = o[d]
     if keep:
         _store_keys(m if cnt > 0 else np.int64(0), pc, idx, fwd.keys[b, hq, i])
         src = o if a1 == 0.0 else sk
@@ -206,46 +208,54 @@ def row_result(r, place, m, ok, solved, cand, alpha, vv, scratch, fwd, out, bad,
 def _fwd_kernel(path):
     """The forward's row kernel of solver path ``path`` (a constant of its code, so that
     it links that path's row solver alone; the kernel itself is not wrapped: numba
-    optimises a kernel again with everything it calls, once per level of calls)."""
+    optimises a kernel again with everything it calls, once per level of calls).  One
+    signature serves every input: the scores and the keys and values come as pairs of
+    which the rows' own precision is read (:mod:`.attention_records`)."""
 
-    @kernel(FWD_SIGNATURES if path != PATH_SOFTMAX else FWD_SIGNATURES[1:], name=f"attention_rows.fwd_rows[{path}]",
-            ops=("attention_forward",))
-    def fwd_rows(g, r0, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
+    @kernel(lambda _: FWD_SIGNATURE, dtypes=ANY, name=f"attention_rows.fwd_rows[{path}]", ops=("attention_forward",))
+    def fwd_rows(scores, kv, r0, rows, fwd, res):
         """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of
-        it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``g`` (n, key_end) is their q.k
-        (float64, or float32 as a filter when ``filt``; see
-        :func:`~.attention_filter._candidates`), ``err`` (n,) its score error bound; ``rows``
-        the chunk's :data:`~.attention_records.ChunkRows` (``filt`` needs every alpha > 1).  ``qc``, ``err``,
-        ``out`` (float64, n x Dv), ``ncand`` (candidates) and ``bad`` (1 for a row whose
-        scores overflowed) hold these rows only.  Each row writes ``fwd``
-        (:data:`~.attention_records.ForwardArrays`: the skewed output, theta, the support, the residual: the row
-        maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's keys,
-        :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
-        (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w = u /
-        max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
-        n_rows, key_end = g.shape
-        dv = vv.shape[1]
+        it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``scores``
+        (:data:`~.attention_records.Scores`) holds their q.k (float64, or float32 as a
+        filter, :func:`~.attention_filter.candidates_fast`), the bound of its error and
+        their float64 queries; ``kv`` the kv-head's keys and values; ``rows`` the chunk's
+        :data:`~.attention_records.ChunkRows` (the filter needs every alpha > 1); ``res``
+        (:data:`~.attention_records.RowsOut`) the rows' outputs (float64, n x Dv),
+        candidate counts and overflow flags.  Each row writes ``fwd``
+        (:data:`~.attention_records.ForwardArrays`: the skewed output, theta, the support,
+        the residual: the row maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the
+        support's keys, :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...)
+        arrays (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w =
+        u / max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
+        filt = scores.filt
+        g32, g64 = scores.g32, scores.g64
+        n_rows = g32.shape[0] if filt else g64.shape[0]
+        key_end = g32.shape[1] if filt else g64.shape[1]
+        dv = max(kv.v[0].shape[1], kv.v[1].shape[1])
         has_s = rows.row_scale.shape[0] > 0
-        za, idx, zc, gx = candidate_buffers(key_end)
+        buf = candidate_buffers(key_end)
+        _, idx, zc, _ = buf
         pc = np.empty(key_end, np.float64)
         c, aux, aux2 = _solver_scratch(key_end)
-        o = np.empty(dv, np.float64)
-        sk = np.empty(dv, np.float64)
+        scratch = (np.empty(dv, np.float64), np.empty(dv, np.float64))
         for r in range(n_rows):
             rc = r0 + r
             h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
-            m, ok = candidates_fast(g, r, n, filt, qc, kk, rows.scale, s, has_s, rows.slopes[h], i_abs, err[r], window,
-                                     np.bool_(True), 0.0, za, idx, zc, gx)
+            sc = RowScore(scores.qc, r, kv.k, rows.scale, s, has_s, rows.slopes[h], i_abs)
+            if filt:
+                m, ok = candidates_fast(g32, n, sc, Cut(scores.err[r], window, np.bool_(True), 0.0), buf)
+            else:
+                m, ok = all_keys(g64, n, sc, buf)
             th, cnt = -np.inf, np.int64(0)
             if m > 0 and ok:  # the path's solver, seeded with the row's index in its chunk
                 th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, rc, path)
-            row_result(r, (rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), m, ok, (th, cnt), (zc, pc, idx),
-                       (a1, a2, big), vv, (o, sk), fwd, out, bad, ncand)
+            row_result((r, rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), (m, ok, th, cnt), (zc, pc, idx),
+                       (a1, a2, big), kv.v, scratch, fwd, res)
 
     return fwd_rows
 
 
-#: The fused forward's row kernel of each solver path (``FWD_ROWS[path](g, r0, ...)``:
+#: The fused forward's row kernel of each solver path (``FWD_ROWS[path](scores, ...)``:
 #: :func:`_fwd_kernel` with ``path`` a compile-time constant,
 #: :func:`~.paths.solver_path`): a first call compiles the one row
 #: solver of its heads' path.  A group whose heads take several paths runs each run of
@@ -253,28 +263,31 @@ def _fwd_kernel(path):
 FWD_ROWS = tuple(_fwd_kernel(p) for p in range(N_PATHS))
 
 
-def fwd_runs(g, g0, r0, r1, filt, qc, kk, err, vv, rows, fwd, out, ncand, bad):
-    """Rows ``r0 .. r1 - 1`` of a chunk (``rows`` its :data:`~.attention_records.ChunkRows`) through
-    :data:`FWD_ROWS`, each run of heads of one solver path
-    (:func:`~.paths.path_runs`) through that path's kernel: the
-    chunked forward's blocks and the decoding path's rows.  ``g`` holds the scores of rows
-    ``g0 ..``; ``qc``, ``err``, ``out``, ``ncand`` and ``bad`` those of the whole chunk."""
+def fwd_runs(g, g0, r0, r1, chunk, kv, rows, fwd, res):
+    """Rows ``r0 .. r1 - 1`` of a chunk (``rows`` its :data:`~.attention_records.ChunkRows`)
+    through :data:`FWD_ROWS`, each run of heads of one solver path
+    (:func:`~.paths.path_runs`) through that path's kernel: the chunked forward's blocks
+    and the decoding path's rows.  ``g`` holds the scores of rows ``g0 ..`` (float32: the
+    filter); ``chunk = (err, qc)`` and ``res`` (:data:`~.attention_records.RowsOut`) those
+    of the whole chunk; ``kv`` the kv-head's :data:`~.attention_records.KeysValues`."""
+    err, qc = chunk
+    filt = g.dtype == np.float32
     for lo, hi, path in path_runs(rows.alphas, rows.nc, r0, r1):
-        FWD_ROWS[path](g[lo - g0:hi - g0], lo, filt, qc[lo:hi], kk, err[lo:hi], vv, rows, fwd, out[lo:hi],
-                       ncand[lo:hi], bad[lo:hi])
+        FWD_ROWS[path](scores_of(g[lo - g0:hi - g0], filt, err[lo:hi], qc[lo:hi]), kv, lo, rows, fwd,
+                       RowsOut(res.out[lo:hi], res.ncand[lo:hi], res.bad[lo:hi]))
 
 
-@kernel(BWD_SIGNATURES, ops=("attention_backward",))
-def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
+@kernel(lambda _: BWD_SIGNATURE, dtypes=ANY, ops=("attention_backward",))
+def bwd_rows(scores, kv, rows, inp, res):
     """Per-row backward of one chunk over the support only (see the module docstring).
-    ``g``, ``filt``, ``err``, ``rows`` (every alpha > 1 here) as in :func:`fwd_rows`;
+    ``scores``, ``kv``, ``rows`` (every alpha > 1 here) as in the forward's row kernels;
     ``inp`` (:data:`~.attention_records.BackwardRows`): ``th`` (rows,) theta (-inf: empty row), and for the
     rows whose alpha > 2 the forward's ``rmax``, ``edge``, ``edge_p`` (rows,), from which
     p is rebuilt as the row solver wrote it (:func:`~.big_alpha._edge_p`); ``doc`` dO;
     ``skew`` (rows, Dv) or an empty (0, Dv) array (then recomputed from p); ``keys``
     (rows, cap) or (0, cap): the forward's support keys (:func:`_store_keys`); a row that
     has them takes its candidates from them (:func:`_stored_candidates`) and reads
-    nothing of ``g``, which may then be empty when every row has them.  Writes ``res``
+    nothing of the scores, which may then be empty when every row has them.  Writes ``res``
     (:data:`~.attention_records.BackwardOut`): the compacted support ``idx``, ``pb`` (p), ``ub`` (s dZ),
     ``cnt`` per row, ``dq`` (rows, D), ``ds`` (rows,); ``bad[r] = 1`` where a score
     overflowed, 2 where the keys do not belong to this call.  alpha > 2:
@@ -283,17 +296,17 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
     dL/dp = dO . v."""
     th, rmax, edge, edge_p, doc, skew_in, keys = inp
     idx, pb, ub, cnt, dq, ds, bad, dal = res
-    scale, slopes = rows.scale, rows.slopes
-    row_scale = rows.row_scale
+    scale = rows.scale
+    kk, vv = kv
     n_rows = th.shape[0]
-    key_end = kk.shape[0]
+    key_end = max(kk[0].shape[0], kk[1].shape[0])
     use_keys = keys.shape[0] > 0
-    dv = vv.shape[1]
-    D = kk.shape[1]
+    dv = max(vv[0].shape[1], vv[1].shape[1])
+    D = scores.qc.shape[1]
     want_dal = dal.shape[0] > 0
-    has_s = row_scale.shape[0] > 0
-    have_skew = skew_in.shape[0] > 0
-    za, ci, zc, gx = candidate_buffers(key_end)
+    has_s = rows.row_scale.shape[0] > 0
+    buf = candidate_buffers(key_end)
+    _, ci, zc, gx = buf
     gs = np.empty(key_end, np.float64)
     gd = np.empty(key_end, np.float64)
     sk = np.empty(dv, np.float64)
@@ -304,12 +317,15 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
         for d in range(D):
             acc[d] = 0.0
         live = t > -np.inf
+        sc = RowScore(scores.qc, r, kk, scale, s, has_s, rows.slopes[h], i_abs)
         if use_keys and keys[r, 0] != -2:
-            mc, status = _stored_candidates(r, n, qc, kk, scale, s, has_s, slopes[h], i_abs, keys, ci, zc, gx)
+            mc, status = _stored_candidates(sc, n, keys, buf)
             bad[r] = status
         else:
-            mc, ok = candidates_fast(g, r, n, filt, qc, kk, scale, s, has_s, slopes[h], i_abs, err[r], window,
-                                      np.bool_(False), t, za, ci, zc, gx)
+            if scores.filt:
+                mc, ok = candidates_fast(scores.g32, n, sc, Cut(scores.err[r], window, np.bool_(False), t), buf)
+            else:
+                mc, ok = all_keys(scores.g64, n, sc, buf)
             bad[r] = 0 if ok else 1
         m = np.int64(0)
         if live and big:
@@ -344,12 +360,12 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
         cnt[r] = m
         mref = 0  # the first entry of largest u (the reference point of ds)
         if big:
-            mref = _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd)
+            mref = _dz_big(r, m, (idx, ub), doc, vv, skew_in, sk, gd)
         else:
             for c in range(1, m):
                 if ub[r, c] > ub[r, mref]:
                     mref = c
-            _row_skew(r, m, idx, ub, np.bool_(False), 0.0, 0.0, vv, skew_in, have_skew, sk)
+            _row_skew(r, m, (idx, ub), (np.bool_(False), 0.0, 0.0), vv, skew_in, sk)
             delta = _output_grads(r, m, idx, doc, vv, sk, gd)
             for c in range(m):
                 ub[r, c] = ub[r, c] * (gd[c] - delta)
@@ -367,8 +383,7 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
                     dsr += dz * da
                 dz = dz * s
             ub[r, c] = dz
-            for d in range(D):
-                acc[d] += dz * kk[j, d]
+            add_row(acc, dz, kk, j)
         ds[r] = dsr
         for d in range(D):
             dq[r, d] = scale * acc[d]
@@ -380,11 +395,14 @@ def bwd_rows(g, filt, qc, kk, err, vv, rows, inp, res):
 
 
 @jit(_nrt=False)
-def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, zc, gx):
-    """Row r's candidates from the forward's support keys ``keys[r]`` (ascending, then -1):
-    their keys ``idx``, exact scores ``zc`` and exact q.k ``gx``, as :func:`_candidates`
-    gives them.  Returns (m, status): status 0, 1 where a score is not finite, 2 (and m =
-    0) where a key is not ascending or not one the row sees (keys of another call)."""
+def _stored_candidates(sc, n, keys, buf):
+    """Row ``sc.r``'s candidates from the forward's support keys ``keys[r]`` (ascending,
+    then -1): their keys ``idx``, exact scores ``zc`` and exact q.k ``gx`` (``buf``), as
+    :func:`~.attention_filter._candidates` gives them.  Returns (m, status): status 0, 1
+    where a score is not finite, 2 (and m = 0) where a key is not ascending or not one the
+    row sees (keys of another call)."""
+    _, idx, zc, gx = buf
+    r = sc.r
     m = np.int64(0)
     prev = np.int64(-1)
     status = np.int8(0)
@@ -395,9 +413,9 @@ def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, z
         if j <= prev or j >= n:
             return np.int64(0), np.int8(2)
         if c + PREFETCH_AHEAD < keys.shape[1] and keys[r, c + PREFETCH_AHEAD] >= 0:
-            prefetch_row(kk, keys[r, c + PREFETCH_AHEAD])
-        gv = dot64(qc, r, kk, j)
-        z = score_at(gv, scale, s, has_s, slope, i_abs, j)
+            prefetch_pair(sc.keys, keys[r, c + PREFETCH_AHEAD])
+        gv = dot64(sc.qc, r, sc.keys, j)
+        z = score_at(gv, sc, j)
         if (z - z) != 0.0:
             status = np.int8(1)
         idx[m] = j
@@ -409,13 +427,16 @@ def _stored_candidates(r, n, qc, kk, scale, s, has_s, slope, i_abs, keys, idx, z
 
 
 @jit(_nrt=False)
-def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
+def _row_skew(r, m, sup, weights, vv, skew_in, sk):
     """Row r's skewed output into ``sk``: the forward's (``skew_in[r]``) when the caller
-    kept it, else ``sum_c w_c v_j / sum_c w_c`` over the compacted support (key ``idx[r,
-    c]``): ``w = u = ub[r, c]``, or for alpha > 2 (``big``; ``ub`` holds log u) ``w = u /
-    max u = exp(ub[r, c] - lmax)`` with its compensated sum ``S``."""
+    kept it (``skew_in`` has rows), else ``sum_c w_c v_j / sum_c w_c`` over the compacted
+    support ``sup = (idx, ub)`` (key ``idx[r, c]``): ``w = u = ub[r, c]``, or for alpha > 2
+    (``weights = (big, lmax, S)``; ``ub`` holds log u) ``w = u / max u = exp(ub[r, c] -
+    lmax)`` with its compensated sum ``S``."""
+    idx, ub = sup
+    big, lmax, S = weights
     dv = sk.shape[0]
-    if have_skew:
+    if skew_in.shape[0] > 0:
         for d in range(dv):
             sk[d] = skew_in[r, d]
         return
@@ -425,9 +446,7 @@ def _row_skew(r, m, idx, ub, big, lmax, S, vv, skew_in, have_skew, sk):
     for c in range(m):
         w = math.exp(ub[r, c] - lmax) if big else ub[r, c]
         su += w
-        j = idx[r, c]
-        for d in range(dv):
-            sk[d] += w * vv[j, d]
+        add_row(sk, w, vv, idx[r, c])
     norm = S if big else su
     if norm > 0.0:
         for d in range(dv):
@@ -444,13 +463,13 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
         delta += doc[r, d] * sk[d]
     for c in range(m):
         if c + PREFETCH_AHEAD < m:
-            prefetch_row(vv, idx[r, c + PREFETCH_AHEAD])
+            prefetch_pair(vv, idx[r, c + PREFETCH_AHEAD])
         gd[c] = dot64(doc, r, vv, idx[r, c])
     return delta
 
 
 @jit(_nrt=False)
-def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
+def _dz_big(r, m, sup, doc, vv, skew_in, sk, gd):
     """alpha > 2: ``dZ_rc = u_c (g_c - delta_r)`` over the compacted support of row r, in
     the overflow-free form of the row VJP (``NumpyBackend.entmax_vjp``), with ``g_c = dO_r
     . v_j``.  On entry ``ub[r, :m]`` holds ``log u``; on exit dZ.  With ``w = u / max u``
@@ -459,7 +478,9 @@ def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     (g_c - delta)`` (``sign exp(log u_c + log|g_c - delta|)`` where u_c overflows); that
     entry, whose ``g_m - delta`` is a tiny difference times a huge u, gets ``sum_{c != m}
     u_c (g_m - g_c) / S`` (scaled by the second largest u where that is not finite).
-    Returns the index of that entry (0 when ``m = 0``)."""
+    Returns the index of that entry (0 when ``m = 0``).  ``sup = (idx, ub)``, ``skew_in`` as
+    in :func:`_row_skew`."""
+    idx, ub = sup
     if m == 0:
         return 0
     mi = 0
@@ -473,7 +494,7 @@ def _dz_big(r, m, idx, ub, doc, vv, skew_in, have_skew, sk, gd):
     for c in range(m):
         S, cS = _acc(S, cS, math.exp(ub[r, c] - lmax))
     S = S + cS
-    _row_skew(r, m, idx, ub, np.bool_(True), lmax, S, vv, skew_in, have_skew, sk)
+    _row_skew(r, m, sup, (np.bool_(True), lmax, S), vv, skew_in, sk)
     delta = _output_grads(r, m, idx, doc, vv, sk, gd)
     l2 = -np.inf
     for c in range(m):
@@ -523,14 +544,15 @@ def _next_entry(r, c, cnt):
     return r, c
 
 
-@kernel(lambda x: (i32[:, ::1], f64[:, ::1], f64[:, ::1], i64[::1], f64[:, ::1], f64[:, ::1], f64, f64[:, ::1],
-                   f64[:, ::1]), ops=("attention_backward",), dtypes=("float64",))
-def bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc):
+@kernel(lambda _: SCATTER_SIGNATURE, dtypes=ANY, ops=("attention_backward",))
+def bwd_scatter(support, doc, qc, scale, acc):
     """``dv_acc[j] += p dO_r`` and ``dk_acc[j] += scale (s dZ) q_r`` over the compacted
-    support of one chunk.  The rows ``j`` come in random order from accumulators larger
+    support ``support = (idx, pb, ub, cnt)`` of one chunk (``acc = (dv_acc, dk_acc)``).  The rows ``j`` come in random order from accumulators larger
     than the core's cache (two of Nk x D float64: 16 MiB at 16,384 x 64), so the rows of
     the entry :data:`PREFETCH_AHEAD` entries ahead (across rows) are prefetched: without
     it each entry waited on memory (about 200 ns an entry at N = 16,384)."""
+    idx, pb, ub, cnt = support
+    dv_acc, dk_acc = acc
     rows = idx.shape[0]
     Dv = doc.shape[1]
     D = qc.shape[1]
@@ -553,10 +575,11 @@ def bwd_scatter(idx, pb, ub, cnt, doc, qc, scale, dv_acc, dk_acc):
                 dk_acc[j, d] += dz * qc[r, d]
 
 
-@kernel(lambda x: (i32[:, ::1], f64[:, ::1], f64[:, ::1], i64[::1], f64[:, ::1], f64[:, ::1]), ops=("attention_backward",),
-        dtypes=("float64",))
-def expand(idx, pb, ub, cnt, P, U):
-    """Dense blocks ``P``, ``U`` (rows, key_end) from the compacted support (zeros off it)."""
+@kernel(lambda _: EXPAND_SIGNATURE, dtypes=ANY, ops=("attention_backward",))
+def expand(support, P, U):
+    """Dense blocks ``P``, ``U`` (rows, key_end) from the compacted support ``support = (idx,
+    pb, ub, cnt)`` (zeros off it)."""
+    idx, pb, ub, cnt = support
     rows, n = P.shape
     for r in range(rows):
         for j in range(n):

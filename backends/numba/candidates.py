@@ -164,9 +164,8 @@ def max_zeroing(x, out, aux, aux2):
     with the output row zero-filled in the same loop, and the lanes in the first entries of
     two float64 scratch rows of the row's length (free before the candidates are
     gathered).  The row's first read from memory and its output's write-allocate traffic
-    then run as one loop's two streams, not one after the other (512 x 8192 float32, the
-    two passes alone: 1.31 -> 1.21 ms on two threads, 1.59 -> 1.32 on one); the solvers'
-    output passes write the candidates alone (:func:`.elementwise.write_output_at`,
+    then run as one loop's two streams, not one after the other; the solvers' output passes
+    write the candidates alone (:func:`.elementwise.write_output_at`,
     :func:`.gen._output_gen`).  Returns (m, nonfinite)."""
     n = x.shape[0]
     L = min(64, aux.shape[0])
@@ -294,8 +293,8 @@ def gather_alive(x, m, a1, kind, lo, dst, idx):
     """Gather into ``dst``, in row order, the ``y = x - m`` alive at ``lo`` (the test of
     :func:`is_alive`), and into ``idx`` their columns unless ``idx`` is empty, for a row whose
     maximum m is known.  Long rows (``MASK_MIN`` entries or more) build a bit mask of the
-    test first (:func:`_mask_alive`) and then visit only the set bits (:func:`_unpack`):
-    about three times faster than one pass over a normal row.  The rest of the row (and
+    test first (:func:`_mask_alive`), a loop with no branch that LLVM vectorises, and then
+    visit only the set bits (:func:`_unpack`).  The rest of the row (and
     every short one) is a loop with no branch on the data: every entry is stored at
     ``dst[k]`` and ``k`` advances by the test's outcome, so the next entry overwrites a
     dead one (``k <= i`` at every store, so ``dst`` of the row's length suffices).  With a

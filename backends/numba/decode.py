@@ -50,21 +50,17 @@ import numba
 import numpy as np
 
 from ._jit import b1, f32, f64, i64, kernel
-from ..attention_driver import batch_chunks
-from ..geometry import key_offset
-from .attention_chunks import (OVERFLOW, group_alphas, group_slopes, chunk_row_scale, run_parallel, writable_copy,
-                               empty_kernel_forward, trimmed_keys)
+from .attention_chunks import OVERFLOW, Problem, empty_kernel_forward, run_parallel, trimmed_keys, writable_copy
 from .attention_filter import score_errors
-from .attention_records import ForwardArrays, chunk_rows
+from .attention_records import ForwardArrays, KeysValues, RowsOut, pair
 from .attention_rows import fwd_runs
 
 #: the decoding path is taken up to this many queries per head ...
 DECODE_MAX_QUERIES = 16
 #: ... and this many score rows per kv-head (query heads of a group x queries) ...
 DECODE_MAX_ROWS = 128
-#: ... from this many keys on per 4 queries (below it the chunked forward's copies and
-#: BLAS products are cheaper: the chunked forward is 1.3x faster at 16 queries over 2,048 keys;
-#: this path takes 0.26x its time at 4 queries over 8,192 keys, 0.67x at 1 over 2,048)
+#: ... from this many keys on per 4 queries (below it the chunked forward, whose copies
+#: and BLAS products then cost little, is the faster of the two)
 DECODE_MIN_KEYS = 2048
 #: keys of one phase-1 work item (the kv-heads are split into at least this many keys)
 KEY_BLOCK = 8192
@@ -81,9 +77,8 @@ def scan_block(qf, kf, vf, scan_v, j0, j1, g, zero):
     entries) and the sum of those squares and (with ``scan_v``) of the entries of the
     ``v_j``: NaN or infinite when an entry is (or when finite entries overflow the sum:
     the caller then checks the entries themselves).  The V rows are summed as one flat
-    run after the keys, not key by key: a sum per key cost a horizontal reduction a key,
-    and the separate run streams V by itself (phase 1 of 65,536 keys x 8 heads, two
-    threads: 9.7-10.7 -> 8.6-8.8 ms, against 8.4-8.6 for a plain read of K and V)."""
+    run after the keys, not key by key: a sum per key costs a horizontal reduction a key,
+    and the separate run streams V by itself, at about the speed of a plain read."""
     R, D = qf.shape
     kn = 0.0
     tot = 0.0
@@ -159,18 +154,18 @@ def _scans(spec) -> bool:
     return bool(spec.check_finite) and spec.key_lengths is None
 
 
-def _keys_seen(spec, b, Nq, Nk, group):
+def _keys_seen(prob, b):
     """The keys the rows of batch b score: up to the last key end of its chunks in the
     reference's chunking (:func:`~entmax_ref.backends.attention_driver.batch_chunks`),
     whose overflow checks reach that far; 0 when no row sees a key."""
-    return max((key_end for _, _, key_end in batch_chunks(spec, b, Nq, Nk, group)), default=0)
+    return max((key_end for _, _, key_end in prob.chunks[b]), default=0)
 
 
-def _head_inputs(q, qd, k, v, spec, heads, nblks):
+def _head_inputs(q, qd, k, v, prob, heads, nblks):
     """Per kv-head in flight (``heads``: (b, hk, key end)) the arrays its kernels take (its
     rows' queries in the input dtype ``qf`` and in float64 ``qc``, its keys and values,
-    the float32 score block ``g``, row scales, slopes, alphas), and the phase-1 work items
-    (kv-head, block, first key, end key) of its ``nblks`` blocks."""
+    the float32 score block ``g``, its rows' :data:`~.attention_records.ChunkRows`), and the
+    phase-1 work items (kv-head, block, first key, end key) of its ``nblks`` blocks."""
     Hq, Nq, D = q.shape[1], q.shape[2], q.shape[3]
     group = Hq // k.shape[1]
     R = group * Nq
@@ -182,9 +177,7 @@ def _head_inputs(q, qd, k, v, spec, heads, nblks):
         qf = writable_copy(np.ascontiguousarray(q[b, h0:h0 + group].reshape(R, D)))
         hds.append(dict(b=b, h0=h0, qf=qf, qc=qd[b, h0:h0 + group].reshape(R, D),
                         kf=writable_copy(np.ascontiguousarray(k[b, hk])), vf=writable_copy(np.ascontiguousarray(v[b, hk])),
-                        g=np.empty((R, kend), np.float32),
-                        rs=chunk_row_scale(spec, b, h0, group, 0, Nq), slopes=group_slopes(spec, h0, group),
-                        alphas=group_alphas(spec, h0, group)))
+                        g=np.empty((R, kend), np.float32), rows=prob.rows(b, h0, 0, Nq)))
         bounds = [(kend * j) // nblks[i] for j in range(nblks[i] + 1)]
         items += [(i, j, bounds[j], bounds[j + 1]) for j in range(nblks[i])]
     return hds, items
@@ -198,10 +191,9 @@ def decode_forward(q, k, v, spec):
     f64 = np.float64
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
-    group = Hq // Hkv
+    prob = Problem(spec, q.shape, k.shape)
+    group = prob.group
     R = group * Nq
-    offset = key_offset(Nq, Nk)
-    scale = float(spec.scale)
     keep = spec.residual
     (out, theta, support, skew, row_max, edge, edge_p, support_keys), (skew_w, keys_w) = \
         empty_kernel_forward(B, Hq, Nq, Dv, q.dtype, keep)
@@ -221,7 +213,7 @@ def decode_forward(q, k, v, spec):
         heads = []
         for b, hk in pairs[p0:p0 + step]:
             if b not in seen:
-                seen[b] = _keys_seen(spec, b, Nq, Nk, group)
+                seen[b] = _keys_seen(prob, b)
             kend = seen[b]
             if kend:
                 heads.append((b, hk, kend))
@@ -235,7 +227,7 @@ def decode_forward(q, k, v, spec):
         nb = max(nblks)
         kn = np.zeros((H, nb))
         vn = np.zeros((H, nb))
-        hds, items = _head_inputs(q, qd, k, v, spec, heads, nblks)
+        hds, items = _head_inputs(q, qd, k, v, prob, heads, nblks)
 
         err = np.empty((H, R))
         o = np.empty((H, R, Dv))
@@ -243,20 +235,19 @@ def decode_forward(q, k, v, spec):
         bad = np.zeros((H, R), np.int8)
         # every kv-head one block of phase 1 (twice as many kv-heads as threads or more, or few keys): a
         # kv-head's rows follow its scan in the same work item, with no barrier between the
-        # phases and no second round of the threads (0.3-0.5 ms of a 12 ms call)
+        # phases and no second round of the threads
         fused = nb == 1
 
         def between(i):
-            score_bounds(hds[i]["qc"], kn[i], scale, hds[i]["rs"], err[i])
+            score_bounds(hds[i]["qc"], kn[i], prob.scale, hds[i]["rows"].row_scale, err[i])
 
         def phase2(slot, item):
             i, r0, r1 = item
             hd = hds[i]
-            rows = chunk_rows(hd["b"], hd["h0"], Nq, 0, offset, spec.causal, scale, hd["rs"], hd["slopes"],
-                              hd["alphas"])
             # the chunked forward's row kernels on the float32 scores of phase 1 (every row's
             # keys in one block: the kv-head is one chunk)
-            fwd_runs(hd["g"], 0, r0, r1, True, hd["qc"], hd["kf"], err[i], hd["vf"], rows, fwd, o[i], ncand[i], bad[i])
+            fwd_runs(hd["g"], 0, r0, r1, (err[i], hd["qc"]), KeysValues(pair(hd["kf"]), pair(hd["vf"])), hd["rows"],
+                     fwd, RowsOut(o[i], ncand[i], bad[i]))
 
         def phase1(slot, item):
             i, j, j0, j1 = item

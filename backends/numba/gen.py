@@ -154,14 +154,17 @@ def _compact_gen(c, idx, k, a1, lo):
 
 
 @jit
-def _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, switch):
+def _rough_steps(cand, k, a1, A, lo, hi, scratch, switch):
     """Newton's early steps on phi with rough evaluations (:func:`_f_gen_rough`) on the
-    candidates ``c[:k]`` (columns ``idx[:k]``, filtered at ``lo``), from ``A``: while the
+    candidates ``cand = (c, idx)``: ``c[:k]`` (columns ``idx[:k]``, filtered at ``lo``;
+    ``scratch = (buf, lanes)``), from ``A``: while the
     rough f is above :data:`ROUGH_F` (so f > 0 certainly, and A is a lower bound of the
     root: the bracket's ``lo`` and the compaction move there), until a step leaves the
     bracket ``(A, hi)`` or follows an f below ``switch``.  Returns (A, lo, k, last_lo,
     evaluations): the next point, the last certain lower bound, the candidates left and
     the bound at which they were last filtered."""
+    c, idx = cand
+    buf, lanes = scratch
     last_lo = lo
     it = 0
     while it < MAX_ITER and a1 >= ROUGH_MIN_A1:
@@ -183,7 +186,7 @@ def _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, switch):
 
 
 @jit
-def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
+def _newton_gen(cand, k, a1, A, lo, hi, scratch):
     """:func:`.threshold.newton_row` for ``K_GEN`` on the compacted candidates (see
     :mod:`.rows`), after early steps with rough evaluations: while the rough f is above
     :data:`ROUGH_F` (so f > 0 certainly, and A is a lower bound of the root: the bracket
@@ -192,12 +195,14 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
     positive; then the exact safeguarded iteration from there, whose stopping rules give
     the answer.  Returns (A, evaluations of either kind, converged, k, fresh): ``fresh``
     when A is the point of the last exact evaluation, whose ``p`` of ``c[:k]`` are then in
-    ``buf[0, :k]``."""
+    ``buf[0, :k]`` (``cand = (c, idx)``, ``scratch = (buf, lanes)``)."""
+    c, idx = cand
+    buf, lanes = scratch
     flo = np.inf  # |f| at lo / hi once evaluated there (exactly)
     fhi = np.inf
     f_prev = np.nan
     # the exact iteration evaluates A again when the rough steps stop
-    A, lo, k, last_lo, it = _rough_steps(c, idx, k, a1, A, lo, hi, buf, lanes, ROUGH_SWITCH)
+    A, lo, k, last_lo, it = _rough_steps(cand, k, a1, A, lo, hi, scratch, ROUGH_SWITCH)
     while it < MAX_ITER:
         if lo > last_lo:
             k = _compact_gen(c, idx, k, a1, lo)
@@ -205,7 +210,7 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
         f, fp = _f_gen(c, k, a1, A, buf, lanes)
         it += 1
         at = A
-        done, A, lo, hi, flo, fhi = newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, np.bool_(True))
+        done, A, lo, hi, flo, fhi = newton_step(A, f, fp, f_prev, (lo, hi, flo, fhi), a1, np.bool_(True))
         if done:
             return A, it, True, k, A == at
         f_prev = f
@@ -213,11 +218,13 @@ def _newton_gen(c, idx, k, a1, A, lo, hi, buf, lanes):
 
 
 @jit
-def _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh):
+def _output_gen(x, out, A, a1, cand, k, pbuf, fresh):
     """Write ``p = e_alpha(x - m - A)`` for the whole row, whose ``out`` is already zero
     (:func:`.candidates.max_zeroing`): the candidates' ``p`` (computed into ``pbuf`` in a
     vectorised loop, unless ``fresh``: the Newton iteration's last evaluation left them
-    there, at this A) at their indices.  Returns the support size (p > 0 in float64)."""
+    there, at this A) at their indices (``cand = (c, idx)``).  Returns the support size
+    (p > 0 in float64)."""
+    c, idx = cand
     if not fresh:
         for j in range(k):
             pbuf[j] = _pu_gen(c[j], A, a1)[0]
@@ -247,23 +254,23 @@ def subset_bound_gen(x, m, a1, c, idx):
     k = gather_alive(x, m, 1.0, K_SPARSE, 1.0 - GEN_WINDOW, c, idx)  # y > -GEN_WINDOW
     buf = np.empty((2, k), np.float64)
     lanes = np.empty((3, GL), np.float64)
-    res = _rough_steps(c, idx, k, a1, 0.0, 0.0, bound_above(k, a1), buf, lanes, 0.0)
+    res = _rough_steps((c, idx), k, a1, 0.0, 0.0, bound_above(k, a1), (buf, lanes), 0.0)
     return res[1], res[4]
 
 
 @jit
-def finish_gen(x, out, m, a1, lo, c, idx, k, pbuf):
+def finish_gen(x, out, m, a1, lo, cand, k, pbuf):
     """:func:`.rows._finish` for ``K_GEN`` from the lower bound ``lo``: Newton on the ``k``
-    candidates ``c[:k]`` (columns ``idx[:k]``), then the output pass."""
+    candidates ``cand = (c, idx)``, ``c[:k]`` (columns ``idx[:k]``), then the output pass."""
     hi = bound_above(k, a1)
     A0 = lo if lo <= hi else hi
     if hi > lo:
         buf = np.empty((2, k), np.float64)
         lanes = np.empty((3, GL), np.float64)
-        A, it, ok, k, fresh = _newton_gen(c, idx, k, a1, A0, lo, hi, buf, lanes)
+        A, it, ok, k, fresh = _newton_gen(cand, k, a1, A0, lo, hi, (buf, lanes))
         if fresh:
             pbuf = buf[0]
     else:  # a single candidate: the row maximum carries all the mass
         A, it, ok, fresh = lo, 0, True, False
-    cnt = _output_gen(x, out, A, a1, c, idx, k, pbuf, fresh)
+    cnt = _output_gen(x, out, A, a1, cand, k, pbuf, fresh)
     return m + A, cnt, it, ok

@@ -24,10 +24,11 @@ import math
 import numpy as np
 
 from ..constants import MAX_NEWTON
-from ._jit import b1, f64, i64, jit, kernel
+from ._jit import f64, i64, jit, kernel
 from .compensated import acc as _acc
 from .sorting import sort
 from ._threads import run_blocks
+from .rows import solved_type
 
 
 @jit
@@ -122,17 +123,20 @@ def _normmax_row(x, out, a, c):
     return m + T, cnt, it, ok
 
 
-@kernel(lambda x: (x[:, ::1], f64[::1], x[:, ::1], f64[::1], i64[::1], i64[::1], b1[::1], i64, i64), ops=("normmax_forward",))
-def _forward_blk(x, alpha, out, tau, support, n_iter, converged, r0, r1):
+@kernel(lambda x: (x[:, ::1], f64[::1], solved_type(x), i64, i64), ops=("normmax_forward",))
+def _forward_blk(x, alpha, res, r0, r1):
+    tau, support, n_iter, converged = res.theta, res.support, res.n_iter, res.converged
+    out = res.p
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
         tau[r], support[r], n_iter[r], converged[r] = _normmax_row(x[r], out[r], alpha[r], c)
 
 
-def normmax_rows(x, alpha, out, tau, support, n_iter, converged, nblk):
-    """alpha-normmax of every row of ``x`` (rows, n) into ``out``; per-row ``tau``
-    (x-space, float64), ``support``, ``n_iter`` (Newton steps), ``converged``."""
-    run_blocks(_forward_blk, (x, alpha, out, tau, support, n_iter, converged), x.shape, nblk)
+def normmax_rows(x, alpha, res, nblk):
+    """alpha-normmax of every row of ``x`` (rows, n) into ``res`` (a :data:`.rows.Solved`:
+    ``p``; per-row ``theta``, the x-space tau (float64), ``support``, ``n_iter`` (Newton
+    steps), ``converged``)."""
+    run_blocks(_forward_blk, (x, alpha, res), x.shape, nblk)
 
 
 @jit

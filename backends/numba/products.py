@@ -55,44 +55,48 @@ _VOIDP = ir.IntType(8).as_pointer()
 
 
 @intrinsic
-def _xxgemm(typingctx, transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc):
-    """Fortran ``?gemm``: ``c = op(a) op(b) + beta c`` (column-major, alpha 1) on the
-    data of the arrays ``a``, ``b``, ``c`` (their first element), ``trans*`` 0 for "N" and 1
-    for "T"; returns the wrapper's status (0)."""
+def _xxgemm(typingctx, trans, dims, a, b, beta, c):
+    """Fortran ``?gemm``: ``c = op(a) op(b) + beta c`` (column-major, alpha 1) with ``trans
+    = (transa, transb)`` (0 for "N", 1 for "T"), ``dims = (m, n, k)`` and each operand an
+    ``(array, leading dimension)`` pair, on the data of the arrays (their first element);
+    returns the wrapper's status (0)."""
     ensure_blas()
-    if a.dtype != c.dtype or b.dtype != c.dtype:
-        raise TypingError(f"_xxgemm: one float dtype for a, b and c, not {a.dtype}, {b.dtype}, {c.dtype}")
-    kind = get_blas_kind(c.dtype)
-    sig = types.intc(transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc)
+    arrays = [t.types[0] if isinstance(t, types.BaseTuple) else None for t in (a, b, c)]
+    if any(t is None for t in arrays) or len({t.dtype for t in arrays}) != 1:
+        raise TypingError(f"_xxgemm: (array, leading dimension) operands of one float dtype, not {a}, {b}, {c}")
+    dtype = arrays[2].dtype
+    kind = get_blas_kind(dtype)
+    sig = types.intc(trans, dims, a, b, beta, c)
 
     def codegen(context, builder, sig, args):
         from numba.np.arrayobj import make_array
 
-        ta, tb, m_, n_, k_, av, lda_, bv, ldb_, beta_, cv, ldc_ = args
         fnty = ir.FunctionType(ir.IntType(32), [_CHAR, _CHAR, _CHAR, cgutils.intp_t, cgutils.intp_t,
                                                 cgutils.intp_t, _VOIDP, _VOIDP, cgutils.intp_t, _VOIDP,
                                                 cgutils.intp_t, _VOIDP, _VOIDP, cgutils.intp_t])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "numba_xxgemm")
-        dtype = sig.args[10].dtype
         one = cgutils.alloca_once_value(builder, context.get_constant(dtype, 1.0))
-        bslot = cgutils.alloca_once_value(builder, context.cast(builder, beta_, sig.args[9], dtype))
+        bslot = cgutils.alloca_once_value(builder, context.cast(builder, args[4], sig.args[4], dtype))
 
-        def trans(flag):
+        def item(i, j):  # (value, type) of entry j of the tuple argument i
+            return builder.extract_value(args[i], j), sig.args[i].types[j]
+
+        def trans(j):
+            flag, _ = item(0, j)
             return builder.select(builder.icmp_signed("!=", flag, flag.type(0)), _CHAR(ord("t")), _CHAR(ord("n")))
 
-        def data(ty, val):
-            return builder.bitcast(make_array(ty)(context, builder, val).data, _VOIDP)
-
-        def intp(ty, val):
+        def intp(i, j):
+            val, ty = item(i, j)
             return context.cast(builder, val, ty, types.intp)
 
-        res = builder.call(fn, (
-            _CHAR(ord(kind)), trans(ta), trans(tb),
-            intp(sig.args[2], m_), intp(sig.args[3], n_), intp(sig.args[4], k_),
-            builder.bitcast(one, _VOIDP), data(sig.args[5], av), intp(sig.args[6], lda_),
-            data(sig.args[7], bv), intp(sig.args[8], ldb_), builder.bitcast(bslot, _VOIDP),
-            data(sig.args[10], cv), intp(sig.args[11], ldc_)))
-        return res
+        def operand(i):  # the data pointer and the leading dimension of an (array, ld) pair
+            val, ty = item(i, 0)
+            return builder.bitcast(make_array(ty)(context, builder, val).data, _VOIDP), intp(i, 1)
+
+        (ap, lda), (bp, ldb), (cp, ldc) = operand(2), operand(3), operand(5)
+        return builder.call(fn, (_CHAR(ord(kind)), trans(0), trans(1), intp(1, 0), intp(1, 1), intp(1, 2),
+                                 builder.bitcast(one, _VOIDP), ap, lda, bp, ldb, builder.bitcast(bslot, _VOIDP),
+                                 cp, ldc))
 
     return sig, codegen
 
@@ -159,7 +163,7 @@ def matmul_into(x, y, out, beta):
                 # the block of y, its B the block of x
                 b = beta if k0 == 0 else 1.0
                 if DIRECT_BLAS:  # a compile-time constant: the other branch is not compiled
-                    _xxgemm(ty, tx, j1 - j0, i1 - i0, k1 - k0, ys, ldy, xs, ldx, b, c, ldc)
+                    _xxgemm((ty, tx), (j1 - j0, i1 - i0, k1 - k0), (ys, ldy), (xs, ldx), b, (c, ldc))
                 else:
                     _dot_block(xs, ys, b, c)
 

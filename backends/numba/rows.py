@@ -88,10 +88,11 @@ method codes, the output pass), :mod:`.candidates` (maximum and candidate passes
 from __future__ import annotations
 
 import bisect
+from collections import namedtuple
 
 import numpy as np
 
-from ._jit import b1, f64, i64, jit, kernel
+from ._jit import b1, f64, i64, jit, kernel, record
 from .paths import SOLVER_PATHS, row_runs
 from ._threads import run_blocks
 from .big_alpha import solve_big, solve_big_bisect
@@ -105,11 +106,15 @@ from .threshold import bisect_row, condat, newton_row, pivot15
 
 
 @jit
-def _finish(x, out, m, k, a1, kind, A0, sup, ns, closed, idx):
-    """Newton from ``A0`` in ``[0, hi]`` (on the identified support ``sup[:ns]`` when
-    ``closed``: a closed form is only polished), then the output pass, over the candidates'
-    columns ``idx[:k]`` alone unless ``idx`` is empty.  ``k`` is the number of candidates
-    (for the bound), ``closed`` a run-time bool (a literal would compile a second copy)."""
+def _finish(row, m, k, a1, kind, start, sup, idx):
+    """Newton from ``A0`` in ``[0, hi]`` (``start = (A0, closed)``; on the identified support
+    ``sup`` when ``closed``: a closed form is only polished), then the output pass of
+    ``row = (x, out)``, over the candidates' columns ``idx[:k]`` alone unless ``idx`` is
+    empty.  ``k`` is the number of candidates (for the bound), ``closed`` a run-time bool
+    (a literal would compile a second copy)."""
+    x, out = row
+    A0, closed = start
+    ns = sup.shape[0]
     lo = 0.0  # the maximum alone has mass 1 at A = 0
     hi = bound_above(k, a1)
     if not (A0 >= lo):
@@ -170,8 +175,8 @@ def _solve_newton(x, out, a1, c):
     settled, res = settled_row(out, m, bad)
     if settled:
         return res
-    closed = False
-    return _finish(x, out, m, k, a1, kind, 0.0, c[:k], k, closed, c.view(np.int64)[:0])
+    closed = np.bool_(False)
+    return _finish((x, out), m, k, a1, kind, (0.0, closed), c[:k], c.view(np.int64)[:0])
 
 
 @jit(_nrt=True)  # allocates: also when called from code compiled without NRT
@@ -185,8 +190,8 @@ def solve_sparse(x, out, c, aux, aux2):
     idx = aux2.view(np.int64)
     k = gather_alive(x, m, 1.0, K_SPARSE, 0.0, c, idx)
     A0, ns = condat(c, k, aux, c)
-    closed = True
-    return _finish(x, out, m, k, 1.0, K_SPARSE, A0, aux[:ns], ns, closed, idx)
+    closed = np.bool_(True)
+    return _finish((x, out), m, k, 1.0, K_SPARSE, (A0, closed), aux[:ns], idx)
 
 
 @jit(_nrt=True)  # allocates: also when called from code compiled without NRT
@@ -207,14 +212,14 @@ def solve_15(x, out, c, aux, seed):
     if x.shape[0] >= MASK_MIN:
         A0, s0, k, exact = _subset_bound15(x, m, c, idx, seed)
         if exact:
-            return _finish(x, out, m, k, 0.5, K_15, A0, c[s0:k], k - s0, np.bool_(True), idx)
+            return _finish((x, out), m, k, 0.5, K_15, (A0, np.bool_(True)), c[s0:k], idx)
         lo = bound_below(A0)
     k = gather_alive(x, m, 0.5, K_15, lo, c, idx)
     A0, s0 = pivot15(c, k, seed)
     closed = A0 >= 0.0
     if not closed:
         s0 = 0
-    return _finish(x, out, m, k, 0.5, K_15, A0, c[s0:k], k - s0, closed, idx)
+    return _finish((x, out), m, k, 0.5, K_15, (A0, closed), c[s0:k], idx)
 
 
 @jit
@@ -260,7 +265,7 @@ def solve_gen(x, out, a1, c, aux, aux2, seed):
     # the candidates above the bound with their columns; Newton and the output pass work on
     # them alone (:mod:`.gen`: vectorised log1p and exp on a contiguous array)
     k = gather_alive(x, m, a1, K_GEN, lo, c, idx)
-    theta, cnt, it, ok = finish_gen(x, out, m, a1, lo, c, idx, k, aux)
+    theta, cnt, it, ok = finish_gen(x, out, m, a1, lo, (c, idx), k, aux)
     return theta, cnt, it + it_b, ok
 
 
@@ -298,10 +303,20 @@ def solver_scratch(n):
     return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.float64)
 
 
-#: the drivers' signature for input dtype ``x``: (x, alpha, method, out, theta, support,
-#: n_iter, converged, r0, r1)
+#: What a row driver writes per row (one record, which numba passes as a tuple): ``p`` (the
+#: input's dtype), ``theta`` (float64), ``support``, ``n_iter`` (int64), ``converged`` (bool).
+Solved = namedtuple("Solved", "p theta support n_iter converged")
+
+
+def solved_type(x):
+    """The numba type of a :data:`Solved` of rows of dtype ``x``."""
+    return record(Solved, x[:, ::1], f64[::1], i64[::1], i64[::1], b1[::1])
+
+
+#: the drivers' signature for input dtype ``x``: (x, alpha, method, res, r0, r1), ``res`` a
+#: :data:`Solved`
 def _ROWS(x):
-    return x[:, ::1], f64[::1], i64, x[:, ::1], f64[::1], i64[::1], i64[::1], b1[::1], i64, i64
+    return x[:, ::1], f64[::1], i64, solved_type(x), i64, i64
 
 
 # Every driver solves rows r0 .. r1 - 1 of ``x`` with the GIL released (``nogil``); the
@@ -311,7 +326,8 @@ def _ROWS(x):
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float32",))
-def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+def _rows_softmax(x, alpha, method, res, r0, r1):
+    out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)
     lanes = np.empty((4, LANES), np.float64)
     for r in range(r0, r1):
@@ -319,19 +335,22 @@ def _rows_softmax(x, alpha, method, out, theta, support, n_iter, converged, r0, 
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
-def _rows_softmax64(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+def _rows_softmax64(x, alpha, method, res, r0, r1):
+    out, theta, support, n_iter, converged = res
     softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @kernel(_ROWS, ops=("entmax_forward",))
-def _rows_sparse(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+def _rows_sparse(x, alpha, method, res, r0, r1):
+    out, theta, support, n_iter, converged = res
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = solve_sparse(x[r], out[r], c, aux, aux2)
 
 
 @kernel(_ROWS, ops=("entmax_forward",))
-def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+def _rows_15(x, alpha, method, res, r0, r1):
+    out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)
     aux = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
@@ -339,7 +358,8 @@ def _rows_15(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 
 
 @kernel(_ROWS, ops=("entmax_forward",))
-def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+def _rows_gen(x, alpha, method, res, r0, r1):
+    out, theta, support, n_iter, converged = res
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
         th, sup, it, ok = solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
@@ -347,7 +367,8 @@ def _rows_gen(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 
 
 @kernel(_ROWS, ops=("entmax_forward",))
-def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+def _rows_big(x, alpha, method, res, r0, r1):
+    out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
         th, sup, it, ok = solve_big(x[r], out[r], alpha[r] - 1.0, c, r)
@@ -355,7 +376,8 @@ def _rows_big(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
 
 
 @kernel(_ROWS, ops=("entmax_forward",), methods=("bisect", "newton"))
-def _rows_any(x, alpha, method, out, theta, support, n_iter, converged, r0, r1):
+def _rows_any(x, alpha, method, res, r0, r1):
+    out, theta, support, n_iter, converged = res
     """``method="bisect"`` (any alphas) and ``method="newton"`` (alphas on both sides of
     2), the solver picked per row."""
     c = np.empty(x.shape[1], np.float64)
@@ -411,13 +433,13 @@ def _by_runs(runs):
     return kernel
 
 
-def entmax_rows(x, alpha, method, out, theta, support, n_iter, converged, nblk):
-    """alpha-entmax of every row of ``x`` (rows, n) into ``out`` (same shape and dtype);
-    per-row ``theta`` (float64), ``support``, ``n_iter`` (int64), ``converged`` (bool).
+def entmax_rows(x, alpha, method, res, nblk):
+    """alpha-entmax of every row of ``x`` (rows, n) into ``res`` (a :data:`Solved`: ``p`` of
+    x's shape and dtype; per-row ``theta`` (float64), ``support``, ``n_iter`` (int64),
+    ``converged`` (bool)).
     A row holding NaN or +inf gets p = NaN and ``n_iter = -1`` (the module docstring).
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
     runs = _runs(alpha, method, x.dtype)
     if runs:
-        run_blocks(runs[0][2] if len(runs) == 1 else _by_runs(runs),
-                   (x, alpha, method, out, theta, support, n_iter, converged), x.shape, nblk)
+        run_blocks(runs[0][2] if len(runs) == 1 else _by_runs(runs), (x, alpha, method, res), x.shape, nblk)

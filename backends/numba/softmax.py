@@ -137,11 +137,10 @@ def _softmax_row_next(x, out, m, lanes, xn):
     and NaN/+inf count of ``xn``, the next row of the caller's block (x itself when there
     is none), and keeps ``exp(x - m)`` in ``out``, which the output pass scales in place.
     The next row's first read from memory and this row's output traffic then overlap the
-    compute-bound exponentials instead of stalling passes of their own (512 x 8192, two
-    threads: 5.4-5.7 -> 4.7-4.9 ms).  Float32 rows are not run this way: their kernel got
-    slower with it (4.4-4.5 -> 4.9-5.2 ms; half the bytes to hide, and float32 lanes in a
-    float64 loop).  Returns (A, support, the maximum of xn, nonzero when xn holds a NaN or
-    +inf)."""
+    compute-bound exponentials instead of stalling passes of their own.  Float32 rows are
+    not run this way: with half the bytes to hide, and float32 lanes in a float64 loop, the
+    overlap does not pay for itself.  Returns (A, support, the maximum of xn, nonzero when
+    xn holds a NaN or +inf)."""
     n = x.shape[0]
     L = min(_lanes(n), n)
     A, B = max_lanes(xn, lanes[2, :L], lanes[3, :L])

@@ -50,12 +50,14 @@ def phi_step(A, f, fp, a1):
 
 
 @jit
-def newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi):
+def newton_step(A, f, fp, f_prev, bracket, a1, on_phi):
     """One step of the safeguarded Newton iteration, after ``f(A)`` and ``fp = -f'(A)``:
-    the bracket ``[lo, hi]`` (with ``|f|`` at its ends, ``flo``/``fhi``) narrowed by A, then
+    the bracket ``bracket = (lo, hi, flo, fhi)`` (``[lo, hi]`` with ``|f|`` at its ends,
+    ``flo``/``fhi``) narrowed by A, then
     a Newton step (on ``phi``, the (1/a1)-norm form below, when ``on_phi``; else on f), or a
     bisection when the step leaves the bracket or f did not change since ``f_prev``.
     Returns (done, A, lo, hi, flo, fhi): A is the next point, or the answer when done."""
+    lo, hi, flo, fhi = bracket
     if f == 0.0:
         return True, A, lo, hi, flo, fhi
     if f == f_prev and abs(f) <= TIE:
@@ -106,7 +108,7 @@ def newton_row(c, k, a1, kind, A, lo, hi):
         if lo > last_lo:
             last_lo = lo
         it += 1
-        done, A, lo, hi, flo, fhi = newton_step(A, f, fp, f_prev, lo, hi, flo, fhi, a1, on_phi)
+        done, A, lo, hi, flo, fhi = newton_step(A, f, fp, f_prev, (lo, hi, flo, fhi), a1, on_phi)
         if done:
             return A, it, True
         f_prev = f
