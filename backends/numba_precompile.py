@@ -126,11 +126,20 @@ def reach(dispatcher, _seen=None) -> frozenset:
 
 class _Schedule:
     """The order in which the workers take the tasks (see the module docstring): a task is
-    *ready* when none of the tasks it waits for is still to run or running."""
+    *ready* when none of the tasks it waits for is still to run or running.  A free worker
+    takes the ready task that would compile the fewest functions another worker is
+    compiling right now (each process compiles what it needs itself, so two processes on
+    one helper do its work twice), then the one with the most work behind it."""
 
     def __init__(self, todo: Iterable[Task]):
         self.tasks = list(todo)
         reaches = {t: reach(t.entry.dispatcher) for t in self.tasks}
+        # what each task compiles: its kernel and helpers, in its input's precision (a
+        # helper compiled for float32 rows is another function than for float64 ones; the
+        # signatures that serve any input read float64 candidates)
+        self.makes = {t: {(d, "float32" if t.dtype == "float32" else "float64")
+                          for d in reaches[t] | {t.entry.dispatcher}} for t in self.tasks}
+        self.made: set = set()
         first = {}
         for t in self.tasks:
             first.setdefault(t.kernel, t)
@@ -158,7 +167,9 @@ class _Schedule:
     def ready(self) -> list[Task]:
         """The tasks that could start now, best first."""
         busy = set(self.todo) | self.running
-        return sorted((t for t in self.todo if not self.waits[t] & busy), key=lambda t: -self.rank[t])
+        making = set().union(*(self.makes[u] for u in self.running)) - self.made
+        return sorted((t for t in self.todo if not self.waits[t] & busy),
+                      key=lambda t: (len(self.makes[t] & making), -self.rank[t]))
 
     def take(self) -> Task | None:
         """The next task for a free worker (waits while every task left waits on a running
@@ -176,6 +187,7 @@ class _Schedule:
     def done(self, task: Task) -> None:
         with self.cond:
             self.running.discard(task)
+            self.made |= self.makes[task]
             self.cond.notify_all()
 
 

@@ -281,3 +281,28 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
         kind, kernel, index, t = line.split()
         ev[(kind, kernel)] = float(t)
     assert ev[("end", "rows._rows_15")] <= ev[("start", "attention_rows.fwd_rows[2]")]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_one_line_per_unit_otherwise():
+    """``entmax-ref compile`` and ``check`` show units done / total and the elapsed time: a
+    bar redrawn in place on a terminal, one plain line per unit in a log."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Terminal()
+    bar = pc.Progress(3, stream=tty)
+    bar.step("rows._rows_15 (float64)")
+    bar.step("rows._rows_15 (float32)")
+    bar.close()
+    drawn = tty.getvalue().split("\r")
+    assert drawn[1].startswith("[" + "#" * 10 + "." * 20 + "] 1/3 ") and "rows._rows_15 (float64)" in drawn[1]
+    assert drawn[2].startswith("[" + "#" * 20 + "." * 10 + "] 2/3 ") and "\n" not in tty.getvalue()
+    log = io.StringIO()
+    lines = pc.Progress(2, stream=log)
+    lines.step("compiled grads._vjp_small (float64, signature 1 of 2) in 0.4s")
+    lines.close()
+    (line,) = log.getvalue().splitlines()
+    assert line.startswith("[1/2 ") and line.endswith("s] compiled grads._vjp_small (float64, signature 1 of 2) in 0.4s")

@@ -137,6 +137,16 @@ def _finish(row, m, k, a1, kind, start, sup, idx):
     return m + A, cnt, it, ok
 
 
+@jit
+def _max_settled(x, out, aux, aux2):
+    """The row maximum with the output zeroed (:func:`.candidates.max_zeroing`, its lanes in
+    ``aux``, ``aux2``) and the row's answer when that settles it (NaN/+inf, an empty or
+    all ``-inf`` row: :func:`.elementwise.settled_row`): (m, settled, answer)."""
+    m, bad = max_zeroing(x, out, aux, aux2)
+    settled, res = settled_row(out, m, bad)
+    return m, settled, res
+
+
 # One solver per path, so that a call compiles only the paths it takes (the drivers below
 # are chosen in Python from alpha and the method, per run of rows); ``_rows_any`` picks
 # among the bisection and Newton solvers per row at run time.
@@ -183,8 +193,7 @@ def _solve_newton(x, out, a1, c):
 def solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
     polished by Newton; the output pass visits the candidates' columns."""
-    m, bad = max_zeroing(x, out, aux, aux2)
-    settled, res = settled_row(out, m, bad)
+    m, settled, res = _max_settled(x, out, aux, aux2)
     if settled:
         return res
     idx = aux2.view(np.int64)
@@ -203,8 +212,7 @@ def solve_15(x, out, c, aux, seed):
     :func:`_subset_bound15`'s, which on a normal row of 8192 leaves some 35 candidates
     instead of the 340 alive at A = 0, and is often the answer itself; short rows (the
     attention's candidates) take ``lo = 0``."""
-    m, bad = max_zeroing(x, out, c, aux)
-    settled, res = settled_row(out, m, bad)
+    m, settled, res = _max_settled(x, out, c, aux)
     if settled:
         return res
     idx = aux.view(np.int64)
@@ -246,8 +254,7 @@ def solve_gen(x, out, a1, c, aux, aux2, seed):
     ``y > -1/a1`` (a third of a normal row at alpha = 1.33); the sets are those of the
     gather-then-filter steps.  Newton and the output pass then run on the compacted
     candidates with a vectorised map (:mod:`.gen`)."""
-    m, bad = max_zeroing(x, out, aux, aux2)
-    settled, res = settled_row(out, m, bad)
+    m, settled, res = _max_settled(x, out, aux, aux2)
     if settled:
         return res
     # a lower bound that prunes the candidates to a thin shell, from a few dozen entries
@@ -375,11 +382,13 @@ def _rows_big(x, alpha, method, res, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
-@kernel(_ROWS, ops=("entmax_forward",), methods=("bisect", "newton"))
+@kernel(_ROWS, ops=("entmax_forward",), methods=("bisect", "newton"), dtypes=("float64",))
 def _rows_any(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
     """``method="bisect"`` (any alphas) and ``method="newton"`` (alphas on both sides of
-    2), the solver picked per row."""
+    2), the solver picked per row.  Compiled for float64 rows only: float32 rows reach it
+    widened (exactly; its solvers read every entry as float64) and their p rounded back
+    once (:func:`entmax_rows`), the bits of a float32 kernel without its compile."""
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
         a1 = alpha[r] - 1.0
@@ -441,5 +450,11 @@ def entmax_rows(x, alpha, method, res, nblk):
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
     runs = _runs(alpha, method, x.dtype)
-    if runs:
-        run_blocks(runs[0][2] if len(runs) == 1 else _by_runs(runs), (x, alpha, method, res), x.shape, nblk)
+    if not runs:
+        return
+    if x.dtype == np.float32 and runs[0][2] is _rows_any:  # float64 rows only (its docstring)
+        wide = res._replace(p=np.empty(x.shape, np.float64))
+        run_blocks(_rows_any, (x.astype(np.float64), alpha, method, wide), x.shape, nblk)
+        res.p[...] = wide.p
+        return
+    run_blocks(runs[0][2] if len(runs) == 1 else _by_runs(runs), (x, alpha, method, res), x.shape, nblk)
