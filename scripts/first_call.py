@@ -3,11 +3,11 @@
 For every public function: a new Python process with an empty kernel cache
 (``ENTMAX_REF_CACHE_DIR`` pointing at a new temporary folder) imports entmax_ref and makes
 one call (cold), then a second process with the same folder makes the same call (warm: the
-compiled kernels load from the cache).  Three sizes: ``small`` (what "auto" runs on the
-NumPy reference, <= 4096 elements), ``large`` on the numba backend (what compiles), and
-``auto``: the large input on the default backend with an empty cache (the NumPy reference
-answers, nothing is compiled and no process is started; the cache stays empty, so there is
-no warm figure).
+compiled kernels load from the cache).  Three sizes: ``small`` (a small input on the
+default backend, which answers on the NumPy reference while nothing is compiled),
+``large`` on the numba backend (what compiles), and ``auto``: the large input on the
+default backend with an empty cache (the NumPy reference answers, nothing is compiled and
+no process is started; the cache stays empty, so there is no warm figure).
 Usage::
 
     python scripts/first_call.py                       # every function, both sizes

@@ -15,11 +15,14 @@ nfilter = pytest.importorskip("entmax_ref.backends.numba.attention_filter")
 
 
 def _run(fn, g, r, n, qc, kk, scale, s, slope, err, window, use_max, t):
+    from entmax_ref.backends.numba.attention_records import Cut, RowScore, pair
+
     key_end = g.shape[1]
-    bufs = [np.full(key_end, np.nan), np.zeros(key_end, np.int64), np.full(key_end, np.nan),
-            np.full(key_end, np.nan)]
-    m, ok = fn(g, r, n, True, qc, kk, scale, s, s != 1.0, slope, key_end - 1, err, window, use_max, t, *bufs)
-    _, idx, zc, gx = bufs[:4]
+    bufs = (np.full(key_end, np.nan), np.zeros(key_end, np.int64), np.full(key_end, np.nan),
+            np.full(key_end, np.nan))
+    row = RowScore(qc, r, pair(kk), float(scale), float(s), bool(s != 1.0), float(slope), key_end - 1)
+    m, ok = fn(g, n, row, Cut(float(err), float(window), bool(use_max), float(t)), bufs)
+    _, idx, zc, gx = bufs
     return m, ok, idx[:m].copy(), zc[:m].copy(), gx[:m].copy()
 
 

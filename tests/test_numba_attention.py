@@ -142,8 +142,9 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
     monkeypatch.setattr(nshared, "FILTER_FRACTION", 2.0)
     whole = er.attention(q, k, v, alpha=alpha, return_info=True, backend="numba", **kw)
     calls = []
-    def counted(kernel):
-        return lambda g, r0, *a: (calls.append(g.shape), kernel(g, r0, *a))
+    def counted(kernel):  # the shape of the score block of each call
+        return lambda scores, *a: (calls.append((scores.g32 if scores.filt else scores.g64).shape),
+                                   kernel(scores, *a))
 
     monkeypatch.setattr(nrows, "FWD_ROWS", tuple(counted(kernel) for kernel in nrows.FWD_ROWS))
     monkeypatch.setattr(nattn, "FILTER_BLOCK_BYTES", 4 * 400 * 3)
@@ -557,7 +558,7 @@ def test_a_group_of_heads_on_different_solver_paths_gives_each_head_its_own_path
         caller = []
 
         def spy(p, kernel):  # records (caller, first row, end row, path) of each row kernel call
-            return lambda *a: (calls.append((caller[-1], a[1], a[1] + a[0].shape[0], p)), kernel(*a))[1]
+            return lambda *a: (calls.append((caller[-1], a[2], a[2] + a[0].qc.shape[0], p)), kernel(*a))[1]
 
         def runs_from(name, runs):  # notes which driver hands the rows to the kernels
             return lambda *a: (caller.append(name), runs(*a))[1]

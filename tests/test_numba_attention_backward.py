@@ -33,7 +33,7 @@ def test_scatter_adds_every_entry_once(counts):
     pb, ub = rng.uniform(0, 1, (rows, width)), rng.standard_normal((rows, width))
     doc, qc = rng.standard_normal((rows, Dv)), rng.standard_normal((rows, D))
     dv, dk = np.zeros((nk, Dv)), np.zeros((nk, D))
-    nrows.bwd_scatter(idx, pb, ub, cnt, doc, qc, 0.5, dv, dk)
+    nrows.bwd_scatter((idx, pb, ub, cnt), doc, qc, 0.5, (dv, dk))
     want_v, want_k = np.zeros((nk, Dv)), np.zeros((nk, D))
     for r, c in enumerate(counts):
         np.add.at(want_v, idx[r, :c], pb[r, :c, None] * doc[r])
@@ -71,9 +71,9 @@ def test_backward_from_stored_keys_runs_merged_chunks(monkeypatch, dtype):
     calls = []
     real = nbwd.bwd_rows
 
-    def spy(g, filt, qc, *rest):
-        calls.append(qc.shape[0])
-        return real(g, filt, qc, *rest)
+    def spy(scores, *rest):
+        calls.append(scores.qc.shape[0])
+        return real(scores, *rest)
 
     monkeypatch.setattr(nbwd, "bwd_rows", spy)
     g = er.attention_vjp(g_out, q, k, v, info=info, **kw)

@@ -99,7 +99,7 @@ def test_attention_compiles_only_the_default_solvers(tmp_path):
 def _solve(x, alpha, nblk):
     n = x.shape[0]
     res = [np.empty_like(x)] + [np.empty(n, t) for t in (np.float64, np.int64, np.int64, np.bool_)]
-    rows.entmax_rows(x, alpha, rows.METHOD_DEFAULT, res[0], *res[1:], nblk)
+    rows.entmax_rows(x, alpha, rows.METHOD_DEFAULT, rows.Solved(*res), nblk)
     return res
 
 
@@ -225,7 +225,7 @@ def test_a_forked_child_has_workers_of_its_own():
         def solve(x, alpha):
             n = x.shape[0]
             res = [np.empty_like(x)] + [np.empty(n, t) for t in (np.float64, np.int64, np.int64, np.bool_)]
-            rows.entmax_rows(x, alpha, rows.METHOD_DEFAULT, res[0], *res[1:], 16)
+            rows.entmax_rows(x, alpha, rows.METHOD_DEFAULT, rows.Solved(*res), 16)
             return res[0]
 
         x = np.random.default_rng(9).standard_normal((257, 300))
