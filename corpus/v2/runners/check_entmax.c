@@ -113,7 +113,7 @@ static int check_field(const char *file, const ec_value *c, const char *name, co
             if (!quiet)
                 printf("%s %s %s[%lu]: got %a, expected %a, bound %a (%s)\n", strcmp(ec_str(c, "verdict"), "acceptable")
                        ? "FAIL" : "ACCEPTABLE", ec_str(c, "tcId"), name, (unsigned long)i, got[i], expected[i],
-                       ec_bound(c, name, i, n, expected[i]), ec_class(c, name));
+                       ec_bound(c, name, i, n), ec_class(c, name));
         }
     }
     free(expected);

@@ -16,7 +16,7 @@
  *
  * Numbers are read from the NAME_hex fields (C99 hex floats, "inf", "-inf", "nan"): strtod gives
  * each value exactly.  The tolerance classes (the line's "tol" object, the manifest's
- * "tolerance_classes") are "exact", "ulps:K" and "abs:@FIELD"; ec_within implements them.
+ * "tolerance_classes") are "exact" and "abs:@FIELD"; ec_within implements them.
  */
 #ifndef ENTMAX_CORPUS_H
 #define ENTMAX_CORPUS_H
@@ -252,26 +252,14 @@ static double ec_entry(const ec_value *c, const char *name, size_t i, size_t of)
     return r;
 }
 
-/* The gap from |e| to the next larger value of dtype (float64, float32, float16 or bfloat16). */
-static double ec_ulp(double e, const char *dtype) {
-    int bits = 53, emin = -1022, ex;
-    if (strcmp(dtype, "float32") == 0) { bits = 24; emin = -126; }
-    else if (strcmp(dtype, "float16") == 0) { bits = 11; emin = -14; }
-    else if (strcmp(dtype, "bfloat16") == 0) { bits = 8; emin = -126; }
-    frexp(fabs(e), &ex);                               /* |e| = m 2^ex, 0.5 <= m < 1 */
-    if (e == 0.0 || ex - 1 < emin) ex = emin + 1;      /* zero and subnormals: the smallest gap */
-    return ldexp(1.0, ex - bits);
-}
-
 /* The tolerance class of output field name in a case ("" when the case has none). */
 static const char *ec_class(const ec_value *c, const char *name) { return ec_str(ec_get(c, "tol"), name); }
 
 /* The bound on |got - expected| of entry i of output field name (n entries), by the field's
  * tolerance class (the case's "tol" object); -1 for a class this reader does not know. */
-static double ec_bound(const ec_value *c, const char *name, size_t i, size_t n, double expected) {
+static double ec_bound(const ec_value *c, const char *name, size_t i, size_t n) {
     const char *cls = ec_class(c, name);
     if (strcmp(cls, "exact") == 0) return 0.0;
-    if (strncmp(cls, "ulps:", 5) == 0) return atof(cls + 5) * ec_ulp(expected, ec_str(c, "dtype"));
     if (strncmp(cls, "abs:@", 5) == 0) return ec_entry(c, cls + 5, i, n);
     return -1.0;
 }
@@ -279,7 +267,7 @@ static double ec_bound(const ec_value *c, const char *name, size_t i, size_t n, 
 /* Whether result got matches entry i (of n, value expected) of output field name.  A non-finite
  * expected value must be matched exactly (NaN by NaN); 0 and -0 are equal. */
 static int ec_within(const ec_value *c, const char *name, size_t i, size_t n, double got, double expected) {
-    double bound = ec_bound(c, name, i, n, expected);
+    double bound = ec_bound(c, name, i, n);
     if (isnan(expected)) return isnan(got);
     if (isinf(expected)) return got == expected;
     return bound >= 0.0 && fabs(got - expected) <= bound;  /* false for a NaN result */

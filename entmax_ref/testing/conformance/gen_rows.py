@@ -32,8 +32,8 @@ def _solution(ctx: Context, op: str, x64: np.ndarray, a: float, dt: str) -> dict
     tol_support counts the entries whose membership of the support a correct implementation
     in ``dt`` may decide either way: within the threshold's budget of it (alpha > 1), or in
     the support with a probability within its budget of 0 (it may round to 0).  Where the
-    float64 p is met to the last bit or a few ulps (:data:`.lines.FLOAT64_CLASSES`) only the
-    second remains, for the probabilities that round to 0."""
+    float64 p is correctly rounded (:data:`.lines.FLOAT64_CLASSES`) only the second remains,
+    for the probabilities that round to 0."""
     ans = ctx.oracle.row(x64, a)
     n = len(x64)
     masked = np.isneginf(x64)

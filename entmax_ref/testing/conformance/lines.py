@@ -27,10 +27,9 @@ FORMAT_MINOR = 0
 #: the formats this library reads (1: decimal numbers only, no schema, ids, flags or tolerance classes)
 READABLE = (1, 2)
 
-#: file -> {field: class} of the float64 expected values the library meets to the last bit
-#: (``exact``: correctly rounded) or within a few ulps (``ulps:1``: faithfully rounded),
-#: instead of the tolerance model's bound; where p is one of them, the support is exact but
-#: for entries whose exact probability rounds to 0
+#: file -> {field: class} of the float64 expected values the library returns correctly
+#: rounded, so that their class is ``exact`` instead of the tolerance model's bound; where p
+#: is one of them, the support is exact but for entries whose exact probability rounds to 0
 FLOAT64_CLASSES: dict[str, dict[str, str]] = {}
 
 NUMBERS_RULE = (
@@ -46,8 +45,6 @@ NUMBERS_RULE = (
 TOLERANCE_CLASSES = {
     "exact": "the result, converted to float64, equals the expected value (0 and -0 are equal; an integer "
              "equals it)",
-    "ulps:K": "|result - expected| <= K * ulp(expected), the ulp taken in the case's dtype at |expected| "
-              "(the gap from |expected| to the next larger value of that dtype)",
     "abs:@FIELD": "|result[i] - expected[i]| <= FIELD[i] (FIELD has the expected value's shape) or <= FIELD "
                   "(a number, for every entry): the error budget of a correct implementation in the case's dtype",
     "non-finite": "in every class an expected -inf, inf or nan must be matched exactly (nan by nan)",
@@ -218,7 +215,7 @@ def tcid(op: str, line: dict) -> str:
 
 
 def float64_class(op: str, case: dict, name: str) -> str | None:
-    """The class of a float64 value the library meets to the last bit or a few ulps
+    """The class of a float64 value the library returns correctly rounded
     (:data:`FLOAT64_CLASSES`), or None."""
     return FLOAT64_CLASSES.get(op, {}).get(name) if case["dtype"] == "float64" else None
 
@@ -276,13 +273,6 @@ def value(case: dict, name: str, dtype: str = "float64") -> np.ndarray:
     return parse(case[name], dtype).astype(np_dtype(dtype))
 
 
-def ulp(expected: np.ndarray, dtype: str) -> np.ndarray:
-    """The gap from |expected| to the next larger value of ``dtype`` (as float64)."""
-    e = np.abs(np.asarray(expected, np.float64)).astype(np_dtype(dtype))
-    with np.errstate(over="ignore"):
-        return (np.nextafter(e, np.asarray(np.inf, e.dtype)) - e).astype(np.float64)
-
-
 def tolerance(case: dict, name: str, expected: np.ndarray, dtype: str) -> np.ndarray:
     """The bound on |result - expected| for field ``name``, from its tolerance class (format 2)
     or its ``tol_`` field (format 1)."""
@@ -290,8 +280,6 @@ def tolerance(case: dict, name: str, expected: np.ndarray, dtype: str) -> np.nda
     kind, _, arg = cls.partition(":")
     if kind == "exact":
         return np.zeros(np.shape(expected), dtype=np.float64)
-    if kind == "ulps" and arg.isdigit():
-        return int(arg) * ulp(expected, dtype)
     if kind == "abs" and arg.startswith("@"):
         return np.broadcast_to(value(case, arg[1:]), np.shape(expected))
     raise ValueError(f"case {case.get('tcId', case.get('id'))}: unknown tolerance class {cls!r} for {name}")

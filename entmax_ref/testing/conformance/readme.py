@@ -76,8 +76,8 @@ Written by `{m['generator']}` (seed {m['seed']}, size {m['size']}): {m['row_case
 - `dtype` (float64, float32, float16, bfloat16) is the dtype the implementation under test works
   in; the inputs (the manifest's `inputs_in_dtype`) are values of that dtype, every other number
   is a float64 value.
-- `tol` gives each expected field a class: `exact` (equal as float64), `ulps:K`, or `abs:@tol_F`
-  (|got - expected| <= the bound in field `tol_F`, one per entry or one for all).
+- `tol` gives each expected field a class: `exact` (equal as float64) or `abs:@tol_F`
+  (|got - expected| <= the bound in field `tol_F`, one per entry, one per row or one for all).
 - `verdict` is `valid` (must match) or `acceptable` (one of several defensible answers, the flags
   say why: report a difference, do not fail on it). `error: "invalid-input"` marks rows with NaN or
   +inf scores: report an error, or return NaN.

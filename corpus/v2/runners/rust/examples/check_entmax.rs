@@ -106,7 +106,7 @@ fn check_field(t: &mut Tallies, file: &str, c: &Case, name: &str, got: &[f64], q
     if let (Some(i), false) = (bad, quiet) {
         let what = if c.str("verdict") == "acceptable" { "ACCEPTABLE" } else { "FAIL" };
         let (g, w) = (got.get(i).cloned().unwrap_or(f64::NAN), want.get(i).cloned().unwrap_or(f64::NAN));
-        let b = c.bound(name, i, n, w).unwrap_or(f64::NAN);
+        let b = c.bound(name, i, n).unwrap_or(f64::NAN);
         println!("{} {} {}[{}]: got {}, expected {}, bound {} ({})", what, c.str("tcId"), name, i, f64_to_hex(g),
                  f64_to_hex(w), f64_to_hex(b), class);
     }
