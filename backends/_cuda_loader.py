@@ -3,7 +3,8 @@
 Nothing is compiled, and cupy is not imported, when this module is imported.  The first
 call of :func:`get_module` for a source builds a ``RawModule`` (CuPy caches the binary on
 disk, keyed by source, options, architecture and NVRTC version, under ``CUPY_CACHE_DIR``)
-and memoises it per ``(device id, source, options)``.
+and memoises it per ``(device id, source)``.  What NVRTC receives is stated in one place,
+:func:`nvrtc_options`: the loader's :data:`OPTIONS` and what CuPy appends to them.
 
 The kernels are C++ templates on the scalar type; :data:`KERNELS` lists the templates of
 each source and :func:`name_expressions` instantiates them for float and double.  The same
@@ -53,12 +54,32 @@ KERNELS: dict[str, tuple[str, ...]] = {
 SCALARS = ("float", "double")
 #: Most threads per block the adaptor launches (the kernels' __launch_bounds__).
 MAX_BLOCK = constants.MAX_BLOCK
-#: Compiler options shared by NVRTC (the loader) and nvcc (the compile test).  No fused
-#: multiply-add contraction, so the device computes what the g++ harness computes; the
-#: numeric constants of :mod:`entmax_ref.backends.constants` as ``-D`` defines.
+#: The loader's compiler options, the same for NVRTC (the loader), nvcc (the compile test)
+#: and g++ (the emulator and the CPU harness): C++17, no fused multiply-add contraction, so
+#: the device computes what the CPU computes, and the numeric constants of
+#: :mod:`entmax_ref.backends.constants` as ``-D`` defines.
 OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=false", *constants.cuda_defines())
 
-_memo: dict[tuple[int, str, tuple[str, ...]], Any] = {}
+
+def cupy_added_options(arch: str) -> tuple[str, ...]:
+    """What ``cupy.RawModule`` (CuPy 14, cupy/cuda/compiler.py) appends to the options it is
+    given before NVRTC compiles for the device architecture ``arch`` (``"sm_90"``):
+    float32 subnormals flushed to zero (``-ftz=true``; it comes after ours, so it wins and
+    cannot be turned off, and the kernels are written so that it changes nothing: see
+    ``entmax_core.cuh``, "storage types"), the architecture, and device code as the default
+    execution space.  (It also adds include folders of its own headers, which the kernels
+    do not include.)"""
+    return ("-ftz=true", f"-arch={arch}", "--device-as-default-execution-space")
+
+
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """The options NVRTC receives for a kernel source through ``cupy.RawModule`` on a device
+    of architecture ``arch``: the loader's, the ``cuda/`` folder, and CuPy's additions.
+    The NVRTC test compiles with exactly these, and the emulator builds from them."""
+    return (*OPTIONS, f"-I{cuda_dir()}", *cupy_added_options(arch))
+
+
+_memo: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
 
 
@@ -82,12 +103,12 @@ def read_source(source: str) -> str:
     return f'#line 1 "{path}"\n' + path.read_text(encoding="utf-8")
 
 
-def get_module(source: str, extra_options: tuple[str, ...] = ()):
-    """The compiled ``cupy.RawModule`` of ``cuda/<source>`` for the current device."""
+def get_module(source: str):
+    """The compiled ``cupy.RawModule`` of ``cuda/<source>`` for the current device (with the
+    loader's options and the ``cuda/`` folder; CuPy appends :func:`cupy_added_options`)."""
     import cupy
 
-    options = (*OPTIONS, *extra_options)
-    key = (cupy.cuda.Device().id, source, options)
+    key = (cupy.cuda.Device().id, source)
     module = _memo.get(key)
     if module is None:
         with _lock:
@@ -95,7 +116,7 @@ def get_module(source: str, extra_options: tuple[str, ...] = ()):
             if module is None:
                 module = cupy.RawModule(
                     code=read_source(source),
-                    options=(*options, f"-I{cuda_dir()}"),
+                    options=(*OPTIONS, f"-I{cuda_dir()}"),
                     name_expressions=list(name_expressions(source)),
                 )
                 _memo[key] = module

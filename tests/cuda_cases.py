@@ -43,6 +43,17 @@ def family_rows(seed: int, n_rows: int, n: int, huge_row: bool = False) -> np.nd
     return x
 
 
+def tool_missing(tool: str, reason: str):
+    """Skip a test whose compiler or library ``tool`` (``g++``, ``nvcc``, ``nvrtc``) is
+    missing here, saying why; fail it instead where ``ENTMAX_REF_REQUIRE_TOOLS`` (a
+    comma-separated list, set by .ci/run) names the tool, so that CI cannot pass a compile
+    check it did not run."""
+    required = {s.strip() for s in os.environ.get("ENTMAX_REF_REQUIRE_TOOLS", "").split(",")}
+    if tool in required:
+        pytest.fail(f"{tool} is required (ENTMAX_REF_REQUIRE_TOOLS) and missing: {reason}")
+    pytest.skip(reason)
+
+
 def build_harness(tmp_path_factory, source: str) -> ctypes.CDLL:
     """tests/cuda_harness/<source> (the CPU driver of a CUDA core) compiled by g++ into a
     shared library and loaded: C++17, the -D defines of backends/constants.py (the ones
@@ -51,9 +62,9 @@ def build_harness(tmp_path_factory, source: str) -> ctypes.CDLL:
     builds (cuda_emu.build.cache_dir), named by a hash of the command, every file of
     backends/cuda/ and tests/cuda_harness/ and the compiler's version, so that the test
     files that load one harness share one build."""
-    cxx = shutil.which("g++") or shutil.which("c++")
+    cxx = shutil.which("g++")
     if cxx is None:
-        pytest.skip("no C++ compiler (g++) to build the CPU harness of the CUDA core")
+        tool_missing("g++", "no g++ to build the CPU harness of the CUDA core")
     src = _cuda_loader.cuda_dir()
     flags = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared", "-fPIC",
              *cuda_defines(), f"-I{src}", f"-I{HARNESS_DIR}"]

@@ -3,8 +3,9 @@
 Each source in backends/cuda/ is compiled as the loader compiles it (the same options,
 the same include directory) with every template kernel instantiated for float and double
 (the loader's name expressions), so a syntax, template or register-limit error fails CI
-even without a GPU.  Exhaustive tier: run alone with ``pytest --exhaustive tests/test_cuda_compile.py``
-(about a minute on two cores).
+even without a GPU.  Skipped without nvcc, failed where ``ENTMAX_REF_REQUIRE_TOOLS`` names
+``nvcc`` (CI).  Exhaustive tier: run alone with ``pytest --exhaustive
+tests/test_cuda_compile.py`` (about a minute on two cores).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 
 import pytest
 
+from cuda_cases import tool_missing
 from entmax_ref.backends import _cuda_loader as L
 
 pytestmark = pytest.mark.exhaustive
@@ -32,7 +34,7 @@ def _unit(source: str) -> str:
 def test_kernels_compile_with_nvcc(source, tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        pytest.skip("nvcc is not on PATH (install the CUDA toolkit to compile-check the kernels)")
+        tool_missing("nvcc", "nvcc is not on PATH (install the CUDA toolkit to compile-check the kernels)")
     unit = tmp_path / f"all_{source}"
     unit.write_text(_unit(source))
     gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in ARCHS]

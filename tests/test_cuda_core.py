@@ -320,3 +320,4 @@ def test_empty_rows_give_zeros(harness):
         g = np.ones_like(x)
         assert (harness.vjp(p, g, np.full(3, alpha)) == 0).all()
         assert (harness.alpha_vjp(p, g, np.full(3, alpha)) == 0).all()
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuda_cases import build_harness, family_rows, rows
+from cuda_cases import build_harness, family_rows, rows, tool_missing
 from cuda_emu import stand_in_cupy
 from cuda_emu.launcher import LaunchError
 from entmax_ref.backends import AttentionSpec, _cuda_loader, get_backend
@@ -282,3 +282,23 @@ def test_launcher_refuses_what_a_gpu_gets_wrong(cupy):
     with pytest.raises(LaunchError, match=r"1024 threads per block, above the kernel's __launch_bounds__\(512\)"):
         kernel((rows,), (1024,), args())
     assert all(k.launch_bound == 512 for m in cupy.MODULES.values() for k in m.kernels.values())
+
+
+def test_the_emulator_compiles_with_the_options_cupy_gives_nvrtc(cupy):
+    """The stand-in's RawModule appends what CuPy 14's does, and that is what the loader
+    declares NVRTC receives (the list the NVRTC test compiles with)."""
+    module = cupy.RawModule(code=_cuda_loader.read_source("family_rows.cu"),
+                            options=(*_cuda_loader.OPTIONS, f"-I{_cuda_loader.cuda_dir()}"),
+                            name_expressions=list(_cuda_loader.name_expressions("family_rows.cu")))
+    assert module.nvrtc_options == _cuda_loader.nvrtc_options("sm_90")
+    with pytest.raises(TypeError, match="options must be a tuple"):
+        cupy.RawModule(code="", options=["-std=c++17"])
+
+
+def test_a_required_compiler_that_is_missing_fails(monkeypatch):
+    monkeypatch.setenv("ENTMAX_REF_REQUIRE_TOOLS", "g++,nvcc")
+    with pytest.raises(pytest.fail.Exception, match="nvcc is required"):
+        tool_missing("nvcc", "nvcc is not on PATH")
+    monkeypatch.delenv("ENTMAX_REF_REQUIRE_TOOLS")
+    with pytest.raises(pytest.skip.Exception, match="nvcc is not on PATH"):
+        tool_missing("nvcc", "nvcc is not on PATH")

@@ -237,3 +237,29 @@ def test_no_silent_transfers(gpu):
 
 def test_warmup_compiles_everything(gpu):
     gpu.warmup()
+
+
+def test_cupy_gives_nvrtc_the_options_the_loader_declares(gpu, monkeypatch):
+    """What NVRTC receives through the installed CuPy's RawModule is
+    ``_cuda_loader.nvrtc_options`` (the list the NVRTC test and the emulator compile with),
+    apart from the include folders of CuPy's own headers."""
+    from cupy.cuda import compiler
+
+    from entmax_ref.backends import _cuda_loader as L
+
+    seen = []
+    real = compiler._NVRTCProgram.compile
+
+    def spy(self, options=(), *args, **kwargs):
+        seen.append(tuple(options))
+        return real(self, options, *args, **kwargs)
+
+    monkeypatch.setattr(compiler._NVRTCProgram, "compile", spy)
+    monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # compile now, not from CuPy's disk cache
+    source = "family_rows.cu"
+    cupy.RawModule(code=L.read_source(source), options=(*L.OPTIONS, f"-I{L.cuda_dir()}"),
+                   name_expressions=list(L.name_expressions(source))).compile()
+    (options,) = seen
+    arch = f"sm_{cupy.cuda.Device().compute_capability}"
+    assert f"-I{L.cuda_dir()}" in options
+    assert [o for o in options if not o.startswith("-I")] == [o for o in L.nvrtc_options(arch) if not o.startswith("-I")]

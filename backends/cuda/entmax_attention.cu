@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_theta_block(T* d
     team.template reduce_sum<1>(n_keys, [&](int j, er::Acc<1>& acc) {
         er::Terms t = er::terms_from_theta(al, z(j), th);
         acc.add(0, t.u);
-        dots[off + j] = T(t.p);
-        u_out[off + j] = T(t.u);
+        dots[off + j] = er::store<T>(t.p);
+        u_out[off + j] = er::store<T>(t.u);
     }, out);
     if (team.leader()) sum_u[row] = out[0];
 }
@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(ER_MAX_BLOCK) attn_probs_from_edge_block(T* do
         double pj = live && zj > -er::inf() ? er::edge_p((zj - m) - c, a1, q, lq) : 0.0;
         double u = pj > 0.0 ? exp(a2 * log(pj) - lmax) : 0.0;
         acc.add(0, u);
-        dots[off + j] = T(pj);
-        u_out[off + j] = T(u);
+        dots[off + j] = er::store<T>(pj);
+        u_out[off + j] = er::store<T>(u);
     }, out);
     if (team.leader()) sum_u[row] = out[0];
 }

@@ -41,6 +41,42 @@ ER_HD inline double inf() { return __builtin_huge_val(); }
 ER_HD inline bool is_finite(double v) { return (v - v) == 0.0; }  // false for +-inf, nan
 ER_HD inline double dmax(double a, double b) { return a > b ? a : b; }
 
+// ------------------------------------------------------------------------ storage types
+// Every float32 value a kernel reads becomes a double through load(), and every double it
+// stores as float32 goes through store<float>() (round to nearest even).  CuPy compiles
+// every kernel with -ftz=true appended to the options it is given (the last one wins),
+// which makes every float32 instruction the compiler emits flush subnormals to zero,
+// conversions and comparisons included; on the device these two are one conversion each,
+// written out in PTX without .ftz, so a float32 probability of 3.8e-44 stays 3.8e-44 as on
+// the CPU (on the host they are plain casts, which keep subnormals too).  No other float32
+// instruction is left: all arithmetic is float64.  tests/test_cuda_nvrtc.py reads the PTX
+// under CuPy's options for a .ftz instruction that touches the kernels' values.
+ER_HD inline double load(double v) { return v; }
+ER_HD inline double load(float v) {
+#ifdef __CUDA_ARCH__
+    double d;
+    asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(v));
+    return d;
+#else
+    return (double)v;
+#endif
+}
+
+template <class T>
+ER_HD inline T store(double v);
+template <>
+ER_HD inline double store<double>(double v) { return v; }
+template <>
+ER_HD inline float store<float>(double v) {
+#ifdef __CUDA_ARCH__
+    float f;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(v));
+    return f;
+#else
+    return (float)v;
+#endif
+}
+
 // Compensated accumulators: each of K running sums is kept as (s, c) with s + c the value;
 // adds are Knuth's TwoSum, so a sum is exact to about one rounding whatever the order.
 template <int K>
@@ -479,7 +515,7 @@ ER_HD long long write_probs(const Team& team, const X& x, int n, double alpha, c
     team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
         double pi = al.mode == GENERAL_GT2 ? edge_p((x(i) - r.m) - r.base, al.a1, r.s, lq)
                                            : terms(al, ((x(i) - r.m) - r.base) - r.s).p;
-        p[i] = T(pi);
+        p[i] = store<T>(pi);
         if (pi > 0.0) acc.add(0, 1.0);  // counted in float64, as the reference does
     }, out);
     return (long long)out[0];
@@ -515,8 +551,8 @@ ER_HD long long write_probs_weights(const Team& team, const X& x, int n, double 
         } else {
             t = terms(al, ((x(i) - r.m) - r.base) - r.s);
         }
-        p[i] = T(t.p);
-        u[i] = T(t.u);
+        p[i] = store<T>(t.p);
+        u[i] = store<T>(t.u);
         if (t.p > 0.0) {
             acc.add(0, 1.0);
             acc.add(1, t.u);
@@ -548,11 +584,11 @@ template <class Team, class P, class G>
 ER_HD void scaled_weight_sums(const Team& team, const P* p, const G* g, int n, double a2, double lmax,
                               double out[2]) {
     team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
-        double lu = log_skew(double(p[i]), a2);
+        double lu = log_skew(load(p[i]), a2);
         if (lu > -inf()) {
             double wi = exp(lu - lmax);
             acc.add(0, wi);
-            acc.add(1, wi * double(g[i]));
+            acc.add(1, wi * load(g[i]));
         }
     }, out);
 }
@@ -567,16 +603,16 @@ ER_HD void scaled_weight_sums(const Team& team, const P* p, const G* g, int n, d
 template <class Team, class P, class G, class D>
 ER_HD void vjp_row_big(const Team& team, const P* p, const G* g, int n, double alpha, D* dx) {
     const double a2 = 2.0 - alpha;
-    const double lmax = team.reduce_max(n, [&](int i) { return log_skew(double(p[i]), a2); });
+    const double lmax = team.reduce_max(n, [&](int i) { return log_skew(load(p[i]), a2); });
     if (!(lmax > -inf())) {  // empty row
         team.for_each(n, [&](int i) { dx[i] = D(0); });
         return;
     }
     const int mi = (int)-team.reduce_max(n, [&](int i) {  // the first entry of largest u
-        return log_skew(double(p[i]), a2) == lmax ? -double(i) : -inf();
+        return log_skew(load(p[i]), a2) == lmax ? -double(i) : -inf();
     });
-    const double gm = double(g[mi]);
-    const double l2 = team.reduce_max(n, [&](int i) { return i == mi ? -inf() : log_skew(double(p[i]), a2); });
+    const double gm = load(g[mi]);
+    const double l2 = team.reduce_max(n, [&](int i) { return i == mi ? -inf() : log_skew(load(p[i]), a2); });
     double out[2];
     scaled_weight_sums(team, p, g, n, a2, lmax, out);
     const double S = out[0], Gs = out[1];
@@ -584,26 +620,26 @@ ER_HD void vjp_row_big(const Team& team, const P* p, const G* g, int n, double a
     if (l2 > -inf()) {  // m is not alone on the support
         double sd[1];
         team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
-            double lu = log_skew(double(p[i]), a2);
-            if (lu > -inf() && i != mi) acc.add(0, exp(lu) * (gm - double(g[i])));
+            double lu = log_skew(load(p[i]), a2);
+            if (lu > -inf() && i != mi) acc.add(0, exp(lu) * (gm - load(g[i])));
         }, sd);
         dm = sd[0] / S;
         if (!is_finite(dm)) {
             double t[1];
             team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
-                double lu = log_skew(double(p[i]), a2);
-                if (lu > -inf() && i != mi) acc.add(0, exp(lu - l2) * (gm - double(g[i])));
+                double lu = log_skew(load(p[i]), a2);
+                if (lu > -inf() && i != mi) acc.add(0, exp(lu - l2) * (gm - load(g[i])));
             }, t);
             dm = signed_exp(l2, t[0] / S);
         }
     }
     team.for_each(n, [&](int i) {
-        double lu = log_skew(double(p[i]), a2);
+        double lu = log_skew(load(p[i]), a2);
         double v = 0.0;
         if (i == mi) {
             v = dm;
         } else if (lu > -inf()) {
-            double gi = double(g[i]);
+            double gi = load(g[i]);
             double wi = exp(lu - lmax);
             double diff = (gi * (S - wi) - (Gs - wi * gi)) / S;
             if (diff != 0.0) {
@@ -611,7 +647,7 @@ ER_HD void vjp_row_big(const Team& team, const P* p, const G* g, int n, double a
                 v = is_finite(u) ? u * diff : signed_exp(lu, diff);
             }
         }
-        dx[i] = D(v);
+        dx[i] = store<D>(v);
     });
 }
 
@@ -624,14 +660,14 @@ ER_HD void vjp_row(const Team& team, const P* p, const G* g, int n, double alpha
     }
     double out[2];
     team.template reduce_sum<2>(n, [&](int i, Acc<2>& acc) {
-        double u = skew_weight(double(p[i]), alpha);
+        double u = skew_weight(load(p[i]), alpha);
         acc.add(0, u);
-        acc.add(1, u * double(g[i]));
+        acc.add(1, u * load(g[i]));
     }, out);
     double r = out[0] > 0.0 ? out[1] / out[0] : 0.0;
     team.for_each(n, [&](int i) {
-        double u = skew_weight(double(p[i]), alpha);
-        dx[i] = D(u * (double(g[i]) - r));
+        double u = skew_weight(load(p[i]), alpha);
+        dx[i] = store<D>(u * (load(g[i]) - r));
     });
 }
 
@@ -657,26 +693,26 @@ template <class Team, class P, class G>
 ER_HD double alpha_vjp_row(const Team& team, const P* p, const G* g, int n, double alpha) {
     if (alpha > 2.0) {
         const double a1 = alpha - 1.0, a2 = 2.0 - alpha;
-        const double lmax = team.reduce_max(n, [&](int i) { return log_skew(double(p[i]), a2); });
+        const double lmax = team.reduce_max(n, [&](int i) { return log_skew(load(p[i]), a2); });
         if (!(lmax > -inf())) return 0.0;
         double sw[2];
         scaled_weight_sums(team, p, g, n, a2, lmax, sw);
         const double r = sw[1] / sw[0];
         double t[1];
         team.template reduce_sum<1>(n, [&](int i, Acc<1>& acc) {
-            double pi = double(p[i]);
-            if (pi > 0.0) acc.add(0, pi * (1.0 - a1 * log(pi)) * (double(g[i]) - r));
+            double pi = load(p[i]);
+            if (pi > 0.0) acc.add(0, pi * (1.0 - a1 * log(pi)) * (load(g[i]) - r));
         }, t);
         return t[0] / (a1 * a1);
     }
     double out[4];
     team.template reduce_sum<4>(n, [&](int i, Acc<4>& acc) {
-        double pi = double(p[i]);
+        double pi = load(p[i]);
         if (pi > 0.0) {
             double L = log(pi);
             double pc = -pi * L * L * h_series(-(alpha - 1.0) * L);
             double u = exp((2.0 - alpha) * L);
-            double gi = double(g[i]);
+            double gi = load(g[i]);
             acc.add(0, gi * pc);
             acc.add(1, pc);
             acc.add(2, u);
@@ -698,7 +734,7 @@ struct ScoreRow {
     long long i_abs;
     int limit;  // keys j < limit are visible
     bool has_s;
-    ER_HD double a(int j) const { return scale * double(dot[j]); }
+    ER_HD double a(int j) const { return scale * load(dot[j]); }
     ER_HD double operator()(int j) const {
         if (j >= limit) return -inf();
         double z = a(j);
@@ -801,7 +837,7 @@ ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, doub
     }
     const int mi = (int)-team.reduce_max(n, [&](int j) { return lu_of(j) == lmax ? -double(j) : -inf(); });
     const double a_ref = team.reduce_max(n, [&](int j) { return j == mi ? a(j) : -inf(); });
-    const double gm = team.reduce_max(n, [&](int j) { return j == mi ? double(dp[j]) : -inf(); });
+    const double gm = team.reduce_max(n, [&](int j) { return j == mi ? load(dp[j]) : -inf(); });
     double dm = 0.0;
     if (al.mode == GENERAL_GT2) {
         const double l2 = team.reduce_max(n, [&](int j) { return j == mi ? -inf() : lu_of(j); });
@@ -810,7 +846,7 @@ ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, doub
             double lu = lu_of(j);
             if (lu > -inf()) {
                 acc.add(0, exp(lu - lmax));
-                if (j != mi) acc.add(1, exp(lu) * (gm - double(dp[j])));
+                if (j != mi) acc.add(1, exp(lu) * (gm - load(dp[j])));
             }
         }, sw);
         const double S = sw[0];
@@ -820,7 +856,7 @@ ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, doub
                 double t[1];
                 team.template reduce_sum<1>(n, [&](int j, Acc<1>& acc) {
                     double lu = lu_of(j);
-                    if (lu > -inf() && j != mi) acc.add(0, exp(lu - l2) * (gm - double(dp[j])));
+                    if (lu > -inf() && j != mi) acc.add(0, exp(lu - l2) * (gm - load(dp[j])));
                 }, t);
                 dm = signed_exp(l2, t[0] / S);
             }
@@ -835,7 +871,7 @@ ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, doub
             if (al.mode == GENERAL_GT2 && j == mi) {
                 dz = dm;
             } else {
-                double diff = double(dp[j]) - delta;
+                double diff = load(dp[j]) - delta;
                 double u = al.mode == GENERAL_GT2 ? exp(lu) : terms_from_theta(al, z(j), theta).u;
                 dz = diff == 0.0 ? 0.0 : (is_finite(u) ? u * diff : signed_exp(lu, diff));
             }
@@ -843,8 +879,8 @@ ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, doub
         // a term with a = a_ref is 0, also where dz overflowed (not inf * 0 = NaN), as
         // numpy_attention._row_scale_grad and the numba backward have it
         if (a(j) != a_ref) acc.add(0, dz * (a(j) - a_ref));
-        p_out[j] = T(pj);
-        dp[j] = T(has_s ? dz * s : dz);
+        p_out[j] = store<T>(pj);
+        dp[j] = store<T>(has_s ? dz * s : dz);
     }, out);
     return out[0];
 }
@@ -853,7 +889,7 @@ ER_HD double attn_grad_row(const Team& team, const Z& z, const A& a, int n, doub
 template <class T>
 struct RowReader {
     const T* x;
-    ER_HD double operator()(int i) const { return double(x[i]); }
+    ER_HD double operator()(int i) const { return load(x[i]); }
 };
 
 }  // namespace er

@@ -104,7 +104,7 @@ ER_HD long long normmax_write(const Team& team, const Row& x, int n, double alph
     team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
         const double r = (x(i) - m - Tm) / -Tm;
         const double v = r > 0.0 ? exp(g * log(r)) / S[0] : 0.0;
-        p[i] = T(v);
+        p[i] = store<T>(v);
         if (v > 0.0) a.add(0, 1.0);
     }, cnt);
     return (long long)cnt[0];
@@ -113,16 +113,16 @@ ER_HD long long normmax_write(const Team& team, const Row& x, int n, double alph
 // dx = v (g - <p, g>) - p (v . (g - <p, g>)), v = N (p/N)^(2-alpha) / (alpha-1), N = ||p||_alpha.
 template <class Team, class T>
 ER_HD void normmax_vjp_row(const Team& team, const T* p, const T* g, int n, double alpha, T* dx) {
-    const double top = team.reduce_max(n, [&](int i) { return double(p[i]); });
+    const double top = team.reduce_max(n, [&](int i) { return load(p[i]); });
     if (!(top > 0.0)) {
         team.for_each(n, [&](int i) { dx[i] = T(0); });
         return;
     }
     double s1[2];
     team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
-        const double pi = double(p[i]);
+        const double pi = load(p[i]);
         if (pi > 0.0) {
-            a.add(0, pi * double(g[i]));
+            a.add(0, pi * load(g[i]));
             a.add(1, exp(alpha * log(pi / top)));
         }
     }, s1);
@@ -133,12 +133,12 @@ ER_HD void normmax_vjp_row(const Team& team, const T* p, const T* g, int n, doub
     auto v_of = [&](double pi) { return exp(c0 + a2 * log(pi)); };
     double s2[1];
     team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
-        const double pi = double(p[i]);
-        if (pi > 0.0) a.add(0, v_of(pi) * (double(g[i]) - pg));
+        const double pi = load(p[i]);
+        if (pi > 0.0) a.add(0, v_of(pi) * (load(g[i]) - pg));
     }, s2);
     team.for_each(n, [&](int i) {
-        const double pi = double(p[i]);
-        dx[i] = pi > 0.0 ? T(v_of(pi) * (double(g[i]) - pg) - pi * s2[0]) : T(0);
+        const double pi = load(p[i]);
+        dx[i] = pi > 0.0 ? store<T>(v_of(pi) * (load(g[i]) - pg) - pi * s2[0]) : T(0);
     });
 }
 
@@ -240,7 +240,7 @@ ER_HD long long budget_write(const Team& team, const Row& x, int n, double tau, 
             const double c = v - tau;  // +inf when tau = -inf
             q = c <= 0.0 ? 0.0 : c >= 1.0 ? 1.0 : c;
         }
-        p[i] = T(q);
+        p[i] = store<T>(q);
         if (q > 0.0) a.add(0, 1.0);
     }, cnt);
     return (long long)cnt[0];
@@ -251,16 +251,16 @@ template <class Team, class T>
 ER_HD void budget_vjp_row(const Team& team, const T* p, const T* g, int n, T* dx) {
     double s[2];
     team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
-        const double pi = double(p[i]);
+        const double pi = load(p[i]);
         if (pi > 0.0 && pi < 1.0) {
-            a.add(0, double(g[i]));
+            a.add(0, load(g[i]));
             a.add(1, 1.0);
         }
     }, s);
     const double mean = s[1] > 0.0 ? s[0] / s[1] : 0.0;
     team.for_each(n, [&](int i) {
-        const double pi = double(p[i]);
-        dx[i] = (pi > 0.0 && pi < 1.0) ? T(double(g[i]) - mean) : T(0);
+        const double pi = load(p[i]);
+        dx[i] = (pi > 0.0 && pi < 1.0) ? store<T>(load(g[i]) - mean) : T(0);
     });
 }
 

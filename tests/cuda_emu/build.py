@@ -82,11 +82,16 @@ def cache_dir() -> Path:
 
 
 def gxx_options(nvrtc_options) -> tuple[list[str], list[Path]]:
-    """The g++ flags for NVRTC ``options``, and the include folders among them.
+    """The g++ flags for NVRTC ``options`` (what ``cupy.RawModule`` hands NVRTC,
+    ``_cuda_loader.nvrtc_options``), and the include folders among them.
 
     ``--fmad=false`` (no fused multiply-add contraction) is ``-ffp-contract=off``;
-    ``-std=``, ``-D`` and ``-I`` mean the same to both.  Any other option is refused, so
-    that an option the backend starts passing is emulated on purpose, not dropped."""
+    ``-std=``, ``-D`` and ``-I`` mean the same to both.  CuPy's own additions have no host
+    meaning: ``-arch=`` and ``--device-as-default-execution-space`` concern device code
+    generation, and the kernels' device code is the same with and without ``-ftz=true``
+    (tests/test_cuda_nvrtc.py compares their PTX), so flushing float32 subnormals changes
+    nothing there either.  Any other option is refused, so that an option the backend
+    starts passing is emulated on purpose, not dropped."""
     flags, includes = [], []
     for opt in nvrtc_options:
         if opt == "--fmad=false":
@@ -96,6 +101,8 @@ def gxx_options(nvrtc_options) -> tuple[list[str], list[Path]]:
         elif opt.startswith("-I"):
             flags.append(opt)
             includes.append(Path(opt[2:]))
+        elif opt in ("-ftz=true", "--device-as-default-execution-space") or opt.startswith("-arch=sm_"):
+            continue
         else:
             raise BuildError(f"the emulation does not know the NVRTC option {opt!r}")
     return flags, includes

@@ -118,6 +118,10 @@ def is_available() -> bool:
 
 
 class _Device:
+    """The emulated device: compute capability 9.0 (an H100's)."""
+
+    compute_capability = "90"
+
     def __init__(self, device: int = 0):
         self.id = device
 
@@ -127,15 +131,24 @@ class cuda:  # noqa: N801 - CuPy's namespace
 
 
 class RawModule:
-    """``cupy.RawModule(code=, options=, name_expressions=)`` compiled for the emulator."""
+    """``cupy.RawModule(code=, options=, name_expressions=)`` compiled for the emulator,
+    with the options CuPy 14 appends to the given ones before NVRTC compiles
+    (cupy/cuda/compiler.py: float32 flush-to-zero, the device's architecture, device code
+    as the default execution space)."""
 
-    def __init__(self, code: str, options=(), name_expressions=()):
-        built = _build.build(code, tuple(options), tuple(name_expressions), VARIANT)
+    def __init__(self, code: str, options: tuple = (), name_expressions=()):
+        if not isinstance(options, tuple):  # a cdef ``tuple options`` parameter in CuPy
+            raise TypeError(f"options must be a tuple, not {type(options).__name__}")
+        arch = cuda.Device().compute_capability
+        options = (*options, "-ftz=true", f"-arch=sm_{arch}", "--device-as-default-execution-space")
+        built = _build.build(code, options, tuple(name_expressions), VARIANT)
         with _lock:
             module = MODULES.get(str(built.library))
             if module is None:
                 module = MODULES[str(built.library)] = _launcher.Module(built)
         self._module = module
+        #: the options NVRTC would have received
+        self.nvrtc_options = options
 
     def get_function(self, name: str) -> "RawKernel":
         return RawKernel(self._module.get_function(name))
