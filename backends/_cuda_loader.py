@@ -6,10 +6,10 @@ disk, keyed by source, options, architecture and NVRTC version, under ``CUPY_CAC
 and memoises it per ``(device id, source)``.  What NVRTC receives is stated in one place,
 :func:`nvrtc_options`: the loader's :data:`OPTIONS` and what CuPy appends to them.
 
-The kernels are C++ templates on the scalar type; :data:`KERNELS` lists the templates of
-each source and :func:`name_expressions` instantiates them for float and double.  The same
-lists drive ``tests/test_cuda_compile.py`` (nvcc, sm_80 and sm_90) so that every kernel the
-backend can launch is compile-checked in CI.
+:data:`KERNELS` lists the kernels of each source as NVRTC name expressions (the row kernels
+are C++ templates, instantiated for float and double).  The same lists drive
+``tests/test_cuda_compile.py`` (nvcc) and ``tests/test_cuda_nvrtc.py`` (NVRTC, sm_80 and
+sm_90) so that every kernel the backend can launch is compile-checked in CI.
 """
 
 from __future__ import annotations
@@ -21,37 +21,23 @@ from typing import Any
 
 from . import constants
 
-#: Template kernels of each source file in cuda/.
-KERNELS: dict[str, tuple[str, ...]] = {
-    "entmax_rows.cu": (
-        "entmax_forward_warp",
-        "entmax_forward_block",
-        "entmax_vjp_warp",
-        "entmax_vjp_block",
-        "entmax_alpha_vjp_warp",
-        "entmax_alpha_vjp_block",
-    ),
-    "family_rows.cu": (
-        "normmax_forward_warp",
-        "normmax_forward_block",
-        "normmax_vjp_warp",
-        "normmax_vjp_block",
-        "budget_forward_warp",
-        "budget_forward_block",
-        "budget_vjp_warp",
-        "budget_vjp_block",
-    ),
-    "entmax_attention.cu": (
-        "attn_forward_warp",
-        "attn_forward_block",
-        "attn_backward_warp",
-        "attn_backward_block",
-        "attn_probs_from_theta_block",
-        "attn_probs_from_edge_block",
-    ),
-}
-#: Scalar types every template is instantiated for.
+#: Scalar types the row kernels are instantiated for (the input's storage type).
 SCALARS = ("float", "double")
+
+
+def _on_both_teams(*names: str) -> tuple[str, ...]:
+    """Each row kernel template as its warp and block kernels, for every scalar type."""
+    return tuple(f"{n}_{team}<{t}>" for n in names for team in ("warp", "block") for t in SCALARS)
+
+
+#: The kernels of each source file in cuda/, as NVRTC name expressions: the row kernels are
+#: templates on the storage type; attention works in float64 whatever the input's dtype.
+KERNELS: dict[str, tuple[str, ...]] = {
+    "entmax_rows.cu": _on_both_teams("entmax_forward", "entmax_vjp", "entmax_alpha_vjp"),
+    "family_rows.cu": _on_both_teams("normmax_forward", "normmax_vjp", "budget_forward", "budget_vjp"),
+    "entmax_attention.cu": ("attn_forward_warp", "attn_forward_block", "attn_backward_warp", "attn_backward_block",
+                            "attn_probs_from_theta_block", "attn_probs_from_edge_block", "narrow_to_float"),
+}
 #: Most threads per block the adaptor launches (the kernels' __launch_bounds__).
 MAX_BLOCK = constants.MAX_BLOCK
 #: The loader's compiler options, the same for NVRTC (the loader), nvcc (the compile test)
@@ -92,8 +78,8 @@ def cuda_dir() -> Path:
 
 
 def name_expressions(source: str) -> tuple[str, ...]:
-    """``kernel<float>``, ``kernel<double>`` for every template kernel of ``source``."""
-    return tuple(f"{k}<{t}>" for k in KERNELS[source] for t in SCALARS)
+    """The name expression of every kernel of ``source``."""
+    return KERNELS[source]
 
 
 def read_source(source: str) -> str:
@@ -123,8 +109,9 @@ def get_module(source: str):
     return module
 
 
-def get_kernel(source: str, name: str, scalar: str):
-    """The kernel ``name<scalar>`` of ``cuda/<source>`` (compiling it on first use)."""
-    if scalar not in SCALARS:
+def get_kernel(source: str, name: str, scalar: str | None = None):
+    """The kernel ``name`` of ``cuda/<source>``, ``name<scalar>`` for a template (compiling
+    the source on first use)."""
+    if scalar is not None and scalar not in SCALARS:
         raise TypeError(f"CUDA kernels exist for {SCALARS}, not {scalar!r}")
-    return get_module(source).get_function(f"{name}<{scalar}>")
+    return get_module(source).get_function(name if scalar is None else f"{name}<{scalar}>")

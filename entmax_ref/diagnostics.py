@@ -133,7 +133,13 @@ def max_probability(p, *, axis=-1):
     0.75
     """
     rows = _prob_rows(p, axis)
-    return rows.per_row(rows.data.max(axis=1, initial=0.0))
+    return rows.per_row(_max_prob(rows.data))
+
+
+def _max_prob(data):
+    """The largest entry of each row of probabilities, 0 for rows of length 0 (without
+    ``max(initial=)``, which CuPy's arrays do not take)."""
+    return data.max(axis=1) if data.shape[1] else V.namespace(data).zeros(len(data))
 
 
 def _position_mask(rows: V.Rows, positions: Any) -> np.ndarray:
@@ -191,5 +197,5 @@ def row_diagnostics(p, *, n=None, scores=None, positions=None, axis=-1) -> RowDi
         mass = rows.per_row(V.namespace(rows.data).where(_position_mask(rows, positions), rows.data, 0.0).sum(axis=1))
     return RowDiagnostics(
         rows.per_row(h), rows.per_row(hn), rows.per_row((rows.data > 0).sum(axis=1).astype(np.int64)),
-        rows.per_row(rows.data.max(axis=1, initial=0.0)), rows.per_row(nn), mass,
+        rows.per_row(_max_prob(rows.data)), rows.per_row(nn), mass,
     )

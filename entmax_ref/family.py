@@ -198,7 +198,7 @@ def normmax_vjp(p, grad, alpha=2.0, axis=-1, *, backend=None):
 
 def _alpha_norm(p, alpha, xp):
     """||p||_alpha per row of a nonnegative float64 (rows, n) array (scaled by the max)."""
-    top = p.max(axis=1, initial=0.0) if p.shape[1] else xp.zeros(len(p))
+    top = p.max(axis=1) if p.shape[1] else xp.zeros(len(p))
     safe = xp.where(top > 0, top, 1.0)
     r = p / safe[:, None]
     return top * ((r ** alpha[:, None]).sum(axis=1)) ** (1.0 / alpha)
@@ -231,7 +231,7 @@ def normmax_loss(x, target, alpha=2.0, axis=-1, *, backend=None):
     """
     rows, xp, a, p, q = _normmax_pq(x, target, alpha, axis, backend)
     x64 = rows.data.astype(np.float64)
-    m = x64.max(axis=1, keepdims=True, initial=-np.inf) if x64.shape[1] else xp.zeros((len(x64), 1))
+    m = x64.max(axis=1, keepdims=True) if x64.shape[1] else xp.zeros((len(x64), 1))
     diff = p - q
     shifted = x64 - xp.where(xp.isfinite(m), m, 0.0)
     with np.errstate(invalid="ignore"):

@@ -86,7 +86,7 @@ def entmax_loss(x, target, alpha=1.5, axis=-1, *, backend=None):
     """
     rows, xp, a, p, q = _prediction_and_target(x, target, alpha, axis, backend)
     x64 = rows.data.astype(np.float64)
-    m = x64.max(axis=1, keepdims=True, initial=-np.inf) if x64.shape[1] else xp.zeros((len(x64), 1))
+    m = x64.max(axis=1, keepdims=True) if x64.shape[1] else xp.zeros((len(x64), 1))
     diff = p - q
     # a gap beyond float64's range rounds to -inf, and the loss then to +inf: its true value
     with np.errstate(over="ignore"):

@@ -1,6 +1,8 @@
-"""Rows shared by the CPU harness tests (test_cuda_core.py, test_cuda_family_core.py) and
-the GPU test (test_cupy_backend.py) of the CUDA kernels, and the one g++ build of a
-harness.  Their error budgets are in agreement.py (engine agreement)."""
+"""Rows shared by the CPU harness tests (test_cuda_core.py, test_cuda_family_core.py), the
+emulated tests and the GPU test (test_cupy_backend.py) of the CUDA kernels and the GPU
+check (scripts/gpu_bench.py), the one g++ build of a harness, and the rule that turns a
+missing compiler into a failure in CI.  Their error budgets are in agreement.py (engine
+agreement)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 
 from cuda_emu.build import cache_dir, locked
-from entmax_ref.backends import _cuda_loader
+from entmax_ref.backends import _cuda_loader, get_backend
 from entmax_ref.backends.constants import cuda_defines
 
 #: the g++ drivers of the CUDA cores (test code: never shipped with the package)
@@ -174,3 +176,27 @@ def edge_rows(alpha: float, n_random: int, seed: int) -> np.ndarray:
         if s > 1e-290:
             rows += list(s * rng.standard_normal((n_random, n)))
     return _pad(rows)
+
+
+def near_tie_problem(alpha: float, seed: int, B: int = 100, H: int = 4, Nk: int = 17, D: int = 16):
+    """float32 q, k, v of B x H one-query problems whose last key's score (in float64, as
+    the CPU engines score) lies within 4e-8 of the support's edge of the row, on either
+    side: p > 0 exactly when the score exceeds theta - 1 / (alpha - 1), and a score
+    rounded by a float32 product lands on the other side about as often as not."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, 1, D)).astype(np.float32)
+    k = (rng.standard_normal((B, H, Nk, D)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((B, H, Nk, 4)).astype(np.float32)
+    scale = D ** -0.5
+    ref = get_backend("numpy")
+    for b in range(B):
+        for h in range(H):
+            qq = q[b, h, 0].astype(np.float64)
+            z = scale * (k[b, h, :-1].astype(np.float64) @ qq)
+            theta = ref.entmax_forward(z[None], np.array([alpha]), None).theta[0]
+            target = theta - 1.0 / (alpha - 1.0) + rng.uniform(-4e-8, 4e-8)
+            d = int(np.argmax(np.abs(qq)))
+            for _ in range(3):  # move the key along its largest coordinate onto the target
+                score = scale * (k[b, h, -1].astype(np.float64) @ qq)
+                k[b, h, -1, d] = np.float32(k[b, h, -1, d] + (target - score) / (scale * qq[d]))
+    return q, k, v, scale

@@ -12,8 +12,13 @@ process with the real sources):
   ``__syncthreads()`` or warp shuffle of entmax_teams.cuh removed in turn, and an
   off-by-one in score_row's causal bound, must each be caught (a failed launch, a wrong
   answer, row kernels that no longer give the g++ harness's bits, or, for a removed
-  barrier whose race the fiber schedules do not show, a ThreadSanitizer report).  A
-  mutant that does not compile is an error of the test, not a catch.
+  barrier whose race the fiber schedules do not show, a ThreadSanitizer report); three
+  defects the default tier's checks alone must catch, in fiber mode (the emulator's
+  shared-array and race checks, the device arrays' guard pages, the blocks' reverse
+  order): the block scratch sized for 256 threads while launches may have 512, the
+  trailing ``__syncthreads()`` of the block reduction dropped, and the block loop one
+  entry past the row.  A mutant that does not compile is an error of the test, not a
+  catch.
 
 Under pytest-xdist the cases (and the builds each makes, cached by content) run in
 parallel.  Time: ``python -m pytest tests/test_cuda_emu_exhaustive.py tests/test_cuda_nvrtc.py
@@ -82,7 +87,7 @@ def test_shuffled_schedules_give_the_same_answers(source):
 
 
 def _mutants() -> list:
-    """(id, file, source text) of each mutant."""
+    """(id, file, source text, caught in fiber mode alone) of each mutant."""
     teams = (_cuda_loader.cuda_dir() / "entmax_teams.cuh").read_text()
     out = []
     for pattern, what in ((r"__syncthreads\(\);", "syncthreads"), (r"__shfl_xor_sync\(FULL_MASK, ([^,]+), off\)", "shuffle")):
@@ -90,12 +95,21 @@ def _mutants() -> list:
             # a removed barrier is an empty statement; a removed shuffle keeps the lane's own value
             repl = "" if what == "syncthreads" else m.group(1)
             line = teams.count("\n", 0, m.start()) + 1
-            out.append((f"teams-{what}-line{line}", "entmax_teams.cuh", teams[:m.start()] + repl + teams[m.end():]))
+            out.append((f"teams-{what}-line{line}", "entmax_teams.cuh", teams[:m.start()] + repl + teams[m.end():],
+                        False))
+    for name, old, new in (
+            ("scratch-for-256-threads", "constexpr int MAX_WARPS = 32;", "constexpr int MAX_WARPS = 8;"),
+            ("block-reduction-without-trailing-barrier", "__syncthreads();  // scratch is reused by the next reduction",
+             "// the barrier before the next reduction's writes, removed"),
+            ("block-loop-one-past-the-row", "for (int i = tid; i < n; i += blockDim.x) f(i, a);",
+             "for (int i = tid; i <= n; i += blockDim.x) f(i, a);")):
+        assert teams.count(old) == 1, f"entmax_teams.cuh changed: update the mutant {name}"
+        out.append((name, "entmax_teams.cuh", teams.replace(old, new), True))
     core = (_cuda_loader.cuda_dir() / "entmax_core.cuh").read_text()
     bound = "if (causal && r.i_abs + 1 < lim) lim = r.i_abs + 1;"
     assert core.count(bound) == 1, "score_row's causal bound moved: update the mutant"
     out.append(("score_row-causal-off-by-one", "entmax_core.cuh",
-                core.replace(bound, "if (causal && r.i_abs + 2 < lim) lim = r.i_abs + 2;")))
+                core.replace(bound, "if (causal && r.i_abs + 2 < lim) lim = r.i_abs + 2;"), False))
     return out
 
 
@@ -104,13 +118,18 @@ MUTANTS = _mutants()
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m[0] for m in MUTANTS])
 def test_mutants_are_caught(mutant, tmp_path):
-    name, file, text = mutant
+    name, file, text, fibers_alone = mutant
     shutil.copytree(_cuda_loader.cuda_dir(), tmp_path / "cuda")
     (tmp_path / "cuda" / file).write_text(text)
-    source = "entmax_attention.cu" if file == "entmax_core.cuh" else "entmax_rows.cu"
-    res = run("fibers", source, tmp_path / "cuda", seeds=(0, 1, 2))  # in order, then shuffled
-    assert "BuildError" not in res.stdout, f"{name} does not compile (a mutant must be valid code):\n{res.stdout}"
+    sources = ("entmax_attention.cu",) if file == "entmax_core.cuh" else ("entmax_rows.cu",)
+    if fibers_alone:  # every kernel source: the defect must show wherever the teams are used
+        sources = SOURCES
+    for source in sources:
+        res = run("fibers", source, tmp_path / "cuda", seeds=(0,) if fibers_alone else (0, 1, 2))
+        assert "BuildError" not in res.stdout, f"{name} does not compile (a mutant must be valid code):\n{res.stdout}"
+        if fibers_alone:
+            assert res.returncode != 0, f"{name} was not caught in fiber mode running {source}:\n{res.stdout}"
     if res.returncode != 0:
         return
-    res = run("tsan", source, tmp_path / "cuda")
+    res = run("tsan", sources[0], tmp_path / "cuda")
     assert res.returncode != 0 or "WARNING: ThreadSanitizer" in res.stderr, f"{name} was not caught"

@@ -183,40 +183,89 @@ def test_attention_kernels(cupy, launches, ref, team, dtype):
                 assert np.abs(gg.drow_scale.get() - gw.drow_scale).max() <= tol * max(1.0, Nk * D), name
 
 
-#: the kernels each test above must launch, by (test, team); {T} is the scalar type
-EXPECTED = {
-    ("rows", "warp"): ("entmax_forward_warp", "entmax_vjp_warp", "entmax_alpha_vjp_warp"),
-    ("rows", "block"): ("entmax_forward_block", "entmax_vjp_block", "entmax_alpha_vjp_block"),
-    ("family", "warp"): ("normmax_forward_warp", "normmax_vjp_warp", "budget_forward_warp", "budget_vjp_warp"),
-    ("family", "block"): ("normmax_forward_block", "normmax_vjp_block", "budget_forward_block", "budget_vjp_block"),
-    ("attention", "warp"): ("attn_forward_warp", "attn_backward_warp", "attn_probs_from_theta_block",
-                            "attn_probs_from_edge_block"),
-    ("attention", "block"): ("attn_forward_block", "attn_backward_block", "attn_probs_from_theta_block",
-                             "attn_probs_from_edge_block"),
-}
+def test_block_kernels_at_the_most_threads(cupy, ref):
+    """Every block-per-row kernel with the most threads a launch may have
+    (constants.MAX_BLOCK, 16 warps), on a few short rows (most threads idle, the teams'
+    reductions and shared scratch at full width), against the NumPy engine."""
+    from entmax_ref.backends.constants import MAX_BLOCK
+    from entmax_ref.backends.cupy_backend import CupyBackend, CupyTuning
+
+    gpu = CupyBackend(CupyTuning(warp_max_n=0, block=MAX_BLOCK))
+    before = {path: dict(m.launched) for path, m in cupy.MODULES.items()}
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 40))
+    x[1, ::3] = -np.inf
+    g = rng.standard_normal(x.shape)
+    for alpha in (1.5, 3.0):
+        a = np.full(2, alpha)
+        got, want = gpu.entmax_forward(cupy.asarray(x), a, None), ref.entmax_forward(x, a, None)
+        _forward_ok(got, want, x, a)
+        p = cupy.asarray(want.p)
+        np.testing.assert_allclose(gpu.entmax_vjp(p, cupy.asarray(g), a).get(), ref.entmax_vjp(want.p, g, a),
+                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(gpu.entmax_alpha_vjp(p, cupy.asarray(g), a).get(),
+                                   ref.entmax_alpha_vjp(want.p, g, a), rtol=1e-12, atol=1e-12)
+    xf = np.where(np.isfinite(x), x, -np.inf)
+    nm = gpu.normmax_forward(cupy.asarray(xf), np.full(2, 2.5))
+    np.testing.assert_allclose(nm.p.get(), normmax_rows(xf, np.full(2, 2.5)).p, rtol=1e-12, atol=1e-14)
+    gpu.normmax_vjp(nm.p, cupy.asarray(g), np.full(2, 2.5))
+    bs = gpu.budget_forward(cupy.asarray(xf), np.array([3.0, 7.5]))
+    np.testing.assert_allclose(bs.p.get(), budget_rows(xf, np.array([3.0, 7.5])).p, rtol=0, atol=1e-14)
+    gpu.budget_vjp(bs.p, cupy.asarray(g))
+    q, k, v, do = (rng.standard_normal(s) for s in ((1, 2, 3, 4), (1, 1, 9, 4), (1, 1, 9, 4), (1, 2, 3, 4)))
+    for alpha in (1.5, 3.0):
+        spec = AttentionSpec(alpha=alpha, scale=0.5, causal=True)
+        got, want = gpu.attention_forward(*(cupy.asarray(t) for t in (q, k, v)), spec), ref.attention_forward(
+            q, k, v, spec)
+        np.testing.assert_allclose(got.out.get(), want.out, rtol=1e-12, atol=1e-13)
+        gw = ref.attention_backward(do, q, k, v, want, want.skew, spec)
+        for skew in (got.skew, None):
+            gg = gpu.attention_backward(*(cupy.asarray(t) for t in (do, q, k, v)), got, skew, spec)
+            np.testing.assert_allclose(gg.dq.get(), gw.dq, rtol=1e-11, atol=1e-12)
+    launched = {name for path, m in cupy.MODULES.items() for name, count in m.launched.items()
+                if count > before.get(path, {}).get(name, 0)}
+    blocks = {e for s in _cuda_loader.KERNELS for e in _cuda_loader.name_expressions(s)
+              if "_block" in e and "<float>" not in e}
+    assert blocks <= launched, sorted(blocks - launched)
 
 
-def test_every_kernel_template_is_exercised():
+#: the row kernel templates of each test above
+ROW_KERNELS = {"rows": ("entmax_forward", "entmax_vjp", "entmax_alpha_vjp"),
+               "family": ("normmax_forward", "normmax_vjp", "budget_forward", "budget_vjp")}
+
+
+def expected(what: str, team: str, dtype) -> set:
+    """The name expressions of the kernels a test above must launch: the rows' on the
+    input's storage type; attention in float64, the result rounded by narrow_to_float for
+    float32."""
+    if what == "attention":
+        names = {f"attn_forward_{team}", f"attn_backward_{team}", "attn_probs_from_theta_block",
+                 "attn_probs_from_edge_block"}
+        return names | ({"narrow_to_float"} if dtype == np.float32 else set())
+    scalar = "double" if dtype == np.float64 else "float"
+    return {f"{k}_{team}<{scalar}>" for k in ROW_KERNELS[what]}
+
+
+def test_every_kernel_is_exercised():
     """The tests above launch, between them, every kernel the loader can compile, in
-    both scalar types (each test asserts its own launches, so this holds under
+    every scalar type (each test asserts its own launches, so this holds under
     pytest-xdist too)."""
-    exercised = {f"{k}<{t}>" for ks in EXPECTED.values() for k in ks for t in _cuda_loader.SCALARS}
+    exercised = {e for what in ("rows", "family", "attention") for team in ("warp", "block")
+                 for dtype in (np.float64, np.float32) for e in expected(what, team, dtype)}
     everything = {e for s in _cuda_loader.KERNELS for e in _cuda_loader.name_expressions(s)}
     assert exercised == everything, sorted(everything ^ exercised)
 
 
 @pytest.fixture
 def launches(cupy, request):
-    """Asserts, after the test, that it launched its EXPECTED kernels in its dtype."""
+    """Asserts, after the test, that it launched its expected kernels."""
     before = {path: dict(m.launched) for path, m in cupy.MODULES.items()}
     yield
     launched = {name for path, m in cupy.MODULES.items() for name, count in m.launched.items()
                 if count > before.get(path, {}).get(name, 0)}
     what = request.node.originalname.split("_")[1]
     what = {"entmax": "rows"}.get(what, what)
-    team, dtype = request.node.callspec.params["team"], request.node.callspec.params["dtype"]
-    scalar = "double" if dtype == np.float64 else "float"
-    want = {f"{k}<{scalar}>" for k in EXPECTED[(what, team)]}
+    want = expected(what, request.node.callspec.params["team"], request.node.callspec.params["dtype"])
     assert want <= launched, sorted(want - launched)
 
 
@@ -251,37 +300,145 @@ def test_teams_match_the_harness_bit_for_bit(cupy, harness, team, lanes):
 
 # ---------------------------------------------------------------------- the launcher's checks
 def test_launcher_refuses_what_a_gpu_gets_wrong(cupy):
+    from entmax_ref.backends.cupy_backend import ROW_FORWARD, ROW_VJP, _args
+
     kernel = cupy.RawModule(code=_cuda_loader.read_source("entmax_rows.cu"),
                             options=(*_cuda_loader.OPTIONS, f"-I{_cuda_loader.cuda_dir()}"),
                             name_expressions=list(_cuda_loader.name_expressions("entmax_rows.cu"))
                             ).get_function("entmax_forward_block<double>")
     rows, n = 2, 5
     x, alpha = cupy.zeros((rows, n)), cupy.full(rows, 1.5)
-    outs = (cupy.empty((rows, n)), cupy.empty(rows), cupy.empty(rows, np.int64), cupy.empty(rows, np.int64),
-            cupy.empty(rows, np.bool_))
-
-    def args(**change):
-        a = dict(x=x, rows=np.int64(rows), n=np.int32(n), alpha=alpha, method=np.int32(0), max_iter=np.int32(50))
-        a.update(change)
-        return (*a.values(), *outs)
-
-    kernel((rows,), (64,), args())  # a valid launch
-    np.testing.assert_allclose(outs[0].get(), np.full((rows, n), 1 / n), rtol=4 * EPS[np.float64])
+    outs = dict(p=cupy.empty((rows, n)), threshold=cupy.empty(rows), support=cupy.empty(rows, np.int64),
+                n_iter=cupy.empty(rows, np.int64), converged=cupy.empty(rows, np.bool_))
+    record = _args(ROW_FORWARD, x=x, prm=alpha, rows=rows, n=n, method=0, max_iter=50, **outs)
+    kernel((rows,), (64,), (record,))  # a valid launch
+    np.testing.assert_allclose(outs["p"].get(), np.full((rows, n), 1 / n), rtol=4 * EPS[np.float64])
     with pytest.raises(TypeError, match="host NumPy array"):
-        kernel((rows,), (64,), args(x=np.zeros((rows, n))))
-    with pytest.raises(TypeError, match="argument 2 is i64, the parameter i32"):
-        kernel((rows,), (64,), args(n=np.int64(n)))
-    with pytest.raises(TypeError, match="argument 1 is a int"):
-        kernel((rows,), (64,), args(rows=rows))
-    with pytest.raises(TypeError, match="argument 3 is f64, the parameter p64"):
-        kernel((rows,), (64,), args(alpha=np.float64(1.5)))
+        kernel((rows,), (64,), (np.zeros((rows, n)),))
+    with pytest.raises(TypeError, match="argument 0 is s448, the parameter s640"):
+        kernel((rows,), (64,), (_args(ROW_VJP, rows=rows, n=n),))
+    with pytest.raises(TypeError, match="argument 0 is i64, the parameter s640"):
+        kernel((rows,), (64,), (np.int64(rows),))
+    with pytest.raises(TypeError, match="argument 0 is a int"):
+        kernel((rows,), (64,), (rows,))
     with pytest.raises(TypeError, match="not C-contiguous"):
-        kernel((rows,), (64,), args(x=cupy.zeros((n, rows)).T))
-    with pytest.raises(TypeError, match="10 arguments for 11 parameters"):
-        kernel((rows,), (64,), args()[:-1])
+        kernel((rows,), (64,), (cupy.zeros((n, rows)).T,))
+    with pytest.raises(TypeError, match="2 arguments for 1 parameters"):
+        kernel((rows,), (64,), (record, record))
     with pytest.raises(LaunchError, match=r"1024 threads per block, above the kernel's __launch_bounds__\(512\)"):
-        kernel((rows,), (1024,), args())
+        kernel((rows,), (1024,), (record,))
     assert all(k.launch_bound == 512 for m in cupy.MODULES.values() for k in m.kernels.values())
+
+
+def test_records_have_the_kernels_layouts():
+    """Each argument record of cupy_backend.RECORDS has the size and the field offsets of the
+    C++ struct it stands for (compiled by g++ with the loader's options: the same layout
+    as on the device, where the ABI of these plain structs is the host's)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cuda_emu.build import compiler, gxx_options
+    from entmax_ref.backends.cupy_backend import RECORDS
+
+    lines, want = [], []
+    for ctype, dtype in RECORDS.items():
+        lines.append(f"sizeof({ctype})")
+        want.append(dtype.itemsize)
+        for name in dtype.names:
+            lines.append(f"offsetof({ctype}, {name})")
+            want.append(dtype.fields[name][1])
+    probe = ('#include <cstddef>\n#include <cstdio>\n#include "cuda_emu.h"\n#include "entmax_attention.cu"\n'
+             "int main() {\n" + "".join(f'    std::printf("%zu\\n", (size_t)({e}));\n' for e in lines) + "}\n")
+    flags, _ = gxx_options(_cuda_loader.nvrtc_options("sm_90"))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "probe.cpp")
+        src.write_text(probe)
+        cmd = [compiler(), *flags, f"-I{Path(__file__).parent / 'cuda_emu'}", "-pthread", str(src), "-o",
+               str(Path(tmp, "probe"))]
+        built = subprocess.run(cmd, capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-3000:]
+        got = subprocess.run([str(Path(tmp, "probe"))], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(v) for v in got] == want, [(e, g, w) for e, g, w in zip(lines, got, want) if int(g) != w]
+
+
+#: kernels that each break one rule a GPU does not check (test_the_emulator_stops)
+FAULTY = r"""
+#define LOOP(N) for (int i = threadIdx.x; i < (N); i += blockDim.x)
+__global__ void read_past_the_end(const double* x, double* out, int n) { LOOP(n + 1) out[0] = x[i]; }
+__global__ void write_before_the_start(double* out, int n) { if (threadIdx.x == 0) out[-1] = 1.0; }
+__global__ void shared_index_out_of_bounds(double* out) {
+    ER_SHARED_ARRAY(double, 32, s);
+    s[threadIdx.x] = 1.0;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x];
+}
+__global__ void read_without_barrier(double* out) {
+    ER_SHARED_ARRAY(double, 64, s);
+    s[threadIdx.x] = threadIdx.x;
+    out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+__global__ void write_over_a_read(double* out) {
+    ER_SHARED_ARRAY(double, 1, s);
+    if (threadIdx.x == 0) s[0] = 1.0;
+    __syncthreads();
+    out[threadIdx.x] = s[0];
+    if (threadIdx.x == 33) s[0] = 2.0;
+}
+__global__ void with_barriers(double* out) {
+    ER_SHARED_ARRAY(double, 64, s);
+    s[threadIdx.x] = threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+    __syncthreads();
+    s[threadIdx.x] = 0.0;
+}
+__global__ void into_the_next_block(double* out) {
+    if (threadIdx.x == 0) { out[blockIdx.x] = blockIdx.x; out[blockIdx.x + 1] = -1.0; }
+}
+"""
+
+
+@pytest.mark.parametrize("name, message", [
+    ("read_past_the_end", r"a read of address 0x\w+, outside the memory the kernel was given \(0 bytes past the end "
+                          r"of a device array of 256 bytes\)"),
+    ("write_before_the_start", "a write before the start of a device array of 256 bytes"),
+    ("shared_index_out_of_bounds", r"shared array 's' of 32 elements indexed at (3[2-9]|[4-6]\d) by thread \d+"),
+    ("read_without_barrier", r"a race on shared array 's' element \d+: thread \d+ (reads the value written by|"
+                             r"overwrites the value read by) thread \d+ with no __syncthreads\(\) between them"),
+    ("write_over_a_read", "a race on shared array 's' element 0: thread 33 overwrites the value read by other threads"),
+    ("with_barriers", None),
+])
+def test_the_emulator_stops(cupy, name, message):
+    """What a GPU leaves undefined, each in a kernel of its own, fails the launch with what
+    and where: an access past the end of a device array (it ends at an inaccessible page),
+    a write before its start, a shared array's index out of range, a race on shared memory
+    (a read of another thread's write, a write over another thread's read, with no barrier
+    between them), whatever order the emulated threads run in; the same accesses with the
+    barriers are fine."""
+    module = cupy.RawModule(code=FAULTY, options=(*_cuda_loader.OPTIONS,), name_expressions=[
+        "read_past_the_end", "write_before_the_start", "shared_index_out_of_bounds", "read_without_barrier",
+        "write_over_a_read", "with_barriers", "into_the_next_block"])
+    x, out = cupy.zeros(32), cupy.zeros(64)
+    args = {"read_past_the_end": (x, out, np.int32(32)), "write_before_the_start": (x, np.int32(32))}.get(name, (out,))
+    kernel = module.get_function(name)
+    if message is None:
+        kernel((1,), (64,), args)
+        np.testing.assert_array_equal(out.get(), (np.arange(64) + 1) % 64)
+    else:
+        with pytest.raises(LaunchError, match=message):
+            kernel((1,), (64,), args)
+
+
+def test_the_blocks_run_last_first(cupy, monkeypatch):
+    """A block that writes into its successor's part of an output is seen: the blocks run
+    in reverse order (without EMU_SEED, which shuffles them), so the successor has written
+    before, and its value is lost."""
+    monkeypatch.delenv("EMU_SEED", raising=False)
+    module = cupy.RawModule(code=FAULTY, options=(*_cuda_loader.OPTIONS,), name_expressions=["into_the_next_block"])
+    out = cupy.zeros(5)
+    module.get_function("into_the_next_block")((4,), (32,), (out,))
+    np.testing.assert_array_equal(out.get(), [0.0, -1.0, -1.0, -1.0, -1.0])
 
 
 def test_the_emulator_compiles_with_the_options_cupy_gives_nvrtc(cupy):
@@ -293,6 +450,46 @@ def test_the_emulator_compiles_with_the_options_cupy_gives_nvrtc(cupy):
     assert module.nvrtc_options == _cuda_loader.nvrtc_options("sm_90")
     with pytest.raises(TypeError, match="options must be a tuple"):
         cupy.RawModule(code="", options=["-std=c++17"])
+
+
+def test_the_stand_in_is_cupy_14(cupy):
+    """The stand-in exposes only names CuPy 14 has (cupy14_api.txt), its functions and
+    array methods take only CuPy's parameters, and a device array never becomes a NumPy
+    array implicitly."""
+    assert set(cupy.__all__) <= set(cupy.CUPY_API), sorted(set(cupy.__all__) - set(cupy.CUPY_API))
+    methods = {f"ndarray.{n}" for n, v in vars(cupy.ndarray).items() if not n.startswith("_") and callable(v)}
+    assert methods <= set(cupy.CUPY_API), sorted(methods - set(cupy.CUPY_API))
+    assert not hasattr(cupy, "errstate")  # NumPy has it, CuPy does not
+    x = cupy.zeros((2, 3))
+    with pytest.raises(TypeError, match="takes"):
+        x.max(axis=1, initial=0.0)
+    with pytest.raises(TypeError, match="takes"):
+        cupy.sum(x, axis=1, where=x > 0)
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(x)
+    with pytest.raises(TypeError, match="Unsupported type"):
+        x + np.ones(3)
+    assert type(np.exp(x)) is cupy.ndarray and type(np.sum(x, axis=0)) is cupy.ndarray
+    tiny = cupy.asarray(np.array([1e-40, -1e-40, 1.0], np.float32))  # CuPy's kernels flush float32 subnormals
+    assert (tiny * 1.0).get().tolist() == [0.0, 0.0, 1.0]
+
+
+def test_the_cupy_api_file_is_the_installed_cupys():
+    """cupy14_api.txt is what tests/cuda_emu/cupy_api.py writes for the installed CuPy of
+    its version (where cupy-cuda12x is installed; importing it needs no GPU)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent / "cuda_emu"
+    res = subprocess.run([sys.executable, str(here / "cupy_api.py")], capture_output=True, text=True)
+    if res.returncode != 0 and "No module named 'cupy'" in res.stderr:
+        pytest.skip("cupy is not installed here")
+    assert res.returncode == 0, res.stderr[-2000:]
+    recorded = (here / "cupy14_api.txt").read_text()
+    if res.stdout.splitlines()[0] != recorded.splitlines()[0]:
+        pytest.skip(f"another CuPy version is installed ({res.stdout.splitlines()[0]})")
+    assert res.stdout == recorded
 
 
 def test_a_required_compiler_that_is_missing_fails(monkeypatch):

@@ -6,7 +6,15 @@ and the results come back through ``.get()``.  The oracle assertions of
 :mod:`entmax_ref.testing` check the row transforms and attention (formula 5 budgets);
 the other functions are checked against the NumPy engine's answer, within the agreement
 budget of two engines that each solve to a few ulps per entry of the row
-(:func:`_agreement`).  Small shapes: the emulator runs every CUDA thread.
+(:func:`_agreement`).  Every test runs with the default launch parameters and with
+block-per-row kernels for every row (``CupyTuning(warp_max_n=0, block=64)``).  Small
+shapes: the emulator runs every CUDA thread.
+
+The CUDA engine scores attention as the CPU engines do, in float64, so the supports are
+theirs for every input dtype: rows with a key within 4e-8 of the support's edge, in
+float32, give the NumPy engine's supports on every row (:func:`test_near_tie_supports`);
+``CUPY_TF32=1`` changes nothing, and the backward keeps the edge of an alpha > 2 row when
+it scores the keys an ulp differently from the forward.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import pytest
 
 import entmax_ref as er
 from conftest import BackendName
+from cuda_cases import near_tie_problem
 from cuda_emu import stand_in_cupy
 from entmax_ref.testing import (assert_attention_close, assert_attention_grads_close, assert_entmax_close,
                                 assert_entmax_vjp_close)
@@ -26,11 +35,18 @@ pytestmark = pytest.mark.cuda_emu
 NUMPY = BackendName("numpy")
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    with stand_in_cupy() as cupy:
+#: the launch parameters of each run of this file (CupyTuning's fields)
+TUNINGS = {"default": None, "block": dict(warp_max_n=0, block=64)}
+
+
+@pytest.fixture(scope="module", params=["default", "block"])
+def gpu(request):
+    with stand_in_cupy(tuning=TUNINGS[request.param]) as cupy:
         yield BackendName("cupy")
-        assert sum(sum(m.launched.values()) for m in cupy.MODULES.values()) > 0, "no kernel was launched"
+        launched = {n for m in cupy.MODULES.values() for n in m.launched}
+        assert launched, "no kernel was launched"
+        if request.param == "block":
+            assert not any("_warp" in n for n in launched), sorted(launched)
 
 
 def _agreement(want, n: int) -> np.ndarray:
@@ -177,3 +193,101 @@ def test_attention_varlen(gpu):
         want = er.attention_varlen_vjp(do, q, k, v, cu_q, cu_k, backend="numpy", **kw)
         for a, b in zip(got[:3], want[:3]):
             _same(a, b, 12 * 8 * 8)
+
+
+def test_device_parameters_and_diagnostics(gpu):
+    """alpha as a device array, and the diagnostics of device probabilities (CuPy's
+    reductions take no ``initial``)."""
+    import cupy
+
+    a = np.array([1.0, 1.5, 2.0, 2.5])
+    p = er.entmax(cupy.asarray(X[1]), alpha=cupy.asarray(a), backend="cupy")
+    _same(p.get(), er.entmax(X[1], alpha=a, backend="numpy"), 20)
+    q = er.entmax(X[1], alpha=a, backend="numpy")
+    _same(er.max_probability(cupy.asarray(q)).get(), er.max_probability(q), 20)
+    d, want = er.row_diagnostics(cupy.asarray(q), positions=[1]), er.row_diagnostics(q, positions=[1])
+    for name in ("normalized_entropy", "support", "max_prob", "mass"):
+        _same(getattr(d, name).get(), getattr(want, name), 20)
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array"):
+        np.asarray(p)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+def test_near_tie_supports(gpu, alpha):
+    """400 float32 rows with a key within 4e-8 of the support's edge: the same support as
+    the NumPy engine on every row (scores in float32 products differed on about one row in
+    five)."""
+    import cupy
+
+    q, k, v, scale = near_tie_problem(alpha, seed=int(alpha * 10))
+    _, want = er.attention(q, k, v, alpha=alpha, scale=scale, return_info=True, backend="numpy")
+    _, info = er.attention(*(cupy.asarray(t) for t in (q, k, v)), alpha=alpha, scale=scale, return_info=True,
+                           backend="cupy")
+    differ = int((info.support.get() != want.support).sum())
+    assert differ == 0, f"{differ} of {want.support.size} rows have another support than the NumPy engine's"
+
+
+def test_tf32_changes_nothing(gpu, monkeypatch):
+    """CUPY_TF32=1 makes CuPy's float32 products TF32 (10 mantissa bits; the stand-in
+    rounds their operands so): the engine's products are all float64, so the near-tie rows
+    keep the NumPy engine's supports and the outputs their bits."""
+    import cupy
+
+    q, k, v, scale = near_tie_problem(2.0, seed=3, B=20)
+    dev = [cupy.asarray(t) for t in (q, k, v)]
+    before = er.attention(*dev, alpha=2.0, scale=scale, backend="cupy").get()
+    monkeypatch.setenv("CUPY_TF32", "1")
+    del cupy.PRODUCTS[:]
+    out, info = er.attention(*dev, alpha=2.0, scale=scale, return_info=True, backend="cupy")
+    assert cupy.PRODUCTS and all(a == np.float64 and b == np.float64 for a, b in cupy.PRODUCTS), cupy.PRODUCTS
+    assert out.get().tobytes() == before.tobytes()
+    _, want = er.attention(q, k, v, alpha=2.0, scale=scale, return_info=True, backend="numpy")
+    np.testing.assert_array_equal(info.support.get(), want.support)
+
+
+def test_alpha_above_2_backward_keeps_a_rescored_edge(gpu):
+    """For alpha > 2 the backward rebuilds p from the edge (row max m, edge c, its p): an
+    entry whose score the backward computes a few ulps off the forward's (another product,
+    another rounding) is still the edge entry, with its p, as in the NumPy engine; scored
+    exactly at c - 4 ulps it would otherwise leave the support."""
+    import cupy
+
+    rng = np.random.default_rng(21)
+    B, Nk, D = 6, 12, 8
+    q, k, v, do = (rng.standard_normal(s) for s in ((B, 1, 1, D), (B, 1, Nk, D), (B, 1, Nk, 3), (B, 1, 1, 3)))
+    kw = dict(alpha=3.0, scale=0.5)
+    _, info = er.attention(*(cupy.asarray(t) for t in (q, k, v)), return_info=True, backend="cupy", **kw)
+    _, want_info = er.attention(q, k, v, return_info=True, backend="numpy", **kw)
+    moved = k.copy()
+    for b in range(B):  # the edge key of each problem, its score lowered by a few ulps
+        z = 0.5 * (k[b, 0] @ q[b, 0, 0])
+        j = int(np.flatnonzero((z - z.max()) == want_info.edge[b, 0, 0])[0])
+        d = int(np.argmax(np.abs(q[b, 0, 0])))
+        for _ in range(4):
+            moved[b, 0, j, d] = np.nextafter(moved[b, 0, j, d], -np.inf * np.sign(q[b, 0, 0, d]))
+    got = er.attention_vjp(*(cupy.asarray(t) for t in (do, q, moved, v)), info=info, backend="cupy", **kw)
+    want = er.attention_vjp(do, q, moved, v, info=want_info, backend="numpy", **kw)
+    for a, b in zip(got[:3], want[:3]):
+        _same(a.get(), b, Nk * D)
+
+
+def test_the_gpu_check_script_runs(gpu, tmp_path):
+    """scripts/gpu_bench.py, which scripts/gpu_check.sh runs on a GPU, on the stand-in:
+    its identity cases, small, have the NumPy engine's supports on every row, and a JUnit
+    report folds into its JSON."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cases = bench.identity(small=True)
+    assert len(cases) == 38 and all(c["entries"] > 0 for c in cases.values())
+    assert sum(c.get("support_differs", 0) for c in cases.values()) == 0, cases
+    report = tmp_path / "tests.xml"
+    report.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1" time="2.5">'
+                      '<testcase classname="tests.test_x" name="test_a"><failure message="assert 1 == 2"/></testcase>'
+                      '</testsuite></testsuites>')
+    got = bench.tests(report)
+    assert got["tests"] == 3 and got["failures"] == 1 and got["failed"][0]["test"] == "tests.test_x::test_a"

@@ -19,7 +19,7 @@
 
 // Numeric constants come from backends/constants.py as -D defines (cuda_defines()), passed
 // by the cupy loader to NVRTC, by the tests to nvcc and to g++; never typed here.
-#if !defined(ER_SERIES_TERMS) || !defined(ER_EDGE_ULPS)
+#if !defined(ER_SERIES_TERMS) || !defined(ER_EDGE_ULPS) || !defined(ER_EDGE_TIE_ULPS)
 #error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
 #endif
 
@@ -800,11 +800,20 @@ ER_HD EdgeResidual edge_residual(const Team& team, const X& x, int n, double alp
     return e;
 }
 
+// The offset d = (z - m) - c of a score z rebuilt by the backward from the edge residual,
+// 0 within ER_EDGE_TIE_ULPS ulps of |z| + |m| (numpy_attention._rebuild_edge): the backward
+// scores the keys again, with products that may round a score an ulp or two differently
+// from the forward's, and the edge entry must stay the edge (p = q).
+ER_HD inline double edge_offset(double z, const EdgeResidual& e) {
+    const double d = (z - e.m) - e.c;
+    return is_finite(d) && fabs(d) <= ER_EDGE_TIE_ULPS * 2.220446049250313e-16 * (fabs(z) + fabs(e.m)) ? 0.0 : d;
+}
+
 // p of a score value z from the residual (numpy_attention.rebuild_p): e_alpha(z - theta) for
 // alpha <= 2, edge-relative for alpha > 2; 0 for an empty row (theta = -inf).
 ER_HD inline double prob_from_residual(const Alpha& al, double z, double theta, const EdgeResidual& e) {
     if (!(theta > -inf()) || !(z > -inf())) return 0.0;
-    if (al.mode == GENERAL_GT2) return edge_p((z - e.m) - e.c, al.a1, e.q, edge_lq(e.q, al.a1));
+    if (al.mode == GENERAL_GT2) return edge_p(edge_offset(z, e), al.a1, e.q, edge_lq(e.q, al.a1));
     return terms(al, (z - theta) + al.shift).p;
 }
 

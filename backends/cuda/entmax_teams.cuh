@@ -10,11 +10,23 @@
 #pragma once
 #include "entmax_core.cuh"
 
+// A block's shared array: `__shared__ T name[N]` on the GPU.  The emulator of the tests
+// (tests/cuda_emu/cuda_emu.h) defines ER_SHARED_ARRAY before this header, as an array whose
+// indices and barriers it checks.
+#ifndef ER_SHARED_ARRAY
+#define ER_SHARED_ARRAY(T, N, name) __shared__ T name[N]
+namespace er {
+template <class T, int N>
+using SharedArray = T[N];
+}  // namespace er
+#endif
+
 namespace er {
 
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr int MAX_WARPS = 32;  // blockDim.x <= 1024
 constexpr int MAX_K = 6;       // the most sums reduced at once (er::evaluate)
+constexpr int SCRATCH = 2 * MAX_K * MAX_WARPS;  // a block's reduction scratch, in doubles
 
 template <int K>
 __device__ inline void warp_reduce(Acc<K>& a) {
@@ -55,9 +67,9 @@ struct WarpTeam {
     }
 };
 
-// scratch: 2 * MAX_K * MAX_WARPS doubles of shared memory.
+// scratch: the block's shared reduction array (ER_BLOCK_ROW declares it).
 struct BlockTeam {
-    double* scratch;
+    SharedArray<double, SCRATCH>& scratch;
     __device__ bool leader() const { return threadIdx.x == 0; }
     template <int K, class F>
     __device__ void reduce_sum(int n, F f, double out[K]) const {
@@ -102,69 +114,91 @@ struct BlockTeam {
     }
 };
 
-// Where a forward row kernel writes each row's threshold, support size, iteration count
-// and convergence flag (every thread of the team holds the same values; the leader writes).
-struct RowResults {
-    double* threshold;
-    long long* support;
-    long long* n_iter;
-    bool* converged;
-    template <class Team>
-    __device__ void store(const Team& team, long long row, double th, long long k, long long it, bool ok) const {
-        if (team.leader()) {
-            threshold[row] = th;
-            support[row] = k;
-            n_iter[row] = it;
-            converged[row] = ok;
-        }
-    }
+// ------------------------------------------------------------------------ argument records
+// Every kernel takes one record, by value (cupy_backend.py builds it as a one-element NumPy
+// array of a structured dtype with the same fields, cupy_backend.RECORDS; the tests check
+// the two layouts agree).  Pointers first, then 8-byte and 4-byte fields, so that no field
+// is padded.
+
+// A forward row kernel: p = transform(x) row by row, with one float64 parameter per row
+// (alpha, or the budget) and each row's threshold, support size, solver passes and
+// convergence.
+template <class T>
+struct RowForwardArgs {
+    const T* x;          // (rows, n)
+    const double* prm;   // (rows,)
+    T* p;                // (rows, n)
+    double* threshold;   // (rows,)
+    long long* support;  // (rows,)
+    long long* n_iter;   // (rows,)
+    bool* converged;     // (rows,)
+    long long rows;
+    int n;
+    int method;  // METHOD_DEFAULT or METHOD_BISECT (entmax only)
+    int max_iter;
 };
+
+// A row VJP: dx (rows, n) from p and the upstream gradient g, or, for the alpha-VJP, one
+// float64 per row in dalpha; prm one float64 per row (alpha), null where none is taken.
+template <class T>
+struct RowVjpArgs {
+    const T* p;          // (rows, n)
+    const T* g;          // (rows, n)
+    const double* prm;   // (rows,) or null
+    T* dx;               // (rows, n), or null for the alpha-VJP
+    double* dalpha;      // (rows,) for the alpha-VJP, else null
+    long long rows;
+    int n;
+};
+
+// The forward's per-row results, written by the team's leader (every thread of the team
+// holds the same values).
+template <class Team, class T>
+__device__ inline void store_results(const Team& team, const RowForwardArgs<T>& a, long long row, double th,
+                                     long long k, long long it, bool ok) {
+    if (team.leader()) {
+        a.threshold[row] = th;
+        a.support[row] = k;
+        a.n_iter[row] = it;
+        a.converged[row] = ok;
+    }
+}
 
 }  // namespace er
 
 // Row kernels come in pairs: NAME_warp gives each row one warp (blockDim.x = 32 * rows per
 // block; short rows), NAME_block one block (blockDim.x a multiple of 32, at most
-// ER_MAX_BLOCK; long rows).  ER_WARP_ROW and ER_BLOCK_ROW open such a kernel: they declare
-// the row this thread works on, `row`, and its `team`, and leave past the last of the
-// kernel's `rows` rows (the whole warp, or the whole block, together).
-#define ER_WARP_ROW                                                                       \
+// ER_MAX_BLOCK; long rows).  ER_WARP_ROW(ROWS) and ER_BLOCK_ROW(ROWS) open such a kernel:
+// they declare the row this thread works on, `row`, and its `team`, and leave past the
+// last of the kernel's ROWS rows (the whole warp, or the whole block, together).
+#define ER_WARP_ROW(ROWS)                                                                 \
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); \
-    if (row >= rows) return;                                                              \
+    if (row >= (ROWS)) return;                                                            \
     er::WarpTeam team{(int)(threadIdx.x & 31)};
 
-#define ER_BLOCK_ROW                                          \
-    __shared__ double scratch[2 * er::MAX_K * er::MAX_WARPS]; \
-    er::BlockTeam team{scratch};                              \
-    const long long row = blockIdx.x;                         \
-    if (row >= rows) return;
+#define ER_BLOCK_ROW(ROWS)                         \
+    ER_SHARED_ARRAY(double, er::SCRATCH, scratch); \
+    er::BlockTeam team{scratch};                   \
+    const long long row = blockIdx.x;              \
+    if (row >= (ROWS)) return;
 
-// ER_ROW_KERNELS(NAME, (PARAMS), BODY): the pair of template <typename T> kernels NAME_warp
-// and NAME_block taking the parenthesised PARAMS (among them `long long rows`), each
-// running BODY (statements on `row` and `team`) for its row.
-#define ER_ROW_KERNELS(NAME, PARAMS, ...)                                                                     \
-    template <typename T>                                                                                    \
-    __global__ void __launch_bounds__(ER_MAX_BLOCK) NAME##_warp PARAMS {                                     \
-        ER_WARP_ROW                                                                                          \
-        __VA_ARGS__                                                                                          \
-    }                                                                                                        \
-    template <typename T>                                                                                    \
-    __global__ void __launch_bounds__(ER_MAX_BLOCK) NAME##_block PARAMS {                                    \
-        ER_BLOCK_ROW                                                                                         \
-        __VA_ARGS__                                                                                          \
+// ER_ROW_KERNELS(PREFIX, NAME, ARGS, ROWS, BODY): the kernel pair NAME_warp and NAME_block,
+// each taking one argument record `const ARGS a` whose row count is ROWS, and running BODY
+// (statements on `a`, `row` and `team`) for its row.  PREFIX is `template <typename T>`
+// for kernels on the storage type T, empty for float64-only ones.
+#define ER_ROW_KERNELS(PREFIX, NAME, ARGS, ROWS, ...)                          \
+    PREFIX __global__ void __launch_bounds__(ER_MAX_BLOCK) NAME##_warp(const ARGS a) { \
+        ER_WARP_ROW(ROWS)                                                     \
+        __VA_ARGS__                                                           \
+    }                                                                         \
+    PREFIX __global__ void __launch_bounds__(ER_MAX_BLOCK) NAME##_block(const ARGS a) { \
+        ER_BLOCK_ROW(ROWS)                                                    \
+        __VA_ARGS__                                                           \
     }
 
-// The outputs of a forward row kernel, after its inputs: p (rows, n) and, per row, what
-// er::RowResults stores (ER_FORWARD_RESULTS).
-#define ER_FORWARD_OUTPUTS                                                                          \
-    T *__restrict__ p, double *__restrict__ threshold, long long *__restrict__ support,             \
-        long long *__restrict__ n_iter, bool *__restrict__ converged
-#define ER_FORWARD_RESULTS er::RowResults{threshold, support, n_iter, converged}
-
-// The kernel pair of a row VJP with parameters (p, g, rows, n, alpha, dx): ROW_FN(team, p,
-// g, n, alpha, dx) on each row.
-#define ER_VJP_KERNELS(NAME, ROW_FN)                                                                    \
-    ER_ROW_KERNELS(NAME,                                                                               \
-                   (const T* __restrict__ p, const T* __restrict__ g, long long rows, int n,           \
-                    const double* __restrict__ alpha, T* __restrict__ dx),                             \
-                   const long long off = row * (long long)n;                                           \
-                   ROW_FN(team, p + off, g + off, n, alpha[row], dx + off);)
+// The kernel pair of a row VJP, ROW_FN(team, p, g, n, prm, dx) on each row of an
+// er::RowVjpArgs<T> record.
+#define ER_VJP_KERNELS(NAME, ROW_FN)                                          \
+    ER_ROW_KERNELS(template <typename T>, NAME, er::RowVjpArgs<T>, a.rows,   \
+                   const long long off = row * (long long)a.n;             \
+                   ROW_FN(team, a.p + off, a.g + off, a.n, a.prm[row], a.dx + off);)

@@ -15,13 +15,20 @@
 // p_i = r_i^(1/(alpha-1)) / sum_j r_j^(1/(alpha-1)); tau = max x + T.
 //
 // budget (0 <= B <= n): h(t) = sum_i clip(x_i - t, 0, 1) is nonincreasing and piecewise
-// linear with breakpoints x_i and x_i - 1.  The bracket lo = min x - 1 (h = #finite > B),
-// hi = max x (h = 0 <= B) is shrunk -- at the largest breakpoint c inside it when c is in
-// its lower half, else at its midpoint -- until no breakpoint lies strictly inside;
-// then, with U = {x_i - 1 >= hi} and F = {x_i >= hi, x_i - 1 <= lo} (all within 1 of hi),
-// tau = hi + (|U| + sum_F (x_i - hi) - B) / |F|, clamped to [lo, hi].  Each step
-// halves the bracket or leaves no breakpoint inside it (one reduction to find c, one for h).  At most B finite
-// entries: tau = -inf, p = 1 on them.
+// linear with breakpoints x_i and x_i - 1; tau solves h(tau) = B.  At any magnitude: float64
+// numbers 2^53 and more apart from 1 have no room for t between x_i and x_i - 1, so the
+// solve works relative to an entry.  First the anchor H, the smallest entry with
+// h(H) <= B, by bisection on the entries' order keys (the double's bits, ordered as the
+// values): the entry with the largest key at or below the middle key of the bracket
+// (L, H] of entries (or the smallest inside it) halves the bracket; h is evaluated at
+// entries only, where x_i - H is exact whenever it is below 1 in size (Sterbenz), and
+// tau lies in (H - 1, H].  Then, on d_i = x_i - H clamped to [-4, 4] (which changes no
+// clip(d_i - r, 0, 1) for r in [-2, 2]): the bracket lo = min d - 1, hi = max d is shrunk
+// -- at the largest breakpoint c inside it when c is in its lower half, else at its
+// midpoint -- until no breakpoint lies strictly inside; then, with U = {d_i - 1 >= hi} and
+// F = {d_i >= hi, d_i - 1 <= lo} (all within 1 of hi), r = hi + (|U| + sum_F (d_i - hi) -
+// B) / |F|, clamped to [lo, hi], and p_i = clip(d_i - r, 0, 1), tau = H + r.  At most B
+// finite entries: tau = -inf, p = 1 on them.
 #pragma once
 #include "entmax_core.cuh"
 
@@ -38,7 +45,8 @@ struct SplitFinalSums {
 
 struct FamilySolve {
     double tau;
-    double rel;  // normmax: tau - max x, kept unrounded (tau itself may round it away)
+    double rel;   // tau - base, kept unrounded (tau itself may round it away)
+    double base;  // normmax: max x; budget: the anchor entry H
     long long n_iter;
     bool converged;
 };
@@ -48,7 +56,7 @@ template <class Team, class Row>
 ER_HD FamilySolve normmax_solve(const Team& team, const Row& x, int n, double alpha, int max_iter, double* m_out) {
     const double m = team.reduce_max(n, [&](int i) { return x(i); });
     *m_out = m;
-    FamilySolve s{-inf(), 0.0, 0, true};
+    FamilySolve s{-inf(), 0.0, m, 0, true};
     if (!(m > -inf())) return s;
     const double beta = alpha / (alpha - 1.0);
     double T = -1.0;
@@ -143,6 +151,19 @@ ER_HD void normmax_vjp_row(const Team& team, const T* p, const T* g, int n, doub
 }
 
 // ------------------------------------------------------------------------ budget
+// The row's entries relative to the anchor H, clamped to [-4, 4] (-inf stays -inf).
+template <class Row>
+struct AnchoredRow {
+    const Row& x;
+    double H;
+    ER_HD double operator()(int i) const {
+        const double v = x(i);
+        if (!(v > -inf())) return v;
+        const double d = v - H;
+        return d < -4.0 ? -4.0 : d > 4.0 ? 4.0 : d;
+    }
+};
+
 template <class Team, class Row>
 ER_HD double budget_h(const Team& team, const Row& x, int n, double t) {
     double h[1];
@@ -156,19 +177,56 @@ ER_HD double budget_h(const Team& team, const Row& x, int n, double t) {
     return h[0];
 }
 
+// A double's bits as an unsigned integer of the same order (no NaN here).
+ER_HD inline unsigned long long order_key(double v) {
+#ifdef __CUDA_ARCH__
+    const unsigned long long b = (unsigned long long)__double_as_longlong(v);
+#else
+    unsigned long long b;
+    __builtin_memcpy(&b, &v, 8);
+#endif
+    return b >> 63 ? ~b : b | 0x8000000000000000ULL;
+}
+
+// The anchor H (see the file's header): the smallest entry with h(H) <= B, given that the
+// row has more than B finite entries.
 template <class Team, class Row>
-ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, int max_iter) {
-    FamilySolve s{-inf(), 0.0, 0, true};
-    const double mn = -team.reduce_max(n, [&](int i) { const double v = x(i); return v > -inf() ? -v : -inf(); });
-    double cnt[1];
-    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (x(i) > -inf()) a.add(0, 1.0); }, cnt);
-    if (cnt[0] <= B) return s;  // every unmasked entry is 1 (none on all -inf rows)
-    double lo = mn - 1.0, hi = team.reduce_max(n, [&](int i) { return x(i); });  // h(lo) = #finite > B >= 0 = h(hi)
+ER_HD double budget_anchor(const Team& team, const Row& x, int n, double B, int max_iter, FamilySolve& s) {
+    double L = -inf(), H = team.reduce_max(n, [&](int i) { return x(i); });  // h(L) > B >= h(H) = 0
+    for (;; ++s.n_iter) {
+        if (s.n_iter >= max_iter) {
+            s.converged = false;
+            return H;
+        }
+        const unsigned long long kl = order_key(L), km = kl + (order_key(H) - kl) / 2;
+        double pivot = team.reduce_max(n, [&](int i) {
+            const double v = x(i);
+            return v > L && v < H && order_key(v) <= km ? v : -inf();
+        });
+        if (!(pivot > -inf())) {  // none in the lower half: the smallest entry inside, if any
+            pivot = -team.reduce_max(n, [&](int i) {
+                const double v = x(i);
+                return v > L && v < H ? -v : -inf();
+            });
+            if (!(pivot < inf())) return H;
+        }
+        if (budget_h(team, x, n, pivot) > B)
+            L = pivot;
+        else
+            H = pivot;
+    }
+}
+
+// tau - H on the anchored row d (see the file's header); d's entries lie in [-4, 4].
+template <class Team, class Row>
+ER_HD double budget_piece(const Team& team, const Row& d, int n, double B, int max_iter, FamilySolve& s) {
+    double lo = -team.reduce_max(n, [&](int i) { const double v = d(i); return v > -inf() ? -v : -inf(); }) - 1.0;
+    double hi = team.reduce_max(n, [&](int i) { return d(i); });  // h(lo) = #finite > B >= 0 = h(hi)
     s.converged = false;
-    for (int it = 0; it < max_iter; ++it) {
+    for (; s.n_iter < max_iter; ++s.n_iter) {
         // the largest breakpoint strictly inside (lo, hi); none: the piece is found
         const double c = team.reduce_max(n, [&](int i) {
-            const double v = x(i);
+            const double v = d(i);
             const double w = v - 1.0;
             return (v > lo && v < hi) ? v : (w > lo && w < hi) ? w : -inf();
         });
@@ -180,15 +238,14 @@ ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, 
         // else the midpoint (the bracket halves)
         const double mid = lo + 0.5 * (hi - lo);
         const double pivot = c <= mid ? c : mid;
-        if (budget_h(team, x, n, pivot) > B)
+        if (budget_h(team, d, n, pivot) > B)
             lo = pivot;
         else
             hi = pivot;
-        s.n_iter = it + 1;
     }
     // the closed form relative to m = hi: the free entries lie in [hi, lo + 1], within 1 of it
     const double m = hi;
-    double nU, nF, sF;  // |U|, |F| and sum_F (x - m)
+    double nU, nF, sF;  // |U|, |F| and sum_F (d - m)
     // U: entries at 1 or more above m; F: the free entries in [m, lo + 1] not in U, whose
     // count and sum of (v - m) go to sums k and k + 1
     const auto in_U = [&](double v) { return v - 1.0 >= m; };
@@ -196,9 +253,9 @@ ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, 
     const auto in_F = [&](double v) { return v >= m && v - 1.0 <= lo && !in_U(v); };
     if constexpr (SplitFinalSums<Team>::value) {
         double a1[1], a2[2];
-        team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (in_U(x(i))) a.add(0, 1.0); }, a1);
+        team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (in_U(d(i))) a.add(0, 1.0); }, a1);
         team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
-            const double v = x(i);
+            const double v = d(i);
             if (in_F(v)) {
                 a.add(0, 1.0);
                 a.add(1, v - m);
@@ -210,7 +267,7 @@ ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, 
     } else {
         double a3[3];
         team.template reduce_sum<3>(n, [&](int i, Acc<3>& a) {
-            const double v = x(i);
+            const double v = d(i);
             if (in_U(v)) {
                 a.add(0, 1.0);
             } else if (in_F(v)) {
@@ -223,21 +280,36 @@ ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, 
         sF = a3[2];
     }
     // F is not empty when h(lo) > h(hi) (a guard only against an impossible division)
-    double tau = nF > 0.0 ? m + (nU + sF - B) / nF : m;
-    if (tau < lo) tau = lo;
-    if (tau > hi) tau = hi;
-    s.tau = tau;
+    double r = nF > 0.0 ? m + (nU + sF - B) / nF : m;
+    if (r < lo) r = lo;
+    if (r > hi) r = hi;
+    return r;
+}
+
+template <class Team, class Row>
+ER_HD FamilySolve budget_solve(const Team& team, const Row& x, int n, double B, int max_iter) {
+    FamilySolve s{-inf(), 0.0, 0.0, 0, true};
+    double cnt[1];
+    team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (x(i) > -inf()) a.add(0, 1.0); }, cnt);
+    if (cnt[0] <= B) return s;  // every unmasked entry is 1 (none on all -inf rows)
+    s.base = budget_anchor(team, x, n, B, max_iter, s);
+    s.rel = budget_piece(team, AnchoredRow<Row>{x, s.base}, n, B, max_iter, s);
+    s.tau = s.base + s.rel;
     return s;
 }
 
+// p_i = clip(d_i - r, 0, 1) on the anchored row; all 1 on the unmasked entries when
+// tau = -inf.
 template <class Team, class Row, class T>
-ER_HD long long budget_write(const Team& team, const Row& x, int n, double tau, T* p) {
+ER_HD long long budget_write(const Team& team, const Row& x, int n, const FamilySolve& s, T* p) {
+    const AnchoredRow<Row> d{x, s.base};
+    const bool all = !(s.tau > -inf());
     double cnt[1];
     team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) {
-        const double v = x(i);
+        const double v = d(i);
         double q = 0.0;
         if (v > -inf()) {
-            const double c = v - tau;  // +inf when tau = -inf
+            const double c = all ? 1.0 : v - s.rel;
             q = c <= 0.0 ? 0.0 : c >= 1.0 ? 1.0 : c;
         }
         p[i] = store<T>(q);

@@ -14,48 +14,42 @@ struct SplitFinalSums<BlockTeam> {  // see family_core.cuh: avoids register spil
 };
 }  // namespace er
 
-#ifndef ER_MAX_BLOCK
-#define ER_MAX_BLOCK 512
+#ifndef ER_MAX_BLOCK  // launch bound, from backends/constants.py (the adaptor never launches more)
+#error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
 #endif
 
 namespace {
 
 template <class Team, class T>
-__device__ void normmax_fwd(const Team& team, const T* __restrict__ x, long long row, int n, double alpha,
-                            int max_iter, T* __restrict__ p, const er::RowResults& out) {
-    const long long off = row * (long long)n;
-    er::RowReader<T> xr{x + off};
+__device__ void normmax_fwd(const Team& team, const er::RowForwardArgs<T>& a, long long row) {
+    const long long off = row * (long long)a.n;
+    er::RowReader<T> xr{a.x + off};
     double m;
-    er::FamilySolve s = er::normmax_solve(team, xr, n, alpha, max_iter, &m);
-    out.store(team, row, s.tau, er::normmax_write(team, xr, n, alpha, m, s, p + off), s.n_iter, s.converged);
+    const double alpha = a.prm[row];
+    er::FamilySolve s = er::normmax_solve(team, xr, a.n, alpha, a.max_iter, &m);
+    er::store_results(team, a, row, s.tau, er::normmax_write(team, xr, a.n, alpha, m, s, a.p + off), s.n_iter,
+                      s.converged);
 }
 
 template <class Team, class T>
-__device__ void budget_fwd(const Team& team, const T* __restrict__ x, long long row, int n, double budget,
-                           int max_iter, T* __restrict__ p, const er::RowResults& out) {
-    const long long off = row * (long long)n;
-    er::RowReader<T> xr{x + off};
-    er::FamilySolve s = er::budget_solve(team, xr, n, budget, max_iter);
-    out.store(team, row, s.tau, er::budget_write(team, xr, n, s.tau, p + off), s.n_iter, s.converged);
+__device__ void budget_fwd(const Team& team, const er::RowForwardArgs<T>& a, long long row) {
+    const long long off = row * (long long)a.n;
+    er::RowReader<T> xr{a.x + off};
+    er::FamilySolve s = er::budget_solve(team, xr, a.n, a.prm[row], a.max_iter);
+    const long long k = er::budget_write(team, xr, a.n, s, a.p + off);
+    er::store_results(team, a, row, s.tau, k, s.n_iter, s.converged);
 }
 
 }  // namespace
 
 // The forward and VJP kernels, each as a warp-per-row and a block-per-row kernel
-// (entmax_teams.cuh).
-ER_ROW_KERNELS(normmax_forward,
-               (const T* __restrict__ x, long long rows, int n, const double* __restrict__ alpha, int max_iter,
-                ER_FORWARD_OUTPUTS),
-               normmax_fwd(team, x, row, n, alpha[row], max_iter, p, ER_FORWARD_RESULTS);)
+// (entmax_teams.cuh); the prm of the forward records is alpha (normmax) or the budget.
+ER_ROW_KERNELS(template <typename T>, normmax_forward, er::RowForwardArgs<T>, a.rows, normmax_fwd(team, a, row);)
 
 ER_VJP_KERNELS(normmax_vjp, er::normmax_vjp_row)
 
-ER_ROW_KERNELS(budget_forward,
-               (const T* __restrict__ x, long long rows, int n, const double* __restrict__ budget, int max_iter,
-                ER_FORWARD_OUTPUTS),
-               budget_fwd(team, x, row, n, budget[row], max_iter, p, ER_FORWARD_RESULTS);)
+ER_ROW_KERNELS(template <typename T>, budget_forward, er::RowForwardArgs<T>, a.rows, budget_fwd(team, a, row);)
 
-ER_ROW_KERNELS(budget_vjp,
-               (const T* __restrict__ p, const T* __restrict__ g, long long rows, int n, T* __restrict__ dx),
-               const long long off = row * (long long)n;
-               er::budget_vjp_row(team, p + off, g + off, n, dx + off);)
+ER_ROW_KERNELS(template <typename T>, budget_vjp, er::RowVjpArgs<T>, a.rows,
+               const long long off = row * (long long)a.n;
+               er::budget_vjp_row(team, a.p + off, a.g + off, a.n, a.dx + off);)

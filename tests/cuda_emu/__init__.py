@@ -4,14 +4,16 @@ No machine that runs the tests has a GPU, so the CUDA engine is executed under e
 
 * ``cuda_emu.h``: the header that gives the unchanged ``.cu`` sources a host meaning (one
   fiber or OS thread per CUDA thread, blocks in sequence, barriers and warp shuffles as
-  real barriers that check their use, atomics as GCC atomics, shared memory poisoned with
-  NaN before every block);
+  real barriers that check their use, shared arrays whose indices and barriers are
+  checked, memory faults as failed launches, atomics as GCC atomics);
 * :mod:`.build`: g++ builds of a source, cached by content outside the package;
 * :mod:`.launcher`: ctypes launches with cuLaunchKernel's argument convention, checking
   argument kinds and sizes and ``__launch_bounds__``;
-* :mod:`.cupy_stand_in`: the part of CuPy the backend uses, on NumPy memory, installed as
-  ``cupy`` by :func:`stand_in_cupy` so that the unchanged ``cupy_backend.py`` and the
-  public functions with ``backend="cupy"`` run on it.
+* :mod:`.cupy_stand_in`: the part of CuPy the backend uses, as strict as CuPy 14 (its
+  names and parameters, no implicit host conversion, float32 flush-to-zero), on host
+  memory that ends at an inaccessible page, installed as ``cupy`` by
+  :func:`stand_in_cupy` so that the unchanged ``cupy_backend.py`` and the public
+  functions with ``backend="cupy"`` run on it.
 
 docs/cuda.md says what this covers and what still needs a GPU.
 """
@@ -28,11 +30,12 @@ _BACKEND_MODULE = "entmax_ref.backends.cupy_backend"
 
 
 @contextlib.contextmanager
-def stand_in_cupy(variant: str = "fibers"):
+def stand_in_cupy(variant: str = "fibers", tuning=None):
     """Within the block, ``import cupy`` gives the stand-in (building ``variant``, see
-    :data:`.build.VARIANTS`) and ``backend="cupy"`` computes on it; the block's end
-    restores the modules, the backend registry's instance and the loader's memo as they
-    were.  Yields the stand-in module."""
+    :data:`.build.VARIANTS`) and ``backend="cupy"`` computes on it, with the launch
+    parameters ``tuning`` (``CupyTuning``'s fields; None: the defaults); the block's end restores
+    the modules, the backend registry's instance and the loader's memo as they were.
+    Yields the stand-in module."""
     from entmax_ref import backends
     from entmax_ref.backends import _cuda_loader
 
@@ -46,6 +49,10 @@ def stand_in_cupy(variant: str = "fibers"):
     sys.modules["cupy"] = module
     sys.modules.pop(_BACKEND_MODULE, None)
     _cuda_loader._memo.clear()
+    if tuning is not None:
+        from entmax_ref.backends.cupy_backend import CupyBackend, CupyTuning
+
+        backends._instances["cupy"] = CupyBackend(CupyTuning(**tuning))
     try:
         yield module
     finally:

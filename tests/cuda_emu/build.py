@@ -3,8 +3,7 @@
 :func:`build` takes what ``cupy.RawModule`` takes (the source text, the NVRTC options, the
 name expressions) plus a build :data:`VARIANTS` name, and returns a :class:`Built`: the
 path of a g++-compiled library that exports every named kernel (``cuda_emu.h``'s
-``EMU_EXPORT``), each kernel's ``__launch_bounds__`` limit, and the kernels'
-``__shared__`` variables (so that the launcher can poison them before every block).
+``EMU_EXPORT``) and each kernel's ``__launch_bounds__`` limit.
 
 The library is cached under ``$ENTMAX_REF_CACHE_DIR/cuda-emu/`` (the platform's per-user
 cache folder when the variable is unset; never inside the package), named by a hash of
@@ -58,8 +57,6 @@ class Built:
     library: Path
     #: kernel name (``entmax_forward_warp``, no template arguments) -> its launch bound
     launch_bounds: dict
-    #: (mangled symbol, size in bytes) of every kernel's ``__shared__`` variable
-    shared: tuple
 
 
 def compiler() -> str:
@@ -160,23 +157,6 @@ def _launch_bounds(cxx: str, unit: Path, flags: list[str]) -> dict:
     return bounds
 
 
-def _shared_symbols(library: Path, kernels: set) -> tuple:
-    """(mangled name, size) of the function-local statics (``__shared__`` variables) of
-    the kernels ``kernels`` in the library's dynamic symbol table."""
-    out = _run(["nm", "-D", "-S", "--defined-only", str(library)])
-    entries = [line.split() for line in out.splitlines()]
-    entries = [e for e in entries if len(e) == 4 and e[3].startswith("_ZZ")]
-    if not entries:
-        return ()
-    names = _run(["c++filt"] + [e[3] for e in entries]).splitlines()
-    shared = []
-    for e, name in zip(entries, names):
-        owner = re.match(r"(?:void )?(\w+)<", name)
-        if owner and owner.group(1) in kernels and "::{lambda" not in name:
-            shared.append((e[3], int(e[1], 16)))
-    return tuple(shared)
-
-
 def build(code: str, nvrtc_options, name_expressions, variant: str = "fibers") -> Built:
     """The library of ``code`` (cached, see the module docstring)."""
     if variant not in VARIANTS:
@@ -194,11 +174,9 @@ def build(code: str, nvrtc_options, name_expressions, variant: str = "fibers") -
                 out = Path(tmp) / "lib.so"
                 _run([cxx, *flags, *VARIANTS[variant], "-Wall", "-Wextra", "-shared", "-fPIC", "-pthread",
                       f"-I{HERE}", str(unit), "-o", str(out)])
-                kernels = {e.split("<")[0] for e in name_expressions}
-                info = {"launch_bounds": _launch_bounds(cxx, unit, flags),
-                        "shared": _shared_symbols(out, kernels)}
+                info = {"launch_bounds": _launch_bounds(cxx, unit, flags)}
                 os.replace(out, library)
                 Path(tmp, "meta.json").write_text(json.dumps(info))
                 os.replace(Path(tmp, "meta.json"), meta)
     info = json.loads(meta.read_text())
-    return Built(library, info["launch_bounds"], tuple(tuple(s) for s in info["shared"]))
+    return Built(library, info["launch_bounds"])

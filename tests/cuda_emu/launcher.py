@@ -3,15 +3,19 @@
 A :class:`Module` loads the library with ctypes and gives each exported kernel as a
 :class:`Kernel`, called like ``cupy.RawKernel``: ``kernel(grid, block, args)``.  The
 arguments follow cuLaunchKernel's convention (an array of pointers to the argument
-values): an array argument is passed as its data pointer, a NumPy scalar by value.
+values): a device array is passed as its data pointer (``.data.ptr``, what the CuPy
+stand-in's arrays give), a NumPy scalar by value, and a NumPy array of one element by
+value (CuPy's rule; a record of a structured dtype is how a kernel's parameter struct is
+passed).
 
 The launcher checks what a GPU does not: the number of arguments, each argument's kind
-(pointer, floating point, signed, unsigned, bool) and size against the kernel's parameter
-(a Python int or float, which cupy passes as a 64-bit value, is refused: a kernel's
-``int`` parameter would read half of it), ``blockDim`` against the kernel's
+(pointer, floating point, signed, unsigned, bool, record) and size against the kernel's
+parameter (a Python int or float, which cupy passes as a 64-bit value, is refused: a
+kernel's ``int`` parameter would read half of it), ``blockDim`` against the kernel's
 ``__launch_bounds__``, and that every array argument is C-contiguous.  A failed launch
-(a barrier misuse, a deadlock) raises :class:`LaunchError` naming the kernel, the launch
-shape and the call site in the source.
+(a barrier misuse, a race on shared memory, an index out of a shared array, an access
+outside the memory the kernel was given, a deadlock) raises :class:`LaunchError` naming
+the kernel, the launch shape and the call site in the source.
 """
 
 from __future__ import annotations
@@ -43,11 +47,19 @@ _lock = threading.Lock()  # the emulator's scheduler is process-global: one laun
 
 def _argument(a, index: int, where: str):
     """(kind, size, ctypes object holding the value) of one kernel argument."""
-    if isinstance(a, np.ndarray):
+    if hasattr(a, "data") and hasattr(a.data, "ptr"):  # a device array
         if not a.flags.c_contiguous:
             raise TypeError(f"{where}: argument {index} is an array that is not C-contiguous "
                             f"(shape {a.shape}, strides {a.strides})")
-        return "p", 8, ctypes.c_void_p(a.ctypes.data)
+        return "p", 8, ctypes.c_void_p(a.data.ptr)
+    if isinstance(a, np.ndarray):  # one element, by value
+        if a.size != 1:
+            raise TypeError(f"{where}: argument {index} is a NumPy array of shape {a.shape}; only a one-element "
+                            "NumPy array is passed (by value), data goes in device arrays")
+        kind = "s" if a.dtype.names else _KINDS.get(a.dtype.kind)
+        if kind is None:
+            raise TypeError(f"{where}: argument {index} has dtype {a.dtype}, not a kernel parameter type")
+        return kind, a.dtype.itemsize, ctypes.create_string_buffer(a.tobytes(), a.dtype.itemsize)
     if isinstance(a, np.generic):
         kind = _KINDS.get(a.dtype.kind)
         if kind is None:
@@ -87,7 +99,8 @@ class Kernel:
             null = want_kind == "p" and kind == "u" and size == 8 and int(a) == 0  # a null pointer
             if not null and (kind != want_kind or size != want_size):
                 raise TypeError(f"{where}: argument {i} is {kind}{size * 8}, the parameter "
-                                f"{want_kind}{want_size * 8} (p pointer, f float, i signed, u unsigned, b bool)")
+                                f"{want_kind}{want_size * 8} (p pointer, f float, i signed, u unsigned, b bool, "
+                                "s record)")
             keep.append(obj)
             pointers[i] = ctypes.addressof(obj)
         with _lock:
@@ -106,10 +119,6 @@ class Module:
         lib.emu_entry.restype = ctypes.POINTER(_Entry)
         lib.emu_error.restype = ctypes.c_char_p
         lib.emu_launch.argtypes = [ctypes.c_int] + [ctypes.c_uint] * 6 + [ctypes.c_void_p]
-        lib.emu_add_shared.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        for symbol, size in built.shared:
-            lib.emu_add_shared(ctypes.addressof(ctypes.c_char.in_dll(lib, symbol)), size)
-        self.shared = built.shared
         #: launches so far, by name expression (what a test has exercised)
         self.launched: collections.Counter = collections.Counter()
         self.kernels: dict[str, Kernel] = {}

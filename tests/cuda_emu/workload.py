@@ -4,8 +4,9 @@
 from the project root) installs the CuPy stand-in with the build ``VARIANT``
 (cuda_emu.build.VARIANTS), optionally compiling the sources of ``CUDA_DIR`` instead of the
 package's (a mutant), and launches every kernel of ``SOURCE`` with warp and block teams in
-both dtypes on tiny inputs (in fiber mode the row kernels also against the g++ harness,
-bit for bit), once per fiber schedule seed of ``--seeds`` (``EMU_SEED``; 0 is the threads
+both dtypes on tiny inputs (in fiber mode also with blocks of the most threads a launch
+may have, and the row kernels against the g++ harness, bit for bit), once per fiber
+schedule seed of ``--seeds`` (``EMU_SEED``; 0 is the threads
 in order), or once with the environment's ``EMU_SEED``.  Each answer is compared with the
 NumPy engine; a disagreement or a failed launch exits with status 3 and says what.  The
 exhaustive tier runs it under the sanitizers (their runtime preloaded), with shuffled
@@ -33,11 +34,17 @@ from entmax_ref.backends.numpy_family import budget_rows, normmax_rows  # noqa: 
 AGREE = {np.float64: 1e-9, np.float32: 1e-4}
 
 
-def _engines():
+def _engines(widest: bool = False):
+    """Warp-per-row and 64-thread block-per-row kernels, and with ``widest`` also blocks of
+    the most threads a launch may have (in fiber mode only: an OS thread each is too many)."""
+    from entmax_ref.backends.constants import MAX_BLOCK
     from entmax_ref.backends.cupy_backend import CupyBackend, CupyTuning
 
-    return {"warp": CupyBackend(CupyTuning(warps_per_block=2)),
-            "block": CupyBackend(CupyTuning(warp_max_n=0, block=64))}
+    engines = {"warp": CupyBackend(CupyTuning(warps_per_block=2)),
+               "block": CupyBackend(CupyTuning(warp_max_n=0, block=64))}
+    if widest:
+        engines["widest"] = CupyBackend(CupyTuning(warp_max_n=0, block=MAX_BLOCK))
+    return engines
 
 
 def _close(what, got, want, dtype):
@@ -92,13 +99,13 @@ def rows_bits(cupy, harness):
                        gpu.entmax_alpha_vjp(got.p, cupy.asarray(g), a).get(), harness.alpha_vjp(p, g, a, lanes))
 
 
-def rows(cupy, dtype):
+def rows(cupy, dtype, widest):
     ref = get_backend("numpy")
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((3, 70)) * 2).astype(dtype)
     x[1, ::4] = -np.inf
     g = rng.standard_normal(x.shape).astype(dtype)
-    for team, gpu in _engines().items():
+    for team, gpu in _engines(widest).items():
         for alpha in (1.0, 1.5, 2.0, 3.0):
             a = np.full(3, alpha)
             got, want = gpu.entmax_forward(cupy.asarray(x), a, None), ref.entmax_forward(x, a, None)
@@ -109,12 +116,12 @@ def rows(cupy, dtype):
                    ref.entmax_alpha_vjp(want.p.astype(np.float64), g.astype(np.float64), a), dtype)
 
 
-def family(cupy, dtype):
+def family(cupy, dtype, widest):
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((3, 70)) * 2).astype(dtype)
     g = rng.standard_normal(x.shape).astype(dtype)
     x64 = x.astype(np.float64)
-    for team, gpu in _engines().items():
+    for team, gpu in _engines(widest).items():
         a = np.full(3, 2.5)
         got = gpu.normmax_forward(cupy.asarray(x), a)
         _close(f"normmax_forward {team}", got.p.get(), normmax_rows(x64, a).p, dtype)
@@ -125,14 +132,14 @@ def family(cupy, dtype):
         gpu.budget_vjp(got.p, cupy.asarray(g))
 
 
-def attention(cupy, dtype):
+def attention(cupy, dtype, widest):
     ref = get_backend("numpy")
     rng = np.random.default_rng(3)
     B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 6, 9, 4
     q = rng.standard_normal((B, Hq, Nq, D)).astype(dtype)
     k, v = (rng.standard_normal((B, Hkv, Nk, D)).astype(dtype) for _ in range(2))
     do = rng.standard_normal((B, Hq, Nq, D)).astype(dtype)
-    for team, gpu in _engines().items():
+    for team, gpu in _engines(widest).items():
         for alpha, causal in ((1.5, True), (3.0, True), (1.0, False)):
             spec = AttentionSpec(alpha=alpha, scale=0.5, causal=causal, alibi_slopes=np.array([0.0, 0.5]), chunk=4)
             got, want = gpu.attention_forward(*(cupy.asarray(t) for t in (q, k, v)), spec), ref.attention_forward(
@@ -162,7 +169,7 @@ def main(argv) -> int:
                 os.environ["EMU_SEED"] = seed
             try:
                 for dtype in (np.float64, np.float32):
-                    WORKLOADS[source](cupy, dtype)
+                    WORKLOADS[source](cupy, dtype, variant == "fibers")
                 if harness is not None:
                     rows_bits(cupy, harness)
             except Exception as e:  # noqa: BLE001 - the report of a run, for the caller

@@ -33,7 +33,7 @@ void budget_rows(const double* x, long rows, int n, const double* budget, int ma
                  const RowOutputs& out) {
     er_harness::for_rows<LANES>(x, rows, n, [&](const auto& team, const auto& row, long r) {
         er::FamilySolve s = er::budget_solve(team, row, n, budget[r], max_iter);
-        out.set(r, er::budget_write(team, row, n, s.tau, p + r * n), s.tau, s);
+        out.set(r, er::budget_write(team, row, n, s, p + r * n), s.tau, s);
     });
 }
 
