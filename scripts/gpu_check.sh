@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# GPU check of the cupy backend: the whole test suite with cupy required (a skip of a cupy
-# test fails; every backend-parametrised test then runs on CuPy arrays), then the benchmark.
-# Installs nothing: run it where entmax-ref[cuda,test] is installed.  Each step has its own
-# timeout; the suite's duration on a GPU machine has not been measured since it became whole.
-set -euo pipefail
+# The first GPU run of the cupy backend, one command under 8 minutes on one H100 or H200,
+# that writes one JSON of results, gpu_check.json (in $OUT when it is set, else here):
+#   1. engine identity on the device and the attention bench against torch SDPA and, where
+#      importable, AdaSplash (scripts/gpu_bench.py: what each field holds);
+#   2. the GPU tests: tests/test_cupy_backend.py and every backend-parametrised test of the
+#      suite on CuPy arrays (-m cuda), with cupy required (a skip of one fails), reported as
+#      JUnit XML and folded into the JSON.
+# Installs nothing and fetches nothing: it runs from this checkout (PYTHONPATH) with the
+# machine's python3, which must hold numpy, numba, scipy, cupy, pytest (and torch for the
+# SDPA baseline).  Wheels of packages the machine lacks can travel in .whl/ (ignored by
+# git): they are unpacked into /tmp/site first.  Each step has its own time limit.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-python -c "import cupy; assert cupy.is_available(), 'no CUDA device'; print('cupy', cupy.__version__)"
-echo "== the test suite, cupy required =="
-ENTMAX_REF_REQUIRE_BACKENDS=cupy timeout 900 python -m pytest -q -p no:cacheprovider -x tests/
-echo "== GPU benchmark =="
-timeout 200 python scripts/gpu_bench.py --budget 120
+OUTDIR="${OUT:-.}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export ENTMAX_REF_CACHE_DIR="${ENTMAX_REF_CACHE_DIR:-/tmp/entmax-ref-cache}"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+python3 -c "import cupy; assert cupy.is_available(), 'no CUDA device'; print('cupy', cupy.__version__)" || exit 1
+echo "== GPU tests (cupy required) =="
+timeout 240 python3 -m pytest -q -p no:cacheprovider -n 0 -m cuda --require-backends cupy \
+    --continue-on-collection-errors --junitxml "$OUTDIR/gpu_tests.xml" tests/
+echo "== engine identity and the attention bench =="
+timeout 200 python3 scripts/gpu_bench.py --budget 100 --json "$OUTDIR/gpu_check.json" --tests "$OUTDIR/gpu_tests.xml"
