@@ -90,7 +90,8 @@ def _mutants() -> list:
     """(id, file, source text, caught in fiber mode alone) of each mutant."""
     teams = (_cuda_loader.cuda_dir() / "entmax_teams.cuh").read_text()
     out = []
-    for pattern, what in ((r"__syncthreads\(\);", "syncthreads"), (r"__shfl_xor_sync\(FULL_MASK, ([^,]+), off\)", "shuffle")):
+    for pattern, what in ((r"__syncthreads\(\);", "syncthreads"),
+                          (r"__shfl_xor_sync\(FULL_MASK, ([^,]+), off\)", "shuffle")):
         for i, m in enumerate(re.finditer(pattern, teams)):
             # a removed barrier is an empty statement; a removed shuffle keeps the lane's own value
             repl = "" if what == "syncthreads" else m.group(1)

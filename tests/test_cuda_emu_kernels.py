@@ -126,7 +126,8 @@ def test_family_row_kernels(cupy, launches, team, dtype):
     p, tau, sup, _, conv = (a.get() for a in got)
     assert conv.all()
     np.testing.assert_array_equal(np.isfinite(tau), np.isfinite(want.theta))
-    tol = budget_agreement_tolerance(x, budget) * (1.0 if dtype == np.float64 else EPS[np.float32] / EPS[np.float64])
+    # the CPU engines' tolerance: the free entries lie within 1 of each other, whatever the magnitude
+    tol = budget_agreement_tolerance(np.ones((1, 1)), budget) * (EPS[dtype] / EPS[np.float64])
     assert (np.abs(p - want.p) <= np.maximum(tol, EPS[dtype] * 4)).all()
     dx = gpu.budget_vjp(cupy.asarray(want.p.astype(dtype)), cupy.asarray(g.astype(dtype))).get()
     np.testing.assert_allclose(dx, budget_vjp_rows(want.p.astype(dtype).astype(np.float64), g.astype(dtype)),
