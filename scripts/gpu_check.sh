@@ -14,7 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${OUT:-.}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export ENTMAX_REF_CACHE_DIR="${ENTMAX_REF_CACHE_DIR:-/tmp/entmax-ref-cache}"
+# a cache folder of its own, and no ahead-of-time compile of the numba kernels (the CPU
+# reference of these runs is the NumPy engine)
+export ENTMAX_REF_CACHE_DIR="${ENTMAX_REF_CACHE_DIR:-/tmp/entmax-ref-cache}" ENTMAX_REF_TEST_PRECOMPILE=0
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"

@@ -69,11 +69,11 @@ def test_key_masks_with_lengths_agree_with_the_definition():
 def test_cuda_defines_carry_every_constant_the_sources_use():
     defines = dict(d[2:].split("=") for d in constants.cuda_defines())
     assert defines == {"ER_MAX_BLOCK": "512", "ER_SERIES_TERMS": str(constants.SERIES_TERMS),
-                       "ER_EDGE_ULPS": repr(constants.EDGE_ULPS)}
+                       "ER_EDGE_ULPS": repr(constants.EDGE_ULPS), "ER_EDGE_TIE_ULPS": repr(constants.EDGE_TIE_ULPS)}
     from entmax_ref.backends import _cuda_loader as L
 
     src = (L.cuda_dir() / "entmax_core.cuh").read_text()
-    assert "k < ER_SERIES_TERMS" in src and "ER_EDGE_ULPS *" in src
+    assert "k < ER_SERIES_TERMS" in src and "ER_EDGE_ULPS *" in src and "ER_EDGE_TIE_ULPS *" in src
     assert set(constants.cuda_defines()) <= set(L.OPTIONS)
 
 
