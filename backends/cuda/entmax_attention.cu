@@ -9,10 +9,6 @@
 // builds them (er::ScoreRow in entmax_core.cuh).  Each kernel takes one argument record.
 #include "entmax_teams.cuh"
 
-#ifndef ER_MAX_BLOCK  // launch bound, from backends/constants.py (the adaptor never launches more)
-#error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
-#endif
-
 namespace er {
 
 // The geometry of a chunk's score rows and the terms of their scores.

@@ -7,10 +7,6 @@
 // __host__ __device__ core in entmax_core.cuh, see that file for the math.
 #include "entmax_teams.cuh"
 
-#ifndef ER_MAX_BLOCK  // launch bound, from backends/constants.py (the adaptor never launches more)
-#error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
-#endif
-
 namespace {
 
 template <class Team, class T>

@@ -10,6 +10,10 @@
 #pragma once
 #include "entmax_core.cuh"
 
+#ifndef ER_MAX_BLOCK  // launch bound, from backends/constants.py (the adaptor never launches more)
+#error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
+#endif
+
 // A block's shared array: `__shared__ T name[N]` on the GPU.  The emulator of the tests
 // (tests/cuda_emu/cuda_emu.h) defines ER_SHARED_ARRAY before this header, as an array whose
 // indices and barriers it checks.

@@ -34,15 +34,6 @@
 
 namespace er {
 
-// Whether a team reduces the final sums of budget_solve in two passes (1 + 2 sums) rather
-// than one (3 sums): the same values; only ptxas's register allocation differs (the block
-// kernels spill with one 3-sum pass, the warp kernels with two).  family_rows.cu sets it
-// for BlockTeam.
-template <class Team>
-struct SplitFinalSums {
-    static constexpr bool value = false;
-};
-
 struct FamilySolve {
     double tau;
     double rel;   // tau - base, kept unrounded (tau itself may round it away)
@@ -245,40 +236,22 @@ ER_HD double budget_piece(const Team& team, const Row& d, int n, double B, int m
     }
     // the closed form relative to m = hi: the free entries lie in [hi, lo + 1], within 1 of it
     const double m = hi;
-    double nU, nF, sF;  // |U|, |F| and sum_F (d - m)
-    // U: entries at 1 or more above m; F: the free entries in [m, lo + 1] not in U, whose
-    // count and sum of (v - m) go to sums k and k + 1
+    // U: entries at 1 or more above m (sum 0 counts them); F: the free entries in
+    // [m, lo + 1] not in U (sum 1 counts them, sum 2 adds up their v - m)
     const auto in_U = [&](double v) { return v - 1.0 >= m; };
     // (not a generic lambda taking the accumulator: NVRTC compiles those as host code)
     const auto in_F = [&](double v) { return v >= m && v - 1.0 <= lo && !in_U(v); };
-    if constexpr (SplitFinalSums<Team>::value) {
-        double a1[1], a2[2];
-        team.template reduce_sum<1>(n, [&](int i, Acc<1>& a) { if (in_U(d(i))) a.add(0, 1.0); }, a1);
-        team.template reduce_sum<2>(n, [&](int i, Acc<2>& a) {
-            const double v = d(i);
-            if (in_F(v)) {
-                a.add(0, 1.0);
-                a.add(1, v - m);
-            }
-        }, a2);
-        nU = a1[0];
-        nF = a2[0];
-        sF = a2[1];
-    } else {
-        double a3[3];
-        team.template reduce_sum<3>(n, [&](int i, Acc<3>& a) {
-            const double v = d(i);
-            if (in_U(v)) {
-                a.add(0, 1.0);
-            } else if (in_F(v)) {
-                a.add(1, 1.0);
-                a.add(2, v - m);
-            }
-        }, a3);
-        nU = a3[0];
-        nF = a3[1];
-        sF = a3[2];
-    }
+    double sums[3];
+    team.template reduce_sum<3>(n, [&](int i, Acc<3>& a) {
+        const double v = d(i);
+        if (in_U(v)) {
+            a.add(0, 1.0);
+        } else if (in_F(v)) {
+            a.add(1, 1.0);
+            a.add(2, v - m);
+        }
+    }, sums);
+    const double nU = sums[0], nF = sums[1], sF = sums[2];
     // F is not empty when h(lo) > h(hi) (a guard only against an impossible division)
     double r = nF > 0.0 ? m + (nU + sF - B) / nF : m;
     if (r < lo) r = lo;

@@ -7,17 +7,6 @@
 #include "entmax_teams.cuh"
 #include "family_core.cuh"
 
-namespace er {
-template <>
-struct SplitFinalSums<BlockTeam> {  // see family_core.cuh: avoids register spills
-    static constexpr bool value = true;
-};
-}  // namespace er
-
-#ifndef ER_MAX_BLOCK  // launch bound, from backends/constants.py (the adaptor never launches more)
-#error "compile with the -D options of entmax_ref.backends.constants.cuda_defines()"
-#endif
-
 namespace {
 
 template <class Team, class T>

@@ -7,13 +7,6 @@
 #include "family_core.cuh"
 #include "harness_rows.cuh"
 
-namespace er {
-template <>
-struct SplitFinalSums<er_harness::HostTeam<256>> {  // as BlockTeam on the GPU (family_rows.cu)
-    static constexpr bool value = true;
-};
-}  // namespace er
-
 namespace {
 
 using er_harness::RowOutputs;
