@@ -46,10 +46,10 @@ def family_rows(seed: int, n_rows: int, n: int, huge_row: bool = False) -> np.nd
 
 
 def tool_missing(tool: str, reason: str):
-    """Skip a test whose compiler or library ``tool`` (``g++``, ``nvcc``, ``nvrtc``) is
-    missing here, saying why; fail it instead where ``ENTMAX_REF_REQUIRE_TOOLS`` (a
-    comma-separated list, set by .ci/run) names the tool, so that CI cannot pass a compile
-    check it did not run."""
+    """Skip a test whose compiler or library ``tool`` (``g++``, ``nvcc``, ``nvrtc``; the
+    corpus readers' ``cc``, ``node``, ``cargo``) is missing here, saying why; fail it instead
+    where ``ENTMAX_REF_REQUIRE_TOOLS`` (a comma-separated list, set by .ci/run) names the
+    tool, so that CI cannot pass a compile check it did not run."""
     required = {s.strip() for s in os.environ.get("ENTMAX_REF_REQUIRE_TOOLS", "").split(",")}
     if tool in required:
         pytest.fail(f"{tool} is required (ENTMAX_REF_REQUIRE_TOOLS) and missing: {reason}")

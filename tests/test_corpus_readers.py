@@ -3,8 +3,9 @@
 Each checks a short entmax and its gradient against the pinned corpus's entmax.jsonl and
 entmax_vjp.jsonl, every field its tolerance classes name.  The correct implementations pass;
 the same readers with a wrong support count (zeros counted) or a wrong threshold (tau left in
-the units of x - max x) fail, each on that field alone.  A reader that is not installed here
-(no C compiler, node or cargo) is skipped with the reason.
+the units of x - max x) fail, each on that field alone.  A reader whose tool is not installed
+here (no C compiler, node or cargo) is skipped with the reason, and fails where
+``ENTMAX_REF_REQUIRE_TOOLS`` names the tool (``cc``, ``node``, ``cargo``: .ci/run does).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cuda_cases import tool_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = ROOT / "corpus" / "v2"
@@ -45,7 +47,7 @@ def _build(reader: str, folder: Path, source: str, tmp: Path) -> list:
     if reader == "c":
         cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if cc is None:
-            pytest.skip("no C compiler")
+            tool_missing("cc", "no C compiler")
         (folder / "check_entmax.c").write_text(source)
         exe = tmp / "check_entmax"
         res = subprocess.run([cc, "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-O2", "-o", str(exe),
@@ -55,12 +57,12 @@ def _build(reader: str, folder: Path, source: str, tmp: Path) -> list:
     if reader == "js":
         node = shutil.which("node")
         if node is None:
-            pytest.skip("node is not installed")
+            tool_missing("node", "node is not installed")
         (folder / "check_corpus.js").write_text(source)
         return [node, str(folder / "check_corpus.js")]
     cargo = shutil.which("cargo")
     if cargo is None:
-        pytest.skip("cargo is not installed")
+        tool_missing("cargo", "cargo is not installed")
     (folder / "rust" / "examples" / "check_entmax.rs").write_text(source)
     env = dict(os.environ, CARGO_TARGET_DIR=str(tmp.parent / "cargo-target"))
     manifest = str(folder / "rust" / "Cargo.toml")
