@@ -428,6 +428,13 @@ def test_replay_checks_p_tau_and_support_and_records_every_case(pinned):
         bad = replay_corpus(pinned, fn, "entmax", dtypes=("float64",))
         fails = [c for r in bad.rows for c in r.cases if c["verdict"] == "FAIL"]
         assert not bad.ok and fails and {c["field"] for c in fails} == {field}
+        # each failing case as the readers outside Python print it: got and expected in hex, the bound
+        by_id = {c["tcId"]: c for c in _cases(pinned, "entmax")}
+        for rec in fails:
+            case, i = by_id[rec["tcId"]], rec["worst"][0]
+            exp = L.value(case, field)
+            assert float.fromhex(rec["expected"]) == exp.reshape(-1)[i] != float.fromhex(rec["got"])
+            assert rec["error"] == abs(float.fromhex(rec["got"]) - float.fromhex(rec["expected"])) > rec["bound"]
 
     def p_only(x, alpha):  # its support is counted from p: a wrong p is caught on p
         return er.entmax(x, alpha, backend="numpy")

@@ -418,8 +418,8 @@ def test_a_large_error_within_its_budget_names_the_budget():
     text = " ".join(CheckReport([row]).table().split())
     assert ("large errors within their budget: vjp a=3 / mine / float32: abs err 2 at [extreme] dx (0, 1) is "
             "within its bound 100 (vjp_tolerance, formula 4)") in text
-    assert row.cases == [{"tcId": "extreme", "verdict": "PASS", "field": "dx", "worst": [0, 1], "error": 2.0,
-                          "bound": 100.0, "reason": ""}]
+    assert row.cases == [{"tcId": "extreme", "verdict": "PASS", "field": "dx", "worst": [0, 1], "got": "0x1.4p+2",
+                          "expected": "0x1.8p+1", "error": 2.0, "bound": 100.0, "reason": ""}]
 
 
 def test_report_table_and_json(tmp_path):

@@ -2,11 +2,12 @@
 dtype, gathered in a :class:`CheckReport` that prints as a table or writes JSON.
 
 Every comparison a row makes is also kept as a per-case record (:meth:`CheckRow.judge`):
-``{"tcId", "verdict", "field", "worst", "error", "bound", "reason"}``, the case's id (the
-built-in corpus's case name, or a conformance corpus's ``tcId``), PASS / FAIL / SKIP (or
-ACCEPTABLE: a difference on a conformance case whose verdict is ``acceptable``, counted with
-the skipped), the compared output, the index of its entry that used the largest fraction of
-its tolerance, the absolute error and the tolerance there, and for a case that could not be
+``{"tcId", "verdict", "field", "worst", "got", "expected", "error", "bound", "reason"}``, the
+case's id (the built-in corpus's case name, or a conformance corpus's ``tcId``), PASS / FAIL /
+SKIP (or ACCEPTABLE: a difference on a conformance case whose verdict is ``acceptable``,
+counted with the skipped), the compared output, the index of its entry that used the largest
+fraction of its tolerance, the result and the expected value there (C99 hex floats, exact),
+the absolute error and the tolerance there, and for a case that could not be
 compared why (the call raised, returned None, a result of the wrong shape).  ``--json``
 writes them all; the table counts them.
 """
@@ -14,6 +15,7 @@ writes them all; the table counts them.
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 from dataclasses import asdict, dataclass, field
 
@@ -49,12 +51,24 @@ BUDGETS = {
 LARGE_ULPS = 1e3
 
 
+def hexnum(value: float) -> str:
+    """The C99 hex-float string of a float (trailing zero hex digits dropped: printf's %a)."""
+    v = float(value)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    mant, exp = v.hex().split("p")  # [-]0x1.8000000000000p-1
+    return f"{mant.rstrip('0').rstrip('.')}p{exp}"
+
+
 def _case_record(tc_id: str, verdict: str, field_: str | None = None, cmp=None, reason: str = "") -> dict:
-    rec = {"tcId": tc_id, "verdict": verdict, "field": field_, "worst": None, "error": None, "bound": None,
-           "reason": reason}
+    rec = {"tcId": tc_id, "verdict": verdict, "field": field_, "worst": None, "got": None, "expected": None,
+           "error": None, "bound": None, "reason": reason}
     if cmp is not None and cmp.worst is not None:
         err = 0.0 if cmp.actual == cmp.expected else abs(cmp.actual - cmp.expected)  # inf == inf: exact
-        rec.update(worst=list(cmp.worst), error=float(np.inf) if np.isnan(err) else err, bound=cmp.tol)
+        rec.update(worst=list(cmp.worst), got=hexnum(cmp.actual), expected=hexnum(cmp.expected),
+                   error=float(np.inf) if np.isnan(err) else err, bound=cmp.tol)
     return rec
 
 

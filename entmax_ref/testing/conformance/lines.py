@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 
 import numpy as np
 
 from .fields import COMMON, FIELDS, NUMERIC, id_fields, outputs
+from ..report import hexnum
 from .numformat import parse
 
 #: the format's major version: a new major is a breaking change for readers
@@ -107,17 +107,6 @@ ERRORS = {
 
 _KIND_FLAGS = {"near-ties": "near-ties", "support-boundary": "support-boundary", "subnormal": "subnormal",
                "found-by-hypothesis": "found-by-hypothesis", "non-finite": "non-finite"}
-
-
-def hexnum(value: float) -> str:
-    """The C99 hex-float string of a float (trailing zero hex digits dropped: printf's %a)."""
-    v = float(value)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    mant, exp = v.hex().split("p")  # [-]0x1.8000000000000p-1
-    return f"{mant.rstrip('0').rstrip('.')}p{exp}"
 
 
 def _hexes(a):
