@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -178,6 +179,25 @@ def test_pinned_corpus_checksums_license_readme_and_provenance(pinned):
     assert sum(f.stat().st_size for f in PINNED.glob("*.jsonl")) < 10.5e6  # about 10 MB at most
 
 
+def test_pinned_corpus_names_a_commit_of_this_history(pinned):
+    """The provenance's commit is one this checkout descends from, written from its committed
+    files: a corpus regenerated and then rebased names a commit that no longer exists."""
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    if _git(git, "rev-parse", "--is-shallow-repository").stdout.strip() != "false":
+        pytest.skip("a shallow clone: the history is not here")
+    prov = pinned.manifest["provenance"]
+    assert prov["source"] == "committed"
+    assert _git(git, "merge-base", "--is-ancestor", prov["commit"], "HEAD").returncode == 0, (
+        f"corpus/v2 names commit {prov['commit']}, which HEAD does not descend from: regenerate it "
+        "(entmax-ref corpus --out corpus/v2) from a committed tree")
+
+
+def _git(git, *args):
+    return subprocess.run([git, "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60)
+
+
 def test_pinned_corpus_is_what_the_generator_writes_for_the_cheap_files(cheap_corpus):
     for op in CHEAP:
         f = operation(op).file
@@ -289,6 +309,9 @@ def test_pinned_corpus_covers_the_hard_cases(pinned):
     # the issue's row: the real-number support, an entry of 3.7e-17
     boundary = [c for c in rows if c["kind"] == "support-boundary" and c["alpha"] == "2.0" and c["dtype"] == "float64"]
     assert any(c["support"] == 3 and "3.700743415417188e-17" in c["p"] for c in boundary)
+    (row,) = [c for c in boundary if c["x_hex"] == ["0x0p+0", "-0x1.0000000000001p-1", "-0x1.fffffffffffffp-2",
+                                                    "0x0p+0", "-0x1p-1", "-0x1.8p+0"]]
+    assert row["support"] == 3 and row["p"] == ["0.5", "0.0", "3.700743415417188e-17", "0.5", "0.0", "0.0"]
     assert all(c["support"] == sum(v != "0.0" for v in c["p"]) for c in boundary)
     errors = [c for c in rows if c["error"]]
     assert errors and all(c["kind"] == "non-finite" and c["error"] == "invalid-input" and c["tau"] == "nan"

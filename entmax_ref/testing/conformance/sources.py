@@ -190,6 +190,12 @@ def row_sources(size: str, seed: int) -> list[Row]:
     n_off = 100_000 if big else 2048
     out.append(Row("found-by-hypothesis", f"long row (n = {n_off}) at offset 1e6 (test_long_row_with_offset)",
                    np.random.default_rng(7).standard_normal(n_off) + 1e6, (1.5,), ("float64",)))
+    # sparsemax's threshold -1/2 with two equal top entries and entries at it and one ulp either
+    # side, unpermuted: the real-number support is 3 (p[2] = 2^-53/3), which float64 arithmetic
+    # on the scores finds as 2
+    out.append(Row("support-boundary", "2 equal top entries, entries at the threshold -1/2 and one ulp either side: "
+                   "support 3, one entry of 3.7e-17", np.array([0.0, -0.5000000000000001, -0.49999999999999994, 0.0,
+                                                               -0.5, -1.5]), (2.0,), ("float64",)))
     # alpha far above 2: edge rows whose edge gap is below float64's range
     for alpha, ties, deficit, spread in ((20.0, 1, 1e-3, True), (100.0, 2, 1e-3, True), (100.0, 1, 5e-4, False),
                                          (1000.0, 3, 0.3, True), (1000.0, 1, 0.5, False)):
