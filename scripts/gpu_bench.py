@@ -1,9 +1,13 @@
 """The cupy backend on a GPU: engine identity with the CPU reference, then speed.
 
-``python scripts/gpu_bench.py --json gpu_check.json [--tests tests.xml] [--budget S]``
-(run by scripts/gpu_check.sh from a checkout; installs nothing) writes one JSON:
+``python scripts/gpu_bench.py --json gpu_check.json --parts compile,identity,bench
+[--tests tests.xml] [--budget S]`` (run by scripts/gpu_check.sh from a checkout, in steps,
+each with its own time limit; installs nothing) writes one JSON, which each step after
+``compile`` adds its parts to:
 
 * ``device``: the GPU, the CUDA driver and runtime, CuPy and NVRTC, torch and AdaSplash;
+* ``compile``: seconds to compile every kernel (NVRTC, cold unless CuPy's disk cache
+  ``CUPY_CACHE_DIR`` already holds them);
 * ``identity``: the cupy engine against the NumPy engine on the same inputs, per case:
   rows whose support differs (the contract: none), float32 entries whose bits differ
   (the CPU engines' float32 outputs are correctly rounded: the device's should be those
@@ -16,7 +20,10 @@
   float32) beside torch's ``scaled_dot_product_attention`` (softmax) and, where it is
   importable, AdaSplash (alpha 1.5) on the same shapes, N = 4096 and 16384 while
   ``--budget`` seconds last;
-* ``tests``: the GPU tests' counts and failures, from the JUnit XML of ``--tests``.
+* ``tests``: the GPU tests' counts and failures, from the JUnit XML of ``--tests``;
+* ``problems``: what the run must not show (:func:`problems`): a part that failed, a GPU
+  test that failed, a row whose support differs from the CPU's; empty on success, and the
+  exit status is 1 when it is not.
 
 :func:`identity` also runs on the CPU stand-in of CuPy (tests/test_cuda_emu_public.py
 runs it small), so that the first GPU run does not fail on the script itself.
@@ -166,9 +173,8 @@ def bench(sizes, budget: float) -> list:
     from entmax_ref.backends import AttentionSpec, get_backend
 
     gpu = get_backend("cupy")
-    t0 = time.perf_counter()
-    gpu.warmup()
-    records = [{"case": "compile every kernel (NVRTC, or CuPy's disk cache)", "seconds": time.perf_counter() - t0}]
+    gpu.warmup()  # compiled by the compile part, or here from CuPy's disk cache
+    records = []
     try:
         import torch
         import torch.nn.functional as F
@@ -239,25 +245,55 @@ def tests(junit: Path) -> dict:
     return out
 
 
+def compile_seconds() -> float:
+    """Seconds to compile every kernel of the cupy backend for this device."""
+    from entmax_ref.backends import get_backend
+
+    t0 = time.perf_counter()
+    get_backend("cupy").warmup()
+    return time.perf_counter() - t0
+
+
+def problems(result: dict) -> list:
+    """What the first GPU run must not show: a part that failed, a GPU test that failed or
+    erred, a case whose rows have another support than the CPU engine's.  (float32 bits and
+    float64 differences are measurements: the device's math library and cuBLAS round
+    otherwise than the CPU's, docs/cuda.md.)"""
+    out = [f"{name}: {part['error']}" for name, part in result.items()
+           if isinstance(part, dict) and "error" in part]
+    tests_ = result.get("tests", {})
+    if tests_.get("failures") or tests_.get("errors"):
+        out.append(f"GPU tests: {tests_['failures']} failed, {tests_['errors']} erred of {tests_['tests']}")
+    ident = result.get("identity", {})
+    out += [f"identity {case}: {c['support_differs']} of {c['rows']} rows with another support"
+            for case, c in ident.items() if isinstance(c, dict) and c.get("support_differs")]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", type=Path, required=True, help="where to write the results")
+    ap.add_argument("--json", type=Path, required=True, help="where to write the results (a later part adds to it)")
+    ap.add_argument("--parts", default="compile,identity,bench", help="which parts to run, in order")
     ap.add_argument("--tests", type=Path, help="the GPU tests' JUnit XML report, to fold in")
     ap.add_argument("--sizes", default="4096,16384")
     ap.add_argument("--budget", type=float, default=150.0, help="seconds after which larger sizes are skipped")
     args = ap.parse_args()
-    result = {"device": device()}
-    for name, run in (("identity", identity),
-                      ("bench", lambda: bench([int(s) for s in args.sizes.split(",")], args.budget))):
+    parts = args.parts.split(",")
+    result = {} if "compile" in parts or not args.json.exists() else json.loads(args.json.read_text())
+    result.setdefault("device", device())
+    runs = {"compile": compile_seconds, "identity": identity,
+            "bench": lambda: bench([int(s) for s in args.sizes.split(",")], args.budget)}
+    for name in parts:
         t0 = time.perf_counter()
         try:
-            result[name] = run()
+            result[name] = runs[name]()
         except Exception as e:  # noqa: BLE001 - one part's failure is recorded, the others still run
             result[name] = {"error": f"{type(e).__name__}: {e}"}
         result[f"{name}_seconds"] = time.perf_counter() - t0
         args.json.write_text(json.dumps(result, indent=1))
     if args.tests is not None:
         result["tests"] = tests(args.tests)
+    result["problems"] = problems(result)
     args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "identity"}, indent=1)[:4000])
     ident = result.get("identity", {})
@@ -265,6 +301,7 @@ def main() -> None:
         print("identity: rows with another support:", sum(c.get("support_differs", 0) for c in ident.values()),
               "| float32 entries with other bits:",
               sum(c["bits_differ"] for c in ident.values() if c["dtype"] == "float32"))
+    sys.exit(1 if result["problems"] else 0)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from cuda_cases import tool_missing
 from entmax_ref.backends import _cuda_loader
 
 pytestmark = pytest.mark.exhaustive
@@ -46,12 +47,13 @@ SOURCES = sorted(_cuda_loader.KERNELS)
 
 
 def _runtime(name: str) -> str:
+    """The sanitizer runtime lib<name>.so of g++ (skipped without it, failed in CI)."""
     gxx = shutil.which("g++")
     if gxx is None:
-        pytest.skip("no g++ to build the emulated kernels")
+        tool_missing("g++", "no g++ to build the emulated kernels")
     path = subprocess.run([gxx, f"-print-file-name=lib{name}.so"], capture_output=True, text=True).stdout.strip()
     if not os.path.isabs(path):
-        pytest.skip(f"g++ has no lib{name}.so")
+        tool_missing("g++", f"g++ has no lib{name}.so")
     return path
 
 

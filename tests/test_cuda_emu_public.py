@@ -273,8 +273,8 @@ def test_alpha_above_2_backward_keeps_a_rescored_edge(gpu):
 
 def test_the_gpu_check_script_runs(gpu, tmp_path):
     """scripts/gpu_bench.py, which scripts/gpu_check.sh runs on a GPU, on the stand-in:
-    its identity cases, small, have the NumPy engine's supports on every row, and a JUnit
-    report folds into its JSON."""
+    its identity cases, small, have the NumPy engine's supports on every row, a JUnit
+    report folds into its JSON, and the run's verdict names what must not happen."""
     import importlib.util
     from pathlib import Path
 
@@ -291,3 +291,9 @@ def test_the_gpu_check_script_runs(gpu, tmp_path):
                       '</testsuite></testsuites>')
     got = bench.tests(report)
     assert got["tests"] == 3 and got["failures"] == 1 and got["failed"][0]["test"] == "tests.test_x::test_a"
+    assert bench.problems({"device": {}, "compile": 1.0, "identity": cases, "bench": []}) == []
+    one = next(iter(cases))
+    found = bench.problems({"identity": {one: dict(cases[one], support_differs=2)}, "tests": got,
+                            "bench": {"error": "RuntimeError: out of memory"}})
+    assert found == ["bench: RuntimeError: out of memory", "GPU tests: 1 failed, 0 erred of 3",
+                     f"identity {one}: 2 of {cases[one]['rows']} rows with another support"], found
