@@ -273,8 +273,9 @@ def test_alpha_above_2_backward_keeps_a_rescored_edge(gpu):
 
 def test_the_gpu_check_script_runs(gpu, tmp_path):
     """scripts/gpu_bench.py, which scripts/gpu_check.sh runs on a GPU, on the stand-in:
-    its identity cases, small, have the NumPy engine's supports on every row, a JUnit
-    report folds into its JSON, and the run's verdict names what must not happen."""
+    its identity cases, small, have the NumPy engine's supports on every row and, where the
+    device's math is the CPU's, its float32 bits (the results rounded once from float64), a
+    JUnit report folds into its JSON, and the run's verdict names what must not happen."""
     import importlib.util
     from pathlib import Path
 
@@ -285,6 +286,7 @@ def test_the_gpu_check_script_runs(gpu, tmp_path):
     cases = bench.identity(small=True)
     assert len(cases) == 38 and all(c["entries"] > 0 for c in cases.values())
     assert sum(c.get("support_differs", 0) for c in cases.values()) == 0, cases
+    assert all(c["bits_differ"] == 0 for c in cases.values() if c["dtype"] == "float32"), cases
     report = tmp_path / "tests.xml"
     report.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1" time="2.5">'
                       '<testcase classname="tests.test_x" name="test_a"><failure message="assert 1 == 2"/></testcase>'
