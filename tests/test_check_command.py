@@ -280,10 +280,12 @@ def test_bench_without_peers_names_the_extra(monkeypatch, capsys):
 
 
 @pytest.mark.numba
-def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch, capsys):
-    """The decoding case as a user calls it (checked) and with check_finite=False, each
-    against SDPA with the same target, in the table and the --json output (tiny sizes);
-    every printed line at most 100 columns."""
+def test_bench_json_has_the_decoding_rows(tmp_path, monkeypatch, capsys):
+    """The decoding case as a user calls it (checked) against its floor, one read of K and
+    V (target <= 1.1x), and against SDPA (no target), and with check_finite=False against
+    SDPA (<= 0.7x), in the table and the --json output (tiny sizes, two runs); every
+    printed line at most 100 columns; the float32 matmul precision pinned while it runs,
+    printed, and the caller's settings restored."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("entmax")
     import numba
@@ -291,26 +293,38 @@ def test_bench_json_has_both_decoding_rows(tmp_path, monkeypatch, capsys):
     from entmax_ref import bench
 
     monkeypatch.setattr(bench, "GAP", bench.GAP)  # main() sets it from --gap
-    threads = numba.get_num_threads(), torch.get_num_threads()
+    before = numba.get_num_threads(), torch.get_num_threads(), torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
     path = tmp_path / "bench.json"
     try:
         assert bench.main(["--attention-only", "--no-eager", "--quick", "--attention-n", "32", "--decode-keys", "64",
-                           "--gap", "0", "--json", str(path)]) == 0
+                           "--gap", "0", "--runs", "2", "--threads", "1", "--json", str(path)]) == 0
+        assert torch.get_float32_matmul_precision() == "medium"  # restored
+        assert (numba.get_num_threads(), torch.get_num_threads()) == before[:2]
     finally:
-        numba.set_num_threads(threads[0])
-        torch.set_num_threads(threads[1])
+        numba.set_num_threads(before[0])
+        torch.set_num_threads(before[1])
+        torch.set_float32_matmul_precision(before[2])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("entmax-ref bench on ") and max(map(len, lines)) <= 100, max(lines, key=len)
-    rows = {r["case"]: r for r in json.loads(path.read_text())["results"]}
+    assert "float32 matmul precision highest" in " ".join(lines[:4])
+    data = json.loads(path.read_text())
+    assert data["meta"]["float32_matmul_precision"] == "highest" and data["meta"]["runs"] == 2
+    rows = {(r["case"], r["baseline"]): r for r in data["results"]}
     case = "decoding 1 query x 64 keys H=8 D=64 float32 alpha=1.5"
-    for name in (case, case + " check_finite=False"):
-        assert rows[name]["target"] == "<= 0.7x SDPA time" and rows[name]["baseline"] == "torch SDPA (softmax)"
-        assert rows[name]["time_ratio"] > 0 and rows[name]["met"] == (rows[name]["time_ratio"] <= 0.7)
-    # the checked call is timed beside its floor, one read of K and V
-    floor = rows[case]
-    assert floor["floor"].startswith("one read of K and V") and floor["floor_ms"] > 0
-    assert floor["ours_over_floor"] > 0 and floor["baseline_over_floor"] > 0
-    assert "floor" not in rows[case + " check_finite=False"]
+    floor = rows[case, "its floor: one read of K and V"]
+    assert floor["target"] == "<= 1.1x floor time" and floor["met"] == (floor["time_ratio"] <= 1.1)
+    sdpa = rows[case, "torch SDPA (softmax)"]
+    assert sdpa["limit"] is None and sdpa["met"] is None
+    assert sdpa["floor"].startswith("one read of K and V") and sdpa["floor_ms"] > 0
+    assert sdpa["ours_over_floor"] > 0 and sdpa["baseline_over_floor"] > 0
+    unchecked = rows[case + " check_finite=False", "torch SDPA (softmax)"]
+    assert unchecked["target"] == "<= 0.7x SDPA time" and unchecked["met"] == (unchecked["time_ratio"] <= 0.7)
+    assert "floor" not in unchecked
+    for r in data["results"]:  # two runs each, the verdict on their median
+        assert len(r["runs"]) == 2 and r["time_ratio"] == pytest.approx(sum(r["runs"]) / 2)
+        assert r["spread"][0] <= min(r["runs"]) and max(r["runs"]) <= r["spread"][1]
+    assert any(line.strip().startswith("runs: ") for line in lines)
 
 
 @pytest.mark.numba
