@@ -306,3 +306,42 @@ def test_progress_is_a_bar_on_a_terminal_and_one_line_per_unit_otherwise():
     lines.close()
     (line,) = log.getvalue().splitlines()
     assert line.startswith("[1/2 ") and line.endswith("s] compiled grads._vjp_small (float64, signature 1 of 2) in 0.4s")
+
+
+WIDTHS = """
+import re, numba, numpy as np
+import entmax_ref as er
+from entmax_ref.backends.numba import rows
+from entmax_ref.backends.numba.vexp import vexp_neg
+
+@numba.njit
+def plain(d, out):  # the softmax pass's exponential loop, compiled as numba compiles it
+    for i in range(d.shape[0]):
+        out[i] = vexp_neg(np.float64(d[i]))
+
+x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+er.softmax(x, backend="numba")
+plain(x[0], np.empty(256))
+for name, disp in (("package", rows._rows_softmax), ("plain", plain)):
+    asm = "".join(cres.library.get_asm_str() for cres in disp.overloads.values())
+    print(name, len(re.findall(r"%zmm", asm)), len(re.findall(r"%ymm", asm)))
+"""
+
+
+def test_kernels_use_512_bit_vectors_on_an_intel_target():
+    """On an x86 CPU with AVX-512 the kernels vectorise to 512-bit registers whatever the
+    CPU's tuning: compiled for an Intel server core (``NUMBA_CPU_NAME=icelake-server`` in
+    a child process, the codegen LLVM gives that CPU: all its instructions run on any
+    AVX-512 host), the float32 softmax kernel uses zmm registers, where the same
+    exponential loop compiled as plain numba code uses ymm registers only (LLVM's
+    ``prefer-256-bit`` tuning for those cores, which ``backends/numba/_target.py``
+    turns off for the package's functions)."""
+    from llvmlite import binding as ll
+
+    if "+avx512f" not in ll.get_host_cpu_features().flatten().split(","):
+        pytest.skip("the host has no AVX-512")
+    res = _run(WIDTHS, env={"NUMBA_CPU_NAME": "icelake-server", "ENTMAX_REF_NUMBA_CACHE": "0"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = {name: (int(z), int(y)) for name, z, y in (line.split() for line in res.stdout.splitlines())}
+    assert counts["plain"][0] == 0 and counts["plain"][1] > 0, counts  # the proxy prefers 256 bits
+    assert counts["package"][0] > 0, counts

@@ -39,9 +39,9 @@ from typing import Callable
 
 from numba.core import config, sigutils, types
 from numba.core.compiler_lock import global_compiler_lock
-from numba.core.registry import CPUDispatcher
 
 from ._cache import KernelCache, cached
+from ._target import TargetDispatcher
 
 #: the input dtypes the entry kernels are compiled for, by default
 DTYPES = ("float64", "float32")
@@ -76,8 +76,9 @@ _ALL: list["Dispatcher"] = []
 _compiling: list["Dispatcher"] = []
 
 
-class Dispatcher(CPUDispatcher):
-    """numba's CPU dispatcher with the package's disk cache (:class:`._cache.KernelCache`),
+class Dispatcher(TargetDispatcher):
+    """numba's CPU dispatcher on the package's target (:mod:`._target`: full-width vectors
+    where the CPU has AVX-512) with the package's disk cache (:class:`._cache.KernelCache`),
     :func:`compiled_only`, and a clean slate after an interrupted compile."""
 
     def enable_caching(self):
