@@ -1,11 +1,15 @@
-"""Name numba's compiled functions in a Linux ``perf`` profile of the attention forward.
+"""Name numba's compiled functions in a Linux ``perf`` profile of one of the bench's cases.
 
 ``perf`` shows JIT code as bare addresses.  This script compiles the kernels (run it with
 ``ENTMAX_REF_NUMBA_CACHE=0``: code loaded from numba's cache keeps no symbol table),
-prints ``ready <pid>``, waits a second, runs the causal attention forward of the bench
-(B=1 H=8 N=4096 D=64 float32, alpha 1.5) ``--calls`` times, and then writes
-``/tmp/perf-<pid>.map`` (address, size, name of every compiled function), which
-``perf report`` reads.  Record from ``ready`` on, so that compilation is not sampled::
+makes one call of a case of the bench, writes ``/tmp/perf-<pid>.map`` (address, size,
+name of every compiled function), which ``perf report`` reads, prints ``ready <pid>``,
+waits a second and runs the case ``--calls`` times.  The cases (``--case``): ``forward``, the causal attention
+forward (B=1 H=8 N=4096 D=64 float32, alpha 1.5; ``--n`` sets N); ``decode`` and
+``decode-unchecked``, 1 query over 65,536 keys (H=8 D=64 float32, alpha 1.5,
+``check_finite`` on and off); ``rows``, the row transform of ``--alpha`` over 512 x 8192
+rows of ``--dtype`` (``--alpha 1`` is softmax).  Record from ``ready`` on, so that
+compilation is not sampled::
 
     ENTMAX_REF_NUMBA_CACHE=0 python scripts/perf_map.py --threads 1 > /tmp/pm.out &
     until grep -q ready /tmp/pm.out; do sleep 0.5; done
@@ -14,12 +18,15 @@ prints ``ready <pid>``, waits a second, runs the causal attention forward of the
 
 A function's size is the distance to the next one (numba does not report it), so a
 sample in padding after the last function of a library is charged to that function.
+The objects the compile left are moved out of the collector's reach (``gc.freeze``)
+before ``ready``: the profile is of the calls, as in a process that loads the kernels.
 docs/performance.md ("What bounds each case") has a profile made this way.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import time
@@ -62,23 +69,48 @@ def write_perf_map(path: str | None = None) -> str:
     return path
 
 
+def _case(args):
+    """The call that ``--case`` profiles, made once (which compiles its kernels)."""
+    rng = np.random.default_rng(1)
+    if args.case == "rows":
+        x = rng.standard_normal((512, 8192)).astype(args.dtype)
+        call = functools.partial(er.entmax, x, args.alpha, backend="numba")
+    elif args.case == "forward":
+        q, k, v = (rng.standard_normal((1, 8, args.n, 64)).astype(np.float32) for _ in range(3))
+        call = functools.partial(er.attention, q, k, v, alpha=1.5, causal=True, backend="numba")
+    else:
+        q = rng.standard_normal((1, 8, 1, 64)).astype(np.float32)
+        k, v = (rng.standard_normal((1, 8, 65536, 64)).astype(np.float32) for _ in range(2))
+        call = functools.partial(er.attention, q, k, v, alpha=1.5, backend="numba",
+                                 check_finite=args.case == "decode")
+    call()
+    return call
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", choices=("forward", "decode", "decode-unchecked", "rows"), default="forward")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--n", type=int, default=4096, help="sequence length")
+    ap.add_argument("--n", type=int, default=4096, help="sequence length of --case forward")
+    ap.add_argument("--alpha", type=float, default=1.0, help="alpha of --case rows (1: softmax)")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="dtype of --case rows")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
-    rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal((1, 8, args.n, 64)).astype(np.float32) for _ in range(3))
-    er.attention(q, k, v, alpha=1.5, causal=True, backend="numba")  # compiles
+    call = _case(args)
+    path = write_perf_map()  # before ready: walking the compiled code is not sampled
+    # the compiler's objects (millions, in a process that compiles) to the permanent
+    # generation: otherwise the collector's walks over them take a large share of the
+    # samples, which a process that loads the kernels from the cache does not pay
+    gc.collect()
+    gc.freeze()
     print("ready", os.getpid(), flush=True)
     time.sleep(1.0)
     t = time.perf_counter()
     for _ in range(args.calls):
-        er.attention(q, k, v, alpha=1.5, causal=True, backend="numba")
+        call()
     ms = 1e3 * (time.perf_counter() - t) / args.calls
-    print(f"{args.calls} calls, {ms:.1f} ms each; perf map: {write_perf_map()}", flush=True)
+    print(f"{args.calls} calls, {ms:.1f} ms each; perf map: {path}", flush=True)
 
 
 if __name__ == "__main__":
