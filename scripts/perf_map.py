@@ -20,7 +20,14 @@ A function's size is the distance to the next one (numba does not report it), so
 sample in padding after the last function of a library is charged to that function.
 The objects the compile left are moved out of the collector's reach (``gc.freeze``)
 before ``ready``: the profile is of the calls, as in a process that loads the kernels.
-docs/performance.md ("What bounds each case") has a profile made this way.
+docs/performance.md ("What bounds each case") has profiles made this way.
+
+``--widths`` prints instead, for each kernel the case compiled, how many of its packed
+arithmetic instructions use 512-bit and 256-bit registers, and exits.  With
+``NUMBA_CPU_NAME=sapphirerapids`` (or another Intel server core) it shows the code LLVM
+makes for that CPU, all of whose instructions run on an AVX-512 host::
+
+    NUMBA_CPU_NAME=sapphirerapids ENTMAX_REF_NUMBA_CACHE=0 python scripts/perf_map.py --case forward --widths
 """
 
 from __future__ import annotations
@@ -69,6 +76,27 @@ def write_perf_map(path: str | None = None) -> str:
     return path
 
 
+#: packed vector arithmetic in AT&T assembly, by register width
+_PACKED = r"^\s+v(?:fmadd|fmsub|fnmadd|fnmsub|add|sub|mul|div|max|min|cmp)\w*p[sd]\s.*%{}mm"
+
+
+def vector_widths() -> list[tuple[str, int, int]]:
+    """(kernel, zmm, ymm) of every package function compiled in this process: the packed
+    arithmetic instructions of its code (its callees included) on 512-bit and on 256-bit
+    registers."""
+    import re
+
+    rows = []
+    for obj in gc.get_objects():
+        if not isinstance(obj, CPUDispatcher) or not obj.py_func.__module__.startswith("entmax_ref"):
+            continue
+        asm = "".join(cres.library.get_asm_str() for cres in obj.overloads.values())
+        z, y = (len(re.findall(_PACKED.format(w), asm, re.M)) for w in "zy")
+        if z + y:
+            rows.append((obj.py_func.__module__.rsplit(".", 1)[-1] + "." + obj.py_func.__qualname__, z, y))
+    return sorted(rows)
+
+
 def _case(args):
     """The call that ``--case`` profiles, made once (which compiles its kernels)."""
     rng = np.random.default_rng(1)
@@ -95,9 +123,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4096, help="sequence length of --case forward")
     ap.add_argument("--alpha", type=float, default=1.0, help="alpha of --case rows (1: softmax)")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="dtype of --case rows")
+    ap.add_argument("--widths", action="store_true",
+                    help="print the packed vector instructions of each compiled kernel by width and exit "
+                         "(NUMBA_CPU_NAME=sapphirerapids shows the code LLVM makes for an Intel server core)")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     call = _case(args)
+    if args.widths:
+        for name, z, y in vector_widths():
+            print(f"{name} zmm {z} ymm {y}")
+        return
     path = write_perf_map()  # before ready: walking the compiled code is not sampled
     # the compiler's objects (millions, in a process that compiles) to the permanent
     # generation: otherwise the collector's walks over them take a large share of the

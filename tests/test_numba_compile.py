@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("numba")
@@ -345,3 +346,40 @@ def test_kernels_use_512_bit_vectors_on_an_intel_target():
     counts = {name: (int(z), int(y)) for name, z, y in (line.split() for line in res.stdout.splitlines())}
     assert counts["plain"][0] == 0 and counts["plain"][1] > 0, counts  # the proxy prefers 256 bits
     assert counts["package"][0] > 0, counts
+
+
+INTEL_BITS = """
+import sys
+import numpy as np
+import entmax_ref as er
+
+rng = np.random.default_rng(3)
+q, k, v = (rng.standard_normal((1, 2, 96, 32)) for _ in range(3))
+out, info = er.attention(q, k, v, alpha=1.5, causal=True, return_info=True, backend="numba")
+x = rng.standard_normal((8, 1000)).astype(np.float32)
+np.savez(sys.argv[1], out=out, theta=info.theta, softmax=er.softmax(x, backend="numba"))
+"""
+
+
+@pytest.mark.slow
+def test_an_intel_target_computes_the_bits_of_this_host(tmp_path):
+    """The kernels compiled for an Intel server core (``NUMBA_CPU_NAME=sapphirerapids`` in
+    a child process with a cache folder of its own: the codegen LLVM gives that CPU, whose
+    instructions all run on an AVX-512 host) return the bits the host's own build returns,
+    here the float64 attention forward, whose exact dot products sum in the order of the
+    vector lanes (:func:`~entmax_ref.backends.numba.attention_filter.dot64`), and float32
+    softmax: with the same vector width on every AVX-512 CPU
+    (``backends/numba/_target.py``) the same order, where 256-bit code rounded some
+    attention outputs differently."""
+    from llvmlite import binding as ll
+
+    if "+avx512f" not in ll.get_host_cpu_features().flatten().split(","):
+        pytest.skip("the host has no AVX-512")
+    here, intel = tmp_path / "here.npz", tmp_path / "intel.npz"
+    for path, env in ((here, {}), (intel, {"NUMBA_CPU_NAME": "sapphirerapids",
+                                           "ENTMAX_REF_CACHE_DIR": str(tmp_path / "cache")})):
+        res = _run(f"import sys; sys.argv[1:] = [{str(path)!r}]\n" + INTEL_BITS, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+    a, b = np.load(here), np.load(intel)
+    for name in a.files:
+        assert a[name].tobytes() == b[name].tobytes(), name
