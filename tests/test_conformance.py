@@ -511,6 +511,21 @@ def test_check_command_filters_by_alpha_and_writes_one_record_per_case(pinned, t
                        "--no-progress"]) == 1  # attention() is not the packed form
 
 
+def test_check_command_replays_the_backends_on_the_selected_dtypes_and_alphas(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert check_main(["--corpus", str(PINNED), "--backends", "numpy", "--no-peers", "--no-progress",
+                       "--dtype", "float16", "--alpha", "2", "--json", str(out)]) == 0
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["cases"]]
+    assert rows and {r["dtype"] for r in rows} == {"float16"}
+    by_id = {c["tcId"]: c for cases in _load_all(PINNED) for c in cases}
+    alphas = {float(a) for r in rows for c in r["cases"] for a in np.ravel(by_id[c["tcId"]].get("alpha", "2"))}
+    assert alphas == {2.0}
+
+
+def _load_all(d: Path):
+    return [_lines(p) for p in sorted(d.glob("*.jsonl"))]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["numpy", pytest.param("numba", marks=pytest.mark.numba)])
 def test_pinned_corpus_replays_without_failures(pinned, name):

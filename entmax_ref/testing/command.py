@@ -286,7 +286,7 @@ def _corpus_jobs(args):
     import entmax_ref as er
 
     names = er.available_backends() if args.backends is None else args.backends
-    return [(f"corpus [{b}]", lambda b=b: replay_backend(corpus, b, alphas=alphas)) for b in names]
+    return [(f"corpus [{b}]", lambda b=b: replay_backend(corpus, b, alphas=alphas, dtypes=dtypes)) for b in names]
 
 
 # ----------------------------------------------------------------------------- main

@@ -139,7 +139,8 @@ def replay_corpus(corpus, fn: Callable, op: str = "entmax", *, name: str | None 
                   framework: str = "numpy", device: Any = None, dtypes=None, alphas=None) -> CheckReport:
     """Replay the cases of operation ``op`` against ``fn`` and return a :class:`CheckReport`:
     one row per dtype, each with a record per case and output in ``row.cases`` (tcId,
-    verdict, field, worst index, error, bound, reason: :mod:`entmax_ref.testing.report`).
+    verdict, field, worst index, got, expected, error, bound, reason:
+    :mod:`entmax_ref.testing.report`).
 
     ``corpus`` is a :class:`Corpus` or a directory.  ``fn``'s form depends on ``op`` (see
     :data:`OPERATIONS`): the parameter (alpha, budget) is passed by keyword when fn has a
@@ -161,8 +162,9 @@ def replay_corpus(corpus, fn: Callable, op: str = "entmax", *, name: str | None 
                     dtypes=None if dtypes is None else tuple(dtypes), alphas=alphas, vjp_inputs=vjp_inputs)
 
 
-def replay_backend(corpus, backend: str, ops=None, alphas=None) -> CheckReport:
-    """Replay every operation (or those in ``ops``) against this library on ``backend``."""
+def replay_backend(corpus, backend: str, ops=None, alphas=None, dtypes=None) -> CheckReport:
+    """Replay every operation (or those in ``ops``) against this library on ``backend``: the
+    cases whose every alpha is in ``alphas`` and whose dtype is in ``dtypes`` (all when None)."""
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     report = CheckReport()
@@ -170,5 +172,5 @@ def replay_backend(corpus, backend: str, ops=None, alphas=None) -> CheckReport:
         if ops is not None and o.name not in ops:
             continue
         report.extend(replay_corpus(corpus, o.backend_fn(backend), o.name, name=backend, vjp_inputs="p",
-                                    alphas=alphas))
+                                    alphas=alphas, dtypes=dtypes))
     return report
