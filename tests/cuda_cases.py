@@ -137,6 +137,25 @@ def _pad(rows: list) -> np.ndarray:
     return x
 
 
+def threshold_rows(alpha: float, n_rows: int, seed: int) -> np.ndarray:
+    """float32 rows on the support's edge: a random row of 10 entries and, added to it,
+    the float32 values nearest its threshold ``T`` (``p_i = ((alpha-1)(x_i - T))_+^(1/(alpha-1))``,
+    ``(alpha-1) T`` the NumPy engine's threshold), one and two float32 ulps either side, and
+    a tie of the maximum one ulp below it: exact probabilities of 0 and tiny ones."""
+    import entmax_ref as er
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_rows):
+        x = (rng.standard_normal(10) * rng.choice([0.3, 1.0, 3.0])).astype(np.float32)
+        x = np.append(x, np.nextafter(x.max(), np.float32(-np.inf)))
+        T = np.float32(er.entmax_threshold(x.astype(np.float64), alpha=alpha, backend="numpy") / (alpha - 1.0))
+        near = [T, *(np.nextafter(T, d * np.float32(np.inf)) for d in (1, -1))]
+        near += [np.nextafter(v, v + (v - T)) for v in near[1:]]
+        out.append(np.concatenate([x, near]).astype(np.float32))
+    return np.stack(out)
+
+
 def edge_rows(alpha: float, n_random: int, seed: int) -> np.ndarray:
     """Rows whose support has small-p edge entries at a large alpha, padded with -inf.
 

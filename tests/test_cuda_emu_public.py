@@ -24,7 +24,7 @@ import pytest
 
 import entmax_ref as er
 from conftest import BackendName
-from cuda_cases import near_tie_problem
+from cuda_cases import near_tie_problem, threshold_rows
 from cuda_emu import stand_in_cupy
 from entmax_ref.testing import (assert_attention_close, assert_attention_grads_close, assert_entmax_close,
                                 assert_entmax_vjp_close)
@@ -299,3 +299,19 @@ def test_the_gpu_check_script_runs(gpu, tmp_path):
                             "bench": {"error": "RuntimeError: out of memory"}})
     assert found == ["bench: RuntimeError: out of memory", "GPU tests: 1 failed, 0 erred of 3",
                      f"identity {one}: 2 of {cases[one]['rows']} rows with another support"], found
+
+
+def test_float32_rows_on_the_support_edge(gpu):
+    """float32 rows with entries at the support's threshold and one or two float32 ulps
+    either side (:func:`cuda_cases.threshold_rows`; exact probabilities of 0 and down to
+    about 1e-33): the CPU engines' supports.  (Not their bits: a probability is a power of
+    ``x_i - T``, so its relative error grows as it vanishes, and a sparsemax entry can be
+    a float32 rounding midpoint exactly; the device's float64 threshold, a few ulps from
+    the CPU's, rounds a few such entries to the neighbouring float32 value, docs/cuda.md.)"""
+    for alpha in (1.25, 1.5, 2.0, 3.0):
+        x = threshold_rows(alpha, 30, seed=int(alpha * 8))
+        got = np.asarray(gpu.call(er.entmax, x, alpha=alpha))
+        want, other = (er.entmax(x, alpha=alpha, backend=b) for b in ("numpy", "numba"))
+        assert (want[:, 11:] > 0).any() and (want[:, 11:] == 0).any(), alpha  # edge entries on both sides
+        np.testing.assert_array_equal(other > 0, want > 0)
+        np.testing.assert_array_equal(got > 0, want > 0)
