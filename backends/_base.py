@@ -32,6 +32,10 @@ class RowSolve(NamedTuple):
     support: Any  #: (rows,) int64 number of nonzeros
     n_iter: Any  #: (rows,) int64 iterations the solver took (0 for closed forms)
     converged: Any  #: (rows,) bool
+    #: (rows,) float64 public threshold ``tau`` (module docstring), correctly rounded, from
+    #: an engine that computes it (float64 rows of the CPU engines); None: the public layer
+    #: converts ``theta``
+    tau: Any = None
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,10 @@ import numpy as np
 
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, NonFiniteInput, RowSolve
 from .capabilities import require
+from .numba import exact_rows as _exact
 from .numba import grads as _grads
 from .numba import rows as _rows
+from .numba._threads import run_blocks
 
 _METHODS = {None: _rows.METHOD_DEFAULT, "bisect": _rows.METHOD_BISECT, "newton": _rows.METHOD_NEWTON}
 
@@ -130,6 +132,28 @@ def _row_forward(kernel, x: np.ndarray, alpha: np.ndarray, *options) -> RowSolve
     return RowSolve(*bufs)
 
 
+def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
+    """The row solvers (:func:`.numba.rows.entmax_rows`); float64 rows then finished correctly
+    rounded (:func:`.numba.exact_rows.finish_rows`), and solved again exactly
+    (:func:`.exact_rows.entmax_row`) where that stage leaves them undecided or where
+    alpha - 1 is not a float64 (alpha >= 2^52)."""
+    res = _row_forward(_rows.entmax_rows, x, alpha, method)
+    x = _as_rows(x)
+    if x.dtype != np.float64 or not x.shape[0]:
+        return res
+    from .exact_rows import entmax_row
+
+    alpha = _as_alpha(alpha, x.shape[0])
+    tau = np.empty(x.shape[0], np.float64)
+    ok = np.empty(x.shape[0], np.bool_)
+    run_blocks(_exact.finish_rows, (x, alpha, res.p, res.theta, tau, res.support, ok), x.shape,
+               8 * numba.get_num_threads())
+    for r in np.flatnonzero(~ok | ((alpha >= 2.0 ** 52) & (res.n_iter >= 0))):
+        hint = float(res.theta[r]) if np.isfinite(res.theta[r]) else None
+        res.p[r], tau[r], res.theta[r], res.support[r] = entmax_row(x[r], alpha[r], np.float64, hint)
+    return res._replace(tau=tau)
+
+
 def _row_vjp(kernel, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     """A row VJP kernel ``kernel(p, g, alpha, dx)`` on a checked (p, g) pair (:func:`_pair`)."""
     p, g = _pair(p, g)
@@ -150,7 +174,7 @@ class NumbaBackend:
 
     def entmax_forward(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
         require(self.name, "entmax_forward", method)
-        res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
+        res = _entmax_rows(x, alpha, _METHODS[method])
         return res
 
     def entmax_forward_scanned(self, x: np.ndarray, alpha: np.ndarray, method: str | None) -> RowSolve:
@@ -160,7 +184,7 @@ class NumbaBackend:
         :class:`~entmax_ref.backends._base.NonFiniteInput` when a row holds one; the public
         layer then scans x itself to raise its usual error."""
         require(self.name, "entmax_forward", method)
-        res = _row_forward(_rows.entmax_rows, x, alpha, _METHODS[method])
+        res = _entmax_rows(x, alpha, _METHODS[method])
         if (res.n_iter < 0).any():
             raise NonFiniteInput("x has a NaN or +inf entry")
         return res

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import exact_rows as _exact
 from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
 from .capabilities import require
@@ -411,6 +412,7 @@ class NumpyBackend:
         rows, n = x.shape
         x64 = x.astype(_F64)
         theta = np.full(rows, -np.inf)
+        shift = np.full(rows, -np.inf)  # theta - max x, before its rounding into theta
         n_iter = np.zeros(rows, np.int64)
         converged = np.ones(rows, bool)
         p = np.zeros((rows, n))
@@ -448,9 +450,13 @@ class NumpyBackend:
             if a is not None:
                 p_rows = e_alpha(y - A[:, None], a)
             theta[rows_mask] = m[rows_mask] + A
+            shift[rows_mask] = A
             p[rows_mask] = p_rows
             n_iter[rows_mask] = it
             converged[rows_mask] = ok
+        if x.dtype == _F64:  # correctly rounded, with the exact support and tau (:mod:`.exact_rows`)
+            p, tau, theta, support = _exact.finish(x64, alpha, shift, p, x.dtype)
+            return RowSolve(p, theta, support, n_iter, converged, tau)
         support = (p > 0).sum(axis=1).astype(np.int64)
         return RowSolve(p.astype(x.dtype, copy=False), theta, support, n_iter, converged)
 

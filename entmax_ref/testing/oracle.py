@@ -1,4 +1,13 @@
-"""A 50-digit mpmath oracle for alpha-entmax of one row (slow; for small and medium rows).
+"""mpmath and rational oracles for alpha-entmax of one row (slow; for small and medium rows).
+
+:func:`entmax_mp` solves a row to 50 digits (or ``dps``).  :func:`entmax_cr` is the
+correctly rounded answer the library's float64 rows are held to, 0 ulp: exact rationals for
+alpha = 2; otherwise :func:`entmax_mp` at :data:`CR_DPS` digits and again at
+``CR_DPS + 40``, and each output rounded only where the two agree (the oracle raises
+where they do not): an entry whose probability shrinks with the precision sits at the
+threshold (p = 0), and a value within ``10^-(CR_DPS - 10)`` of a rounding midpoint is
+taken to be on it (ties to even).  It shares no code with the library's own exact path
+(:mod:`entmax_ref.backends.exact_rows`).
 
 It needs ``mpmath`` (the ``test`` and ``corpus`` extras: ``pip install "entmax-ref[corpus]"``).
 The test suite (``tests/oracle.py``) and the conformance corpus generator
@@ -6,6 +15,8 @@ The test suite (``tests/oracle.py``) and the conformance corpus generator
 """
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 
@@ -144,6 +155,114 @@ def _edge_relative(xm, xs, a1, dps):
     return p, T
 
 
+#: the lower of the correctly rounded oracle's two working precisions, in digits
+CR_DPS = 90
+#: the higher: CR_DPS plus this
+CR_MORE = 40
+
+_FMT = {np.dtype(np.float64): (53, -1022, 1024), np.dtype(np.float32): (24, -126, 128)}
+
+
+def _exact(v) -> Fraction:
+    """An mpf (or float, int, Fraction) as an exact rational."""
+    if isinstance(v, Fraction):
+        return v
+    if isinstance(v, (int, float)):
+        return Fraction(v)
+    v = mp.mpf(v)
+    man, exp = v.man_exp  # the magnitude's (mpmath keeps the sign apart)
+    q = Fraction(man) * Fraction(2) ** exp if man else Fraction(0)
+    return -q if v < 0 else q
+
+
+def _grid(q: Fraction, dtype):
+    """(the two neighbours of ``|q|`` in ``dtype``'s grid, as Fractions, below and above;
+    and whether above overflows): floor and ceiling at the last place of ``|q|``."""
+    bits, emin, emax = _FMT[np.dtype(dtype)]
+    q = abs(q)
+    e = emin
+    if q > 0:
+        e = max(emin, q.numerator.bit_length() - q.denominator.bit_length() - 1)
+        while Fraction(2) ** (e + 1) <= q:
+            e += 1
+        while e > emin and Fraction(2) ** e > q:
+            e -= 1
+    ulp = Fraction(2) ** (e - bits + 1)
+    lo = (q // ulp) * ulp
+    return lo, lo + ulp, ulp
+
+
+def round_cr(v_lo, v_hi, dtype) -> float:
+    """The correct rounding in ``dtype`` of a real known as ``v_lo`` (mpf at the lower
+    precision) and ``v_hi`` (at the higher one; exact Fractions are their own): the two
+    must round alike (else ValueError); a value within ``10^-(CR_DPS - 10)`` (relative)
+    of a rounding midpoint is that midpoint (ties to even)."""
+    out = []
+    for v in (v_lo, v_hi):
+        q = _exact(v)
+        sign = -1 if q < 0 else 1
+        lo, hi, ulp = _grid(q, dtype)
+        mid = lo + ulp / 2
+        tie = isinstance(v, Fraction) and abs(q) == mid or (
+            not isinstance(v, Fraction) and abs(abs(q) - mid) <= abs(q) * Fraction(10) ** -(CR_DPS - 10))
+        if tie:
+            r = lo if (lo / ulp) % 2 == 0 else hi
+        else:
+            r = lo if abs(q) < mid else hi
+        bits, emin, emax = _FMT[np.dtype(dtype)]
+        f = float(r) if r < Fraction(2) ** emax else np.inf
+        out.append(sign * f)
+    if out[0] != out[1]:
+        raise ValueError(f"the oracle's two precisions round differently: {out[0]!r} and {out[1]!r}")
+    return out[1]
+
+
+def _sparsemax_cr(x, dtype):
+    """alpha = 2 in exact rationals: the support size k is the one whose threshold
+    ``tau_k = (sum of the top k - 1) / k`` the k-th value exceeds and the next does not."""
+    fin = sorted((Fraction(float(v)) for v in x if np.isfinite(v)), reverse=True)
+    cs = Fraction(0)
+    tau = None
+    for k, v in enumerate(fin, start=1):
+        cs += v
+        t = (cs - 1) / k
+        if v > t and (k == len(fin) or fin[k] <= t):
+            tau = t
+            break
+    p = np.zeros(len(x), dtype)
+    for i, v in enumerate(x):
+        if np.isfinite(v) and Fraction(float(v)) > tau:
+            p[i] = round_cr(Fraction(float(v)) - tau, Fraction(float(v)) - tau, dtype)
+    return p, round_cr(tau, tau, np.float64), int(np.count_nonzero([np.isfinite(v) and Fraction(float(v)) > tau
+                                                                   for v in x]))
+
+
+def entmax_cr(x, alpha, dtype=np.float64):
+    """The correctly rounded alpha-entmax of the float64 row ``x`` (``-inf`` masked): ``(p``
+    in ``dtype``, ``tau`` float64, the exact support size ``)`` (module docstring)."""
+    x = np.asarray(x, np.float64)
+    if not np.isfinite(x).any():
+        return np.zeros(len(x), dtype), -np.inf, 0
+    alpha = float(alpha)
+    if alpha == 2.0:
+        return _sparsemax_cr(x, dtype)
+    lo_p, lo_T = entmax_mp(x, alpha, dps=CR_DPS)
+    hi_p, hi_T = entmax_mp(x, alpha, dps=CR_DPS + CR_MORE)
+    p = np.zeros(len(x), dtype)
+    support = 0
+    with mp.workdps(CR_DPS + CR_MORE):
+        for i, (a, b) in enumerate(zip(lo_p, hi_p)):
+            if b == 0 and a == 0:
+                continue
+            if b < a * mp.mpf(10) ** -20:  # vanishing with the precision: at the threshold
+                continue
+            support += 1
+            p[i] = round_cr(a, b, dtype)
+        a1 = mp.mpf(alpha) - 1
+        tau = round_cr(lo_T if alpha == 1.0 else a1 * lo_T, hi_T if alpha == 1.0 else a1 * hi_T, np.float64)
+    return p, tau, support
+
+
 def edge_row(rng, alpha: float, ties: int, deficit: float, spread: bool) -> np.ndarray:
     """A row for alpha > 2 whose support edge is ``ties`` equal entries c carrying about
     ``deficit / ties`` each, so that for small enough ``deficit`` the edge gap
@@ -172,3 +291,68 @@ def edge_row(rng, alpha: float, ties: int, deficit: float, spread: bool) -> np.n
     below = c - rng.uniform(0.0, 2.0 * w, 4)
     x = np.concatenate([top, np.full(ties, c), below, [-np.inf]])
     return rng.permutation(x)
+
+
+#: the alphas :func:`boundary_rows` builds rows for, by how their threshold can be placed:
+#: rationally (2; 1.5 and 3, through dyadic probabilities) or at the float nearest it
+BOUNDARY_ALPHAS = (1.0, 1.5, 2.0, 3.0, 1.0 + 1e-6, 1.0 + 2.0 ** -30, 1.25, 1.33, 1.75, 2.5, 10.0, 100.0)
+
+
+def _pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def _exact_threshold_row(rng, alpha: float):
+    """A row whose threshold T is a float64 that is also an entry (p = 0 there exactly),
+    with entries one ulp on either side: support probabilities ``p_j`` dyadic with sum 1
+    and ``x_j = T + p_j^(alpha-1) / (alpha-1)`` exact (alpha = 2: ``T + p``; 1.5: ``T + 2
+    sqrt(p)`` with ``sqrt(p)`` dyadic; 3: ``T + p^2 / 2``)."""
+    T = float(rng.integers(-8, 8)) / 4.0
+    if alpha == 2.0:
+        p = _pick(rng, [[0.5, 0.25, 0.25], [0.5, 0.5], [0.75, 0.125, 0.125], [1.0]])
+        top = [T + v for v in p]
+    elif alpha == 1.5:
+        v = _pick(rng, [[0.5, 0.5, 0.5, 0.5], [0.75, 0.5, 0.25, 0.25, 0.25], [1.0]])
+        top = [T + 2.0 * s for s in v]
+    else:  # alpha = 3
+        p = _pick(rng, [[0.5, 0.5], [0.75, 0.25], [0.5, 0.25, 0.25], [1.0]])
+        top = [T + v * v / 2.0 for v in p]
+    edge = [T, np.nextafter(T, np.inf), np.nextafter(T, -np.inf)]
+    return np.array(top + edge + list(T - rng.uniform(0.0, 2.0, 3)))
+
+
+def _threshold(x, alpha: float) -> float:
+    """The float64 nearest the row's support threshold T (x-space theta at alpha = 1)."""
+    with mp.workdps(30):
+        return float(entmax_mp(x, alpha, dps=30)[1])
+
+
+def boundary_rows(rng, alpha: float, n: int = 12, offset: float = 0.0):
+    """Rows built to sit on the edges of correct rounding at ``alpha``, each a float64 row
+    of about ``n`` entries (or ``n`` for the long ones), ``offset`` added where it keeps the
+    entries exact: a random row with entries added at the float nearest its threshold,
+    one and two ulps on either side (tiny exact probabilities, or exactly 0); ties of the
+    maximum and near ties one ulp apart; a row whose threshold is a float and an entry
+    (alpha in {1.5, 2, 3}); the issue row of sparsemax (an entry 3.7e-17 above the
+    threshold); rows with subnormal outputs; a masked entry.  Yields (name, row)."""
+    x = rng.standard_normal(n) * float(rng.choice([0.3, 1.0, 3.0]))
+    if alpha != 1.0:
+        T = _threshold(x, alpha)
+        near = [T, np.nextafter(T, np.inf), np.nextafter(T, -np.inf),
+                np.nextafter(np.nextafter(T, np.inf), np.inf), np.nextafter(np.nextafter(T, -np.inf), -np.inf)]
+        yield "threshold", np.concatenate([x, near])
+    m = float(x.max())
+    yield "ties", np.concatenate([x, [m, m, np.nextafter(m, -np.inf), np.nextafter(m, np.inf)]])
+    if alpha in (1.5, 2.0, 3.0):
+        yield "exact threshold", _exact_threshold_row(rng, alpha) + offset
+    if alpha == 2.0:
+        yield "issue row", np.array([0.0, -0.5000000000000001, -0.49999999999999994, 0.0, -0.5, -1.5]) + offset
+        # p = 2^-1070 (2/3): a subnormal output
+        yield "subnormal", np.array([0.5, 0.5, 2.0 ** -1070, 0.0, -3.0])
+    if alpha == 1.0:
+        yield "subnormal", np.concatenate([x, m - rng.uniform(700.0, 745.0, 4), [m - 2000.0]])
+    if offset:
+        yield "offset", np.round(x * 4.0) / 4.0 + offset
+    masked = x.copy()
+    masked[int(rng.integers(len(x)))] = -np.inf
+    yield "masked", masked

@@ -1,0 +1,963 @@
+"""Correctly rounded float64 rows in numba: the double-word arithmetic and the finishing
+stage that runs after the row solvers (:mod:`.rows`), as entry kernels of their own.
+
+**Double-word arithmetic**: the error-free transformations, the double-word operations and
+``exp_dw``, ``log_dw``, ``log1p_dw`` of :mod:`entmax_ref.backends.double_word`, as scalar
+functions that LLVM inlines and, in loops, vectorises (no libm call, no branch on the data:
+selects).  TwoProd is one fused multiply-add (``llvm.fma.f64``: a single rounding on every
+CPU, in hardware where the CPU has FMA), which also gives the FMA forms of the double-word
+products (DWTimesFP3, DWTimesDW3 of Joldes, Muller and Popescu).  The NumPy engine uses
+Dekker's product instead; an error-free transformation has one exact answer, and each
+function's error bound in :mod:`entmax_ref.backends.double_word` covers both.
+
+**The finishing stage**: the NumPy engine's (:mod:`entmax_ref.backends.exact_rows`, whose
+docstring describes it), one row at a time.  The solvers' float64 answer gives the start:
+at 1 < alpha <= 2 the threshold ``A0 = theta - m`` (relative to the row's maximum ``m``) is
+recovered from the solver's largest output, ``p_max = e_alpha(-A0)`` (accurate to an ulp
+however large ``m`` is); at alpha > 2 the reference entry is the solver's smallest support
+entry and its probability.  From there: the candidates' probabilities in double-word with an
+error bound each, Newton steps on the threshold until the computed mass is within its own
+error bound of 1, the threshold's radius from the last evaluation, membership decided
+against it, every output and ``tau`` rounded where its error interval holds no rounding
+boundary.  A row left undecided returns ``ok = False``; the Python side then solves it with
+:func:`entmax_ref.backends.exact_rows.entmax_row`.
+
+The stage is its own kernel (:func:`finish_rows`), run on float64 rows only (float32 rows
+are correctly rounded by the solvers' float64 arithmetic), so the row solvers compile as
+before and a float32 call never compiles it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .. import double_word as M
+from ._jit import f64, i64, b1, jit, kernel
+from .candidates import gather_alive
+from .elementwise import K_GEN
+from .vexp import _bits, _from_bits, div
+
+_T64_HI, _T64_LO = M.EXP_T64_HI, M.EXP_T64_LO
+_T4096_HI, _T4096_LO = M.EXP_T4096_HI, M.EXP_T4096_LO
+_T1024_HI, _T1024_LO = M.EXP_T1024_HI, M.EXP_T1024_LO
+_INV1024 = M.INV_LN2_1024
+_L1024A, _L1024B, _L1024C = M.LN2_1024_A, M.LN2_1024_B, M.LN2_1024_C
+_LOG_HI, _LOG_LO, _LOG_C = M.LOG_T_HI, M.LOG_T_LO, M.LOG_C
+_INV = M.INV_LN2_4096
+_LA, _LB, _LC = M.LN2_4096_A, M.LN2_4096_B, M.LN2_4096_C
+_NA, _NB, _NC = M.LN2_A, M.LN2_B, M.LN2_C
+_SHIFT = M.SHIFT
+_SHIFT_BITS = 0x4338000000000000  # the bits of SHIFT: an integer k < 2^51 in its low bits
+_C6, _C24, _C120, _C720 = M.EXP_C
+_A5, _A7, _A9, _A11 = M.ATANH_C
+_TT_HI, _TT_LO = M.TWO_THIRDS_HI, M.TWO_THIRDS_LO
+_J0 = M.LOG_J0
+_N = float(M.LOG_N)
+_NEAR = M.LOG_NEAR
+_SQRT2 = M.SQRT2
+_TINY = 2.0 ** -600
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """``a * b + c`` with one rounding (``llvm.fma.f64``)."""
+    if not (a == b == c == types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f64 = ir.DoubleType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64, f64, f64]), "llvm.fma.f64")
+        return builder.call(fn, args)
+
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+@jit(inline="always")
+def two_sum(a, b):
+    """``a + b = s + e`` exactly (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@jit(inline="always")
+def fast_two_sum(a, b):
+    """``a + b = s + e`` exactly, for ``|a| >= |b|`` (or a = 0) (Dekker)."""
+    s = a + b
+    return s, b - (s - a)
+
+
+@jit(inline="always")
+def two_prod(a, b):
+    """``a * b = p + e`` exactly."""
+    p = a * b
+    return p, fma(a, b, -p)
+
+
+@jit(inline="always")
+def dw_add(ah, al, bh, bl):
+    """Double-word + double-word (AccurateDWPlusDW): relative error <= 3 u^2."""
+    sh, sl = two_sum(ah, bh)
+    th, tl = two_sum(al, bl)
+    vh, vl = fast_two_sum(sh, sl + th)
+    return fast_two_sum(vh, tl + vl)
+
+
+@jit(inline="always")
+def dw_add_fp(ah, al, b):
+    """Double-word + float64 (DWPlusFP): relative error <= 2 u^2."""
+    sh, sl = two_sum(ah, b)
+    return fast_two_sum(sh, al + sl)
+
+
+@jit(inline="always")
+def dw_mul_fp(ah, al, b):
+    """Double-word times float64 (DWTimesFP3): relative error <= 2 u^2."""
+    ch, cl1 = two_prod(ah, b)
+    return fast_two_sum(ch, fma(al, b, cl1))
+
+
+@jit(inline="always")
+def dw_mul(ah, al, bh, bl):
+    """Double-word times double-word (DWTimesDW3): relative error <= 4 u^2."""
+    ch, cl1 = two_prod(ah, bh)
+    tl1 = fma(ah, bl, al * bl)
+    return fast_two_sum(ch, cl1 + fma(al, bh, tl1))
+
+
+@jit(inline="always")
+def dw_div_fp(ah, al, b):
+    """Double-word divided by float64 (DWDivFP3): relative error <= 3 u^2."""
+    th = div(ah, b)
+    ph, pl = two_prod(th, b)
+    return fast_two_sum(th, div(((ah - ph) - pl) + al, b))
+
+
+@jit(inline="always")
+def dw_div(ah, al, bh, bl):
+    """Double-word divided by double-word (DWDivDW2): relative error <= 15 u^2."""
+    th = div(ah, bh)
+    rh, rl = dw_mul_fp(bh, bl, th)
+    return fast_two_sum(th, div((ah - rh) + (al - rl), bh))
+
+
+@jit(inline="always")
+def _pow2(k):
+    """``2^k`` for an integer ``-1022 <= k <= 1023`` (int64), from its bits."""
+    return _from_bits((k + 1023) << 52)
+
+
+@jit(inline="always")
+def scale2(v, k):
+    """``v 2^k`` (int64 ``k``, |k| <= 2000) in two exact halvings: one rounding at most,
+    where the result is subnormal."""
+    k1 = k >> 1
+    return (v * _pow2(k1)) * _pow2(k - k1)
+
+
+@jit(inline="always")
+def exp_dw(zh, zl):
+    """``exp(zh + zl) = 2^e (hi + lo)`` with relative error below ``EPS_EXP``, for
+    ``|zh| <= EXP_MAX`` (the algorithm is in :mod:`entmax_ref.backends.double_word`).
+    Returns (e int64, hi, lo); ``hi`` in [0.7, 1.5]."""
+    kd = zh * _INV + _SHIFT
+    kf = kd - _SHIFT
+    k = _bits(kd) - _SHIFT_BITS
+    h = zh - kf * _LA  # exact
+    rh, rl = two_sum(h, -(kf * _LB))  # kf * B is exact
+    rl = rl + (zl - kf * _LC)
+    rh, rl = fast_two_sum(rh, rl)
+    qh, ql = two_prod(rh, rh)
+    poly = (qh * rh) * (_C6 + rh * (_C24 + rh * (_C120 + rh * _C720)))
+    small = (0.5 * ql + rh * rl) + poly + rl
+    s1, e1 = fast_two_sum(1.0, rh)
+    s2, e2 = two_sum(s1, 0.5 * qh)
+    eh, el = fast_two_sum(s2, (e1 + e2) + small)
+    j1 = (k >> 6) & 63
+    j2 = k & 63
+    th, tl = dw_mul(_T64_HI[j1], _T64_LO[j1], _T4096_HI[j2], _T4096_LO[j2])
+    hi, lo = dw_mul(th, tl, eh, el)
+    return k >> 12, hi, lo
+
+
+@jit(inline="always")
+def exp_lean(zh, zl):
+    """``exp(zh + zl) = 2^e (hi + lo)`` with relative error below ``EPS_EXP_LEAN`` (the
+    algorithm is in :mod:`entmax_ref.backends.double_word`): one table of 1024 double-words
+    and ``1 + r`` the only double-word of the polynomial, in two thirds of
+    :func:`exp_dw`'s time.  For the softmax's first pass, whose rounding tests send the
+    rare row they cannot decide to :func:`exp_dw`.  Returns (e int64, hi, lo)."""
+    kd = zh * _INV1024 + _SHIFT
+    kf = kd - _SHIFT
+    k = _bits(kd) - _SHIFT_BITS
+    h = zh - kf * _L1024A  # exact
+    rh, rl = two_sum(h, -(kf * _L1024B))  # kf * B is exact
+    rh, rl = fast_two_sum(rh, rl + (zl - kf * _L1024C))
+    q = (rh * rh) * (0.5 + rh * (_C6 + rh * (_C24 + rh * _C120)))
+    s1, e1 = fast_two_sum(1.0, rh)
+    eh, el = fast_two_sum(s1, e1 + (rl + q))
+    j = k & 1023
+    hi, lo = dw_mul(_T1024_HI[j], _T1024_LO[j], eh, el)
+    return k >> 10, hi, lo
+
+
+@jit(inline="always")
+def _log_table(j, rh, rl):
+    """``log(c_j) + log(1 + r)`` for ``c_j = 1 + j/256`` and a small double-word ``r``:
+    ``log(1 + r) = 2 atanh(s)``, ``s = r / (2 + r)``."""
+    dh, dl = fast_two_sum(2.0, rh)
+    sh, sl = dw_div(rh, rl, dh, dl + rl)
+    s2h, s2l = two_prod(sh, sh)
+    s2l = s2l + 2.0 * sh * sl
+    s3h, s3l = dw_mul(s2h, s2l, sh, sl)
+    th, tl = dw_mul(s3h, s3l, _TT_HI, _TT_LO)
+    tail = (s3h * s2h) * (_A5 + s2h * (_A7 + s2h * (_A9 + s2h * _A11)))
+    ah, al = dw_add(2.0 * sh, 2.0 * sl, th, tl + tail)
+    i = j - _J0
+    return dw_add(_LOG_HI[i], _LOG_LO[i], ah, al)
+
+
+@jit(inline="always")
+def log_dw(vh, vl):
+    """``log(vh + vl)`` for a positive double-word (normalised, ``vh`` normal), relative
+    error below ``EPS_LOG``: ``v = 2^e m``, ``m`` in [sqrt(2)/2, sqrt(2)), ``m = c_j (1 +
+    r)``.  Returns (hi, lo)."""
+    b = _bits(vh)
+    e = ((b >> 52) & 0x7FF) - 1023
+    m = _from_bits((b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000)  # in [1, 2)
+    if m > _SQRT2:  # a select
+        m = 0.5 * m
+        e = e + 1
+    j = np.int64((m - 1.0) * _N + _SHIFT - _SHIFT)
+    c = _LOG_C[j - _J0]
+    nh, nl = two_sum(m - c, vl * _pow2(-e))  # m - c is exact
+    rh, rl = dw_div_fp(nh, nl, c)
+    lh, ll = _log_table(j, rh, rl)
+    ef = np.float64(e)
+    ph, pl = two_prod(ef, _NB)
+    eh, el = fast_two_sum(ef * _NA, ph)  # e * LN2_A is exact
+    return dw_add(eh, el + (pl + ef * _NC), lh, ll)
+
+
+@jit(inline="always")
+def log1p_dw(wh, wl):
+    """``log(1 + wh + wl)`` for ``wh + wl > -1``, relative error below ``EPS_LOG``: for
+    ``|w| <= 1/4`` from ``w`` itself (``r = (w - j/256) / c_j``), so a tiny ``w`` keeps its
+    precision; otherwise :func:`log_dw` of ``1 + w``.  Returns (hi, lo)."""
+    if abs(wh) <= _NEAR:
+        if abs(wh) < _TINY:  # log1p(w) = w (1 - w/2 + ...): w itself, to 2^-601
+            return wh, wl
+        j = np.int64(wh * _N + _SHIFT - _SHIFT)
+        c = _LOG_C[j - _J0]
+        nh, nl = two_sum(wh - (c - 1.0), wl)  # wh - j/256 is exact
+        rh, rl = dw_div_fp(nh, nl, c)
+        return _log_table(j, rh, rl)
+    vh, vl = two_sum(1.0, wh)
+    vh, vl = fast_two_sum(vh, vl + wl)
+    return log_dw(vh, vl)
+
+
+@jit(inline="always")
+def log1p_dw_sel(wh, wl):
+    """:func:`log1p_dw` with both reductions formed and one of them selected (no branch on
+    the data), for loops that LLVM vectorises."""
+    near = abs(wh) <= _NEAR
+    # near 1: 1 + w = c_j (1 + r), r = (w - j/256) / c_j
+    jn = np.int64(wh * _N + _SHIFT - _SHIFT)
+    jn = jn if near else 0
+    cn = _LOG_C[jn - _J0]
+    nh, nl = two_sum(wh - (cn - 1.0), wl)
+    # otherwise 1 + w = 2^e m, m = c_j (1 + r)
+    vh, vl = two_sum(1.0, wh)
+    vh, vl = fast_two_sum(vh, vl + wl)
+    vh = vh if not near else 1.0
+    vl = vl if not near else 0.0
+    b = _bits(vh)
+    e = ((b >> 52) & 0x7FF) - 1023
+    m = _from_bits((b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000)  # in [1, 2)
+    big = m > _SQRT2
+    m = 0.5 * m if big else m
+    e = e + 1 if big else e
+    jf = np.int64((m - 1.0) * _N + _SHIFT - _SHIFT)
+    cf = _LOG_C[jf - _J0]
+    fh, fl = two_sum(m - cf, vl * _pow2(-e))
+    j = jn if near else jf
+    rh, rl = dw_div_fp(nh if near else fh, nl if near else fl, cn if near else cf)
+    lh, ll = _log_table(j, rh, rl)
+    ef = np.float64(e) if not near else 0.0
+    ph, pl = two_prod(ef, _NB)
+    eh, el = fast_two_sum(ef * _NA, ph)
+    sh, sl = dw_add(eh, el + (pl + ef * _NC), lh, ll)
+    tiny = abs(wh) < _TINY
+    return (wh if tiny else sh), (wl if tiny else sl)
+
+
+U2 = M.U2
+SLACK, CAND_MARGIN, NORMAL_MIN, NEWTON_EVALS = M.SLACK, M.CAND_MARGIN, M.NORMAL_MIN, M.NEWTON_EVALS
+_EPS_EXP, _EPS_EXP_LEAN, _EPS_LOG, _EXP_MAX = M.EPS_EXP, M.EPS_EXP_LEAN, M.EPS_LOG, M.EXP_MAX
+_DW_ADD, _DW_MUL, _DW_DIV = M.DW_ADD, M.DW_MUL, M.DW_DIV
+_TINY_ABS = 2.0 ** -1070  # the absolute error of a term below the normal range
+
+#: kinds of the map, as :mod:`entmax_ref.backends.exact_rows`': sparsemax p = v, 1.5-entmax p = v^2, else exp(log(v)/a1)
+KIND_SPARSE = 2
+KIND_15 = 15
+KIND_GEN = 0
+
+
+# ----------------------------------------------------------------------------- rounding
+@jit(inline="always")
+def _half_gaps(c, f32):
+    """Half the distances from ``c >= 0`` (a value of the target format, as float64) to its
+    neighbours above and below in that format (float64, or float32 when ``f32``), from
+    the bits: the gap below is half the gap above at a power of two."""
+    b = _bits(c)
+    ex = (b >> 52) & 0x7FF
+    if f32:
+        # float32's last place: 2^(ex - 1023 - 23), and 2^-149 below its normal range
+        q = ex - 23
+        if q < 1023 - 149:
+            q = 1023 - 149
+        mant_zero = ((b & 0x000FFFFFFFFFFFFF) == 0) & (ex > 1023 - 126)
+    else:
+        q = ex - 52
+        if q < 1:
+            q = 1
+        mant_zero = ((b & 0x000FFFFFFFFFFFFF) == 0) & (ex > 1)
+    up = 0.5 * _from_bits(q << 52)
+    dn = 0.5 * up if mant_zero else up
+    return up, dn
+
+
+@jit(inline="always")
+def round_dw(h, l, err, f32):
+    """The rounding to nearest of ``h + l`` (a normalised double-word, ``|h| >=
+    NORMAL_MIN``, ``h >= 0``) in float64 (or float32), and whether every value within
+    ``err`` of it rounds the same.  Returns (value as float64, ok)."""
+    c = np.float64(np.float32(h)) if f32 else h
+    d = (h - c) + l  # h - c is exact
+    up, dn = _half_gaps(c, f32)
+    e = err * SLACK
+    ok = (d + e < up / SLACK) & (d - e > -dn / SLACK) & (h >= NORMAL_MIN)
+    return c, ok
+
+
+@jit(inline="always")
+def round_signed(h, l, err):
+    """:func:`round_dw` in float64 for a double-word of either sign (tau)."""
+    if h < 0.0:
+        c, ok = round_dw(-h, -l, err, False)
+        return -c, ok
+    return round_dw(h, l, err, False)
+
+
+@jit
+def round_scaled(e, h, l, err, f32):
+    """:func:`round_dw` of ``2^e (h + l)`` (``h`` near 1, positive) with absolute error ``2^e
+    err``, subnormal float64 results included (decided on their grid of 2^-1074).
+    Returns (value as float64, ok)."""
+    v = scale2(h, e)
+    if v >= NORMAL_MIN:
+        return round_dw(v, scale2(l, e), scale2(err, e), f32)
+    if f32:  # every value this small is 0 in float32
+        return 0.0, v < 2.0 ** -200
+    d = (h - scale2(v, -e)) + l  # v: h 2^e rounded once to the grid of 2^-1074
+    half = scale2(1.0, -1075 - e)
+    return v, abs(d) + err * SLACK < half / SLACK
+
+
+# ----------------------------------------------------------------------------- exact ties
+@jit
+def sum_sign(t, n, e):
+    """The exact sign (-1, 0, 1) of ``t[0] + ... + t[n-1]`` (float64, no overflow), by
+    Shewchuk's Grow-Expansion with zero elimination into the scratch ``e`` (length >= n):
+    the expansion's components do not overlap and grow in magnitude, so its sign is that
+    of the last."""
+    m = 0
+    for i in range(n):
+        q = t[i]
+        k = 0
+        for j in range(m):
+            q, h = two_sum(q, e[j])
+            if h != 0.0:
+                e[k] = h
+                k += 1
+        if q != 0.0:
+            e[k] = q
+            k += 1
+        m = k
+    if m == 0:
+        return 0
+    return 1 if e[m - 1] > 0.0 else -1
+
+
+@jit(inline="always")
+def _neighbours(h, l, f32):
+    """The two values of the target format around ``h + l`` that a rounding chooses between
+    when ``h + l`` is within a hair of their midpoint: (below, above, midpoint as a
+    double-word), ``h >= 0``."""
+    c = np.float64(np.float32(h)) if f32 else h
+    up, dn = _half_gaps(c, f32)
+    if (h - c) + l >= 0.0:
+        return c, c + 2.0 * up, c, up
+    return c - 2.0 * dn, c, c, -dn
+
+
+@jit(inline="always")
+def _even(a, b, f32):
+    """Of two neighbouring values of the target format, the one whose last digit is even."""
+    if f32:
+        return a if (_bits(a) >> 29) & 1 == 0 else b
+    return a if _bits(a) & 1 == 0 else b
+
+
+@jit(inline="always")
+def _one_boundary(h, l, err, f32):
+    """Whether the error interval ``h + l +- err`` (``h >= 0``) holds at most one rounding
+    boundary of the target format: the one nearest ``h + l``."""
+    c = np.float64(np.float32(h)) if f32 else h
+    up, dn = _half_gaps(c, f32)
+    return (abs((h - c) + l) + err) * SLACK < min(up, dn)
+
+
+@jit
+def _sparse_ties(x, idx, inside, k, ks, ph, pl, good, err, th, tl, terr, out, f32):
+    """Sparsemax rows whose rounding tests left outputs (or tau) undecided, each within its
+    error bound (``err[j]``, ``terr``) of one rounding midpoint c: the values are
+    rational, ``p_i = (ks x_i - sigma + 1) / ks`` and ``tau = (sigma - 1) / ks`` (``sigma``
+    the support's sum, ``ks`` its size), so the exact sign of ``ks (value - c)``, a sum of
+    floats (TwoProd makes each product two), decides each: above c, below c, or on it
+    (ties to even).  ``inside[j]``, ``good[j]`` (1.0 / 0.0): membership and rounding of
+    candidate j.  Rewrites ``out``; returns (tau rounded the same way, ok): not ok where an
+    error interval holds more than one boundary (the row is left to the exact solver)."""
+    ok = _one_boundary(abs(th), abs(tl), terr, False)
+    for j in range(k):
+        if inside[j] != 0.0 and good[j] == 0.0:
+            ok = ok and _one_boundary(ph[j], pl[j], err[j], f32)
+    if not ok:
+        return th, False
+    t = np.empty(ks + 8, np.float64)
+    e = np.empty(ks + 8, np.float64)
+    nt = 0
+    for j in range(k):
+        if inside[j] != 0.0:
+            t[nt] = -np.float64(x[idx[j]])
+            nt += 1
+    kf = np.float64(ks)
+    for j in range(k):
+        if inside[j] == 0.0 or good[j] != 0.0:
+            continue
+        lo, hi, ch, cl = _neighbours(ph[j], pl[j], f32)
+        # ks x_i + 1 - sigma - ks c
+        t[nt], t[nt + 1] = two_prod(kf, np.float64(x[idx[j]]))
+        t[nt + 2] = 1.0
+        a, b = two_prod(kf, ch)
+        t[nt + 3], t[nt + 4], t[nt + 5] = -a, -b, -kf * cl
+        s = sum_sign(t, nt + 6, e)
+        out[idx[j]] = hi if s > 0 else (lo if s < 0 else _even(lo, hi, f32))
+    # tau = (sigma - 1) / ks: the sign of (sigma - 1 - ks c) is that of -(t sum) - 1 - ks c
+    neg = th < 0.0
+    h, l = (-th, -tl) if neg else (th, tl)
+    lo, hi, ch, cl = _neighbours(h, l, False)
+    if neg:  # |tau| = (1 - sigma) / ks: the sign of (1 - sigma - ks c)
+        t[nt] = 1.0
+    else:
+        for j in range(nt):
+            t[j] = -t[j]
+        t[nt] = -1.0
+    a, b = two_prod(kf, ch)
+    t[nt + 1], t[nt + 2], t[nt + 3] = -a, -b, -kf * cl
+    s = sum_sign(t, nt + 4, e)
+    v = hi if s > 0 else (lo if s < 0 else _even(lo, hi, False))
+    return (-v if neg else v), True
+
+
+# ----------------------------------------------------------------------------- 1 < alpha <= 2
+@jit(inline="always")
+def _eval_entry(yh, yl, Ah, Al, a1, kind):
+    """One candidate's probability at ``A`` (``exact_rows._eval_a``): returns (ph, pl, rel, u,
+    vh, vl, dv); ``rel`` its relative error bound, ``u = p / v``, ``v = 1 + a1 (y - A)``
+    and ``dv`` its absolute error bound; p = 0 (and rel = u = 0) off the support."""
+    dh, dl = dw_add(yh, yl, -Ah, -Al)
+    wh, wl = dw_mul_fp(dh, dl, a1)
+    dw_err = (_DW_ADD + 2.0) * U2 * abs(wh) * SLACK
+    vh, vl = dw_add_fp(wh, wl, 1.0)
+    dv = dw_err + _DW_ADD * U2 * abs(vh)
+    if not (vh > 0.0 or (vh == 0.0 and vl > 0.0)):
+        return 0.0, 0.0, 0.0, 0.0, vh, vl, dv
+    if kind == KIND_SPARSE:
+        ph, pl = vh, vl
+        rel = dv / vh
+    elif kind == KIND_15:
+        ph, pl = dw_mul(vh, vl, vh, vl)
+        rel = 2.0 * dv / vh * 1.01 + _DW_MUL * U2
+    else:
+        Lh, Ll = log1p_dw(wh, wl)
+        zh, zl = dw_div_fp(Lh, Ll, a1)
+        if zh < -_EXP_MAX:
+            zh = -_EXP_MAX
+        e, eh, el = exp_dw(zh, zl)
+        ph, pl = scale2(eh, e), scale2(el, e)
+        dz = (dw_err / vh + _EPS_LOG * abs(Lh)) / a1 + 3.0 * U2 * abs(zh)
+        rel = _EPS_EXP + 1.01 * dz
+    return ph, pl, rel * SLACK, ph / vh, vh, vl, dv
+
+
+@jit(inline="always")
+def _eval_gen(yh, yl, Ah, Al, a1):
+    """:func:`_eval_entry` for ``KIND_GEN`` without a branch on the data (for the loop of
+    :func:`_eval_all`, which LLVM vectorises)."""
+    dh, dl = dw_add(yh, yl, -Ah, -Al)
+    wh, wl = dw_mul_fp(dh, dl, a1)
+    dw_err = (_DW_ADD + 2.0) * U2 * abs(wh) * SLACK
+    vh, vl = dw_add_fp(wh, wl, 1.0)
+    dv = dw_err + _DW_ADD * U2 * abs(vh)
+    alive = (vh > 0.0) | ((vh == 0.0) & (vl > 0.0))
+    Lh, Ll = log1p_dw_sel(wh if alive else 0.0, wl if alive else 0.0)
+    zh, zl = dw_div_fp(Lh, Ll, a1)
+    zh = zh if zh > -_EXP_MAX else -_EXP_MAX
+    e, eh, el = exp_dw(zh, zl)
+    s = _pow2(e if e > -1022 else -1022)  # below 2^-1022 a term's error is counted absolutely
+    vpos = vh if alive else 1.0
+    dz = div(div(dw_err, vpos) + _EPS_LOG * abs(Lh), a1) + 3.0 * U2 * abs(zh)
+    rel = (_EPS_EXP + 1.01 * dz) * SLACK
+    ph = eh * s if alive else 0.0
+    return ph, (el * s if alive else 0.0), (rel if alive else 0.0), div(ph, vpos), vh, vl, dv
+
+
+@jit
+def _eval_all(yh, yl, k, Ah, Al, a1, kind, ph, pl, rel, vh, vl, dv, u):
+    """Every candidate's :func:`_eval_entry` at ``A``; returns ``sum u`` (the Newton step's
+    slope).  The general kind runs a loop of its own, without branches and without a sum
+    (a floating-point sum keeps a loop from being vectorised: ``u`` is summed after), which
+    LLVM vectorises: about six times faster than one candidate at a time."""
+    if kind == KIND_GEN:
+        for j in range(k):
+            ph[j], pl[j], rel[j], u[j], vh[j], vl[j], dv[j] = _eval_gen(yh[j], yl[j], Ah, Al, a1)
+    else:
+        for j in range(k):
+            ph[j], pl[j], rel[j], u[j], vh[j], vl[j], dv[j] = _eval_entry(yh[j], yl[j], Ah, Al, a1, kind)
+    su = 0.0
+    for j in range(k):
+        su += u[j]
+    return su
+
+
+#: :func:`_shift_all` moves a probability by its second-order series where ``|step / v|``
+#: is at most this (the third-order term is then below 2^-90 of it)
+SHIFT_MAX = 2.0 ** -30
+#: the error bound it adds (relative): the series' remainder and the rounding of its terms
+SHIFT_ERR = 2.0 ** -82
+
+
+@jit
+def _shift_all(yh, yl, k, Ah, Al, a1, step, ph, pl, rel, vh, vl, dv, u):
+    """The candidates' probabilities at ``A`` from those at ``A - step`` (the evaluation
+    before a Newton step), without a logarithm or an exponential: with ``v`` the previous
+    ``1 + a1 (y - A)`` and ``g = step / v``, ``p(A) = p exp(log1p(-a1 g) / a1) = p (1 - g +
+    (1 - a1) g^2 / 2 + O(g^3))``, and ``v(A) = v - a1 step``.  Each probability's error
+    bound grows by :data:`SHIFT_ERR`.  An entry with ``|g| > SHIFT_MAX`` (at the support's
+    edge) or that the step brings into the support is evaluated again
+    (:func:`_eval_gen`).  Returns True (always: the interface of a pass that may decline)."""
+    nbad = 0
+    for j in range(k):
+        alive = ph[j] > 0.0
+        vpos = vh[j] if alive else 1.0
+        g = div(step, vpos)
+        c = -g + (0.5 * (1.0 - a1)) * (g * g)
+        nh, nl = dw_add_fp(ph[j], pl[j], ph[j] * c)
+        ah = a1 * step
+        wh, wl = dw_add_fp(vh[j], vl[j], -ah)
+        far = abs(g) > SHIFT_MAX
+        born = (~alive) & (wh > 0.0)
+        ph[j] = nh if alive else 0.0
+        pl[j] = nl if alive else 0.0
+        rel[j] = rel[j] + (SHIFT_ERR if alive else 0.0)
+        vh[j], vl[j] = wh, wl
+        dv[j] = dv[j] + 2.0 ** -53 * abs(ah) + _DW_ADD * U2 * abs(wh)
+        u[j] = div(ph[j], wh if alive else 1.0)
+        nbad += far | born
+    if nbad:
+        for j in range(k):
+            if abs(step) > SHIFT_MAX * abs(vh[j]) or (ph[j] == 0.0 and vh[j] > 0.0):
+                ph[j], pl[j], rel[j], u[j], vh[j], vl[j], dv[j] = _eval_gen(yh[j], yl[j], Ah, Al, a1)
+    return True
+
+
+@jit
+def _mass(ph, pl, rel, k):
+    """``sum p - 1`` (double-word) over ``(ph, pl)[:k]`` and a bound on its error (a
+    compensated sum: TwoSum of the high parts, the errors and low parts summed beside;
+    their rounding is at most ``k u`` of their own sum, ``2 k u^2`` of the total), plus the
+    terms' own error bounds ``rel p``."""
+    s = 0.0
+    c = 0.0
+    ab = 0.0
+    ev = 0.0
+    for j in range(k):
+        s, e = two_sum(s, ph[j])
+        c += e + pl[j]
+        ab += ph[j]
+        ev += rel[j] * ph[j]
+    fh, fl = fast_two_sum(s, c)
+    fh, fl = dw_add_fp(fh, fl, -1.0)
+    err = ((2.0 * k + 4.0) * U2 * ab + ev + k * _TINY_ABS) * SLACK * SLACK
+    return fh, fl, err
+
+
+@jit
+def cr_alpha(x, out, m, a1, kind, A0, idx, yh, yl, ph, pl, rel, vh, vl, dv, u, f32):
+    """The correctly rounded row ``x`` (maximum ``m``) at ``1 < alpha = 1 + a1 <= 2``, from
+    the solver's ``A0`` (``theta - m``): writes ``out`` at the candidates (the solver left
+    every other entry 0) and returns (tau, theta, support, ok).  ``idx`` (int64) and the
+    float64 ``yh`` .. ``dv`` are scratch of the row's length."""
+    W = 1.0 / a1
+    mu = CAND_MARGIN * (1.0 + A0 + W)
+    # the candidates: y > A0 - W - mu, by the solvers' own gather (a1 (y - lo) > -1)
+    k = gather_alive(x, m, a1, K_GEN, A0 - mu, yh, idx)
+    for j in range(k):
+        yh[j], yl[j] = two_sum(np.float64(x[idx[j]]), -m)
+    Ah, Al = A0, 0.0
+    Fh = 0.0
+    E = 0.0
+    moved = False
+    step = 0.0
+    for it in range(NEWTON_EVALS):
+        if moved and kind == KIND_GEN and it == 1 and _shift_all(yh, yl, k, Ah, Al, a1, step, ph, pl, rel, vh, vl, dv, u):
+            su = 0.0  # the first step, from the evaluation before it (:func:`_shift_all`)
+            for j in range(k):
+                su += u[j]
+        else:
+            su = _eval_all(yh, yl, k, Ah, Al, a1, kind, ph, pl, rel, vh, vl, dv, u)
+        Fh, Fl, E = _mass(ph, pl, rel, k)
+        if abs(Fh) <= 4.0 * E or it == NEWTON_EVALS - 1 or not su > 0.0:
+            break
+        step = Fh / su
+        Ah, Al = dw_add_fp(Ah, Al, step)
+        moved = True
+    F = (abs(Fh) + E) * SLACK
+    RA = F / (1.0 - F) * SLACK
+    ok = abs(Ah - A0) + RA < 0.5 * mu and F < 0.5 and abs(m) < 2.0 ** 990
+    cnt = 0
+    last = -1
+    rounded = True
+    for j in range(k):
+        slack = (dv[j] + a1 * RA) * SLACK
+        vlow = vh[j] - abs(vl[j]) - slack
+        inside = vlow > 0.0
+        good = True
+        if inside:
+            cnt += 1
+            last = j
+            tot = (rel[j] + RA / vlow * 1.01) * SLACK
+            c, good = round_dw(ph[j], pl[j], tot * ph[j], f32)
+            out[idx[j]] = c
+            rounded = rounded and good
+            rel[j] = tot * ph[j]  # the absolute error bound, for the ties below
+        else:
+            out[idx[j]] = 0.0
+            ok = ok and vh[j] + abs(vl[j]) + slack <= 0.0
+        # the membership and the rounding of each candidate, for the ties below
+        vh[j] = 1.0 if inside else 0.0
+        vl[j] = 1.0 if good else 0.0
+    if ok and rounded and cnt == 1:  # the maximum alone: p = 1, A = 0, tau = a1 m - 1 exactly
+        out[idx[last]] = 1.0
+        return fma(a1, m, -1.0), m, cnt, ok
+    # tau = a1 (m + A) - 1; theta = m + A
+    Ph, Pl = two_prod(a1, m)
+    Qh, Ql = dw_mul_fp(Ah, Al, a1)
+    th, tl = dw_add(Ph, Pl, Qh, Ql)
+    th, tl = dw_add_fp(th, tl, -1.0)
+    err = (a1 * RA + 3.0 * _DW_ADD * U2 * (abs(Ph) + abs(Qh) + 1.0)) * SLACK
+    tau, good = round_signed(th, tl, err)
+    theta = dw_add_fp(Ah, Al, m)[0]
+    if ok and kind == KIND_SPARSE and not (rounded and good):  # rational: exact ties
+        tau, ok = _sparse_ties(x, idx, vh, k, cnt, ph, pl, vl, rel, th, tl, err, out, f32)
+        return tau, theta, cnt, ok
+    return tau, theta, cnt, ok and rounded and good
+
+
+# ----------------------------------------------------------------------------- alpha > 2
+@jit
+def cr_edge(x, out, m, a1, cv, q0, idx, dh, dl, ph, pl, rel, vh, vl, dv, f32):
+    """The correctly rounded row ``x`` at alpha = 1 + a1 > 2, in the edge probability q of
+    the reference entry ``x_c`` (the solver's smallest support entry, at ``cv = x_c - m``
+    as the solver computed it, with probability ``q0``): ``exact_rows._edge_rows``.  Writes
+    ``out`` at the candidates and returns (tau, theta, support, ok)."""
+    W = 1.0 / a1
+    mu = CAND_MARGIN * (1.0 + abs(cv) + W)
+    T0 = cv - math.exp(a1 * math.log(max(q0, 1e-300))) / a1
+    lo = (min(T0, cv) - mu) + W  # the candidates y > lo - W: a1 (y - lo) > -1
+    k = gather_alive(x, m, a1, K_GEN, lo, dh, idx)
+    xc = np.nan
+    for j in range(k):
+        if dh[j] == cv:  # the reference entry (the solver's own y = x - m)
+            xc = np.float64(x[idx[j]])
+    if not xc == xc:
+        return np.nan, np.nan, 0, False
+    for j in range(k):
+        dh[j], dl[j] = two_sum(np.float64(x[idx[j]]), -xc)
+    qh, ql = q0, 0.0
+    Gh = 0.0
+    E = 0.0
+    sh = 0.0
+    sl = 0.0
+    s_err = 0.0
+    for it in range(NEWTON_EVALS + 2):
+        Lqh, Lql = log_dw(qh, ql)
+        zh, zl = dw_mul_fp(Lqh, Lql, a1)
+        if zh < -_EXP_MAX:
+            zh = -_EXP_MAX
+        es, s1, s2 = exp_dw(zh, zl)
+        sh, sl = scale2(s1, es), scale2(s2, es)  # s = q^a1
+        s_err = (_EPS_EXP + (_EPS_LOG * abs(Lqh) + _DW_MUL * U2 * abs(zh)) * 1.01) * sh + _TINY_ABS
+        lq = math.log(qh)
+        gp = 0.0
+        for j in range(k):
+            if dh[j] == 0.0 and dl[j] == 0.0:  # the reference entry: p = q
+                ph[j], pl[j], rel[j] = qh, ql, 0.0
+                vh[j], vl[j], dv[j] = sh, sl, s_err
+                gp += 1.0
+                continue
+            ah, al = dw_mul_fp(dh[j], dl[j], a1)
+            vh[j], vl[j] = dw_add(ah, al, sh, sl)
+            dv[j] = (_DW_ADD + 2.0) * U2 * (abs(ah) + abs(vh[j])) + s_err
+            if not (vh[j] > 0.0 or (vh[j] == 0.0 and vl[j] > 0.0)):
+                ph[j], pl[j], rel[j] = 0.0, 0.0, 0.0
+                continue
+            Lh, Ll = log_dw(vh[j], vl[j])
+            gh, gl = dw_div_fp(Lh, Ll, a1)
+            if gh < -_EXP_MAX:
+                gh = -_EXP_MAX
+            e, eh, el = exp_dw(gh, gl)
+            ph[j], pl[j] = scale2(eh, e), scale2(el, e)
+            rel[j] = (_EPS_EXP + ((dv[j] / vh[j] + _EPS_LOG * abs(Lh)) / a1 + 3.0 * U2 * abs(gh)) * 1.01) * SLACK
+            if ph[j] > 0.0:
+                gp += math.exp(min((a1 - 1.0) * (lq - math.log(ph[j])), 700.0))  # dp/dq = (q/p)^(a1-1)
+        Gh, Gl, E = _mass(ph, pl, rel, k)
+        if abs(Gh) <= 4.0 * E or it == NEWTON_EVALS + 1:
+            break
+        nh, nl = dw_add_fp(qh, ql, -Gh / max(gp, 1.0))
+        if nh > 0.0:
+            qh, ql = nh, nl
+        else:
+            qh, ql = 0.5 * qh, 0.0
+    Rq = (abs(Gh) + E) * SLACK
+    dq_s = a1 * math.exp((a1 - 1.0) * math.log(qh + Rq)) * Rq * SLACK  # |ds| from |dq|: s' = a1 q^(a1-1)
+    ds = dq_s + s_err
+    # the reference entry is in the support, and T* - m = cv - s*/a1 stays above the
+    # candidates' line lo - W (in y = x - m, where the candidates were chosen)
+    ok = qh - Rq > 0.0 and cv - (sh + ds) / a1 * SLACK > (lo - W) + 0.5 * mu
+    cnt = 0
+    for j in range(k):
+        if dh[j] == 0.0 and dl[j] == 0.0:
+            cnt += 1
+            c, good = round_dw(ph[j], pl[j], Rq * 1.01 * SLACK, f32)
+            out[idx[j]] = c
+            ok = ok and good
+            continue
+        slack = (dv[j] + ds) * SLACK
+        vlow = vh[j] - abs(vl[j]) - slack
+        if vlow > 0.0:
+            cnt += 1
+            tot = (rel[j] + dq_s / a1 / vlow * 1.01) * SLACK
+            c, good = round_dw(ph[j], pl[j], tot * ph[j], f32)
+            out[idx[j]] = c
+            ok = ok and good
+        else:
+            out[idx[j]] = 0.0
+            ok = ok and vh[j] + abs(vl[j]) + slack <= 0.0
+    if ok and cnt == 1:  # the maximum alone: p = q = 1, tau = a1 m - 1 exactly
+        for j in range(k):
+            if out[idx[j]] != 0.0:
+                out[idx[j]] = 1.0
+        return fma(a1, m, -1.0), m, cnt, ok
+    # tau = a1 x_c - s; theta = x_c + (1 - s) / a1
+    Ph, Pl = two_prod(a1, xc)
+    th, tl = dw_add(Ph, Pl, -sh, -sl)
+    err = (ds + 2.0 * _DW_ADD * U2 * (abs(Ph) + abs(sh))) * SLACK
+    tau, good = round_signed(th, tl, err)
+    ok = ok and good and abs(m) < 2.0 ** 990 and abs(xc) < 2.0 ** 990
+    return tau, xc + (1.0 - sh) / a1, cnt, ok
+
+
+# ----------------------------------------------------------------------------- alpha = 1
+#: the lanes of the softmax sum (a row of n >= 2 * SM_LANES entries uses all of them)
+SM_LANES = 16
+
+
+@jit(inline="always")
+def _reduced(v, m):
+    """``v - m`` exactly (TwoSum), set to 0 for a masked or far entry (whose exponential
+    is below 2^-2000), and whether it is live."""
+    yh, yl = two_sum(v, -m)
+    live = yh > -_EXP_MAX
+    return (yh if live else 0.0), (yl if live else 0.0), live
+
+
+@jit(inline="always")
+def _scaled(e, h, l, live):
+    """``2^e (h, l)`` of a live entry, 0 otherwise; below 2^-1022 not accurate (the caller
+    sends such an entry to :func:`round_scaled`)."""
+    s = _pow2(e if e > -1022 else -1022)
+    return (h * s if live else 0.0), (l * s if live else 0.0)
+
+
+@jit(inline="always")
+def _softmax_out(eh, el, ih, il, rel_p, out, f32):
+    """The output pass of :func:`cr_softmax`: ``p_i = e_i (1/S)`` rounded where its error
+    ``rel_p p_i`` decides it.  Returns (entries below the normal range, left to the
+    caller; entries undecided)."""
+    low = 0
+    bad = 0
+    for i in range(eh.shape[0]):
+        ph, pl = dw_mul(eh[i], el[i], ih, il)
+        c, good = round_dw(ph, pl, rel_p * ph, f32)
+        out[i] = c
+        low += (eh[i] < NORMAL_MIN) & (eh[i] > 0.0)
+        bad += (~good) & (eh[i] >= NORMAL_MIN)
+    return low, bad
+
+
+@jit
+def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
+    """The correctly rounded softmax row ``x`` (maximum ``m``): ``e_i = exp(x_i - m)`` in
+    double-word into the scratch ``eh``, ``el`` (:func:`_exp_entry`: the lean exponential,
+    or with ``precise`` the double-word one), their sum ``S`` in lanes of TwoSums, then
+    ``p_i = e_i (1/S)`` and ``tau = m + log(S)``.  ``lanes``: float64 scratch of shape (3,
+    SM_LANES).  Writes ``out`` and returns (tau, theta, support, ok); the caller runs a row
+    that is not ``ok`` again with ``precise``.  The passes are loops without branches,
+    which LLVM vectorises; an entry whose ``e_i`` is below the normal range is redone on
+    its own (:func:`round_scaled`)."""
+    n = x.shape[0]
+    eps = _EPS_EXP if precise else _EPS_EXP_LEAN
+    L = SM_LANES
+    lanes[:3] = 0.0
+    S = lanes[0]
+    C = lanes[1]
+    nf = 0
+    # exp(x_i - m): the lean exponential or the double-word one (two loops, each vectorised)
+    if precise:
+        for i in range(n):
+            v = np.float64(x[i])
+            yh, yl, live = _reduced(v, m)
+            e, h, l = exp_dw(yh, yl)
+            eh[i], el[i] = _scaled(e, h, l, live)
+            nf += v > -np.inf
+    else:
+        for i in range(n):
+            v = np.float64(x[i])
+            yh, yl, live = _reduced(v, m)
+            e, h, l = exp_lean(yh, yl)
+            eh[i], el[i] = _scaled(e, h, l, live)
+            nf += v > -np.inf
+    # the sum: every term is in [0, 1] (x_i <= m), so a lane that starts at 1 is never
+    # below the term it adds, and Fast2Sum gives each addition's error exactly
+    nb = n // L
+    for j in range(L):
+        S[j] = 1.0
+        C[j] = 0.0
+    for b in range(nb):
+        hb = eh[b * L:(b + 1) * L]
+        lb = el[b * L:(b + 1) * L]
+        for j in range(L):
+            t = S[j] + hb[j]
+            C[j] += (hb[j] - (t - S[j])) + lb[j]
+            S[j] = t
+    s = 0.0
+    c = 0.0
+    for j in range(L):
+        s, e2 = two_sum(s, S[j])
+        c += e2 + C[j]
+    s, e2 = two_sum(s, -float(L))  # the lanes' starting ones, exactly
+    c += e2
+    for i in range(nb * L, n):
+        s, e2 = two_sum(s, eh[i])
+        c += e2 + el[i]
+    Sh, Sl = fast_two_sum(s, c)
+    # the sum's own error (each lane's low parts and Fast2Sum errors, summed with rounding),
+    # the terms' (each below the normal range: 2^-1070)
+    serr = ((2.0 * (nb + L) + 4.0) * U2 * (Sh + L) + eps * Sh + n * _TINY_ABS) * SLACK
+    rel_s = serr / Sh * SLACK
+    ih, il = dw_div(1.0, 0.0, Sh, Sl)
+    rel_p = (eps + rel_s + (_DW_DIV + _DW_MUL) * U2) * SLACK
+    if f32:  # two loops: the format is a constant of each, which LLVM then vectorises
+        low, bad = _softmax_out(eh, el, ih, il, rel_p, out, True)
+    else:
+        low, bad = _softmax_out(eh, el, ih, il, rel_p, out, False)
+    if low:  # entries below the normal range: their own exponent, and their grid
+        for i in range(n):
+            if eh[i] < NORMAL_MIN and eh[i] > 0.0 or (eh[i] == 0.0 and np.float64(x[i]) - m > -_EXP_MAX):
+                yh, yl = two_sum(np.float64(x[i]), -m)
+                e, h, l = exp_dw(yh, yl) if precise else exp_lean(yh, yl)
+                mh, ml = dw_mul(h, l, ih, il)
+                v, good = round_scaled(e, mh, ml, rel_p * mh, f32)
+                out[i] = v
+                bad += not good
+    lh, ll = log_dw(Sh, Sl)
+    th, tl = dw_add_fp(lh, ll, m)
+    err = (_EPS_LOG * abs(lh) + rel_s + _DW_ADD * U2 * (abs(m) + abs(lh))) * SLACK
+    tau, good = round_signed(th, tl, err)
+    return tau, tau, nf, bad == 0 and good
+
+
+# ----------------------------------------------------------------------------- the entry kernel
+@jit
+def _finish(x, out, a1, idx, buf, lanes):
+    """(tau, theta, support, ok) of the float64 row ``x`` with a finite entry and none NaN
+    or +inf that a solver left at ``out``, alpha = 1 + a1; ``out`` rewritten correctly
+    rounded.    """
+    m = -np.inf
+    top = np.int64(0)
+    for i in range(x.shape[0]):
+        if x[i] > m:
+            m = x[i]
+            top = i
+    if a1 == 0.0:
+        res = cr_softmax(x, out, m, buf[0], buf[1], lanes, False, False)
+        if res[3]:
+            return res
+        return cr_softmax(x, out, m, buf[0], buf[1], lanes, False, True)
+    if a1 > 1.0:  # the reference entry: the solver's smallest support entry
+        c = top
+        for i in range(x.shape[0]):
+            if out[i] > 0.0 and x[i] < x[c]:
+                c = i
+        return cr_edge(x, out, m, a1, x[c] - m, out[c], idx, buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6],
+                       buf[7], False)
+    # A0 = theta - m from the largest output, p = e_alpha(-A0) (module docstring)
+    p = out[top]
+    if a1 == 1.0:
+        kind = KIND_SPARSE
+        A0 = 1.0 - p
+    elif a1 == 0.5:
+        kind = KIND_15
+        A0 = 2.0 - 2.0 * math.sqrt(p)
+    else:
+        kind = KIND_GEN
+        A0 = -math.expm1(a1 * math.log(p)) / a1
+    return cr_alpha(x, out, m, a1, kind, max(A0, 0.0), idx, buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6],
+                    buf[7], buf[8], False)
+
+
+@kernel(lambda x: (x[:, ::1], f64[::1], x[:, ::1], f64[::1], f64[::1], i64[::1], b1[::1], i64, i64),
+        ops=("entmax_forward",), dtypes=("float64",))
+def finish_rows(x, alpha, out, theta, tau, support, ok, r0, r1):
+    """Rows ``r0 .. r1 - 1`` of float64 ``x`` finished correctly rounded (the module
+    docstring), from the solvers' ``out`` and ``theta`` (:func:`.rows.entmax_rows`), which
+    it rewrites, with ``tau``, the exact ``support`` and ``ok`` (False: a row for
+    :func:`entmax_ref.backends.exact_rows.entmax_row`)."""
+    n = x.shape[1]
+    idx = np.empty(n, np.int64)
+    buf = np.empty((9, n), np.float64)
+    lanes = np.empty((3, SM_LANES), np.float64)
+    for r in range(r0, r1):
+        if theta[r] > -np.inf and theta[r] < np.inf:
+            tau[r], theta[r], support[r], ok[r] = _finish(x[r], out[r], alpha[r] - 1.0, idx, buf, lanes)
+        else:  # a settled row (NaN or +inf entries, or none finite) keeps the solver's answer
+            tau[r], ok[r] = theta[r], True

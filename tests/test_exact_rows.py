@@ -1,0 +1,131 @@
+"""float64 rows are correctly rounded, with the real-number support and a correctly rounded
+tau, on both CPU engines (docs/conventions.md, "Correct rounding").
+
+Every row is held to :func:`entmax_ref.testing.oracle.entmax_cr` at 0 ulp: exact rationals
+at alpha = 2, mpmath at two precisions (90 and 130 digits) otherwise, the oracle raising
+where its two precisions round differently.  The rows are built to break a float64 solver
+(:func:`entmax_ref.testing.oracle.boundary_rows`: entries at the threshold and one or two
+ulps either side, ties and near ties of the maximum, a threshold that is itself a float and
+an entry, tiny exact probabilities, subnormal outputs, huge offsets, masked entries) plus
+Hypothesis rows.  The default tier runs a sample (seconds); the exhaustive tier sweeps every
+alpha of :data:`~entmax_ref.testing.oracle.BOUNDARY_ALPHAS`, long rows and the offsets.  A
+failure prints the row, the field, and the hex of input, got and want.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import entmax_ref as E
+from entmax_ref.testing.oracle import BOUNDARY_ALPHAS, boundary_rows, entmax_cr
+
+ENGINES = ("numpy", "numba")
+
+#: the issue row of sparsemax: an entry 2^-54 below 0.5 whose exact probability is
+#: 2 (2^-54) / 3 = 3.7e-17, a normal float64 (support 3, not 2)
+ISSUE_ROW = np.array([0.0, -0.5000000000000001, -0.49999999999999994, 0.0, -0.5, -1.5])
+
+
+def _hex(a) -> str:
+    return "[" + ", ".join(float(v).hex() for v in np.ravel(a)) + "]"
+
+
+def _solve(x: np.ndarray, alpha: float, backend: str):
+    """The public call for ``alpha`` (the named function at 1, 1.5 and 2): (p, tau, exact support)."""
+    fn = {1.0: E.softmax, 1.5: E.entmax15, 2.0: E.sparsemax}.get(alpha)
+    if fn is not None:
+        p, info = fn(x[None, :], backend=backend, return_info=True)
+    else:
+        p, info = E.entmax(x[None, :], alpha=alpha, backend=backend, return_info=True)
+    return p[0], float(info.tau[0]), int(info.support_exact[0])
+
+
+def check_row(x: np.ndarray, alpha: float, backend: str, name: str = "") -> None:
+    """``x``'s row at ``alpha`` on ``backend`` equals the oracle's bit for bit: p, tau and
+    the support."""
+    want_p, want_tau, want_k = entmax_cr(x, alpha)
+    got_p, got_tau, got_k = _solve(x, alpha, backend)
+    where = f"{backend}, alpha={alpha!r}, row {name!r}: x = {_hex(x)}"
+    assert got_k == want_k, f"{where}\nsupport: got {got_k}, want {want_k}\ngot p  {_hex(got_p)}\nwant p {_hex(want_p)}"
+    bad = np.flatnonzero(got_p.view(np.int64) != want_p.view(np.int64))
+    assert not bad.size, (f"{where}\np at {bad.tolist()}: got {_hex(got_p[bad])}, want {_hex(want_p[bad])}\n"
+                          f"got p  {_hex(got_p)}\nwant p {_hex(want_p)}")
+    assert got_tau == want_tau, f"{where}\ntau: got {got_tau.hex()}, want {want_tau.hex()}"
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_issue_row_has_the_real_number_support(backend):
+    """Sparsemax of the issue row: support 3, p[2] = 2^-54 (2/3) correctly rounded, tau =
+    -1/2 + ... correctly rounded (a float64 solver gives support 2 and p[2] = 0)."""
+    p, tau, k = _solve(ISSUE_ROW, 2.0, backend)
+    assert k == 3 and p[2] == float.fromhex("0x1.5555555555555p-55"), _hex(p)
+    check_row(ISSUE_ROW, 2.0, backend, "issue row")
+
+
+#: the default tier's sample: one boundary set per alpha kind (closed forms, the general
+#: solver near 1 and between 1 and 2, the edge solver above 2)
+SAMPLE_ALPHAS = (1.0, 1.5, 2.0, 1.33, 1.0 + 1e-6, 3.0)
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("alpha", SAMPLE_ALPHAS)
+def test_boundary_rows_sample(backend, alpha):
+    rng = np.random.default_rng(int(alpha * 1000) + 7)
+    for name, x in boundary_rows(rng, alpha, n=10):
+        check_row(x, alpha, backend, name)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("alpha", BOUNDARY_ALPHAS)
+@pytest.mark.parametrize("offset", [0.0, 2.0 ** 20, 2.0 ** 50])
+def test_boundary_rows_exhaustive(backend, alpha, offset):
+    for seed in range(6):
+        rng = np.random.default_rng(seed * 131 + int(alpha * 100))
+        for name, x in boundary_rows(rng, alpha, n=int(rng.choice([4, 12, 40])), offset=offset):
+            check_row(x, alpha, backend, f"{name}, seed {seed}")
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.25, 2.5])
+def test_long_boundary_rows(backend, alpha):
+    """Rows of n = 4,096 and more, with entries placed at their threshold."""
+    rng = np.random.default_rng(4096 + int(alpha * 10))
+    for name, x in boundary_rows(rng, alpha, n=4096):
+        check_row(x, alpha, backend, name)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", ENGINES)
+def test_per_row_alpha_rows(backend):
+    """alpha per row (and per head): each row as it is alone."""
+    rng = np.random.default_rng(11)
+    alphas = np.array([1.0, 1.25, 1.5, 2.0, 3.0, 1.0 + 2.0 ** -30])
+    x = rng.standard_normal((len(alphas), 9))
+    p, info = E.entmax(x, alpha=alphas, backend=backend, return_info=True)
+    for r, a in enumerate(alphas):
+        want_p, want_tau, want_k = entmax_cr(x[r], a)
+        assert np.array_equal(p[r].view(np.int64), want_p.view(np.int64)), (a, _hex(x[r]), _hex(p[r]), _hex(want_p))
+        assert float(info.tau[r]) == want_tau and int(info.support_exact[r]) == want_k, (a, _hex(x[r]))
+    heads = E.entmax(x.reshape(2, 3, 9), alpha=alphas.reshape(2, 3), backend=backend)
+    assert np.array_equal(heads.reshape(p.shape).view(np.int64), p.view(np.int64))
+
+
+_floats = st.floats(-4.0, 4.0, allow_nan=False, allow_infinity=False, width=64)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", ENGINES)
+@settings(deadline=None)
+@given(row=st.lists(st.one_of(_floats, st.sampled_from([0.0, 0.5, -0.5, 1.0, 2.0 ** -54, -np.inf])),
+                    min_size=1, max_size=24),
+       alpha=st.sampled_from([1.0, 1.5, 2.0, 1.25, 1.75, 3.0]))
+def test_hypothesis_rows(backend, row, alpha):
+    x = np.array(row, np.float64)
+    if not np.isfinite(x).any():
+        x[0] = 0.0
+    check_row(x, alpha, backend, "hypothesis")
