@@ -32,10 +32,17 @@ class RowSolve(NamedTuple):
     support: Any  #: (rows,) int64 number of nonzeros
     n_iter: Any  #: (rows,) int64 iterations the solver took (0 for closed forms)
     converged: Any  #: (rows,) bool
-    #: (rows,) float64 public threshold ``tau`` (module docstring), correctly rounded, from
-    #: an engine that computes it (float64 rows of the CPU engines); None: the public layer
-    #: converts ``theta``
-    tau: Any = None
+
+
+class ExactRowSolve(RowSolve):
+    """A :class:`RowSolve` of correctly rounded float64 rows (the CPU engines'), with their
+    correctly rounded public threshold ``tau`` ((rows,) float64, module docstring), which
+    the public layer returns instead of converting ``theta``.  It unpacks as a RowSolve."""
+
+    def __new__(cls, p, theta, support, n_iter, converged, tau):
+        self = super().__new__(cls, p, theta, support, n_iter, converged)
+        self.tau = tau
+        return self
 
 
 @dataclass(frozen=True)

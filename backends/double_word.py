@@ -1,6 +1,6 @@
 """Double-word arithmetic of the correctly rounded rows: the constants, tables and error
 bounds that both CPU engines use, and the NumPy versions of the operations (the numba
-engine's, compiled, are in :mod:`.numba.exact_rows`).
+engine's, compiled, are in :mod:`.numba.double_word`).
 
 A double-word number is an unevaluated sum ``hi + lo`` of two float64 with ``|lo| <=
 ulp(hi) / 2``: about 106 bits.  Its operations are the error-free transformations (TwoSum,
@@ -225,6 +225,14 @@ def dw_div(ah, al, bh, bl):
 
 
 # ----------------------------------------------------------------------------- exp, log
+def _horner(z, coeffs):
+    """``c0 + z (c1 + z (c2 + ...))`` in float64, innermost first."""
+    acc = coeffs[-1]
+    for c in coeffs[-2::-1]:
+        acc = c + z * acc
+    return acc
+
+
 def exp_dw(zh, zl):
     """``exp(zh + zl) = 2^e (hi + lo)`` with relative error below :data:`EPS_EXP`,
     for ``|zh| <= EXP_MAX`` (the algorithm is in the module docstring).  Returns (e, hi, lo),
@@ -235,8 +243,7 @@ def exp_dw(zh, zl):
     rl = rl + (zl - kf * LN2_4096_C)
     rh, rl = fast_two_sum(rh, rl)
     qh, ql = two_prod(rh, rh)
-    c6, c24, c120, c720 = EXP_C
-    poly = (qh * rh) * (c6 + rh * (c24 + rh * (c120 + rh * c720)))
+    poly = (qh * rh) * _horner(rh, EXP_C)
     small = (0.5 * ql + rh * rl) + poly + rl
     s1, e1 = fast_two_sum(1.0, rh)
     s2, e2 = two_sum(s1, 0.5 * qh)
@@ -254,13 +261,10 @@ def _log_table(j, rh, rl):
     double-word ``r`` (``|r| <= 2^-8.5``): ``log(1 + r) = 2 atanh(s)``, ``s = r / (2 + r)``."""
     dh, dl = fast_two_sum(2.0, rh)
     sh, sl = dw_div(rh, rl, dh, dl + rl)
-    s2h, s2l = two_prod(sh, sh)
-    s2l = s2l + 2.0 * sh * sl
+    s2h, s2l = dw_mul(sh, sl, sh, sl)  # s^2 and s^3 within 8 u^2: their terms are below 2^-17 of 2s
     s3h, s3l = dw_mul(s2h, s2l, sh, sl)
     th, tl = dw_mul(s3h, s3l, TWO_THIRDS_HI, TWO_THIRDS_LO)
-    c5, c7, c9, c11 = ATANH_C
-    z = s2h
-    tail = (s3h * s2h) * (c5 + z * (c7 + z * (c9 + z * c11)))
+    tail = (s3h * s2h) * _horner(s2h, ATANH_C)
     ah, al = dw_add(2.0 * sh, 2.0 * sl, th, tl + tail)
     i = j - LOG_J0
     return dw_add(LOG_T_HI[i], LOG_T_LO[i], ah, al)

@@ -70,7 +70,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._base import AttentionForward, AttentionGrads, AttentionSpec, NonFiniteInput, RowSolve
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, ExactRowSolve, NonFiniteInput, RowSolve
 from .capabilities import require
 from .numba import exact_rows as _exact
 from .numba import grads as _grads
@@ -151,7 +151,7 @@ def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     for r in np.flatnonzero(~ok | ((alpha >= 2.0 ** 52) & (res.n_iter >= 0))):
         hint = float(res.theta[r]) if np.isfinite(res.theta[r]) else None
         res.p[r], tau[r], res.theta[r], res.support[r] = entmax_row(x[r], alpha[r], np.float64, hint)
-    return res._replace(tau=tau)
+    return ExactRowSolve(*res, tau)
 
 
 def _row_vjp(kernel, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import exact_rows as _exact
 from . import numpy_family as _family
-from ._base import AttentionForward, AttentionGrads, AttentionSpec, RowSolve
+from ._base import AttentionForward, AttentionGrads, AttentionSpec, ExactRowSolve, RowSolve
 from .capabilities import require
 from .constants import CANDIDATE_MARGIN, EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
 from .numpy_elementwise import e_alpha, skew_weights
@@ -456,7 +456,7 @@ class NumpyBackend:
             converged[rows_mask] = ok
         if x.dtype == _F64:  # correctly rounded, with the exact support and tau (:mod:`.exact_rows`)
             p, tau, theta, support = _exact.finish(x64, alpha, shift, p, x.dtype)
-            return RowSolve(p, theta, support, n_iter, converged, tau)
+            return ExactRowSolve(p, theta, support, n_iter, converged, tau)
         support = (p > 0).sum(axis=1).astype(np.int64)
         return RowSolve(p.astype(x.dtype, copy=False), theta, support, n_iter, converged)
 

@@ -127,7 +127,8 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     p = rows.restore(res.p)
     if not return_info:
         return p
-    tau = theta_to_tau(res.theta, a) if res.tau is None else res.tau
+    tau = getattr(res, "tau", None)  # an ExactRowSolve's correctly rounded tau
+    tau = theta_to_tau(res.theta, a) if tau is None else tau
     support = (res.p.astype(rows.out_dtype, copy=False) > 0).sum(axis=1)  # what the caller counts
     fields = (tau, support.astype(res.support.dtype), res.n_iter, res.converged, res.support)
     return p, EntmaxInfo(*(rows.per_row(f) for f in fields))

@@ -233,3 +233,13 @@ def budget_agreement_tolerance(x, budget):
     mag = np.nanmax(np.where(np.isfinite(x), np.abs(x), 0.0), axis=1, keepdims=True)
     return 16 * _EPS64 * (1 + mag + np.max(budget))
 
+
+
+def float64_support(ref) -> np.ndarray:
+    """The support a float64 solver finds, from a CPU engine's :class:`RowSolve` ``ref``:
+    the count of its nonzero p.  A float64 row's ``support`` there is the real-number
+    support, which also counts entries whose exact probability rounds to 0 (softmax entries
+    700 below the maximum); a float32 row's is the float64 solver's already."""
+    if ref.p.dtype == np.float32:
+        return ref.support
+    return np.count_nonzero(ref.p > 0, axis=1)

@@ -348,6 +348,7 @@ def test_finite_inputs_near_the_float_max_raise_no_warning():
     assert out.dtype == np.float16 and (out == np.float16(60000.0)).all()
     g = er.attention_vjp(np.full((1, 1, 2, 2), 1e307), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 2)),
                          np.ones((1, 1, 3, 2)), backend="numpy")
-    np.testing.assert_array_equal(g.dv, np.full((1, 1, 3, 2), 2e307 / 3))
+    # p = 1/3 rebuilt from the rounded tau: within an ulp of it, dv within two of 2e307/3
+    np.testing.assert_allclose(g.dv, np.full((1, 1, 3, 2), 2e307 / 3), rtol=2 * np.finfo(np.float64).eps, atol=0)
     with pytest.raises(ValueError, match=r"x\[0, 1\] = "):  # a real +inf is still found
         er.softmax(np.array([[1e308, np.inf, 1e308]]))

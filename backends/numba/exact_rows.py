@@ -1,14 +1,6 @@
-"""Correctly rounded float64 rows in numba: the double-word arithmetic and the finishing
-stage that runs after the row solvers (:mod:`.rows`), as entry kernels of their own.
-
-**Double-word arithmetic**: the error-free transformations, the double-word operations and
-``exp_dw``, ``log_dw``, ``log1p_dw`` of :mod:`entmax_ref.backends.double_word`, as scalar
-functions that LLVM inlines and, in loops, vectorises (no libm call, no branch on the data:
-selects).  TwoProd is one fused multiply-add (``llvm.fma.f64``: a single rounding on every
-CPU, in hardware where the CPU has FMA), which also gives the FMA forms of the double-word
-products (DWTimesFP3, DWTimesDW3 of Joldes, Muller and Popescu).  The NumPy engine uses
-Dekker's product instead; an error-free transformation has one exact answer, and each
-function's error bound in :mod:`entmax_ref.backends.double_word` covers both.
+"""Correctly rounded float64 rows in numba: the finishing stage that runs after the row
+solvers (:mod:`.rows`), as an entry kernel of its own, in double-word arithmetic
+(:mod:`.double_word`).
 
 **The finishing stage**: the NumPy engine's (:mod:`entmax_ref.backends.exact_rows`, whose
 docstring describes it), one row at a time.  The solvers' float64 answer gives the start:
@@ -32,270 +24,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from .. import double_word as M
-from ._jit import f64, i64, b1, jit, kernel
+from ._jit import b1, f64, i64, jit, kernel
 from .candidates import gather_alive
+from .double_word import (dw_add, dw_add_fp, dw_div, dw_div_fp, dw_mul, dw_mul_fp, exp_dw, exp_lean, fast_two_sum, fma,
+                          half_gaps, log1p_dw, log1p_dw_sel, log_dw, nearest_even, neighbours, pow2, round_dw, round_scaled,
+                          round_signed, scale2, sum_sign, two_prod, two_sum)
 from .elementwise import K_GEN
-from .vexp import _bits, _from_bits, div
-
-_T64_HI, _T64_LO = M.EXP_T64_HI, M.EXP_T64_LO
-_T4096_HI, _T4096_LO = M.EXP_T4096_HI, M.EXP_T4096_LO
-_T1024_HI, _T1024_LO = M.EXP_T1024_HI, M.EXP_T1024_LO
-_INV1024 = M.INV_LN2_1024
-_L1024A, _L1024B, _L1024C = M.LN2_1024_A, M.LN2_1024_B, M.LN2_1024_C
-_LOG_HI, _LOG_LO, _LOG_C = M.LOG_T_HI, M.LOG_T_LO, M.LOG_C
-_INV = M.INV_LN2_4096
-_LA, _LB, _LC = M.LN2_4096_A, M.LN2_4096_B, M.LN2_4096_C
-_NA, _NB, _NC = M.LN2_A, M.LN2_B, M.LN2_C
-_SHIFT = M.SHIFT
-_SHIFT_BITS = 0x4338000000000000  # the bits of SHIFT: an integer k < 2^51 in its low bits
-_C6, _C24, _C120, _C720 = M.EXP_C
-_A5, _A7, _A9, _A11 = M.ATANH_C
-_TT_HI, _TT_LO = M.TWO_THIRDS_HI, M.TWO_THIRDS_LO
-_J0 = M.LOG_J0
-_N = float(M.LOG_N)
-_NEAR = M.LOG_NEAR
-_SQRT2 = M.SQRT2
-_TINY = 2.0 ** -600
-
-
-@intrinsic
-def fma(typingctx, a, b, c):
-    """``a * b + c`` with one rounding (``llvm.fma.f64``)."""
-    if not (a == b == c == types.float64):
-        return None
-
-    def codegen(context, builder, signature, args):
-        f64 = ir.DoubleType()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64, f64, f64]), "llvm.fma.f64")
-        return builder.call(fn, args)
-
-    return types.float64(types.float64, types.float64, types.float64), codegen
-
-
-@jit(inline="always")
-def two_sum(a, b):
-    """``a + b = s + e`` exactly (Knuth)."""
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
-
-
-@jit(inline="always")
-def fast_two_sum(a, b):
-    """``a + b = s + e`` exactly, for ``|a| >= |b|`` (or a = 0) (Dekker)."""
-    s = a + b
-    return s, b - (s - a)
-
-
-@jit(inline="always")
-def two_prod(a, b):
-    """``a * b = p + e`` exactly."""
-    p = a * b
-    return p, fma(a, b, -p)
-
-
-@jit(inline="always")
-def dw_add(ah, al, bh, bl):
-    """Double-word + double-word (AccurateDWPlusDW): relative error <= 3 u^2."""
-    sh, sl = two_sum(ah, bh)
-    th, tl = two_sum(al, bl)
-    vh, vl = fast_two_sum(sh, sl + th)
-    return fast_two_sum(vh, tl + vl)
-
-
-@jit(inline="always")
-def dw_add_fp(ah, al, b):
-    """Double-word + float64 (DWPlusFP): relative error <= 2 u^2."""
-    sh, sl = two_sum(ah, b)
-    return fast_two_sum(sh, al + sl)
-
-
-@jit(inline="always")
-def dw_mul_fp(ah, al, b):
-    """Double-word times float64 (DWTimesFP3): relative error <= 2 u^2."""
-    ch, cl1 = two_prod(ah, b)
-    return fast_two_sum(ch, fma(al, b, cl1))
-
-
-@jit(inline="always")
-def dw_mul(ah, al, bh, bl):
-    """Double-word times double-word (DWTimesDW3): relative error <= 4 u^2."""
-    ch, cl1 = two_prod(ah, bh)
-    tl1 = fma(ah, bl, al * bl)
-    return fast_two_sum(ch, cl1 + fma(al, bh, tl1))
-
-
-@jit(inline="always")
-def dw_div_fp(ah, al, b):
-    """Double-word divided by float64 (DWDivFP3): relative error <= 3 u^2."""
-    th = div(ah, b)
-    ph, pl = two_prod(th, b)
-    return fast_two_sum(th, div(((ah - ph) - pl) + al, b))
-
-
-@jit(inline="always")
-def dw_div(ah, al, bh, bl):
-    """Double-word divided by double-word (DWDivDW2): relative error <= 15 u^2."""
-    th = div(ah, bh)
-    rh, rl = dw_mul_fp(bh, bl, th)
-    return fast_two_sum(th, div((ah - rh) + (al - rl), bh))
-
-
-@jit(inline="always")
-def _pow2(k):
-    """``2^k`` for an integer ``-1022 <= k <= 1023`` (int64), from its bits."""
-    return _from_bits((k + 1023) << 52)
-
-
-@jit(inline="always")
-def scale2(v, k):
-    """``v 2^k`` (int64 ``k``, |k| <= 2000) in two exact halvings: one rounding at most,
-    where the result is subnormal."""
-    k1 = k >> 1
-    return (v * _pow2(k1)) * _pow2(k - k1)
-
-
-@jit(inline="always")
-def exp_dw(zh, zl):
-    """``exp(zh + zl) = 2^e (hi + lo)`` with relative error below ``EPS_EXP``, for
-    ``|zh| <= EXP_MAX`` (the algorithm is in :mod:`entmax_ref.backends.double_word`).
-    Returns (e int64, hi, lo); ``hi`` in [0.7, 1.5]."""
-    kd = zh * _INV + _SHIFT
-    kf = kd - _SHIFT
-    k = _bits(kd) - _SHIFT_BITS
-    h = zh - kf * _LA  # exact
-    rh, rl = two_sum(h, -(kf * _LB))  # kf * B is exact
-    rl = rl + (zl - kf * _LC)
-    rh, rl = fast_two_sum(rh, rl)
-    qh, ql = two_prod(rh, rh)
-    poly = (qh * rh) * (_C6 + rh * (_C24 + rh * (_C120 + rh * _C720)))
-    small = (0.5 * ql + rh * rl) + poly + rl
-    s1, e1 = fast_two_sum(1.0, rh)
-    s2, e2 = two_sum(s1, 0.5 * qh)
-    eh, el = fast_two_sum(s2, (e1 + e2) + small)
-    j1 = (k >> 6) & 63
-    j2 = k & 63
-    th, tl = dw_mul(_T64_HI[j1], _T64_LO[j1], _T4096_HI[j2], _T4096_LO[j2])
-    hi, lo = dw_mul(th, tl, eh, el)
-    return k >> 12, hi, lo
-
-
-@jit(inline="always")
-def exp_lean(zh, zl):
-    """``exp(zh + zl) = 2^e (hi + lo)`` with relative error below ``EPS_EXP_LEAN`` (the
-    algorithm is in :mod:`entmax_ref.backends.double_word`): one table of 1024 double-words
-    and ``1 + r`` the only double-word of the polynomial, in two thirds of
-    :func:`exp_dw`'s time.  For the softmax's first pass, whose rounding tests send the
-    rare row they cannot decide to :func:`exp_dw`.  Returns (e int64, hi, lo)."""
-    kd = zh * _INV1024 + _SHIFT
-    kf = kd - _SHIFT
-    k = _bits(kd) - _SHIFT_BITS
-    h = zh - kf * _L1024A  # exact
-    rh, rl = two_sum(h, -(kf * _L1024B))  # kf * B is exact
-    rh, rl = fast_two_sum(rh, rl + (zl - kf * _L1024C))
-    q = (rh * rh) * (0.5 + rh * (_C6 + rh * (_C24 + rh * _C120)))
-    s1, e1 = fast_two_sum(1.0, rh)
-    eh, el = fast_two_sum(s1, e1 + (rl + q))
-    j = k & 1023
-    hi, lo = dw_mul(_T1024_HI[j], _T1024_LO[j], eh, el)
-    return k >> 10, hi, lo
-
-
-@jit(inline="always")
-def _log_table(j, rh, rl):
-    """``log(c_j) + log(1 + r)`` for ``c_j = 1 + j/256`` and a small double-word ``r``:
-    ``log(1 + r) = 2 atanh(s)``, ``s = r / (2 + r)``."""
-    dh, dl = fast_two_sum(2.0, rh)
-    sh, sl = dw_div(rh, rl, dh, dl + rl)
-    s2h, s2l = two_prod(sh, sh)
-    s2l = s2l + 2.0 * sh * sl
-    s3h, s3l = dw_mul(s2h, s2l, sh, sl)
-    th, tl = dw_mul(s3h, s3l, _TT_HI, _TT_LO)
-    tail = (s3h * s2h) * (_A5 + s2h * (_A7 + s2h * (_A9 + s2h * _A11)))
-    ah, al = dw_add(2.0 * sh, 2.0 * sl, th, tl + tail)
-    i = j - _J0
-    return dw_add(_LOG_HI[i], _LOG_LO[i], ah, al)
-
-
-@jit(inline="always")
-def log_dw(vh, vl):
-    """``log(vh + vl)`` for a positive double-word (normalised, ``vh`` normal), relative
-    error below ``EPS_LOG``: ``v = 2^e m``, ``m`` in [sqrt(2)/2, sqrt(2)), ``m = c_j (1 +
-    r)``.  Returns (hi, lo)."""
-    b = _bits(vh)
-    e = ((b >> 52) & 0x7FF) - 1023
-    m = _from_bits((b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000)  # in [1, 2)
-    if m > _SQRT2:  # a select
-        m = 0.5 * m
-        e = e + 1
-    j = np.int64((m - 1.0) * _N + _SHIFT - _SHIFT)
-    c = _LOG_C[j - _J0]
-    nh, nl = two_sum(m - c, vl * _pow2(-e))  # m - c is exact
-    rh, rl = dw_div_fp(nh, nl, c)
-    lh, ll = _log_table(j, rh, rl)
-    ef = np.float64(e)
-    ph, pl = two_prod(ef, _NB)
-    eh, el = fast_two_sum(ef * _NA, ph)  # e * LN2_A is exact
-    return dw_add(eh, el + (pl + ef * _NC), lh, ll)
-
-
-@jit(inline="always")
-def log1p_dw(wh, wl):
-    """``log(1 + wh + wl)`` for ``wh + wl > -1``, relative error below ``EPS_LOG``: for
-    ``|w| <= 1/4`` from ``w`` itself (``r = (w - j/256) / c_j``), so a tiny ``w`` keeps its
-    precision; otherwise :func:`log_dw` of ``1 + w``.  Returns (hi, lo)."""
-    if abs(wh) <= _NEAR:
-        if abs(wh) < _TINY:  # log1p(w) = w (1 - w/2 + ...): w itself, to 2^-601
-            return wh, wl
-        j = np.int64(wh * _N + _SHIFT - _SHIFT)
-        c = _LOG_C[j - _J0]
-        nh, nl = two_sum(wh - (c - 1.0), wl)  # wh - j/256 is exact
-        rh, rl = dw_div_fp(nh, nl, c)
-        return _log_table(j, rh, rl)
-    vh, vl = two_sum(1.0, wh)
-    vh, vl = fast_two_sum(vh, vl + wl)
-    return log_dw(vh, vl)
-
-
-@jit(inline="always")
-def log1p_dw_sel(wh, wl):
-    """:func:`log1p_dw` with both reductions formed and one of them selected (no branch on
-    the data), for loops that LLVM vectorises."""
-    near = abs(wh) <= _NEAR
-    # near 1: 1 + w = c_j (1 + r), r = (w - j/256) / c_j
-    jn = np.int64(wh * _N + _SHIFT - _SHIFT)
-    jn = jn if near else 0
-    cn = _LOG_C[jn - _J0]
-    nh, nl = two_sum(wh - (cn - 1.0), wl)
-    # otherwise 1 + w = 2^e m, m = c_j (1 + r)
-    vh, vl = two_sum(1.0, wh)
-    vh, vl = fast_two_sum(vh, vl + wl)
-    vh = vh if not near else 1.0
-    vl = vl if not near else 0.0
-    b = _bits(vh)
-    e = ((b >> 52) & 0x7FF) - 1023
-    m = _from_bits((b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000)  # in [1, 2)
-    big = m > _SQRT2
-    m = 0.5 * m if big else m
-    e = e + 1 if big else e
-    jf = np.int64((m - 1.0) * _N + _SHIFT - _SHIFT)
-    cf = _LOG_C[jf - _J0]
-    fh, fl = two_sum(m - cf, vl * _pow2(-e))
-    j = jn if near else jf
-    rh, rl = dw_div_fp(nh if near else fh, nl if near else fl, cn if near else cf)
-    lh, ll = _log_table(j, rh, rl)
-    ef = np.float64(e) if not near else 0.0
-    ph, pl = two_prod(ef, _NB)
-    eh, el = fast_two_sum(ef * _NA, ph)
-    sh, sl = dw_add(eh, el + (pl + ef * _NC), lh, ll)
-    tiny = abs(wh) < _TINY
-    return (wh if tiny else sh), (wl if tiny else sl)
+from .vexp import div
 
 
 U2 = M.U2
@@ -310,118 +47,12 @@ KIND_15 = 15
 KIND_GEN = 0
 
 
-# ----------------------------------------------------------------------------- rounding
-@jit(inline="always")
-def _half_gaps(c, f32):
-    """Half the distances from ``c >= 0`` (a value of the target format, as float64) to its
-    neighbours above and below in that format (float64, or float32 when ``f32``), from
-    the bits: the gap below is half the gap above at a power of two."""
-    b = _bits(c)
-    ex = (b >> 52) & 0x7FF
-    if f32:
-        # float32's last place: 2^(ex - 1023 - 23), and 2^-149 below its normal range
-        q = ex - 23
-        if q < 1023 - 149:
-            q = 1023 - 149
-        mant_zero = ((b & 0x000FFFFFFFFFFFFF) == 0) & (ex > 1023 - 126)
-    else:
-        q = ex - 52
-        if q < 1:
-            q = 1
-        mant_zero = ((b & 0x000FFFFFFFFFFFFF) == 0) & (ex > 1)
-    up = 0.5 * _from_bits(q << 52)
-    dn = 0.5 * up if mant_zero else up
-    return up, dn
-
-
-@jit(inline="always")
-def round_dw(h, l, err, f32):
-    """The rounding to nearest of ``h + l`` (a normalised double-word, ``|h| >=
-    NORMAL_MIN``, ``h >= 0``) in float64 (or float32), and whether every value within
-    ``err`` of it rounds the same.  Returns (value as float64, ok)."""
-    c = np.float64(np.float32(h)) if f32 else h
-    d = (h - c) + l  # h - c is exact
-    up, dn = _half_gaps(c, f32)
-    e = err * SLACK
-    ok = (d + e < up / SLACK) & (d - e > -dn / SLACK) & (h >= NORMAL_MIN)
-    return c, ok
-
-
-@jit(inline="always")
-def round_signed(h, l, err):
-    """:func:`round_dw` in float64 for a double-word of either sign (tau)."""
-    if h < 0.0:
-        c, ok = round_dw(-h, -l, err, False)
-        return -c, ok
-    return round_dw(h, l, err, False)
-
-
-@jit
-def round_scaled(e, h, l, err, f32):
-    """:func:`round_dw` of ``2^e (h + l)`` (``h`` near 1, positive) with absolute error ``2^e
-    err``, subnormal float64 results included (decided on their grid of 2^-1074).
-    Returns (value as float64, ok)."""
-    v = scale2(h, e)
-    if v >= NORMAL_MIN:
-        return round_dw(v, scale2(l, e), scale2(err, e), f32)
-    if f32:  # every value this small is 0 in float32
-        return 0.0, v < 2.0 ** -200
-    d = (h - scale2(v, -e)) + l  # v: h 2^e rounded once to the grid of 2^-1074
-    half = scale2(1.0, -1075 - e)
-    return v, abs(d) + err * SLACK < half / SLACK
-
-
-# ----------------------------------------------------------------------------- exact ties
-@jit
-def sum_sign(t, n, e):
-    """The exact sign (-1, 0, 1) of ``t[0] + ... + t[n-1]`` (float64, no overflow), by
-    Shewchuk's Grow-Expansion with zero elimination into the scratch ``e`` (length >= n):
-    the expansion's components do not overlap and grow in magnitude, so its sign is that
-    of the last."""
-    m = 0
-    for i in range(n):
-        q = t[i]
-        k = 0
-        for j in range(m):
-            q, h = two_sum(q, e[j])
-            if h != 0.0:
-                e[k] = h
-                k += 1
-        if q != 0.0:
-            e[k] = q
-            k += 1
-        m = k
-    if m == 0:
-        return 0
-    return 1 if e[m - 1] > 0.0 else -1
-
-
-@jit(inline="always")
-def _neighbours(h, l, f32):
-    """The two values of the target format around ``h + l`` that a rounding chooses between
-    when ``h + l`` is within a hair of their midpoint: (below, above, midpoint as a
-    double-word), ``h >= 0``."""
-    c = np.float64(np.float32(h)) if f32 else h
-    up, dn = _half_gaps(c, f32)
-    if (h - c) + l >= 0.0:
-        return c, c + 2.0 * up, c, up
-    return c - 2.0 * dn, c, c, -dn
-
-
-@jit(inline="always")
-def _even(a, b, f32):
-    """Of two neighbouring values of the target format, the one whose last digit is even."""
-    if f32:
-        return a if (_bits(a) >> 29) & 1 == 0 else b
-    return a if _bits(a) & 1 == 0 else b
-
-
 @jit(inline="always")
 def _one_boundary(h, l, err, f32):
     """Whether the error interval ``h + l +- err`` (``h >= 0``) holds at most one rounding
     boundary of the target format: the one nearest ``h + l``."""
     c = np.float64(np.float32(h)) if f32 else h
-    up, dn = _half_gaps(c, f32)
+    up, dn = half_gaps(c, f32)
     return (abs((h - c) + l) + err) * SLACK < min(up, dn)
 
 
@@ -452,18 +83,18 @@ def _sparse_ties(x, idx, inside, k, ks, ph, pl, good, err, th, tl, terr, out, f3
     for j in range(k):
         if inside[j] == 0.0 or good[j] != 0.0:
             continue
-        lo, hi, ch, cl = _neighbours(ph[j], pl[j], f32)
+        lo, hi, ch, cl = neighbours(ph[j], pl[j], f32)
         # ks x_i + 1 - sigma - ks c
         t[nt], t[nt + 1] = two_prod(kf, np.float64(x[idx[j]]))
         t[nt + 2] = 1.0
         a, b = two_prod(kf, ch)
         t[nt + 3], t[nt + 4], t[nt + 5] = -a, -b, -kf * cl
         s = sum_sign(t, nt + 6, e)
-        out[idx[j]] = hi if s > 0 else (lo if s < 0 else _even(lo, hi, f32))
+        out[idx[j]] = hi if s > 0 else (lo if s < 0 else nearest_even(lo, hi, f32))
     # tau = (sigma - 1) / ks: the sign of (sigma - 1 - ks c) is that of -(t sum) - 1 - ks c
     neg = th < 0.0
     h, l = (-th, -tl) if neg else (th, tl)
-    lo, hi, ch, cl = _neighbours(h, l, False)
+    lo, hi, ch, cl = neighbours(h, l, False)
     if neg:  # |tau| = (1 - sigma) / ks: the sign of (1 - sigma - ks c)
         t[nt] = 1.0
     else:
@@ -473,7 +104,7 @@ def _sparse_ties(x, idx, inside, k, ks, ph, pl, good, err, th, tl, terr, out, f3
     a, b = two_prod(kf, ch)
     t[nt + 1], t[nt + 2], t[nt + 3] = -a, -b, -kf * cl
     s = sum_sign(t, nt + 4, e)
-    v = hi if s > 0 else (lo if s < 0 else _even(lo, hi, False))
+    v = hi if s > 0 else (lo if s < 0 else nearest_even(lo, hi, False))
     return (-v if neg else v), True
 
 
@@ -522,7 +153,7 @@ def _eval_gen(yh, yl, Ah, Al, a1):
     zh, zl = dw_div_fp(Lh, Ll, a1)
     zh = zh if zh > -_EXP_MAX else -_EXP_MAX
     e, eh, el = exp_dw(zh, zl)
-    s = _pow2(e if e > -1022 else -1022)  # below 2^-1022 a term's error is counted absolutely
+    s = pow2(e if e > -1022 else -1022)  # below 2^-1022 a term's error is counted absolutely
     vpos = vh if alive else 1.0
     dz = div(div(dw_err, vpos) + _EPS_LOG * abs(Lh), a1) + 3.0 * U2 * abs(zh)
     rel = (_EPS_EXP + 1.01 * dz) * SLACK
@@ -804,7 +435,7 @@ def _reduced(v, m):
 def _scaled(e, h, l, live):
     """``2^e (h, l)`` of a live entry, 0 otherwise; below 2^-1022 not accurate (the caller
     sends such an entry to :func:`round_scaled`)."""
-    s = _pow2(e if e > -1022 else -1022)
+    s = pow2(e if e > -1022 else -1022)
     return (h * s if live else 0.0), (l * s if live else 0.0)
 
 
@@ -841,21 +472,14 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     S = lanes[0]
     C = lanes[1]
     nf = 0
-    # exp(x_i - m): the lean exponential or the double-word one (two loops, each vectorised)
-    if precise:
-        for i in range(n):
-            v = np.float64(x[i])
-            yh, yl, live = _reduced(v, m)
-            e, h, l = exp_dw(yh, yl)
-            eh[i], el[i] = _scaled(e, h, l, live)
-            nf += v > -np.inf
-    else:
-        for i in range(n):
-            v = np.float64(x[i])
-            yh, yl, live = _reduced(v, m)
-            e, h, l = exp_lean(yh, yl)
-            eh[i], el[i] = _scaled(e, h, l, live)
-            nf += v > -np.inf
+    # exp(x_i - m): the lean exponential or the double-word one (the test is the loop's
+    # invariant: LLVM unswitches it and vectorises each loop)
+    for i in range(n):
+        v = np.float64(x[i])
+        yh, yl, live = _reduced(v, m)
+        e, h, l = exp_dw(yh, yl) if precise else exp_lean(yh, yl)
+        eh[i], el[i] = _scaled(e, h, l, live)
+        nf += v > -np.inf
     # the sum: every term is in [0, 1] (x_i <= m), so a lane that starts at 1 is never
     # below the term it adds, and Fast2Sum gives each addition's error exactly
     nb = n // L

@@ -56,7 +56,7 @@ _G0 = 0.5
 
 
 @intrinsic
-def _bits(typingctx, x):
+def float_bits(typingctx, x):
     """The int64 with the bits of float64 ``x`` (a register move, no conversion)."""
     if x != types.float64:
         return None
@@ -68,7 +68,7 @@ def _bits(typingctx, x):
 
 
 @intrinsic
-def _from_bits(typingctx, b):
+def from_bits(typingctx, b):
     """The float64 whose bits are int64 ``b``."""
     if b != types.int64:
         return None
@@ -163,11 +163,11 @@ def vexp(d):
     if d > VEXP_MAX:
         d = VEXP_MAX
     e, kd, kf = _exp_reduced(d)
-    k = _bits(kd) - _SHIFT_BITS  # the integer k, |k| <= 1077
-    k1 = _bits(kf * 0.5 + _SHIFT) - _SHIFT_BITS  # about k / 2 (AVX2 has no 64-bit arithmetic shift)
+    k = float_bits(kd) - _SHIFT_BITS  # the integer k, |k| <= 1077
+    k1 = float_bits(kf * 0.5 + _SHIFT) - _SHIFT_BITS  # about k / 2 (AVX2 has no 64-bit arithmetic shift)
     k2 = k - k1
-    s1 = _from_bits((k1 + 1023) << 52)
-    s2 = _from_bits((k2 + 1023) << 52)
+    s1 = from_bits((k1 + 1023) << 52)
+    s2 = from_bits((k2 + 1023) << 52)
     return (e * s1) * s2
 
 
@@ -175,7 +175,7 @@ def vexp(d):
 def _pow2(kd):
     """``2^k`` for the integer ``k >= -1022`` held in the low bits of the shifted sum ``kd``
     (step 3 of the module docstring in one step: a normal power of two)."""
-    return _from_bits((_bits(kd) - _SHIFT_BITS + 1023) << 52)
+    return from_bits((float_bits(kd) - _SHIFT_BITS + 1023) << 52)
 
 
 #: below this, :func:`vexp_neg`'s result is not exp(d) (a subnormal or zero would be)
@@ -222,9 +222,9 @@ def _log_reduce(u):
     """``log(u) = e ln2 + log(1 + f)`` for a normal ``u > 0``: ``u = 2^e m`` with ``m`` in
     ``[sqrt(2)/2, sqrt(2))`` read from the bits, ``f = m - 1`` (exact), and ``s = f / (2 +
     f)``, so that ``log(1 + f) = 2 atanh(s)``.  Returns (e, f, s)."""
-    eb = _bits(u) & _EXP_BITS
-    e = _from_bits(_exponent_field(eb) | _TWO52_BITS) - 4503599627371519.0  # 2^52 + 1023
-    m = u * _from_bits(_EXP_FLIP - eb)  # u / 2^e, in [1, 2), exact
+    eb = float_bits(u) & _EXP_BITS
+    e = from_bits(_exponent_field(eb) | _TWO52_BITS) - 4503599627371519.0  # 2^52 + 1023
+    m = u * from_bits(_EXP_FLIP - eb)  # u / 2^e, in [1, 2), exact
     if m > _SQRT2:
         m = 0.5 * m
         e = e + 1.0
