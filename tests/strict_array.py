@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from entmax_ref.backends import AttentionForward, AttentionGrads, RowSolve, capabilities, get_backend, register_backend
+from entmax_ref.backends._base import ExactRowSolve
 from entmax_ref.backends._base import AttentionResidual
 
 NAME = "strict"
@@ -194,7 +195,11 @@ def _delegate(op: str, n_arrays: int, fields=None):
     def method(self, *args):
         self._check(*args[:n_arrays])
         res = getattr(self._ref, op)(*(_host(a) for a in args))
-        return _wrap(res) if fields is None else fields(*(_wrap(f) for f in res))
+        if fields is None:
+            return _wrap(res)
+        if isinstance(res, ExactRowSolve):  # correctly rounded rows carry their tau
+            return ExactRowSolve(*(_wrap(f) for f in res), _wrap(res.tau))
+        return fields(*(_wrap(f) for f in res))
 
     method.__name__ = op
     return method

@@ -232,3 +232,24 @@ def test_a_forked_child_gets_the_same_answers_and_starts_nothing(tmp_path):
     assert out == {"parent_same": True, "child": {"same": True, "children": [], "compiled": False},
                    "others": [], "status": 0}
     assert _with_env(tmp_path) == []
+
+
+def test_auto_gives_the_same_float64_bits_cold_and_warm_at_every_size(tmp_path):
+    """float64 rows are correctly rounded on both engines, so ``auto`` returns the same
+    bits whichever engine it picks: with a cold cache (the reference), after a numba call
+    compiled the kernels (numba), on rows below and above the size at which the numba
+    engine runs its blocks on worker threads."""
+    out = _python(WATCH + """
+    from entmax_ref.backends.numba._threads import SEQUENTIAL_MAX
+
+    x[3, :7] = x[3, 7]  # ties of an entry
+    x[5, 9] = -np.inf
+    sizes = {"small": x[:3, :40], "threaded": x}
+    assert sizes["small"].size <= SEQUENTIAL_MAX < sizes["threaded"].size
+    cold = {k: (answered(lambda: er.sparsemax(a)), er.sparsemax(a)) for k, a in sizes.items()}
+    er.sparsemax(x, backend="numba")
+    warm = {k: (answered(lambda: er.sparsemax(a)), er.sparsemax(a)) for k, a in sizes.items()}
+    print(json.dumps({k: [cold[k][0], warm[k][0], bool((cold[k][1].view(np.int64) == warm[k][1].view(np.int64)).all())]
+                      for k in sizes}))
+    """, tmp_path)
+    assert out == {k: [["entmax_forward"], [], True] for k in ("small", "threaded")}
