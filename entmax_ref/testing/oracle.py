@@ -259,7 +259,9 @@ def entmax_cr(x, alpha, dtype=np.float64):
             support += 1
             p[i] = round_cr(a, b, dtype)
         a1 = mp.mpf(alpha) - 1
-        tau = round_cr(lo_T if alpha == 1.0 else a1 * lo_T, hi_T if alpha == 1.0 else a1 * hi_T, np.float64)
+        t_lo, t_hi = (lo_T, hi_T) if alpha == 1.0 else (a1 * lo_T, a1 * hi_T)
+        # a tau that vanishes with the precision is 0 (a threshold exactly at 0)
+        tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, np.float64)
     return p, tau, support
 
 
@@ -307,7 +309,9 @@ def _exact_threshold_row(rng, alpha: float):
     with entries one ulp on either side: support probabilities ``p_j`` dyadic with sum 1
     and ``x_j = T + p_j^(alpha-1) / (alpha-1)`` exact (alpha = 2: ``T + p``; 1.5: ``T + 2
     sqrt(p)`` with ``sqrt(p)`` dyadic; 3: ``T + p^2 / 2``)."""
-    T = float(rng.integers(-8, 8)) / 4.0
+    # T != 0: a threshold at 0 with subnormal entries one ulp from it moves by about their
+    # square (10^-647), beyond this oracle's digits
+    T = float(rng.choice([-2.0, -1.75, -1.5, -1.25, -1.0, -0.75, -0.5, -0.25, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75]))
     if alpha == 2.0:
         p = _pick(rng, [[0.5, 0.25, 0.25], [0.5, 0.5], [0.75, 0.125, 0.125], [1.0]])
         top = [T + v for v in p]
