@@ -306,13 +306,11 @@ _ROUNDS_TO_ZERO = Decimal(2) ** -1076
 
 
 def _round_iv(iv, dtype):
-    """The common rounding of every value of the interval ``iv``, or None (an interval
-    of tiny non-negative values, 10^-(10^6) at alpha near 1, is 0 without forming its
-    exact rationals)."""
-    if _ZERO <= iv[0] and iv[1] < _ROUNDS_TO_ZERO:
-        return 0.0
-    a = round_real(Fraction(iv[0]), dtype)
-    return a if a == round_real(Fraction(iv[1]), dtype) else None
+    """The common rounding of every value of the interval ``iv``, or None (an end that is
+    a tiny non-negative value, 10^-(10^6) at alpha near 1, rounds to 0 without forming its
+    exact rational)."""
+    a, b = (0.0 if _ZERO <= v < _ROUNDS_TO_ZERO else round_real(Fraction(v), dtype) for v in iv)
+    return a if a == b else None
 
 
 class _General:

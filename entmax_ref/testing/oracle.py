@@ -199,6 +199,9 @@ def round_cr(v_lo, v_hi, dtype) -> float:
     of a rounding midpoint is that midpoint (ties to even)."""
     out = []
     for v in (v_lo, v_hi):
+        if not isinstance(v, Fraction) and abs(v) < mp.mpf(2) ** -1100:  # rounds to 0 in both formats
+            out.append(0.0)  # (10^-(10^8) at alpha near 1: its exact rational is not formed)
+            continue
         q = _exact(v)
         sign = -1 if q < 0 else 1
         lo, hi, ulp = _grid(q, dtype)
