@@ -312,6 +312,7 @@ def test_pinned_corpus_covers_the_hard_cases(pinned):
     (row,) = [c for c in boundary if c["x_hex"] == ["0x0p+0", "-0x1.0000000000001p-1", "-0x1.fffffffffffffp-2",
                                                     "0x0p+0", "-0x1p-1", "-0x1.8p+0"]]
     assert row["support"] == 3 and row["p"] == ["0.5", "0.0", "3.700743415417188e-17", "0.5", "0.0", "0.0"]
+    assert row["tol"]["support"] == "exact"  # no entry may be decided either way: its p is correctly rounded
     assert all(c["support"] == sum(v != "0.0" for v in c["p"]) for c in boundary)
     errors = [c for c in rows if c["error"]]
     assert errors and all(c["kind"] == "non-finite" and c["error"] == "invalid-input" and c["tau"] == "nan"
@@ -319,6 +320,13 @@ def test_pinned_corpus_covers_the_hard_cases(pinned):
     assert {"subnormal", "ill-posed", "per-row-alpha", "per-head-alpha", "long-keys", "varlen", "grouped-query",
             "asentmax", "non-finite"} <= {f for cases in pinned.cases.values() for c in cases for f in c["flags"]}
     assert {c["verdict"] for c in _cases(pinned, "entmax_vjp")} == {"valid", "acceptable"}
+    # the float64 rows are correctly rounded: p and tau exact, their support exact but for
+    # entries whose probability rounds to 0
+    for c in rows + _cases(pinned, "entmax_batch"):
+        if c["dtype"] == "float64" and not c.get("error"):
+            assert c["tol"]["p"] == c["tol"]["tau"] == "exact" and "tol_p" not in c and "tol_tau" not in c
+            zeros = np.sum(np.asarray(c["p"]) == "0.0") - np.sum(np.asarray(c["x"]) == "-inf")
+            assert np.all(np.asarray(c.get("tol_support", 0)) <= zeros)
     assert all("ill-posed" in c["flags"] for cases in pinned.cases.values() for c in cases
                if c["verdict"] == "acceptable")
     batch = _cases(pinned, "entmax_batch")
