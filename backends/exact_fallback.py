@@ -306,10 +306,10 @@ _ROUNDS_TO_ZERO = Decimal(2) ** -1076
 
 
 def _round_iv(iv, dtype):
-    """The common rounding of every value of the interval ``iv``, or None (an end that is
-    a tiny non-negative value, 10^-(10^6) at alpha near 1, rounds to 0 without forming its
-    exact rational)."""
-    a, b = (0.0 if _ZERO <= v < _ROUNDS_TO_ZERO else round_real(Fraction(v), dtype) for v in iv)
+    """The common rounding of every value of the interval ``iv``, or None (an end of
+    magnitude below 2^-1076, such as 10^-(10^8) at alpha near 1 on either side of 0, rounds
+    to 0 without forming its exact rational, whose digits would not fit in memory)."""
+    a, b = (0.0 if abs(v) < _ROUNDS_TO_ZERO else round_real(Fraction(v), dtype) for v in iv)
     return a if a == b else None
 
 

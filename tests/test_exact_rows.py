@@ -78,16 +78,9 @@ def test_boundary_rows_sample(backend, alpha):
         check_row(x, alpha, backend, name)
 
 
-#: the exact solve does not finish on rows with entries at the threshold this near alpha = 1
-#: (docs/conventions.md, the open case): those rows are marked, not run
-_OPEN = pytest.mark.xfail(run=False, reason="the exact fallback does not finish at alpha = 1 + 2^-30 "
-                                            "on rows with entries at the threshold")
-
-
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("backend", ENGINES)
-@pytest.mark.parametrize("alpha", [pytest.param(a, marks=_OPEN) if a == 1.0 + 2.0 ** -30 else a
-                                   for a in BOUNDARY_ALPHAS])
+@pytest.mark.parametrize("alpha", BOUNDARY_ALPHAS)
 @pytest.mark.parametrize("offset", [0.0, 2.0 ** 20, 2.0 ** 50])
 def test_boundary_rows_exhaustive(backend, alpha, offset):
     for seed in range(6):
