@@ -75,7 +75,6 @@ from .capabilities import require
 from .numba import exact_rows as _exact
 from .numba import grads as _grads
 from .numba import rows as _rows
-from .numba._threads import run_blocks
 
 _METHODS = {None: _rows.METHOD_DEFAULT, "bisect": _rows.METHOD_BISECT, "newton": _rows.METHOD_NEWTON}
 
@@ -146,8 +145,7 @@ def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     alpha = _as_alpha(alpha, x.shape[0])
     tau = np.empty(x.shape[0], np.float64)
     ok = np.empty(x.shape[0], np.bool_)
-    run_blocks(_exact.finish_rows, (x, alpha, res.p, res.theta, tau, res.support, ok), x.shape,
-               8 * numba.get_num_threads())
+    _exact.finish_rows(x, alpha, res.p, res.theta, tau, res.support, ok, 8 * numba.get_num_threads())
     for r in np.flatnonzero(~ok | ((alpha >= 2.0 ** 52) & (res.n_iter >= 0))):
         hint = float(res.theta[r]) if np.isfinite(res.theta[r]) else None
         res.p[r], tau[r], res.theta[r], res.support[r] = entmax_row(x[r], alpha[r], np.float64, hint)

@@ -1,11 +1,16 @@
 """Double-word arithmetic for the numba kernels, and the rounding of a double-word with an
 error bound to float64 or float32: the error-free transformations, the double-word operations and
 ``exp_dw``, ``log_dw``, ``log1p_dw`` of :mod:`entmax_ref.backends.double_word`, as scalar
-functions that LLVM inlines and, in loops, vectorises (no libm call, no branch on the data:
-selects).  TwoProd is one fused multiply-add (``llvm.fma.f64``: a single rounding on every
-CPU, in hardware where the CPU has FMA), which also gives the FMA forms of the double-word
-products (DWTimesFP3, DWTimesDW3 of Joldes, Muller and Popescu).  The NumPy engine uses
-Dekker's product instead; an error-free transformation has one exact answer, and each
+functions without libm calls or branches on the data (selects), which LLVM vectorises in
+loops.  Those that the finishing stage's vectorised loops call are inlined where Numba types
+their caller (``inline="always"``); those it calls once per row or in loops with branches
+(``log_dw``, ``log1p_dw``, ``dw_div``, ``round_signed``, ``neighbours``, ``nearest_even``)
+are plain functions, typed once rather than at every call site (compile time).
+
+TwoProd is one fused multiply-add (``llvm.fma.f64``: a single rounding on every CPU, in
+hardware where the CPU has FMA), which also gives the FMA forms of the double-word products
+(DWTimesFP3, DWTimesDW3 of Joldes, Muller and Popescu).  The NumPy engine uses Dekker's
+product instead; an error-free transformation has one exact answer, and each
 function's error bound in :mod:`entmax_ref.backends.double_word` covers both.
 """
 
@@ -117,7 +122,7 @@ def dw_div_fp(ah, al, b):
     return fast_two_sum(th, div(((ah - ph) - pl) + al, b))
 
 
-@jit(inline="always")
+@jit
 def dw_div(ah, al, bh, bl):
     """Double-word divided by double-word (DWDivDW2): relative error <= 15 u^2."""
     th = div(ah, bh)
@@ -201,7 +206,7 @@ def _log_table(j, rh, rl):
     return dw_add(_LOG_HI[i], _LOG_LO[i], ah, al)
 
 
-@jit(inline="always")
+@jit
 def log_dw(vh, vl):
     """``log(vh + vl)`` for a positive double-word (normalised, ``vh`` normal), relative
     error below ``EPS_LOG``: ``v = 2^e m``, ``m`` in [sqrt(2)/2, sqrt(2)), ``m = c_j (1 +
@@ -223,7 +228,7 @@ def log_dw(vh, vl):
     return dw_add(eh, el + (pl + ef * _NC), lh, ll)
 
 
-@jit(inline="always")
+@jit
 def log1p_dw(wh, wl):
     """``log(1 + wh + wl)`` for ``wh + wl > -1``, relative error below ``EPS_LOG``: for
     ``|w| <= 1/4`` from ``w`` itself (``r = (w - j/256) / c_j``), so a tiny ``w`` keeps its
@@ -316,7 +321,7 @@ def round_dw(h, l, err, f32):
     return c, ok
 
 
-@jit(inline="always")
+@jit
 def round_signed(h, l, err):
     """:func:`round_dw` in float64 for a double-word of either sign (tau)."""
     if h < 0.0:
@@ -365,7 +370,7 @@ def sum_sign(t, n, e):
     return 1 if e[m - 1] > 0.0 else -1
 
 
-@jit(inline="always")
+@jit
 def neighbours(h, l, f32):
     """The two values of the target format around ``h + l`` that a rounding chooses between
     when ``h + l`` is within a hair of their midpoint: (below, above, midpoint as a
@@ -377,7 +382,7 @@ def neighbours(h, l, f32):
     return c - 2.0 * dn, c, c, -dn
 
 
-@jit(inline="always")
+@jit
 def nearest_even(a, b, f32):
     """Of two neighbouring values of the target format, the one whose last digit is even."""
     if f32:

@@ -4,13 +4,15 @@ With ``method=None`` each alpha takes one solver (:mod:`.rows`): softmax at alph
 sparsemax at 2, 1.5-entmax at 1.5, the general solver for other 1 < alpha < 2, and the
 edge-relative solver above 2.  A kernel links the solver of one path only, so a call
 compiles the paths its rows take; rows (or heads) of several alphas run as runs of
-consecutive rows on one path (:func:`row_runs`, :func:`path_runs`).  Adding a path is one
+consecutive rows on one path (:func:`row_runs`, :func:`path_runs`; :func:`by_runs` runs
+blocks of rows through the driver of each run).  Adding a path is one
 entry of :data:`SOLVER_PATHS` and :data:`_PATH_TESTS` here, and its solver and driver in
 :mod:`.rows`.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -69,3 +71,20 @@ def path_runs(alphas: Any, per_head: int, r0: int, r1: int) -> list[tuple[int, i
         else:
             runs.append((lo, hi, p))
     return runs
+
+
+def by_runs(runs):
+    """A driver ``(*args, r0, r1)`` over rows whose driver changes along them (``runs``:
+    ``(lo, hi, driver)`` in row order, from :func:`row_runs`): a block's rows go through the
+    driver of each run they overlap, keeping their row index (so their pivots' seeds)."""
+    starts = [lo for lo, _, _ in runs]
+
+    def kernel(*args):
+        *args, r0, r1 = args
+        i = bisect.bisect_right(starts, r0) - 1
+        while r0 < r1:
+            hi = min(r1, runs[i][1])
+            runs[i][2](*args, r0, hi)
+            r0, i = hi, i + 1
+
+    return kernel

@@ -87,13 +87,12 @@ method codes, the output pass), :mod:`.candidates` (maximum and candidate passes
 
 from __future__ import annotations
 
-import bisect
 from collections import namedtuple
 
 import numpy as np
 
 from ._jit import b1, f64, i64, jit, kernel, record
-from .paths import SOLVER_PATHS, row_runs
+from .paths import SOLVER_PATHS, by_runs, row_runs
 from ._threads import run_blocks
 from .big_alpha import solve_big, solve_big_bisect
 from .candidates import MASK_MIN, count_finite, gather_alive, max_zeroing, window_candidates
@@ -425,23 +424,6 @@ def _runs(alpha, method, dtype):
             for lo, hi, p in row_runs(alpha)]
 
 
-def _by_runs(runs):
-    """A driver ``(*args, r0, r1)`` over rows whose driver changes along them (``runs`` from
-    :func:`_runs`): a block's rows go through the driver of each run they overlap, keeping
-    their row index (so their pivots' seeds)."""
-    starts = [lo for lo, _, _ in runs]
-
-    def kernel(*args):
-        *args, r0, r1 = args
-        i = bisect.bisect_right(starts, r0) - 1
-        while r0 < r1:
-            hi = min(r1, runs[i][1])
-            runs[i][2](*args, r0, hi)
-            r0, i = hi, i + 1
-
-    return kernel
-
-
 def entmax_rows(x, alpha, method, res, nblk):
     """alpha-entmax of every row of ``x`` (rows, n) into ``res`` (a :data:`Solved`: ``p`` of
     x's shape and dtype; per-row ``theta`` (float64), ``support``, ``n_iter`` (int64),
@@ -457,4 +439,4 @@ def entmax_rows(x, alpha, method, res, nblk):
         run_blocks(_rows_any, (x.astype(np.float64), alpha, method, wide), x.shape, nblk)
         res.p[...] = wide.p
         return
-    run_blocks(runs[0][2] if len(runs) == 1 else _by_runs(runs), (x, alpha, method, res), x.shape, nblk)
+    run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res), x.shape, nblk)
