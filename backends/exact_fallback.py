@@ -32,8 +32,8 @@ alpha - 1``, ``T`` the support threshold of the row in x's units, so that
   ``1/k`` (Lindemann and Weierstrass), so the interval iteration always ends.
 
 Everything is the real-number problem at the given float inputs: ``tau``, ``theta`` and
-``p`` rounded to nearest, ties to even, ``p`` in the output dtype (float32 outputs are
-rounded once, from the exact value), and the support ``{i : p_i > 0}`` of the exact values.
+``p`` rounded to nearest, ties to even, ``p`` and ``tau`` in the output dtype (float32
+outputs are rounded once, from the exact value; ``theta`` is float64), and the support ``{i : p_i > 0}`` of the exact values.
 """
 
 from __future__ import annotations
@@ -261,7 +261,8 @@ def _softmax(x: np.ndarray, live: np.ndarray, dtype):
             S = (S[0], iv.up.add(S[1], iv.up.multiply(Decimal(far), iv.exp(iv.of(-SOFTMAX_FAR))[1])))
         th = iv.add((m, m), iv.ln(S))
         theta = round_real(Fraction(th[0]), np.float64)
-        done = theta == round_real(Fraction(th[1]), np.float64)
+        tau = round_real(Fraction(th[0]), dtype)
+        done = theta == round_real(Fraction(th[1]), np.float64) and tau == round_real(Fraction(th[1]), dtype)
         out = []
         for t in e:
             if t is None:
@@ -275,7 +276,7 @@ def _softmax(x: np.ndarray, live: np.ndarray, dtype):
             out.append(a)
         if done:
             p[live] = out
-            return p, theta, theta, len(xs)
+            return p, tau, theta, len(xs)
     raise RuntimeError("softmax row undecided at the largest precision")  # pragma: no cover (Lindemann)
 
 
@@ -296,7 +297,7 @@ def _sparsemax(x: np.ndarray, live: np.ndarray, dtype):
         q = Fraction(float(x[i])) - tau
         if q > 0:
             p[i] = round_real(q, dtype)
-    return p, round_real(tau, np.float64), round_real(tau + 1, np.float64), k
+    return p, round_real(tau, dtype), round_real(tau + 1, np.float64), k
 
 
 # ----------------------------------------------------------------------------- any other alpha
@@ -485,9 +486,9 @@ class _General:
     def _tie_tau(self, t):
         """tau = a1 T, whose interval ``t`` still holds a rounding midpoint c: M decreases,
         so tau > c exactly when M(c / a1) > 1 (None: proven off c, look closer)."""
-        c = _midpoint_between(t[0], t[1], np.float64)
+        c = _midpoint_between(t[0], t[1], self.dtype)
         s = self.mass_sign(c / self.a1)
-        return round_real(c, np.float64) if s == 0 else None
+        return round_real(c, self.dtype) if s == 0 else None
 
     def _tie_p(self, i: int, q, last: bool):
         """p_i, whose interval ``q`` still holds a rounding midpoint c: c itself when
@@ -518,7 +519,7 @@ class _General:
             q0 = math.exp(math.log(b) * float(self.g)) if 0.0 < b < math.inf else 0.0
             start = Decimal(q0) if 0.0 < q0 < math.inf else None
         if tie:  # the threshold is the rational out_end itself
-            tau, theta = round_real(self.a1 * out_end, np.float64), round_real(out_end + self.g, np.float64)
+            tau, theta = round_real(self.a1 * out_end, self.dtype), round_real(out_end + self.g, np.float64)
         prec = START_DIGITS
         while todo or tau is None:
             res, start = self.outputs(prec, j, out_end, tie, start)
@@ -529,7 +530,7 @@ class _General:
             last = prec == MAX_DIGITS
             ties = prec == 4 * START_DIGITS or last  # exact ties decided once, early
             if tau is None:
-                tau = _round_iv(tau_iv, np.float64)
+                tau = _round_iv(tau_iv, self.dtype)
                 if tau is None and ties:
                     tau = self._tie_tau(tau_iv)
                 if tau is not None:  # theta is internal: its nearest float64 where decided
@@ -554,8 +555,8 @@ class _General:
 def entmax_row(x: np.ndarray, alpha: float, dtype=np.float64, theta_hint: float | None = None):
     """alpha-entmax of one row ``x`` (1-D float64, ``-inf`` masked, no NaN/+inf), every
     output correctly rounded: returns ``(p, tau, theta, support)`` with ``p`` in ``dtype``
-    (float64 or float32), ``tau`` and ``theta`` float64 (``-inf`` for a row with no finite
-    entry), ``support`` the number of exactly positive ``p``.  ``theta_hint``, an estimate
+    (float64 or float32), ``tau`` rounded in ``dtype`` (as a Python float), ``theta``
+    float64 (both ``-inf`` for a row with no finite entry), ``support`` the number of exactly positive ``p``.  ``theta_hint``, an estimate
     of theta, only saves work."""
     x = np.asarray(x, np.float64)
     live = np.isfinite(x)

@@ -128,14 +128,17 @@ class _Rows:
 
 
 def _tau_round(th, tl, err, rows: _Rows, single=None, top=None, a1=None):
-    """tau (a double-word with absolute error bound ``err``) rounded, or the row flagged.
-    Rows whose ``single`` entry of value ``top`` is their whole support have ``p = 1``
-    there, ``A = 0`` and ``tau = a1 top - 1`` exactly: rounded from the exact rational
-    (such a tau is often a rounding midpoint, which no error bound decides)."""
-    c, ok = round_dw(th, tl, err, np.float64)
+    """tau (a double-word with absolute error bound ``err``) rounded in the rows' output
+    dtype, or the row flagged.  Rows whose ``single`` entry of value ``top`` is their whole
+    support have ``p = 1`` there, ``A = 0`` and ``tau = a1 top - 1`` exactly: rounded from
+    the exact rational (such a tau is often a rounding midpoint, which no error bound
+    decides)."""
+    dtype = rows.p.dtype
+    c, ok = round_dw(th, tl, err, dtype)
+    c = c.astype(np.float64)
     if single is not None:
         for r in np.flatnonzero(single):
-            c[r] = round_real(Fraction(float(a1[r])) * Fraction(float(top[r])) - 1, np.float64)
+            c[r] = round_real(Fraction(float(a1[r])) * Fraction(float(top[r])) - 1, dtype)
         ok = ok | single
     rows.tau[:] = c
     rows.bad |= ~ok
@@ -166,7 +169,7 @@ def _softmax_rows(x, out: _Rows):
     th, tl = dw_add_fp(lh, ll, m)
     err = (M.EPS_LOG * np.abs(lh) + rel_s + M.DW_ADD * U2 * (np.abs(m) + np.abs(lh))) * SLACK
     _tau_round(th, tl, err, out)
-    out.theta[:] = out.tau
+    out.theta[:] = out.tau if out.p.dtype == np.float64 else th
     out.support[:] = live.sum(axis=1)
 
 
@@ -351,6 +354,142 @@ def _edge_rows(x, a1, xc0, q0, out: _Rows):
     _tau_round(th, tl, err, out, single, m, a1)
     out.theta[:] = np.where(single, m, xc0 + (1.0 - shh) / a1)
     out.bad |= ~(np.abs(m) < 2.0 ** 990) | ~(np.abs(xc0) < 2.0 ** 990)
+
+
+# ----------------------------------------------------------------------------- float32 rows
+#: the bound the float32 test takes for the solvers' threshold error (``A`` at alpha <= 2,
+#: the edge probability ``q`` above 2; the solvers converge to a few float64 ulps), proven
+#: per row from the row's own residual (:func:`float32_rows`)
+F32_SOLVER_ERR = 2.0 ** -44
+#: numpy's row sums are pairwise: their error is at most this many float64 unit roundoffs
+#: plus log2(n), of the sum of the terms' magnitudes
+_PAIRWISE_ULPS = 32.0
+
+
+def float32_rows(x, alpha, A, p):
+    """The float32 rows that the solvers' float64 arithmetic already decides (Ziv's test on
+    the float32 grid): ``x`` (rows, n) float64 holding float32 values, the solvers'
+    threshold ``A`` (``theta - max x``, -inf for a row with no finite entry) and float64
+    probabilities ``p``.  Each probability is known to ``e = rel p + D s`` (``rel`` its
+    evaluation's relative error, ``D`` = :data:`F32_SOLVER_ERR` the threshold's, ``s``
+    the probability's sensitivity to the threshold: ``p`` at alpha = 1, ``p^(2 - alpha)``
+    at 1 < alpha <= 2 (at most 1; ``v = 1 + a1 (y - A)``), at most 1 in ``q`` above); a row is kept
+    when every ``p +- e`` rounds to one float32 (and stays positive), no entry outside the
+    support is within its error of the threshold, ``tau +- e_tau`` rounds to one float32,
+    and the row's residual ``|sum p - 1|`` (with its own error) proves the threshold within
+    ``D`` (the mass's slope is at least ``1 - |f|`` in ``A``, at least 1 in ``q``).
+    Returns (p float32, tau float64 holding a float32, support, bad): ``bad`` the rows
+    left to :func:`finish`."""
+    rows, n = x.shape
+    p32 = np.zeros((rows, n), np.float32)
+    tau = np.full(rows, -np.inf)
+    support = np.zeros(rows, np.int64)
+    bad = np.zeros(rows, bool)
+    step = max(1, CHUNK // max(n, 1))
+    with np.errstate(all="ignore"):
+        for r0 in range(0, rows, step):
+            sl = slice(r0, r0 + step)
+            p32[sl], tau[sl], support[sl], bad[sl] = _float32_block(x[sl], alpha[sl], A[sl], p[sl])
+    return p32, tau, support, bad
+
+
+def _float32_block(x, alpha, A, p):
+    """:func:`float32_rows` of one block of rows (floating-point warnings off)."""
+    u, D = M.U, F32_SOLVER_ERR
+    n = x.shape[1]
+    live_x = np.isfinite(x)
+    live = np.isfinite(A)
+    m = np.where(live_x, x, -np.inf).max(axis=1, initial=-np.inf)
+    a1 = alpha - 1.0
+    a = a1[:, None]
+    soft, big = (a1 == 0.0)[:, None], (a1 > 1.0)[:, None]
+    y = np.where(live_x, x - m[:, None], 0.0)
+    Ar = np.where(live, A, 0.0)
+    d = y - Ar[:, None]
+    ay, ad = np.abs(y), np.abs(d)
+    on = p > 0
+    lp = np.abs(np.log(np.where(on, p, 1.0)))
+    # alpha > 2: the reference entry c (the smallest of the support) and q = p_c
+    q = np.where(on, p, np.inf).min(axis=1)
+    lq = np.abs(np.log(np.where(np.isfinite(q), q, 1.0)))
+    # the evaluation's relative error: the roundings of y, d, a1 d and 1 + a1 d carried
+    # through v^(1/a1) (u (|y| + 2 |d|) / v), the logarithm and exponential (2 |log p| u),
+    # a few more roundings; twice that
+    v = 1.0 + a * d
+    gamma = 2.0 * u * (a * (ay + ad) + 1.0)  # v's own error
+    vlow = v - 2.0 * a * D - gamma
+    rel = 2.0 * u * np.where(soft, ay + ad + 4.0,
+                             np.where(big, 16.0 + 2.0 * lp + 2.0 * lq[:, None], (ay + 2.0 * ad) / v + 2.0 * lp + 4.0))
+    # |dp/dA| = p^(2 - alpha) = v^(1/a1 - 1) grows with v: at most its value at v + 2 a1 D
+    sens = np.where(soft, p, np.where(big, 1.0, np.minimum(1.0, p / vlow * np.exp((2.0 * D + gamma / a) / vlow))))
+    e = (rel * p + D * sens) * SLACK
+    lo, hi = p - e, p + e
+    und = on & ((lo.astype(np.float32) != hi.astype(np.float32)) | ~(lo > 0.0))
+    und |= on & ~soft & ~big & ~(vlow > 0.0)
+    # entries outside the support within reach of the threshold
+    ref = np.where(on, x, np.inf).min(axis=1)
+    s = np.exp(a1 * np.log(np.where(np.isfinite(q), q, 1.0)))  # q^a1 (may underflow: then the edge is far)
+    vb = np.where(big, a * (x - ref[:, None]) + s[:, None], v)
+    reach = np.where(big, a * D + 2.0 * u * (a * np.abs(x - ref[:, None]) + s[:, None]), 2.0 * a * D + gamma)
+    und |= live_x & ~on & ~soft & ~(vb + reach <= 0.0)
+    # the residual: the threshold within D
+    sh, sl_, serr = row_sums(p, np.zeros_like(p))
+    F = np.abs((sh - 1.0) + sl_)
+    E = (serr + (rel * p).sum(axis=1) * (1.0 + (_PAIRWISE_ULPS + np.log2(max(n, 2))) * u) + n * 2.0 ** -1070) * SLACK
+    radius = (F + E) / (1.0 - F - E) * SLACK
+    # tau = theta at alpha 1, a1 theta - 1 above; theta = m + A to D and a few roundings
+    theta = m + Ar
+    inv = np.where(a1 > 0.0, 1.0 / np.where(a1 > 0.0, a1, 1.0), 0.0)
+    e_theta = D + 4.0 * u * (np.abs(Ar) + 2.0 * inv + 1.0) + 2.0 * u * np.abs(theta)
+    t = np.where(a1 == 0.0, theta, a1 * theta - 1.0)
+    e_tau = np.where(a1 == 0.0, e_theta, a1 * e_theta + 2.0 * u * (np.abs(a1 * theta) + np.abs(t))) * SLACK
+    tau_ok = (t - e_tau).astype(np.float32) == (t + e_tau).astype(np.float32)
+    bad = und.any(axis=1) | ~(radius <= D) | ~tau_ok
+    support = np.where(a1 == 0.0, live_x.sum(axis=1), on.sum(axis=1))
+    tau = t.astype(np.float32).astype(np.float64)
+    p32 = p.astype(np.float32)
+    sp = a1 == 1.0
+    if sp.any():  # sparsemax: rational, exactly
+        p32[sp], tau[sp], bad[sp] = _sparse32(x[sp], on[sp])
+    return p32, np.where(live, tau, -np.inf), np.where(live, support, 0), live & bad
+
+
+def _div32(num, k):
+    """``num / k`` (float64 ``num``, integers ``k``, both exact) rounded once to float32:
+    the float64 quotient q, except where q is itself a float32 rounding midpoint and not the
+    exact value, where the sign of ``q k - num`` (exact: TwoProd) says which way."""
+    q = num / k
+    ph, pl = two_prod(q, k)
+    r = (ph - num) + pl  # ph - num is exact (Sterbenz)
+    c = q.astype(np.float32)
+    c64 = c.astype(np.float64)
+    up, dn = _half_gaps(c64, np.float32)
+    mid = ((q - c64 == up) | (q - c64 == -dn)) & (r != 0.0)
+    nudged = np.nextafter(q, np.where(r < 0.0, np.inf, -np.inf)).astype(np.float32)
+    return np.where(mid, nudged, c)
+
+
+def _sparse32(x, on):
+    """Sparsemax rows of float32 values ``x`` (float64, -inf masked) on the solvers' support
+    ``on``, exactly: with ``k = |S|`` and ``N = sum_S x - 1``, ``tau = N / k`` and ``p_i =
+    (k x_i - N) / k``; where every ``x_i`` of S is a multiple of a grid ``g <= 1`` (their
+    finest float32 spacing) and ``k max|x| + sum|x| + 1 < 2^52 g``, the sums and products
+    are exact in float64, so that ``S`` is proven the support (``k x_i > N`` exactly on S
+    and nowhere else) and every value is one division, rounded once (:func:`_div32`).
+    Returns (p float32, tau, bad): ``bad`` where the grid condition or the support fails."""
+    xs = np.where(on, x, 0.0)
+    ax = np.abs(xs)
+    k = on.sum(axis=1).astype(np.float64)
+    g = np.minimum(np.where(on, np.spacing(ax.astype(np.float32)).astype(np.float64), np.inf).min(axis=1), 1.0)
+    ok = k * ax.max(axis=1) + ax.sum(axis=1) + 1.0 < 2.0 ** 52 * g
+    N = xs.sum(axis=1) - 1.0
+    kx = k[:, None] * x
+    live_x = np.isfinite(x)
+    ok &= np.where(on, kx > N[:, None], ~live_x | (kx <= N[:, None])).all(axis=1) & (k > 0)
+    kk = np.maximum(k, 1.0)
+    p = np.where(on, _div32(np.where(on, kx - N[:, None], 0.0), kk[:, None]), np.float32(0.0))
+    tau = _div32(N, kk).astype(np.float64)
+    return p, tau, ~ok
 
 
 def refine(x, alpha, A0, p0, dtype):

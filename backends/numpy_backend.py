@@ -454,11 +454,16 @@ class NumpyBackend:
             p[rows_mask] = p_rows
             n_iter[rows_mask] = it
             converged[rows_mask] = ok
-        if x.dtype == _F64:  # correctly rounded, with the exact support and tau (:mod:`.exact_rows`)
+        # correctly rounded, with the exact support and tau (:mod:`.exact_rows`); float32 rows
+        # where the float64 answer decides them, the others finished
+        if x.dtype == _F64:
             p, tau, theta, support = _exact.finish(x64, alpha, shift, p, x.dtype)
             return ExactRowSolve(p, theta, support, n_iter, converged, tau)
-        support = (p > 0).sum(axis=1).astype(np.int64)
-        return RowSolve(p.astype(x.dtype, copy=False), theta, support, n_iter, converged)
+        p32, tau, support, bad = _exact.float32_rows(x64, alpha, shift, p)
+        if bad.any():
+            p32[bad], tau[bad], theta[bad], support[bad] = _exact.finish(x64[bad], alpha[bad], shift[bad], p[bad],
+                                                                         x.dtype)
+        return ExactRowSolve(p32, theta, support, n_iter, converged, tau)
 
     def entmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         """dx = u (g - r), r = (u . g) / sum u, u = p^(2 - alpha) on the support.

@@ -235,11 +235,14 @@ def budget_agreement_tolerance(x, budget):
 
 
 
-def float64_support(ref) -> np.ndarray:
-    """The support a float64 solver finds, from a CPU engine's :class:`RowSolve` ``ref``:
-    the count of its nonzero p.  A float64 row's ``support`` there is the real-number
-    support, which also counts entries whose exact probability rounds to 0 (softmax entries
-    700 below the maximum); a float32 row's is the float64 solver's already."""
+def float64_support(ref, x, alpha) -> np.ndarray:
+    """The support a float64 solver finds on rows ``x`` at ``alpha``, from a CPU engine's
+    :class:`RowSolve` ``ref`` of them: the count of its nonzero correctly rounded float64 p.
+    A row's ``support`` there is the real-number support, which also counts entries whose
+    exact probability rounds to 0 in float64 (softmax entries 750 below the maximum); a
+    float32 row's float64 p are those of its (exactly widened) float64 scores."""
     if ref.p.dtype == np.float32:
-        return ref.support
+        from entmax_ref.backends.numpy_backend import NumpyBackend
+
+        ref = NumpyBackend().entmax_forward(np.asarray(x, np.float64), np.asarray(alpha, np.float64), None)
     return np.count_nonzero(ref.p > 0, axis=1)

@@ -61,7 +61,7 @@ MODES = (1.0, 1.25, 1.5, 2.0, 3.0)
 def _forward_ok(got, want, x, alpha):
     p, theta, support, _, conv = (a.get() for a in got)
     assert conv.all()
-    np.testing.assert_array_equal(support, float64_support(want))
+    np.testing.assert_array_equal(support, float64_support(want, x, alpha))
     live = np.isfinite(want.theta)
     np.testing.assert_array_equal(np.isfinite(theta), live)
     x64 = x.astype(np.float64)

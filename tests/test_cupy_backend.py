@@ -60,7 +60,7 @@ def _check_forward(gpu, ref, x, alpha, method=None):
     p, theta, support, _, conv = (a.get() for a in got)
     assert p.dtype == x.dtype and theta.dtype == np.float64 and support.dtype == np.int64
     assert conv.all()
-    np.testing.assert_array_equal(support, float64_support(want))
+    np.testing.assert_array_equal(support, float64_support(want, x, alpha))
     live = np.isfinite(want.theta)
     np.testing.assert_array_equal(np.isfinite(theta), live)
     x64 = x.astype(np.float64)

@@ -33,8 +33,10 @@ def _hex(a) -> str:
     return "[" + ", ".join(float(v).hex() for v in np.ravel(a)) + "]"
 
 
-def _solve(x: np.ndarray, alpha: float, backend: str):
-    """The public call for ``alpha`` (the named function at 1, 1.5 and 2): (p, tau, exact support)."""
+def _solve(x: np.ndarray, alpha: float, backend: str, dtype=np.float64):
+    """The public call for ``alpha`` (the named function at 1, 1.5 and 2) on ``x`` in
+    ``dtype``: (p, tau, exact support)."""
+    x = x.astype(dtype)
     fn = {1.0: E.softmax, 1.5: E.entmax15, 2.0: E.sparsemax}.get(alpha)
     if fn is not None:
         p, info = fn(x[None, :], backend=backend, return_info=True)
@@ -43,14 +45,18 @@ def _solve(x: np.ndarray, alpha: float, backend: str):
     return p[0], float(info.tau[0]), int(info.support_exact[0])
 
 
-def check_row(x: np.ndarray, alpha: float, backend: str, name: str = "") -> None:
+def check_row(x: np.ndarray, alpha: float, backend: str, name: str = "", dtype=np.float64) -> None:
     """``x``'s row at ``alpha`` on ``backend`` equals the oracle's bit for bit: p, tau and
-    the support."""
-    want_p, want_tau, want_k = entmax_cr(x, alpha)
-    got_p, got_tau, got_k = _solve(x, alpha, backend)
-    where = f"{backend}, alpha={alpha!r}, row {name!r}: x = {_hex(x)}"
+    the support.  In float32 ``x`` is first rounded to float32, and the oracle rounds the
+    exact p and tau at those inputs once, to float32."""
+    x = x.astype(dtype).astype(np.float64)
+    want_p, want_tau, want_k = entmax_cr(x, alpha, dtype)
+    got_p, got_tau, got_k = _solve(x, alpha, backend, dtype)
+    where = f"{backend}, {np.dtype(dtype).name}, alpha={alpha!r}, row {name!r}: x = {_hex(x)}"
     assert got_k == want_k, f"{where}\nsupport: got {got_k}, want {want_k}\ngot p  {_hex(got_p)}\nwant p {_hex(want_p)}"
-    bad = np.flatnonzero(got_p.view(np.int64) != want_p.view(np.int64))
+    assert got_p.dtype == want_p.dtype
+    bits = np.int64 if got_p.dtype == np.float64 else np.int32
+    bad = np.flatnonzero(got_p.view(bits) != want_p.view(bits))
     assert not bad.size, (f"{where}\np at {bad.tolist()}: got {_hex(got_p[bad])}, want {_hex(want_p[bad])}\n"
                           f"got p  {_hex(got_p)}\nwant p {_hex(want_p)}")
     assert got_tau == want_tau, f"{where}\ntau: got {got_tau.hex()}, want {want_tau.hex()}"
@@ -129,3 +135,69 @@ def test_hypothesis_rows(backend, row, alpha):
     if not np.isfinite(x).any():
         x[0] = 0.0
     check_row(x, alpha, backend, "hypothesis")
+
+
+# ----------------------------------------------------------------------------- float32
+#: the engines whose float32 rows are correctly rounded
+ENGINES32 = ("numpy",)
+#: the default tier's float32 sample: boundary rows rounded to float32 (entries within an
+#: ulp of the threshold stay near it), seeds where a float32 rounding of the float64 answer
+#: is off by up to 6 ulps or misses the support
+SAMPLE32_SEEDS = (45, 46, 48, 49, 50, 52, 62)
+
+
+@pytest.mark.parametrize("backend", ENGINES32)
+@pytest.mark.parametrize("alpha", (1.0, 1.5, 2.0, 1.33, 3.0))
+def test_float32_boundary_rows_sample(backend, alpha):
+    for seed in SAMPLE32_SEEDS:
+        for name, x in boundary_rows(np.random.default_rng(seed), alpha):
+            check_row(x, alpha, backend, f"{name}, seed {seed}", np.float32)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", ENGINES32)
+@pytest.mark.parametrize("alpha", BOUNDARY_ALPHAS)
+@pytest.mark.parametrize("offset", [0.0, 2.0 ** 10])
+def test_float32_boundary_rows_exhaustive(backend, alpha, offset):
+    for seed in range(40, 70):
+        rng = np.random.default_rng(seed)
+        for name, x in boundary_rows(rng, alpha, n=int(rng.choice([4, 12, 40])), offset=offset):
+            check_row(x, alpha, backend, f"{name}, seed {seed}", np.float32)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", ENGINES32)
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.25])
+def test_float32_long_rows(backend, alpha):
+    """Rows of n = 4,096 in float32, with entries placed at their threshold."""
+    rng = np.random.default_rng(4032 + int(alpha * 10))
+    for name, x in boundary_rows(rng, alpha, n=4096):
+        check_row(x, alpha, backend, name, np.float32)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", ENGINES32)
+@settings(deadline=None)
+@given(row=st.lists(st.one_of(_floats, st.sampled_from([0.0, 0.5, -0.5, 1.0, 2.0 ** -24, -np.inf])),
+                    min_size=1, max_size=24),
+       alpha=st.sampled_from([1.0, 1.5, 2.0, 1.25, 1.75, 3.0]))
+def test_float32_hypothesis_rows(backend, row, alpha):
+    x = np.array(row, np.float64)
+    if not np.isfinite(x).any():
+        x[0] = 0.0
+    check_row(x, alpha, backend, "hypothesis", np.float32)
+
+
+@pytest.mark.parametrize("backend", ENGINES32)
+def test_float32_per_row_alpha_and_methods(backend):
+    """float32 rows at an alpha per row, and with every ``method``, are each row's
+    correctly rounded answer."""
+    rng = np.random.default_rng(12)
+    alphas = np.array([1.0, 1.25, 1.5, 2.0, 3.0, 1.0 + 2.0 ** -30])
+    x = rng.standard_normal((len(alphas), 9)).astype(np.float32)
+    for method in (None, "bisect") + (("newton",) if backend == "numba" else ()):
+        p, info = E.entmax(x, alpha=alphas, backend=backend, method=method, return_info=True)
+        for r, a in enumerate(alphas):
+            want_p, want_tau, want_k = entmax_cr(x[r].astype(np.float64), a, np.float32)
+            assert np.array_equal(p[r].view(np.int32), want_p.view(np.int32)), (method, a, _hex(x[r]), _hex(p[r]))
+            assert float(info.tau[r]) == want_tau and int(info.support_exact[r]) == want_k, (method, a, _hex(x[r]))

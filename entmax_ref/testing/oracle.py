@@ -195,19 +195,23 @@ def _grid(q: Fraction, dtype):
 def round_cr(v_lo, v_hi, dtype) -> float:
     """The correct rounding in ``dtype`` of a real known as ``v_lo`` (mpf at the lower
     precision) and ``v_hi`` (at the higher one; exact Fractions are their own): the two
-    must round alike (else ValueError); a value within ``10^-(CR_DPS - 10)`` (relative)
-    of a rounding midpoint is that midpoint (ties to even)."""
-    out = []
-    for v in (v_lo, v_hi):
+    must round alike (else ValueError); a value within ``10^-(D - 10)`` (relative) of a
+    rounding midpoint, ``D`` the digits of its precision, is that midpoint (ties to even).
+    A value the lower precision takes for a midpoint and the higher one separates from it
+    (10^-80 away: a threshold just off a midpoint at alpha = 10) is the higher one's."""
+    out, near = [], []
+    for v, digits in ((v_lo, CR_DPS), (v_hi, CR_DPS + CR_MORE)):
         if not isinstance(v, Fraction) and abs(v) < mp.mpf(2) ** -1100:  # rounds to 0 in both formats
             out.append(0.0)  # (10^-(10^8) at alpha near 1: its exact rational is not formed)
+            near.append(False)
             continue
         q = _exact(v)
         sign = -1 if q < 0 else 1
         lo, hi, ulp = _grid(q, dtype)
         mid = lo + ulp / 2
-        tie = isinstance(v, Fraction) and abs(q) == mid or (
-            not isinstance(v, Fraction) and abs(abs(q) - mid) <= abs(q) * Fraction(10) ** -(CR_DPS - 10))
+        dist = abs(abs(q) - mid)
+        tie = dist == 0 if isinstance(v, Fraction) else dist <= abs(q) * Fraction(10) ** -(digits - 10)
+        near.append(dist <= abs(q) * Fraction(10) ** -(CR_DPS - 10))
         if tie:
             r = lo if (lo / ulp) % 2 == 0 else hi
         else:
@@ -215,7 +219,7 @@ def round_cr(v_lo, v_hi, dtype) -> float:
         bits, emin, emax = _FMT[np.dtype(dtype)]
         f = float(r) if r < Fraction(2) ** emax else np.inf
         out.append(sign * f)
-    if out[0] != out[1]:
+    if out[0] != out[1] and not (near[0] and near[1]):
         raise ValueError(f"the oracle's two precisions round differently: {out[0]!r} and {out[1]!r}")
     return out[1]
 
@@ -236,13 +240,14 @@ def _sparsemax_cr(x, dtype):
     for i, v in enumerate(x):
         if np.isfinite(v) and Fraction(float(v)) > tau:
             p[i] = round_cr(Fraction(float(v)) - tau, Fraction(float(v)) - tau, dtype)
-    return p, round_cr(tau, tau, np.float64), int(np.count_nonzero([np.isfinite(v) and Fraction(float(v)) > tau
+    return p, round_cr(tau, tau, dtype), int(np.count_nonzero([np.isfinite(v) and Fraction(float(v)) > tau
                                                                    for v in x]))
 
 
 def entmax_cr(x, alpha, dtype=np.float64):
     """The correctly rounded alpha-entmax of the float64 row ``x`` (``-inf`` masked): ``(p``
-    in ``dtype``, ``tau`` float64, the exact support size ``)`` (module docstring)."""
+    and ``tau`` each rounded once from the exact value in ``dtype`` (``tau`` as a float64),
+    the exact support size ``)`` (module docstring)."""
     x = np.asarray(x, np.float64)
     if not np.isfinite(x).any():
         return np.zeros(len(x), dtype), -np.inf, 0
@@ -263,9 +268,37 @@ def entmax_cr(x, alpha, dtype=np.float64):
             p[i] = round_cr(a, b, dtype)
         a1 = mp.mpf(alpha) - 1
         t_lo, t_hi = (lo_T, hi_T) if alpha == 1.0 else (a1 * lo_T, a1 * hi_T)
+        if alpha > 2.0:
+            return p, _edge_tau(x, alpha, lo_p, hi_p, dtype), support
         # a tau that vanishes with the precision is 0 (a threshold exactly at 0)
-        tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, np.float64)
+        tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, dtype)
     return p, tau, support
+
+
+def _edge_tau(x, alpha: float, lo_p, hi_p, dtype) -> float:
+    """tau rounded, at alpha > 2, from its edge form ``tau = a1 c - q^a1`` (``c`` the
+    smallest support entry, ``q`` its probability): ``a1 c`` an exact rational and ``q^a1``
+    to the oracle's relative precision, however small (1e-297 at alpha = 100), so that a
+    tau just below a rounding midpoint ``a1 c`` rounds down (its T-form, ``a1 T``, loses
+    ``q^a1`` below the digits of T)."""
+    a1 = Fraction(alpha) - 1
+    ref = min((i for i, b in enumerate(hi_p) if b > 0), key=lambda i: float(x[i]))
+    t = a1 * Fraction(float(x[ref]))
+    out = []
+    for ps, digits in ((lo_p, CR_DPS), (hi_p, CR_DPS + CR_MORE)):
+        with mp.workdps(digits + 20):
+            s = ps[ref] ** (mp.mpf(a1.numerator) / a1.denominator)
+            if s > abs(mp.mpf(t.numerator) / t.denominator) * mp.mpf(10) ** -(digits - 10) or t == 0:
+                out.append(mp.mpf(t.numerator) / t.denominator - s)
+                continue
+        lo, hi, ulp = _grid(t, dtype)  # s is below the digits of t: the rounding of t - 0+
+        at = abs(t)
+        if at == lo:  # t on the grid: t - s rounds to t
+            out.append(t)
+        else:  # t - s lies on t's side of every boundary but t itself (a midpoint: the lower side)
+            r = lo if (at < lo + ulp / 2 or (at == lo + ulp / 2 and t > 0)) else hi
+            out.append(r if t > 0 else -r)
+    return round_cr(out[0], out[1], dtype)
 
 
 def edge_row(rng, alpha: float, ties: int, deficit: float, spread: bool) -> np.ndarray:
