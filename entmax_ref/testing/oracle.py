@@ -298,6 +298,8 @@ def _edge_tau(x, alpha: float, lo_p, hi_p, dtype) -> float:
         else:  # t - s lies on t's side of every boundary but t itself (a midpoint: the lower side)
             r = lo if (at < lo + ulp / 2 or (at == lo + ulp / 2 and t > 0)) else hi
             out.append(r if t > 0 else -r)
+    if not isinstance(out[1], Fraction) and abs(out[1]) < abs(out[0]) * mp.mpf(10) ** -20:
+        return 0.0  # vanishing with the precision: a threshold exactly at 0 (the maximum alone, p = 1)
     return round_cr(out[0], out[1], dtype)
 
 
