@@ -23,6 +23,8 @@ import entmax_ref as E
 from entmax_ref.testing.oracle import BOUNDARY_ALPHAS, boundary_rows, entmax_cr
 
 ENGINES = ("numpy", "numba")
+#: the engines whose float32 rows are correctly rounded
+ENGINES32 = ("numpy",)
 
 #: the issue row of sparsemax: an entry 2^-54 below 0.5 whose exact probability is
 #: 2 (2^-54) / 3 = 3.7e-17, a normal float64 (support 3, not 2)
@@ -125,21 +127,20 @@ _floats = st.floats(-4.0, 4.0, allow_nan=False, allow_infinity=False, width=64)
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("backend, dtype", [(b, np.float64) for b in ENGINES] + [(b, np.float32) for b in ENGINES32])
 @settings(deadline=None)
 @given(row=st.lists(st.one_of(_floats, st.sampled_from([0.0, 0.5, -0.5, 1.0, 2.0 ** -54, -np.inf])),
                     min_size=1, max_size=24),
        alpha=st.sampled_from([1.0, 1.5, 2.0, 1.25, 1.75, 3.0]))
-def test_hypothesis_rows(backend, row, alpha):
+def test_hypothesis_rows(backend, dtype, row, alpha):
+    """Hypothesis rows, float64 on both engines and float32 on those of :data:`ENGINES32`."""
     x = np.array(row, np.float64)
     if not np.isfinite(x).any():
         x[0] = 0.0
-    check_row(x, alpha, backend, "hypothesis")
+    check_row(x, alpha, backend, "hypothesis", dtype)
 
 
 # ----------------------------------------------------------------------------- float32
-#: the engines whose float32 rows are correctly rounded
-ENGINES32 = ("numpy",)
 #: the default tier's float32 sample: boundary rows rounded to float32 (entries within an
 #: ulp of the threshold stay near it), seeds where a float32 rounding of the float64 answer
 #: is off by up to 6 ulps or misses the support
@@ -173,19 +174,6 @@ def test_float32_long_rows(backend, alpha):
     rng = np.random.default_rng(4032 + int(alpha * 10))
     for name, x in boundary_rows(rng, alpha, n=4096):
         check_row(x, alpha, backend, name, np.float32)
-
-
-@pytest.mark.exhaustive
-@pytest.mark.parametrize("backend", ENGINES32)
-@settings(deadline=None)
-@given(row=st.lists(st.one_of(_floats, st.sampled_from([0.0, 0.5, -0.5, 1.0, 2.0 ** -24, -np.inf])),
-                    min_size=1, max_size=24),
-       alpha=st.sampled_from([1.0, 1.5, 2.0, 1.25, 1.75, 3.0]))
-def test_float32_hypothesis_rows(backend, row, alpha):
-    x = np.array(row, np.float64)
-    if not np.isfinite(x).any():
-        x[0] = 0.0
-    check_row(x, alpha, backend, "hypothesis", np.float32)
 
 
 @pytest.mark.parametrize("backend", ENGINES32)
