@@ -544,7 +544,9 @@ class NumpyBackend:
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
         """Binary search over the sorted breakpoints, then the closed form on the
         bracketing piece (:mod:`entmax_ref.backends.numpy_family`)."""
-        return _family.budget_rows(x, budget)
+        res = _family.budget_rows(x, budget)
+        p, tau, support = _exact.budget_finish(x, budget, res.p, res.theta, x.dtype)  # correctly rounded
+        return res._replace(p=p, theta=tau, support=support)
 
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
         return _family.budget_vjp_rows(p, g)

@@ -299,12 +299,12 @@ def budget_sparsemax(x, budget=2.0, axis=-1, *, backend=None, return_info=False,
 
     Examples
     --------
-    x = [1.5, 0.8, 0.2, -1], budget 2: U = {0} (1.5 - tau >= 1), F = {1, 2}, so
-    tau = (1 + 0.8 + 0.2 - 2) / 2 = 0 and p = [1, 0.8, 0.2, 0].
+    x = [1.5, 0.75, 0.25, -1], budget 2: U = {0} (1.5 - tau >= 1), F = {1, 2}, so
+    tau = (1 + 0.75 + 0.25 - 2) / 2 = 0 and p = [1, 0.75, 0.25, 0].
 
     >>> import entmax_ref as er
-    >>> er.budget_sparsemax([1.5, 0.8, 0.2, -1.0], budget=2).tolist()
-    [1.0, 0.8, 0.2, 0.0]
+    >>> er.budget_sparsemax([1.5, 0.75, 0.25, -1.0], budget=2).tolist()
+    [1.0, 0.75, 0.25, 0.0]
     """
     return _solve(x, axis, backend, check_finite, return_info, "budget_forward",
                   lambda rows: _budget_rows(budget, rows, rows.data.shape[1], xp_of(rows.data)),

@@ -14,7 +14,9 @@ import entmax_ref as er
 from agreement import budget_agreement_tolerance
 from family_cases import (central_differences, check_against_torch_peer, check_axis_dtype_and_inputs,
                           check_per_row_param, large_batch, solve_on_both, vjp_at, vjp_on_both)
-from family_oracle import budget_np
+from family_oracle import budget_exact, budget_np
+
+from entmax_ref.testing.oracle import round_cr
 
 EPS = np.finfo(np.float64).eps
 
@@ -253,3 +255,69 @@ def test_vjp_of_huge_upstream_gradients(backend):
     exact = [float(Fraction(1.5e308) - Fraction(1.5e308) / 3), float(Fraction(1.5e308) - Fraction(1.5e308) / 3)]
     np.testing.assert_allclose(dx[:2], exact, rtol=4 * EPS)
     assert dx[2] == -np.inf and dx[3] == 0.0  # -1.5e308 - 0.5e308: beyond the range, rounded to -inf
+
+
+# ----------------------------------------------------------------------------- correct rounding
+CPU_ENGINES = ("numpy", "numba")
+
+
+def _cr(x, budget, dtype):
+    """The exact projection (:func:`family_oracle.budget_exact`) rounded once in ``dtype``:
+    (p, tau, support)."""
+    pf, tf = budget_exact(x, budget)
+    p = np.array([round_cr(v, v, dtype) for v in pf], dtype)
+    tau = -np.inf if tf is None else round_cr(tf, tf, dtype)
+    return p, tau, sum(1 for v in pf if v > 0)
+
+
+def _edge_rows(rng, n):
+    """Rows whose entries sit on the breakpoints of h and one ulp either side (at tau and
+    tau + 1 of a dyadic threshold), near ties, an offset, a masked entry; with budgets."""
+    x = rng.standard_normal(n) * float(rng.choice([0.3, 1.0, 3.0]))
+    yield x, float(rng.choice([0.5, 1.0, 2.0, 2.5, 3.7]))
+    t = float(rng.choice([-1.0, -0.25, 0.5, 1.5]))
+    near = [t, np.nextafter(t, 2.0), np.nextafter(t, -2.0), t + 1.0, np.nextafter(t + 1.0, 3.0),
+            np.nextafter(t + 1.0, -3.0), t + 0.5, t + 0.25]
+    yield np.array(near + list(t - rng.uniform(0.0, 2.0, 3))), float(rng.choice([1.0, 1.75, 2.0, 2.5]))
+    m = float(x.max())
+    yield np.concatenate([x, [m, np.nextafter(m, -np.inf), m - 1.0, np.nextafter(m - 1.0, np.inf)]]), 2.0
+    yield np.round(x * 8.0) / 8.0 + 2.0 ** 20, 1.5
+    masked = x.copy()
+    masked[int(rng.integers(n))] = -np.inf
+    yield masked, 1.25
+
+
+def _check_cr(x, budget, backend, dtype, where):
+    x = x.astype(dtype).astype(np.float64)
+    budget = min(budget, float(len(x)))
+    want_p, want_tau, want_k = _cr(x, budget, dtype)
+    p, info = er.budget_sparsemax(x.astype(dtype)[None], budget, backend=backend, return_info=True)
+    bits = np.int64 if dtype == np.float64 else np.int32
+    hexes = [float(v).hex() for v in x]
+    assert np.array_equal(p[0].view(bits), want_p.view(bits)), (where, hexes, p[0].tolist(), want_p.tolist())
+    assert float(info.tau[0]) == want_tau, (where, hexes, float(info.tau[0]).hex(), float(want_tau).hex())
+    assert int(info.support[0]) == want_k, (where, hexes, int(info.support[0]), want_k)
+
+
+@pytest.mark.parametrize("dtype", (np.float64, np.float32))
+@pytest.mark.parametrize("backend", CPU_ENGINES)
+def test_correctly_rounded_sample(backend, dtype):
+    """Every p and tau is the exact projection's value rounded once (float64 and float32),
+    with the exact support, on random rows and rows on the breakpoints."""
+    for seed in range(12):
+        for i, (x, budget) in enumerate(_edge_rows(np.random.default_rng(seed), int(3 + seed))):
+            _check_cr(x, budget, backend, dtype, (seed, i, budget))
+    for x in _rows(3):
+        if np.isfinite(x).any():
+            for budget in (0.0, 0.5, 1.0, 2.0, 3.5):
+                _check_cr(x, budget, backend, dtype, ("rows", budget))
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("dtype", (np.float64, np.float32))
+@pytest.mark.parametrize("backend", CPU_ENGINES)
+def test_correctly_rounded_sweep(backend, dtype):
+    for seed in range(300):
+        rng = np.random.default_rng(seed + 1000)
+        for i, (x, budget) in enumerate(_edge_rows(rng, int(rng.choice([3, 9, 40, 300])))):
+            _check_cr(x, budget, backend, dtype, (seed, i, budget))
