@@ -568,39 +568,3 @@ def entmax_row(x: np.ndarray, alpha: float, dtype=np.float64, theta_hint: float 
     if alpha == 2.0:
         return _sparsemax(x, live, dtype)
     return _General(x, live, alpha, dtype).solve(theta_hint)
-
-
-# ----------------------------------------------------------------------------- budget-sparsemax
-def budget_row(x: np.ndarray, budget: float, dtype=np.float64):
-    """budget-sparsemax of one row exactly, correctly rounded: ``p = clip(x - tau, 0, 1)``
-    with ``tau`` the smallest root of ``h(t) = sum_i clip(x_i - t, 0, 1) = budget`` (``h``
-    is continuous, nonincreasing and linear between the breakpoints ``x_i`` and ``x_i - 1``:
-    a binary search over them finds the piece, then the root on it), in rationals.  Returns
-    (p and tau rounded in ``dtype``, tau as a Python float, -inf when every unmasked entry
-    is 1; the support ``{i : p_i > 0}``)."""
-    x = np.asarray(x, np.float64)
-    live = np.isfinite(x)
-    xs = [Fraction(float(v)) for v in x[live]]
-    B = Fraction(budget)
-    p = np.zeros(len(x), dtype)
-    if len(xs) <= B:
-        p[live] = 1.0
-        return p, -math.inf, len(xs)
-
-    def h(t):
-        return sum(min(max(v - t, Fraction(0)), Fraction(1)) for v in xs)
-
-    brk = sorted(set(xs) | {v - 1 for v in xs})  # ascending; h(brk[0]) = len(xs) > B
-    lo, hi = 0, len(brk) - 1  # h(brk[lo]) > B; h(brk[-1]) = 0 <= B
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if h(brk[mid]) > B:
-            lo = mid
-        else:
-            hi = mid
-    a, b = brk[lo], brk[hi]
-    ha, hb = h(a), h(b)
-    tau = a + (ha - B) * (b - a) / (ha - hb)  # h is linear on [a, b]
-    vals = [min(max(v - tau, Fraction(0)), Fraction(1)) for v in xs]
-    p[live] = [round_real(v, dtype) for v in vals]
-    return p, round_real(tau, dtype), sum(1 for v in vals if v > 0)

@@ -36,7 +36,7 @@ from . import double_word as M
 from .double_word import CAND_MARGIN, NEWTON_EVALS, NORMAL_MIN, SLACK
 from .double_word import (dw_add, dw_add_fp, dw_div, dw_div_fp, dw_mul, dw_mul_fp, exp_dw, fast_two_sum, log1p_dw,
                           log_dw, two_prod, two_sum)
-from .exact_fallback import budget_row, entmax_row, round_real
+from .exact_fallback import entmax_row, round_real
 
 U2 = M.U2
 #: entries per block of rows the stage works on at once (its temporaries stay in cache)
@@ -490,62 +490,6 @@ def _sparse32(x, on):
     p = np.where(on, _div32(np.where(on, kx - N[:, None], 0.0), kk[:, None]), np.float32(0.0))
     tau = _div32(N, kk).astype(np.float64)
     return p, tau, ~ok
-
-
-
-# ----------------------------------------------------------------------------- budget-sparsemax
-def budget_finish(x, budget, p, tau, dtype):
-    """Correctly rounded budget-sparsemax rows from an engine's answer: ``x`` (rows, n),
-    ``budget`` (rows,), the engine's ``p`` (any float dtype: only its sets are used, ``U =
-    {p = 1}``, ``F = {0 < p < 1}``, the rest 0) and ``tau`` (-inf for a row whose unmasked
-    entries are all 1).  On F, ``tau = (|U| + sum_F x - B) / |F|`` is formed in double-word
-    with an error bound, each ``x_i - tau`` likewise; the row is kept where every entry's
-    interval lies inside its set (``(0, 1)`` on F, ``>= 1`` on U, ``<= 0`` elsewhere: the
-    sets then give the exact tau) and every rounding is decided, p and tau in ``dtype``.  A
-    row with F empty has ``tau = max_Z x`` (the smallest root), kept where ``|U| = B`` and
-    every ``x_u - tau >= 1`` exactly (TwoSum).  Every other row is solved exactly
-    (:func:`.exact_fallback.budget_row`).  Returns (p in ``dtype``, tau float64, support)."""
-    rows, n = x.shape
-    x = x.astype(np.float64)
-    p64 = p.astype(np.float64)
-    fin = np.isfinite(x)
-    solved = np.isfinite(tau)
-    U = fin & (p64 >= 1.0)
-    F = fin & (p64 > 0.0) & (p64 < 1.0)
-    Z = fin & ~U & ~F
-    nU, nF = U.sum(axis=1).astype(np.float64), F.sum(axis=1)
-    out_p = np.where(fin, 1.0, 0.0).astype(dtype)  # rows that are all 1 (tau = -inf)
-    out_tau = np.where(solved, 0.0, -np.inf)
-    support = fin.sum(axis=1).astype(np.int64)
-    big = np.where(fin, np.abs(x), 0.0).max(axis=1, initial=0.0) >= 2.0 ** 1000
-    with np.errstate(all="ignore"):
-        # F nonempty: tau = S / |F|, S = |U| - B + sum_F x
-        sh, sl, serr = row_sums(np.where(F, x, 0.0), np.zeros((rows, n)))
-        Sh, Sl = dw_add_fp(*dw_add_fp(sh, sl, nU), -budget)
-        s_err = serr + 2.0 * M.DW_ADD * U2 * (np.abs(sh) + nU + np.abs(budget))
-        k = np.maximum(nF, 1).astype(np.float64)
-        th, tl = dw_div_fp(Sh, Sl, k)
-        t_err = (s_err / k + M.DW_DIV * U2 * np.abs(th)) * SLACK
-        vh, vl = dw_add_fp(-th[:, None], -tl[:, None], np.where(fin, x, 0.0))  # x - tau
-        e = (t_err[:, None] + M.DW_ADD * U2 * np.abs(vh)) * SLACK
-        vlo, vhi = vh - np.abs(vl) - e, vh + np.abs(vl) + e
-        placed = np.where(F, (vlo > 0.0) & (vhi < 1.0), np.where(U, vlo >= 1.0, ~fin | (vhi <= 0.0)))
-        c, ok = round_dw(vh, vl, e, dtype)
-        tc, tok = round_dw(th, tl, t_err, dtype)
-        good = (nF > 0) & placed.all(axis=1) & np.where(F, ok, True).all(axis=1) & tok
-        p_free = np.where(U, 1.0, np.where(F, c.astype(np.float64), 0.0)).astype(dtype)
-        # F empty: tau = max over the entries at 0, exactly; every entry at 1 at least 1 above it
-        t0 = np.where(Z, x, -np.inf).max(axis=1, initial=-np.inf)
-        dh, dl = two_sum(np.where(U, x, 0.0), -np.where(np.isfinite(t0), t0, 0.0)[:, None])
-        top = np.where(U, (dh > 1.0) | ((dh == 1.0) & (dl >= 0.0)), True).all(axis=1)
-        good0 = (nF == 0) & (nU == budget) & top & np.isfinite(t0)
-    keep = solved & ~big & (good | good0)
-    out_p[keep] = np.where(good0[keep, None], np.where(U[keep], 1.0, 0.0).astype(dtype), p_free[keep])
-    out_tau[keep] = np.where(good0[keep], t0[keep], tc[keep].astype(np.float64))
-    support[keep] = (U | (F & (vlo > 0.0)))[keep].sum(axis=1)
-    for r in np.flatnonzero(solved & ~keep):
-        out_p[r], out_tau[r], support[r] = budget_row(x[r], float(budget[r]), dtype)
-    return out_p, out_tau, support
 
 
 def refine(x, alpha, A0, p0, dtype):

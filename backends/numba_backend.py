@@ -228,7 +228,7 @@ class NumbaBackend:
         support = np.empty(rows, np.int64)
         if rows:
             _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())
-            from .exact_rows import budget_finish
+            from .exact_budget import budget_finish
 
             out, tau, support = budget_finish(x, budget, out, tau, x.dtype)  # correctly rounded
         return RowSolve(out, tau, support, np.zeros(rows, np.int64), np.ones(rows, np.bool_))

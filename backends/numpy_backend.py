@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import exact_rows as _exact
+from .exact_budget import budget_finish
 from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, ExactRowSolve, RowSolve
 from .capabilities import require
@@ -545,7 +546,7 @@ class NumpyBackend:
         """Binary search over the sorted breakpoints, then the closed form on the
         bracketing piece (:mod:`entmax_ref.backends.numpy_family`)."""
         res = _family.budget_rows(x, budget)
-        p, tau, support = _exact.budget_finish(x, budget, res.p, res.theta, x.dtype)  # correctly rounded
+        p, tau, support = budget_finish(x, budget, res.p, res.theta, x.dtype)  # correctly rounded
         return res._replace(p=p, theta=tau, support=support)
 
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
