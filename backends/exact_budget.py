@@ -60,8 +60,10 @@ def budget_finish(x, budget, p, tau, dtype):
     interval lies inside its set (``(0, 1)`` on F, ``>= 1`` on U, ``<= 0`` elsewhere: the
     sets then give the exact tau) and every rounding is decided, p and tau in ``dtype``.  A
     row with F empty has ``tau = max_Z x`` (the smallest root), kept where ``|U| = B`` and
-    every ``x_u - tau >= 1`` exactly (TwoSum).  Every other row is solved exactly
-    (:func:`budget_row`).  Returns (p in ``dtype``, tau float64, support)."""
+    every ``x_u - tau >= 1`` exactly (TwoSum).  A row whose sets are proven but a rounding
+    not (tau is rational: exact midpoints are common) takes its free entries' values in
+    rationals; every other row is solved exactly (:func:`budget_row`).  Returns (p in
+    ``dtype``, tau float64, support)."""
     rows, n = x.shape
     x = x.astype(np.float64)
     p64 = p.astype(np.float64)
@@ -100,6 +102,14 @@ def budget_finish(x, budget, p, tau, dtype):
     out_p[keep] = np.where(good0[keep, None], np.where(U[keep], 1.0, 0.0).astype(dtype), p_free[keep])
     out_tau[keep] = np.where(good0[keep], t0[keep], tc[keep].astype(np.float64))
     support[keep] = (U | (F & (vlo > 0.0)))[keep].sum(axis=1)
+    # the sets proven, a rounding undecided (tau = S / |F| is rational: exact midpoints are
+    # common): the free entries' values in rationals
+    for r in np.flatnonzero(solved & ~keep & ~big & (nF > 0) & placed.all(axis=1)):
+        free = np.flatnonzero(F[r])
+        t = (sum(Fraction(float(v)) for v in x[r, free]) + int(nU[r]) - Fraction(float(budget[r]))) / len(free)
+        out_p[r] = U[r].astype(dtype)
+        out_p[r, free] = [round_real(Fraction(float(x[r, i])) - t, dtype) for i in free]
+        out_tau[r], support[r], keep[r] = round_real(t, dtype), int(nU[r]) + len(free), True
     for r in np.flatnonzero(solved & ~keep):
         out_p[r], out_tau[r], support[r] = budget_row(x[r], float(budget[r]), dtype)
     return out_p, out_tau, support
