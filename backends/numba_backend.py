@@ -72,7 +72,7 @@ import numpy as np
 
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, ExactRowSolve, NonFiniteInput, RowSolve
 from .capabilities import require
-from .numba import exact_rows as _exact
+from .numba import exact_finish as _exact
 from .numba import grads as _grads
 from .numba import rows as _rows
 
@@ -133,7 +133,7 @@ def _row_forward(kernel, x: np.ndarray, alpha: np.ndarray, *options) -> RowSolve
 
 def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     """The row solvers (:func:`.numba.rows.entmax_rows`); float64 rows then finished correctly
-    rounded (:func:`.numba.exact_rows.finish_rows`), and solved again exactly
+    rounded (:func:`.numba.exact_finish.finish_rows`), and solved again exactly
     (:func:`.exact_rows.entmax_row`) where that stage leaves them undecided or where
     alpha - 1 is not a float64 (alpha >= 2^52)."""
     res = _row_forward(_rows.entmax_rows, x, alpha, method)

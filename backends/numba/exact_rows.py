@@ -14,10 +14,7 @@ against it, every output and ``tau`` rounded where its error interval holds no r
 boundary.  A row left undecided returns ``ok = False``; the Python side then solves it with
 :func:`entmax_ref.backends.exact_rows.entmax_row`.
 
-The stage is a kernel of its own per solver path (:data:`FINISH_ROWS`, run by
-:func:`finish_rows`), on float64 rows only (float32 rows are correctly rounded by the
-solvers' float64 arithmetic), so the row solvers compile as before, a float32 call never
-compiles it, and a call compiles the stage of its own path alone.
+Its entry kernels, one per stage, are in :mod:`.exact_finish`.
 """
 
 from __future__ import annotations
@@ -27,14 +24,12 @@ import math
 import numpy as np
 
 from .. import double_word as M
-from ._jit import ANY, b1, f64, i64, jit, kernel
-from ._threads import run_blocks
+from ._jit import jit
 from .candidates import gather_alive
 from .double_word import (dw_add, dw_add_fp, dw_div, dw_div_fp, dw_mul, dw_mul_fp, exp_dw, exp_lean, fast_two_sum, fma,
                           half_gaps, log1p_dw, log1p_dw_sel, log_dw, nearest_even, neighbours, pow2, round_dw, round_scaled,
                           round_signed, scale2, sum_sign, two_prod, two_sum)
 from .elementwise import K_GEN
-from .paths import by_runs, row_runs
 from .vexp import div
 
 
@@ -531,121 +526,3 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     err = (_EPS_LOG * abs(lh) + rel_s + _DW_ADD * U2 * (abs(m) + abs(lh))) * SLACK
     tau, good = round_signed(th, tl, err)
     return tau, tau, nf, bad == 0 and good
-
-
-# ----------------------------------------------------------------------------- the entry kernels
-@jit
-def _row_max(x):
-    """(max, index of the first maximum) of the float64 row ``x`` with a finite entry."""
-    m = -np.inf
-    top = np.int64(0)
-    for i in range(x.shape[0]):
-        if x[i] > m:
-            m = x[i]
-            top = i
-    return m, top
-
-
-@jit
-def _finish_softmax(x, out, a1, idx, buf, lanes):
-    """(tau, theta, support, ok) of the float64 softmax row ``x`` (a finite entry, none NaN
-    or +inf); ``out`` rewritten correctly rounded (:func:`cr_softmax`, with the double-word
-    exponential where the lean one leaves the row undecided)."""
-    m = _row_max(x)[0]
-    res = cr_softmax(x, out, m, buf[0], buf[1], lanes, False, False)
-    if res[3]:
-        return res
-    return cr_softmax(x, out, m, buf[0], buf[1], lanes, False, True)
-
-
-@jit
-def _finish_alpha(x, out, a1, idx, buf, lanes):
-    """:func:`_finish_softmax` at 1 < alpha = 1 + a1 <= 2 (:func:`cr_alpha`), from the
-    threshold ``A0 = theta - m`` that the solver's largest output gives, p = e_alpha(-A0)
-    (module docstring)."""
-    m, top = _row_max(x)
-    p = out[top]
-    if a1 == 1.0:
-        kind = KIND_SPARSE
-        A0 = 1.0 - p
-    elif a1 == 0.5:
-        kind = KIND_15
-        A0 = 2.0 - 2.0 * math.sqrt(p)
-    else:
-        kind = KIND_GEN
-        A0 = -math.expm1(a1 * math.log(p)) / a1
-    return cr_alpha(x, out, m, a1, kind, max(A0, 0.0), idx, buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6],
-                    buf[7], buf[8], False)
-
-
-@jit
-def _finish_edge(x, out, a1, idx, buf, lanes):
-    """:func:`_finish_softmax` at alpha = 1 + a1 > 2 (:func:`cr_edge`), from the reference
-    entry: the solver's smallest support entry."""
-    m, top = _row_max(x)
-    c = top
-    for i in range(x.shape[0]):
-        if out[i] > 0.0 and x[i] < x[c]:
-            c = i
-    return cr_edge(x, out, m, a1, x[c] - m, out[c], idx, buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6],
-                   buf[7], False)
-
-
-@jit(inline="always")
-def _finish_stage(x, out, a1, idx, buf, lanes, stage):
-    """The finishing of stage ``stage`` (``STAGE_*``), a constant of the calling kernel's
-    code: numba inlines this function and prunes the chain to that branch, so the kernel
-    links that stage alone."""
-    if stage == STAGE_SOFTMAX:
-        return _finish_softmax(x, out, a1, idx, buf, lanes)
-    if stage == STAGE_EDGE:
-        return _finish_edge(x, out, a1, idx, buf, lanes)
-    return _finish_alpha(x, out, a1, idx, buf, lanes)
-
-
-#: the finishing stages: alpha = 1, 1 < alpha <= 2, alpha > 2
-STAGE_SOFTMAX, STAGE_ALPHA, STAGE_EDGE = range(3)
-#: the finishing kernels' signature: (x, alpha, out, theta, tau, support, ok, r0, r1)
-_FINISH = (f64[:, ::1], f64[::1], f64[:, ::1], f64[::1], f64[::1], i64[::1], b1[::1], i64, i64)
-
-
-def _finish_kernel(name, stage):
-    """The entry kernel that finishes rows of stage ``stage`` (a kernel per stage, so that
-    a call compiles the stage of its own rows alone)."""
-
-    @kernel(lambda _: _FINISH, dtypes=ANY, name=f"exact_rows.{name}", ops=("entmax_forward",))
-    def finish_rows(x, alpha, out, theta, tau, support, ok, r0, r1):
-        """Rows ``r0 .. r1 - 1`` of float64 ``x`` finished correctly rounded (the module
-        docstring), from the solvers' ``out`` and ``theta`` (:func:`.rows.entmax_rows`),
-        which it rewrites, with ``tau``, the exact ``support`` and ``ok`` (False: a row for
-        :func:`entmax_ref.backends.exact_rows.entmax_row`)."""
-        n = x.shape[1]
-        idx = np.empty(n, np.int64)
-        buf = np.empty((9, n), np.float64)
-        lanes = np.empty((3, SM_LANES), np.float64)
-        for r in range(r0, r1):
-            if theta[r] > -np.inf and theta[r] < np.inf:
-                tau[r], theta[r], support[r], ok[r] = _finish_stage(x[r], out[r], alpha[r] - 1.0, idx, buf, lanes,
-                                                                     stage)
-            else:  # a settled row (NaN or +inf entries, or none finite) keeps the solver's answer
-                tau[r], ok[r] = theta[r], True
-
-    return finish_rows
-
-
-_SOFTMAX_ROWS = _finish_kernel("finish_softmax", STAGE_SOFTMAX)
-_ALPHA_ROWS = _finish_kernel("finish_alpha", STAGE_ALPHA)
-_EDGE_ROWS = _finish_kernel("finish_edge", STAGE_EDGE)
-#: the finishing kernel of each solver path (:data:`.paths.SOLVER_PATHS`): softmax;
-#: sparsemax, 1.5-entmax and 1 < alpha < 2 (:func:`cr_alpha`); alpha > 2 (:func:`cr_edge`)
-FINISH_ROWS = (_SOFTMAX_ROWS, _ALPHA_ROWS, _ALPHA_ROWS, _ALPHA_ROWS, _EDGE_ROWS)
-
-
-def finish_rows(x, alpha, out, theta, tau, support, ok, nblk):
-    """Rows of float64 ``x`` (one alpha each) finished correctly rounded, each run of rows
-    of one solver path by that path's kernel (:data:`FINISH_ROWS`), in ``nblk`` blocks on
-    the worker threads (:func:`._threads.run_blocks`)."""
-    runs = [(lo, hi, FINISH_ROWS[path]) for lo, hi, path in row_runs(alpha)]
-    if runs:
-        run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, out, theta, tau, support, ok),
-                   x.shape, nblk)
