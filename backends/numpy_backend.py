@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import exact_rows as _exact
+from . import exact_sums as _sums
 from .exact_budget import budget_finish
 from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, ExactRowSolve, RowSolve
@@ -92,8 +93,27 @@ def _vjp_big(p: np.ndarray, g: np.ndarray, alpha: np.ndarray, u: np.ndarray) -> 
     return dx
 
 
+def alpha_vjp_rows(p: np.ndarray, g: np.ndarray, a1: np.ndarray) -> np.ndarray:
+    """:meth:`NumpyBackend.entmax_alpha_vjp` on float64 rows with alpha in [1, 2] (``a1 =
+    alpha - 1``, shape (rows, 1)): ``log p``, ``exp`` in :func:`_h` and ``u`` correctly
+    rounded, the four sums correctly rounded (:mod:`.exact_sums`), and the same operations
+    around them as the numba engine's, so both give the same bits."""
+    on = p > 0
+    L = np.zeros_like(p)
+    L[on] = _sums.log_rows(p[on])
+    with np.errstate(invalid="ignore", over="ignore"):
+        pc = np.where(on, -p * L * L * _h(-a1 * L), 0.0)
+    u = _sums.skew_rows(p, 1.0 - a1)
+    su = _sums.dot_rows(u)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        corr = np.where(su > 0, _sums.dot_rows(u, g) * _sums.dot_rows(pc) / np.where(su > 0, su, 1.0), 0.0)
+    return _sums.dot_rows(g, pc) - corr
+
+
 def _h(w: np.ndarray) -> np.ndarray:
-    """``(exp(w) - 1 - w) / w**2`` without cancellation (1/2 at w = 0)."""
+    """``(exp(w) - 1 - w) / w**2`` without cancellation (1/2 at w = 0): its Taylor series
+    for ``|w| < 1``, else ``(e - 1 - w) / w**2`` with ``e`` the correctly rounded
+    ``exp(w)`` (+inf above :data:`.exact_sums.EXP_OVER`); the same operations in the numba engine."""
     small = np.abs(w) < 1.0
     ws = np.where(small, w, 0.0)
     series = np.zeros_like(ws)
@@ -101,10 +121,13 @@ def _h(w: np.ndarray) -> np.ndarray:
     for k in range(SERIES_TERMS):
         series = series + term
         term = term * ws / (k + 3)
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        wl = np.where(small, 1.0, w)
-        direct = (np.expm1(wl) - wl) / (wl * wl)
-    return np.where(small, series, direct)
+    wl = w[~small]
+    e = np.full(wl.shape, np.inf)
+    fin = wl <= _sums.EXP_OVER
+    e[fin] = _sums.exp_rows(wl[fin])
+    out = series.copy()
+    out[~small] = (e - 1.0 - wl) / (wl * wl)
+    return out
 
 
 # --------------------------------------------------------------------------- row solvers
@@ -483,15 +506,25 @@ class NumpyBackend:
         +-inf where that exceeds float64's range (the Jacobian is genuinely unbounded
         there: several entries with huge u, e.g. tied edge entries), 0 where the factor
         g_i - r is 0.  No floating-point warnings are raised.  Rows with alpha <= 2 are
-        computed as ``u (g - r)`` directly."""
+        computed as ``u (g - r)`` directly; in float64 with u and the two sums of r
+        correctly rounded (:func:`.exact_sums.vjp_rows`), so that every engine gives the
+        same bits."""
         p64, g64 = p.astype(_F64), g.astype(_F64)
         a = alpha[:, None]
+        big = alpha > 2.0
+        if p.dtype == _F64 and g.dtype == _F64:
+            dx = np.zeros(p.shape)
+            if (~big).any():
+                dx[~big] = _sums.vjp_rows(p64[~big], g64[~big], 2.0 - a[~big])
+            if big.any():
+                with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                    dx[big] = _vjp_big(p64[big], g64[big], a[big], skew_weights(p64[big], a[big]))
+            return dx
         u = skew_weights(p64, a)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             su = u.sum(axis=1, keepdims=True)
             ug = (u * g64).sum(axis=1, keepdims=True)
             dx = np.where(u > 0, u * (g64 - np.where(su > 0, ug / su, 0.0)), 0.0)
-            big = alpha > 2.0
             if big.any():
                 dx[big] = _vjp_big(p64[big], g64[big], a[big], u[big])
             return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)
@@ -515,14 +548,7 @@ class NumpyBackend:
         big = alpha > 2.0
         out = np.zeros(len(p64))
         if (~big).any():
-            sm = ~big
-            ps, gs, As, Ls, ons = p64[sm], g64[sm], a[sm], L[sm], on[sm]
-            pc = np.where(ons, -ps * Ls * Ls * _h(-(As - 1.0) * Ls), 0.0)
-            u = skew_weights(ps, As)
-            su = u.sum(axis=1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                corr = np.where(su > 0, (u * gs).sum(axis=1) * pc.sum(axis=1) / su, 0.0)
-            out[sm] = (gs * pc).sum(axis=1) - corr
+            out[~big] = alpha_vjp_rows(p64[~big], g64[~big], a[~big] - 1.0)
         if big.any():
             pb, gb, Ab, Lb, onb = p64[big], g64[big], a[big], L[big], on[big]
             a1 = Ab - 1.0

@@ -35,6 +35,7 @@ import numpy as np
 
 from ._base import RowSolve
 from .constants import MAX_NEWTON
+from .exact_sums import dot_rows
 
 _F64 = np.float64
 #: a row sum of magnitude below this cannot overflow float64 (2^1020: eight times below its largest)
@@ -210,8 +211,9 @@ def budget_rows(x: np.ndarray, budget: np.ndarray) -> RowSolve:
 def budget_vjp_rows(p: np.ndarray, g: np.ndarray) -> np.ndarray:
     """dL/dx of budget-sparsemax: ``g_i - mean_F(g)`` on the free set ``F = {0 < p < 1}``,
     0 elsewhere (all zeros when F is empty).  A row whose sum over F could overflow is
-    scaled by a power of two (exact) first; a difference whose true value is beyond
-    float64's range is +-inf."""
+    scaled by a power of two (exact) first; the sum is correctly rounded
+    (:func:`.exact_sums.dot_rows`), so every engine gives the same bits; a difference whose
+    true value is beyond float64's range is +-inf."""
     p64 = p.astype(_F64)
     g64 = g.astype(_F64)
     F = (p64 > 0) & (p64 < 1)
@@ -219,7 +221,7 @@ def budget_vjp_rows(p: np.ndarray, g: np.ndarray) -> np.ndarray:
     big = np.where(F, np.abs(g64), 0.0).max(axis=1, keepdims=True, initial=0.0)
     scale = np.where(big >= _SUM_LIMIT / np.maximum(nF, 1), np.ldexp(1.0, -np.frexp(big)[1]), 1.0)
     gs = g64 * scale
-    mean = np.where(F, gs, 0.0).sum(axis=1, keepdims=True) / np.maximum(nF, 1)
+    mean = dot_rows(np.where(F, gs, 0.0))[:, None] / np.maximum(nF, 1)
     with np.errstate(over="ignore"):
         dx = np.where(F, (gs - mean) / scale, 0.0)
     return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)

@@ -65,6 +65,8 @@ def _varlen(dtype, be):
 
 
 AS = dict(beta=0.5, gamma=1.0)
+#: one alpha per row over [1, 2]: softmax, sparsemax, 1.5 and the general powers
+_PER_ROW = np.concatenate([[1.0, 1.5, 2.0], np.linspace(1.0, 2.0, ROWS[0] - 3)])
 
 #: name -> f(dtype, backend) returning an array or a tuple of arrays
 CASES = {
@@ -76,7 +78,10 @@ CASES = {
     "entmax(per row)": lambda dt, be: E.entmax(_rows(dt), alpha=np.linspace(1.0, 3.0, ROWS[0]), backend=be),
     "entmax_threshold": lambda dt, be: E.entmax_threshold(_rows(dt), alpha=1.3, backend=be),
     "entmax_vjp": lambda dt, be: E.entmax_vjp(_p(dt, 1.3), _g(dt, ROWS), alpha=1.3, backend=be),
+    "entmax_vjp(per row)": lambda dt, be: E.entmax_vjp(_p(dt, _PER_ROW), _g(dt, ROWS), alpha=_PER_ROW, backend=be),
     "entmax_alpha_vjp": lambda dt, be: E.entmax_alpha_vjp(_p(dt, 1.3), _g(dt, ROWS), alpha=1.3, backend=be),
+    "entmax_alpha_vjp(per row)": lambda dt, be: E.entmax_alpha_vjp(_p(dt, _PER_ROW), _g(dt, ROWS), alpha=_PER_ROW,
+                                                                   backend=be),
     "entmax_jacobian": lambda dt, be: E.entmax_jacobian(_p(dt, 1.3)[:4], alpha=1.3, backend=be),
     "entmax_loss": lambda dt, be: E.entmax_loss(_rows(dt), _target(), alpha=1.3, backend=be),
     "entmax_loss_grad": lambda dt, be: E.entmax_loss_grad(_rows(dt), _target(), alpha=1.3, backend=be),
@@ -104,17 +109,10 @@ _THETA32 = "a float32 row's tau is converted from each engine's float64 theta, w
 _ATTENTION = "the attention kernels' rows and sums are not one algorithm across the engines"
 NOT_YET: dict[tuple[str, str], str] = {
     ("entmax_threshold", "float32"): _THETA32,
-    ("entmax_vjp", "float64"): _ORDER,
-    ("entmax_alpha_vjp", "float64"): _ORDER,
-    ("entmax_alpha_vjp", "float32"): _ORDER,
-    ("entmax_jacobian", "float64"): _ORDER,
     ("normmax", "float64"): _NORMMAX,
     ("normmax_vjp", "float64"): _ORDER,
     ("normmax_loss", "float64"): _NORMMAX,
     ("normmax_loss_grad", "float64"): _NORMMAX,
-    ("budget_sparsemax_vjp", "float64"): _ORDER,
-    ("asentmax_vjp", "float64"): _ORDER,
-    ("ssmax_vjp", "float64"): _ORDER,
     ("attention", "float64"): _ATTENTION,
     ("attention(asentmax)", "float64"): _ATTENTION,
     ("attention_vjp", "float64"): _ATTENTION,

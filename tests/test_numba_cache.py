@@ -359,7 +359,7 @@ _FULL_DISK = """
     from entmax_ref.backends.numba_precompile import tasks
     x = np.random.default_rng(0).standard_normal((6, 40))
     p = er.entmax(x, 1.5, backend="numpy")
-    (task,) = [t for t in tasks(["entmax_vjp"], ["float64"]) if t.kernel == "grads._vjp_small"]
+    (task,) = [t for t in tasks(["entmax_vjp"], ["float64"]) if t.kernel == "grads._vjp_cr"]
     before = task.compiled()
     dx = er.entmax_vjp(p, x, 1.5, backend="numba")
     print(json.dumps({"before": before, "after": task.compiled(),
@@ -374,7 +374,7 @@ def test_a_full_disk_is_a_miss_never_a_false_compiled(tmp_path):
     env = {"ENTMAX_REF_CACHE_DIR": str(tmp_path / "c"), "ENTMAX_REF_NUMBA_CACHE": "1"}
     full = _run(_FULL_DISK % True, env)
     assert full == {"before": False, "after": True, "right": True}  # compiled in that process only
-    assert not [f for f in (tmp_path / "c").rglob("grads._vjp_small-*") if f.suffix in (".nbi", ".nbc")]
+    assert not [f for f in (tmp_path / "c").rglob("grads._vjp_cr-*") if f.suffix in (".nbi", ".nbc")]
     info = _cli(["cache", "info"], env)
     assert "complete: no" in info.stdout, info.stdout
     assert _run(_FULL_DISK % False, env) == {"before": False, "after": True, "right": True}

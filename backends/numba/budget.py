@@ -26,8 +26,9 @@ import math
 
 import numpy as np
 
-from ._jit import f64, i64, jit, kernel
+from ._jit import b1, f64, i64, jit, kernel
 from .compensated import acc as _acc
+from .exact_sums import sum_add, sum_round
 from .sorting import select, sort
 from ._threads import run_blocks
 
@@ -133,7 +134,9 @@ def budget_rows(x, budget, out, tau, support, nblk):
 @jit
 def _vjp_row(p, g, dx):
     """``dx_i = g_i - mean_F(g)`` on ``F = {0 < p < 1}``, 0 elsewhere.  A row whose sum
-    over F could overflow is scaled by a power of two (exact) first."""
+    over F could overflow is scaled by a power of two (exact) first; the sum is correctly
+    rounded (:mod:`.exact_sums`).  Returns False (``dx`` not written) where its rounding
+    is not proven."""
     n = p.shape[0]
     nF = 0
     big = 0.0
@@ -145,26 +148,37 @@ def _vjp_row(p, g, dx):
     scale = 1.0
     if nF and big >= _SUM_LIMIT / nF:
         scale = math.ldexp(1.0, -math.frexp(big)[1])
-    S, cS = 0.0, 0.0
+    S, cS, A, inexact = 0.0, 0.0, 0.0, False
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0 and pi < 1.0:
-            S, cS = _acc(S, cS, np.float64(g[i]) * scale)
-    mean = (S + cS) / nF if nF else 0.0
+            S, cS, A, inexact = sum_add(S, cS, A, inexact, np.float64(g[i]) * scale)
+    S, ok = sum_round(S, cS, A, inexact, n)
+    if not ok:
+        return False
+    mean = S / nF if nF else 0.0
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0 and pi < 1.0:
             dx[i] = (np.float64(g[i]) * scale - mean) / scale
         else:
             dx[i] = 0.0
+    return True
 
 
-@kernel(lambda x: (x[:, ::1], x[:, ::1], x[:, ::1], i64, i64), ops=("budget_vjp",))
-def _vjp_blk(p, g, dx, r0, r1):
+@kernel(lambda x: (x[:, ::1], x[:, ::1], x[:, ::1], b1[::1], i64, i64), ops=("budget_vjp",))
+def _vjp_blk(p, g, dx, ok, r0, r1):
     for r in range(r0, r1):
-        _vjp_row(p[r], g[r], dx[r])
+        ok[r] = _vjp_row(p[r], g[r], dx[r])
 
 
 def budget_vjp_rows(p, g, dx, nblk=64):
-    """The budget-sparsemax VJP of every row into ``dx``."""
-    run_blocks(_vjp_blk, (p, g, dx), p.shape, nblk)
+    """The budget-sparsemax VJP of every row into ``dx``; the rare row whose sum the kernel
+    does not round is finished by the NumPy engine (the same bits)."""
+    ok = np.empty(p.shape[0], np.bool_)
+    run_blocks(_vjp_blk, (p, g, dx, ok), p.shape, nblk)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        from ..numpy_family import budget_vjp_rows as numpy_rows
+
+        dx[bad] = numpy_rows(p[bad], g[bad])

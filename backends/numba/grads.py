@@ -2,12 +2,16 @@
 
 With ``u = p^(2 - alpha)`` on the support (0 elsewhere):
 
-* scores:  ``dx = u * (g - (u . g) / sum u)``; two passes per row, the first accumulates
-  ``sum u`` and ``u . g`` (Neumaier-compensated), the second writes ``dx``.
+* scores:  ``dx = u * (g - (u . g) / sum u)``.  float64 rows with alpha <= 2: ``u``
+  correctly rounded (in a vectorised pass, or on the support alone for a sparse row), then
+  ``sum u`` and ``u . g`` correctly rounded in lanes (:mod:`.exact_sums`), then ``dx``:
+  the NumPy engine's bits.  float32 rows: two passes, the first accumulates ``sum u`` and
+  ``u . g`` (Neumaier-compensated), the second writes ``dx``.
 * alpha:   ``sum_i g_i p_i c_i - (u . g)(sum_i p_i c_i) / sum u`` with
   ``c_i = -L_i^2 h(-(alpha - 1) L_i)``, ``L_i = log p_i`` and
-  ``h(w) = (e^w - 1 - w) / w^2`` (its Taylor series for ``|w| < 1``), one pass per row.
-  This has no ``1/(alpha - 1)`` cancellation and is continuous at alpha = 1.
+  ``h(w) = (e^w - 1 - w) / w^2`` (its Taylor series for ``|w| < 1``), one pass per row,
+  with ``log p``, ``exp`` and ``u`` and the four sums correctly rounded (the NumPy
+  engine's bits).  This has no ``1/(alpha - 1)`` cancellation and is continuous at alpha = 1.
 
 ``u`` is computed as the reference computes it, ``exp((2 - alpha) log p)``, except at
 alpha in {1, 1.5, 2} where it is exactly ``p``, ``sqrt(p)`` and ``1``.
@@ -27,8 +31,12 @@ import math
 import numpy as np
 
 from ..constants import SERIES_TERMS
-from ._jit import f64, i64, jit, kernel
+from ._jit import b1, f64, i64, jit, kernel
 from .compensated import acc as _acc
+from ..double_word import EPS_EXP, EPS_LOG, SLACK
+from ..exact_sums import EXP_OVER, TINY
+from .double_word import exp_dw, log_dw, round_scaled, round_signed
+from .exact_sums import LANES, dot_add, dot_lanes, skew_cr, sum_add, sum_round
 from ._threads import run_blocks
 
 
@@ -45,16 +53,14 @@ def skew(p, a2):
 
 
 @jit(inline="always")
-def _h(w):
-    """``(exp(w) - 1 - w) / w^2`` without cancellation (the reference's series for |w| < 1)."""
-    if abs(w) < 1.0:
-        series = 0.0
-        term = 0.5
-        for k in range(SERIES_TERMS):
-            series = series + term
-            term = term * w / (k + 3)
-        return series
-    return (math.expm1(w) - w) / (w * w)
+def _h_series(w):
+    """``(exp(w) - 1 - w) / w^2`` for ``|w| < 1``: the reference's Taylor series."""
+    series = 0.0
+    term = 0.5
+    for k in range(SERIES_TERMS):
+        series = series + term
+        term = term * w / (k + 3)
+    return series
 
 
 @jit
@@ -172,7 +178,78 @@ def _ALPHA_VJP(x):
     return x[:, ::1], x[:, ::1], f64[::1], f64[::1], i64, i64
 
 
-@kernel(_VJP, ops=("entmax_vjp",))
+@jit
+def _skew_dense(p, a2, u):
+    """``u[i] = p[i]^a2`` correctly rounded on the support (0 elsewhere), in a loop without
+    a branch on the data (so LLVM vectorises it); whether every rounding is proven."""
+    bad = False
+    for i in range(p.shape[0]):
+        pi = np.float64(p[i])
+        on = pi > 0.0
+        v, ok = skew_cr(pi if on else 1.0, a2)
+        u[i] = v if on else 0.0
+        bad = bad | (on & (not ok))
+    return not bad
+
+
+@jit
+def _skew_sparse(p, a2, u, idx, k):
+    """:func:`_skew_dense` on the ``k`` entries ``idx[:k]`` of the support alone."""
+    bad = False
+    for i in range(p.shape[0]):
+        u[i] = 0.0
+    for j in range(k):
+        v, ok = skew_cr(np.float64(p[idx[j]]), a2)
+        u[idx[j]] = v
+        bad = bad | (not ok)
+    return not bad
+
+
+@jit(inline="always")
+def _skew_pass(p, a2, u, idx):
+    """:func:`_skew_dense`, or on a sparse row (under 1/8 of it on the support, whose
+    indices go to the scratch ``idx``) :func:`_skew_sparse`: the same values."""
+    n = p.shape[0]
+    k = 0
+    for i in range(n):
+        if p[i] > 0.0:
+            if k < n // 8:
+                idx[k] = i
+            k += 1
+    return _skew_sparse(p, a2, u, idx, k) if 8 * k < n else _skew_dense(p, a2, u)
+
+
+@jit
+def _vjp_row_cr(p, g, a2, dx, lanes, idx):
+    """A float64 row with alpha in [1, 2], as :func:`entmax_ref.backends.exact_sums.vjp_rows`:
+    ``u`` (kept in ``dx``) and the sums ``sum u``, ``u . g`` correctly rounded, then
+    ``dx = u (g - r)`` (``lanes``, ``idx``: the scratch of :func:`.exact_sums.dot_lanes`
+    and :func:`_skew_pass`).  Returns
+    False (``dx`` unfinished) where a rounding is not proven."""
+    n = p.shape[0]
+    if not _skew_pass(p, a2, dx, idx):
+        return False
+    su, ok1, ug, ok2 = dot_lanes(dx, g, lanes)
+    if not (ok1 and ok2):
+        return False
+    r = ug / su if su > 0.0 else 0.0
+    for i in range(n):
+        u = dx[i]
+        dx[i] = u * (g[i] - r) if u > 0.0 else 0.0
+    return True
+
+
+@kernel(lambda x: (x[:, ::1], x[:, ::1], f64[::1], x[:, ::1], b1[::1], i64, i64), ops=("entmax_vjp",),
+        dtypes=("float64",))
+def _vjp_cr(p, g, alpha, dx, ok, r0, r1):
+    """The rows with alpha <= 2 (the others are left to :func:`_vjp_big`)."""
+    lanes = np.empty((10, LANES), np.float64)
+    idx = np.empty(p.shape[1] // 8 + 1, np.int64)
+    for r in range(r0, r1):
+        ok[r] = alpha[r] > 2.0 or _vjp_row_cr(p[r], g[r], 2.0 - alpha[r], dx[r], lanes, idx)
+
+
+@kernel(_VJP, ops=("entmax_vjp",), dtypes=("float32",))
 def _vjp_small(p, g, alpha, dx, r0, r1):
     for r in range(r0, r1):
         _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
@@ -184,7 +261,7 @@ def _vjp_big(p, g, alpha, dx, r0, r1):
         _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
 
 
-@kernel(_VJP, ops=("entmax_vjp",))
+@kernel(_VJP, ops=("entmax_vjp",), dtypes=("float32",))
 def _vjp_any(p, g, alpha, dx, r0, r1):
     for r in range(r0, r1):
         if alpha[r] > 2.0:
@@ -195,38 +272,80 @@ def _vjp_any(p, g, alpha, dx, r0, r1):
 
 def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
     """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``);
-    rows with alpha > 2 by :func:`_vjp_row_big`.  Only the kernel the rows need is
-    compiled; rows run on worker threads (:func:`~._threads.run_blocks`)."""
+    rows with alpha > 2 by :func:`_vjp_row_big`.  float64 rows with alpha <= 2 by
+    :func:`_vjp_row_cr`, whose rare undecided row the NumPy engine's
+    :func:`~entmax_ref.backends.exact_sums.vjp_rows` finishes (the same bits either way).
+    Only the kernels the rows need are compiled.  Rows run on worker threads
+    (:func:`~._threads.run_blocks`)."""
     big = alpha > 2.0
+    if p.dtype == np.float64 and not big.all():
+        ok = np.empty(p.shape[0], np.bool_)
+        run_blocks(_vjp_cr, (p, g, alpha, dx, ok), p.shape, nblk)
+        bad = np.flatnonzero(~ok)
+        if bad.size:
+            from ..exact_sums import vjp_rows
+
+            dx[bad] = vjp_rows(p[bad], g[bad], 2.0 - alpha[bad, None])
+        if big.any():
+            out = np.empty((int(big.sum()), p.shape[1]))
+            run_blocks(_vjp_big, (p[big], g[big], alpha[big], out), out.shape, nblk)
+            dx[big] = out
+        return
     kernel = _vjp_big if big.all() else _vjp_small if not big.any() else _vjp_any
     run_blocks(kernel, (p, g, alpha, dx), p.shape, nblk)
 
 
+@jit(inline="always")
+def _h_cr(w):
+    """:func:`entmax_ref.backends.numpy_backend._h`, the same operations: the series for
+    ``|w| < 1``, else ``(e - 1 - w) / w^2`` with ``e = exp(w)`` correctly rounded.
+    Returns (h, whether e's rounding is proven)."""
+    if abs(w) < 1.0:
+        return _h_series(w), True
+    e, ok = np.inf, True
+    if w <= EXP_OVER:
+        k, hi, lo = exp_dw(w, 0.0)
+        e, ok = round_scaled(k, hi, lo, EPS_EXP * abs(hi) * SLACK, False)
+    return (e - 1.0 - w) / (w * w), ok
+
+
 @jit
 def alpha_vjp_row(p, g, a1):
+    """A row with alpha in [1, 2] (``a1 = alpha - 1``), as the NumPy engine's
+    ``alpha_vjp_rows``: ``log p``, ``exp`` and ``u`` correctly rounded, the four sums
+    correctly rounded (:mod:`.exact_sums`).  Returns (value, whether every rounding is
+    proven)."""
     a2 = 1.0 - a1
-    sgc = 0.0
-    cgc = 0.0
-    spc = 0.0
-    cpc = 0.0
-    sug = 0.0
-    cug = 0.0
-    su = 0.0
-    csu = 0.0
-    for i in range(p.shape[0]):
+    n = p.shape[0]
+    s1, c1, A1, x1, bad = 0.0, 0.0, 0.0, False, False
+    s2, c2, A2, x2 = 0.0, 0.0, 0.0, False
+    s3, c3, A3, x3 = 0.0, 0.0, 0.0, False
+    s4, c4, A4, x4 = 0.0, 0.0, 0.0, False
+    good = True
+    for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0:
             gi = np.float64(g[i])
-            L = math.log(pi)
-            pc = -pi * L * L * _h(-a1 * L)
-            u = skew(pi, a2)
-            sgc, cgc = _acc(sgc, cgc, gi * pc)
-            spc, cpc = _acc(spc, cpc, pc)
-            sug, cug = _acc(sug, cug, u * gi)
-            su, csu = _acc(su, csu, u)
-    su = su + csu
-    corr = (sug + cug) * (spc + cpc) / su if su > 0.0 else 0.0
-    return (sgc + cgc) - corr
+            L = 0.0
+            if pi != 1.0:
+                lh, ll = log_dw(pi, 0.0)
+                L, ok = round_signed(lh, ll, EPS_LOG * abs(lh) * SLACK)
+                good = good & ok & (pi >= TINY)
+            h, ok = _h_cr(-a1 * L)
+            pc = -pi * L * L * h
+            u, ok2 = skew_cr(pi, a2)
+            good = good & ok & ok2
+            s1, c1, A1, x1, bad = dot_add(s1, c1, A1, x1, bad, gi, pc)
+            s2, c2, A2, x2 = sum_add(s2, c2, A2, x2, pc)
+            s3, c3, A3, x3, bad = dot_add(s3, c3, A3, x3, bad, u, gi)
+            s4, c4, A4, x4 = sum_add(s4, c4, A4, x4, u)
+    sgc, ok1 = sum_round(s1, c1, A1, x1, n)
+    spc, ok2 = sum_round(s2, c2, A2, x2, n)
+    sug, ok3 = sum_round(s3, c3, A3, x3, n)
+    su, ok4 = sum_round(s4, c4, A4, x4, n)
+    good = good & ok1 & ok2 & ok3 & ok4 & (not bad)
+    corr = sug * spc / su if su > 0.0 else 0.0
+    return sgc - corr, good
 
 
 @jit
@@ -260,30 +379,24 @@ def alpha_vjp_row_big(p, g, a1):
     return (t + ct) / (a1 * a1)
 
 
-@kernel(_ALPHA_VJP, ops=("entmax_alpha_vjp",))
-def _alpha_vjp_small(p, g, alpha, out, r0, r1):
-    for r in range(r0, r1):
-        out[r] = alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
-
-
-@kernel(_ALPHA_VJP, ops=("entmax_alpha_vjp",))
-def _alpha_vjp_big(p, g, alpha, out, r0, r1):
-    for r in range(r0, r1):
-        out[r] = alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
-
-
-@kernel(_ALPHA_VJP, ops=("entmax_alpha_vjp",))
-def _alpha_vjp_any(p, g, alpha, out, r0, r1):
+@kernel(lambda x: (x[:, ::1], x[:, ::1], f64[::1], f64[::1], b1[::1], i64, i64), ops=("entmax_alpha_vjp",))
+def _alpha_vjp(p, g, alpha, out, ok, r0, r1):
     for r in range(r0, r1):
         if alpha[r] > 2.0:
             out[r] = alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
+            ok[r] = True
         else:
-            out[r] = alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
+            out[r], ok[r] = alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
 
 
 def entmax_alpha_vjp_rows(p, g, alpha, out, nblk=64):
-    """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64); as
-    :func:`entmax_vjp_rows`, only the kernel the rows need is compiled."""
-    big = alpha > 2.0
-    kernel = _alpha_vjp_big if big.all() else _alpha_vjp_small if not big.any() else _alpha_vjp_any
-    run_blocks(kernel, (p, g, alpha, out), p.shape, nblk)
+    """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64); the rare row with alpha
+    <= 2 that :func:`alpha_vjp_row` does not round is finished by the NumPy engine (the
+    same bits)."""
+    ok = np.empty(p.shape[0], np.bool_)
+    run_blocks(_alpha_vjp, (p, g, alpha, out, ok), p.shape, nblk)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        from ..numpy_backend import alpha_vjp_rows
+
+        out[bad] = alpha_vjp_rows(p[bad].astype(np.float64), g[bad].astype(np.float64), alpha[bad, None] - 1.0)

@@ -1,0 +1,220 @@
+"""Correctly rounded row sums, dot products and powers: the float64 pieces that make the row
+VJPs give the same bits on every CPU engine (the numba twin: :mod:`.numba.exact_sums`).
+
+A sum taken in a different order rounds differently, so a vectorised NumPy pass and a
+sequential numba loop disagree in the last bits unless both return the one value that does
+not depend on the order: the real-number sum rounded to nearest (ties to even).  Every
+function here returns that value (or a flag saying it could not decide it, where the caller
+takes the exact fallback of this module):
+
+:func:`dot_rows`
+    per row, ``sum_i a_i b_i`` correctly rounded (``sum_i a_i`` when ``b`` is None).  Each
+    product is formed exactly (TwoProd: ``a_i b_i = p_i + e_i``), the ``p_i`` are added
+    by TwoSum (here in a pairwise tree) and the TwoSum errors and the ``e_i`` in float64.
+    Whatever the order, the double-word result is within :func:`sum_bound` of the exact
+    sum: n products give at most ``2n + 1`` float64 error terms (the ``e_i`` and the TwoSum
+    errors), each at most ``u`` times a partial sum of ``|p|``, and their float64 sum adds
+    a relative error of ``gamma_2n``: at most ``2 n (n + 1) u^2 sum |p_i|``; summing in up
+    to ``n / 2`` independent lanes first (the numba kernels) adds ``3n / 2`` more terms,
+    below ``6 (n + 1)^2 u^2 sum |p_i|``; the bound is ``8 (n + 2)^2 u^2 sum |p_i|``.  The
+    result is rounded where every value within the bound
+    rounds the same (:func:`.exact_rows.round_dw`); a row where that fails, whose sum is
+    below ``NORMAL_MIN`` (but not exactly 0), or whose products are not exact in both
+    engines' TwoProd (a product below ``NORMAL_MIN``: its error underflows; an operand
+    from ``2^995``: Dekker's split overflows) is summed exactly (:func:`exact_dot`).
+:func:`pow_rows`
+    ``p^a`` correctly rounded for positive normal ``p`` (the Jacobian weights ``u =
+    p^(2 - alpha)``, ``0 < 2 - alpha < 1``): ``exp(a log p)`` with the double-word log and
+    exponential of :mod:`.double_word` (relative error at most ``EPS_EXP + 1.01 |z|
+    (EPS_LOG + DW_MUL u^2)``, ``z = a log p``), rounded where that error cannot cross a
+    rounding boundary; the other entries (and subnormal ``p``) by :func:`exact_pow`.
+
+The two engines need not decide the same rows: each returns the correctly rounded value,
+fast or exact, so the bits agree either way.
+"""
+
+from __future__ import annotations
+
+from decimal import Context, Decimal
+from fractions import Fraction
+
+import numpy as np
+
+from .double_word import DW_MUL, EPS_EXP, EPS_LOG, NORMAL_MIN, SLACK, U2, dw_mul_fp, exp_dw, log_dw, two_prod, two_sum
+from .exact_fallback import round_real
+from .exact_rows import round_dw, round_scaled
+
+#: operands from here on are not split by Dekker's product (the NumPy TwoProd) without overflow
+SPLIT_MAX = 2.0 ** 995
+#: the smallest normal float64 (``log_dw`` takes normal arguments)
+TINY = 2.0 ** -1022
+#: exp(z) is +inf (it rounds to it) for every z above this
+EXP_OVER = 709.79
+
+
+def sum_bound(n, absum):
+    """The bound on the error of a double-word sum of ``n`` exact products (or ``n``
+    float64 terms) in any order, given the float64 sum ``absum`` of their ``|p_i|``."""
+    return 8.0 * (n + 2.0) ** 2 * U2 * absum * SLACK
+
+
+def dot_rows(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """Per row of the (rows, n) float64 arrays, ``sum_i a_i b_i`` (``sum_i a_i`` when
+    ``b`` is None), correctly rounded to float64; an exact 0 is +0."""
+    rows, n = a.shape
+    with np.errstate(all="ignore"):
+        if b is None:
+            p, e = a, np.zeros_like(a)
+            unsafe = np.zeros(rows, bool)
+        else:
+            p, e = two_prod(a, b)
+            unsafe = (((p != 0.0) & (np.abs(p) < NORMAL_MIN)) | (np.abs(a) >= SPLIT_MAX)
+                      | (np.abs(b) >= SPLIT_MAX)).any(axis=1)
+        absum = np.abs(p).sum(axis=1)
+        width = 1 << max(n - 1, 0).bit_length()
+        h = np.zeros((rows, width))
+        h[:, :n] = p
+        c = e.sum(axis=1)
+        while h.shape[1] > 1:
+            h, q = two_sum(h[:, 0::2], h[:, 1::2])
+            c = c + q.sum(axis=1)
+        hi, lo = two_sum(h[:, 0], c)
+        v, ok = round_dw(hi, lo, sum_bound(n, absum), np.float64)
+    v = np.where(absum == 0.0, 0.0, v)
+    ok = (ok | (absum == 0.0)) & ~unsafe & np.isfinite(absum)
+    for r in np.flatnonzero(~ok):
+        v[r] = exact_dot(a[r], None if b is None else b[r])
+    return v
+
+
+def exact_dot(a: np.ndarray, b: np.ndarray | None) -> float:
+    """``sum_i a_i b_i`` (``sum_i a_i`` when ``b`` is None) of float64 vectors, exactly in
+    integers, then rounded to nearest, ties to even (+-inf beyond float64's range).  A
+    row holding an infinity or a NaN sums to what float64 arithmetic gives in any order
+    (+-inf or NaN)."""
+    if not (np.isfinite(a).all() and (b is None or np.isfinite(b).all())):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return float(np.sum(a if b is None else a * b))
+    nz = np.flatnonzero((a != 0) if b is None else (a != 0) & (b != 0))
+    terms = []
+    for i in nz.tolist():
+        n, d = float(a[i]).as_integer_ratio()
+        if b is not None:
+            m, f = float(b[i]).as_integer_ratio()
+            n, d = n * m, d * f
+        if n:
+            terms.append((n, d.bit_length() - 1))  # d is a power of two
+    if not terms:
+        return 0.0
+    K = max(k for _, k in terms)
+    total = sum(n << (K - k) for n, k in terms)
+    return float(round_real(Fraction(total, 1 << K), np.float64)) + 0.0
+
+
+def pow_rows(p: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """``p^a`` correctly rounded to float64, for ``p > 0`` and ``|a log p| <= 1400``
+    (``a`` broadcasts against ``p``)."""
+    p, a = np.broadcast_arrays(np.asarray(p, np.float64), np.asarray(a, np.float64))
+    normal = p >= TINY
+    with np.errstate(all="ignore"):
+        q = np.where(normal, p, 1.0)
+        lh, ll = log_dw(q, np.zeros_like(q))
+        zh, zl = dw_mul_fp(lh, ll, a)
+        e, hi, lo = exp_dw(zh, zl)
+        eps = EPS_EXP + 1.01 * np.abs(zh) * (EPS_LOG + DW_MUL * U2)
+        v, ok = round_scaled(e, hi, lo, eps * np.abs(hi) * 1.01, np.float64)
+    v = np.array(v, np.float64)
+    for i in zip(*np.nonzero(~(ok & normal))):
+        v[i] = exact_pow(float(p[i]), float(a[i]))
+    return v
+
+
+def _ziv(f) -> float:
+    """The float64 nearest to a real value that ``f(ctx)`` encloses: ``f`` returns ``(v,
+    k)`` with the value within relative ``k 10^(1 - prec)`` of the decimal ``v`` computed
+    at ``ctx``'s precision ``prec``; the precision doubles until the enclosure rounds to one
+    float64 (an exact midpoint, after 1280 digits, is rounded as the 1280-digit value is)."""
+    prec = 40
+    while True:
+        ctx = Context(prec=prec, Emax=999_999_999, Emin=-999_999_999)
+        v, k = f(ctx)
+        v = Fraction(v)
+        eps = Fraction(k) / 10 ** (prec - 1)
+        lo, hi = round_real(v * (1 - eps), np.float64), round_real(v * (1 + eps), np.float64)
+        if lo == hi:
+            return lo
+        if prec >= 1280:
+            return round_real(v, np.float64)
+        prec *= 2
+
+
+def exact_pow(p: float, a: float) -> float:
+    """``p^a`` (``p > 0``) rounded to nearest float64: ``exp(a ln p)`` in decimal (each of
+    ln, the product and exp rounded once: a relative error below ``(|z| + 1) 10^(1 - prec)``,
+    ``z = a ln p``)."""
+    def f(ctx):
+        z = ctx.multiply(ctx.ln(Decimal(p)), Decimal(a))
+        return ctx.exp(z), 2 * int(abs(z)) + 4
+    return _ziv(f)
+
+
+def exact_log(p: float) -> float:
+    """``ln p`` (``p > 0``) rounded to nearest float64."""
+    return _ziv(lambda ctx: (ctx.ln(Decimal(p)), 1))
+
+
+def exact_exp(z: float) -> float:
+    """``exp(z)`` rounded to nearest float64."""
+    return _ziv(lambda ctx: (ctx.exp(Decimal(z)), 1))
+
+
+def log_rows(p: np.ndarray) -> np.ndarray:
+    """``ln p`` correctly rounded to float64 for ``p > 0`` (exactly 0 at ``p = 1``)."""
+    p = np.asarray(p, np.float64)
+    normal = p >= TINY
+    with np.errstate(all="ignore"):
+        q = np.where(normal, p, 2.0)
+        lh, ll = log_dw(q, np.zeros_like(q))
+        v, ok = round_dw(lh, ll, EPS_LOG * np.abs(lh) * SLACK, np.float64)
+    v = np.where(p == 1.0, 0.0, v)
+    for i in zip(*np.nonzero(~(ok & normal) & (p != 1.0))):
+        v[i] = exact_log(float(p[i]))
+    return v
+
+
+def exp_rows(z: np.ndarray) -> np.ndarray:
+    """``exp(z)`` correctly rounded to float64 for ``|z| <= 1400``."""
+    z = np.asarray(z, np.float64)
+    with np.errstate(all="ignore"):
+        e, hi, lo = exp_dw(z, np.zeros_like(z))
+        v, ok = round_scaled(e, hi, lo, EPS_EXP * np.abs(hi) * SLACK, np.float64)
+    v = np.array(v, np.float64)
+    for i in zip(*np.nonzero(~ok)):
+        v[i] = exact_exp(float(z[i]))
+    return v
+
+
+def skew_rows(p: np.ndarray, a2: np.ndarray) -> np.ndarray:
+    """The Jacobian weights ``u = p^a2`` (``a2 = 2 - alpha`` in [0, 1], one per row: shape
+    (rows, 1)) correctly rounded on the support of the float64 rows ``p``, 0 elsewhere:
+    exact at ``a2`` = 0 and 1, one IEEE square root at 1/2, :func:`pow_rows` otherwise."""
+    on = p > 0
+    a2 = np.broadcast_to(a2, p.shape)
+    with np.errstate(invalid="ignore"):
+        u = np.where(a2 == 0.0, 1.0, np.where(a2 == 1.0, p, np.sqrt(np.where(on, p, 0.0))))
+    gen = on & (a2 != 0.0) & (a2 != 0.5) & (a2 != 1.0)
+    if gen.any():
+        u[gen] = pow_rows(p[gen], a2[gen])
+    return np.where(on, u, 0.0)
+
+
+def vjp_rows(p: np.ndarray, g: np.ndarray, a2: np.ndarray) -> np.ndarray:
+    """``dx = u (g - r)`` on the support (0 elsewhere) of float64 rows with alpha in [1, 2]:
+    ``u = p^a2`` (:func:`skew_rows`), ``r = (u . g) / sum u`` from the correctly rounded
+    sums, then one subtraction and one product per entry: the same bits in every engine."""
+    u = skew_rows(p, a2)
+    su = dot_rows(u)
+    ug = dot_rows(u, g)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(su > 0.0, ug / np.where(su > 0.0, su, 1.0), 0.0)[:, None]
+    return np.where(u > 0.0, u * (g - r), 0.0)

@@ -1,0 +1,197 @@
+"""The correctly rounded sums, dot products and powers that make the row VJPs identical across
+engines (:mod:`entmax_ref.backends.exact_sums` and its numba twin): each returns the
+real-number value rounded to nearest (ties to even), checked against ``math.fsum`` and exact
+rationals on rows built to be hard (cancellation, huge and tiny terms together, exact
+midpoints, products whose low part underflows).  The numba kernels may leave a row
+undecided (their callers then take the NumPy engine's exact fallback), never decide it
+wrong; on plain rows they decide every row.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from entmax_ref.backends import exact_sums as X
+from entmax_ref.backends import unavailable_reason
+from entmax_ref.backends.exact_fallback import round_real
+
+_numba_reason = unavailable_reason("numba")
+needs_numba = pytest.mark.skipif(_numba_reason is not None, reason=f"numba backend: {_numba_reason}")
+
+H = 2.0 ** -53  # half an ulp of 1
+
+
+def _hard_sums():
+    """Rows of float64 terms whose sum is hard to round, padded to one width."""
+    rng = np.random.default_rng(11)
+    rows = [
+        [1.0, H],  # an exact midpoint: ties to even, 1
+        [1.0, H, H * H],  # just above the midpoint: 1 + 2^-52
+        [1.0 + 2 * H, H],  # a midpoint rounding up to even
+        [1.0, -H / 2, H * H],  # just below 1 (the gap below 1 is half the gap above)
+        [1e300, 1.0, -1e300],  # cancellation to a small exact value
+        [1e300, 1e-300, -1e300, 3.0],
+        [2.0 ** 1000, 2.0 ** -1000, -(2.0 ** 1000)],
+        [0.1] * 10 + [-1.0],  # rounding errors of decimal fractions left over
+        [5e-324, 5e-324, -1e-320],  # subnormals
+        [1.0, H, 2.0 ** -200, 2.0 ** -300],  # above a midpoint by less than any double-word bound
+        [0.0, -0.0],
+        [],
+        list(rng.standard_normal(40) * 10.0 ** rng.integers(-20, 20, 40)),
+        list(np.concatenate([v := rng.standard_normal(30), -v[::-1]])) + [1e-30],
+    ]
+    n = max(len(r) for r in rows)
+    return np.array([r + [0.0] * (n - len(r)) for r in rows])
+
+
+def _hard_products():
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((8, 33))
+    b = rng.standard_normal((8, 33))
+    b[1] = -a[1] * (1.0 + H)  # every product nearly cancels its neighbour's
+    a[2, ::2], b[2, ::2] = 1e-160, 1e-160  # products whose low part underflows
+    b[3] = 1.0 / a[3]  # products near 1 with rounding errors
+    a[4, 0], b[4, 0] = 3.0, 2.0 ** 1000  # a large operand
+    a[5] = 0.0
+    a[6, 1:] = a[6, 0]
+    b[6, 1:] = -b[6, 0] / 32.0  # the products sum to exactly 0 in exact arithmetic
+    return a, b
+
+
+def _exact(a, b=None):
+    if b is None:
+        return math.fsum(a.tolist()) + 0.0
+    return round_real(sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a, b)), np.float64) + 0.0
+
+
+def _same(got, want):
+    return all(float(g).hex() == float(w).hex() for g, w in zip(got, want))
+
+
+def test_numpy_sums_are_correctly_rounded():
+    x = _hard_sums()
+    assert _same(X.dot_rows(x), [_exact(r) for r in x])
+
+
+def test_numpy_dot_products_are_correctly_rounded():
+    a, b = _hard_products()
+    assert _same(X.dot_rows(a, b), [_exact(a[r], b[r]) for r in range(len(a))])
+
+
+@needs_numba
+def test_numba_sums_are_correctly_rounded_where_decided():
+    from entmax_ref.backends.numba.exact_sums import dot_rows_array
+
+    x = _hard_sums()
+    out, ok = np.empty(len(x)), np.empty(len(x), bool)
+    dot_rows_array(x, None, out, ok)
+    want = [_exact(r) for r in x]
+    assert _same(out[ok], np.array(want)[ok])
+    # where no TwoSum error is lost, the double-word is the exact sum: its rounding decides
+    # midpoints, cancellation and subnormal sums
+    assert ok[[0, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12]].all()
+    assert not ok[[1, 9]].any()  # near a midpoint with a rounded error term: the exact fallback's
+
+
+@needs_numba
+def test_numba_dot_products_are_correctly_rounded_where_decided():
+    from entmax_ref.backends.numba.exact_sums import dot_rows_array
+
+    a, b = _hard_products()
+    out, ok = np.empty(len(a)), np.empty(len(a), bool)
+    dot_rows_array(a, b, out, ok)
+    want = np.array([_exact(a[r], b[r]) for r in range(len(a))])
+    assert _same(out[ok], want[ok])
+    assert ok[[0, 3, 5, 7]].all() and not ok[2]  # ok: plain rows; not: an underflowing low part
+
+
+@needs_numba
+def test_numba_decides_plain_rows():
+    from entmax_ref.backends.numba.exact_sums import dot_rows_array
+
+    rng = np.random.default_rng(13)
+    a, b = rng.standard_normal((200, 1000)), rng.standard_normal((200, 1000))
+    out, ok = np.empty(200), np.empty(200, bool)
+    dot_rows_array(a, b, out, ok)
+    assert ok.all() and _same(out, X.dot_rows(a, b))
+
+
+def _pow_cases():
+    rng = np.random.default_rng(14)
+    p = np.concatenate([rng.random(400), rng.random(100) ** 40, [1.0, 0.5, 0.25, 2.0 ** -1022, 2.0 ** -1050,
+                                                                 np.nextafter(1.0, 0.0)]])
+    return p
+
+
+@pytest.mark.parametrize("a", [0.7, 0.5, 0.25, 1.0 / 3.0, 1e-9, 1.0, 0.0])
+def test_numpy_powers_are_correctly_rounded(a):
+    p = _pow_cases()
+    got = X.skew_rows(p[None, :], np.array([[a]]))[0]
+    assert _same(got, [X.exact_pow(float(v), a) for v in p])
+
+
+@needs_numba
+@pytest.mark.parametrize("a", [0.7, 0.5, 1.0 / 3.0, 1e-9])
+def test_numba_powers_are_correctly_rounded_where_decided(a):
+    from entmax_ref.backends.numba.exact_sums import pow_array
+
+    p = _pow_cases()
+    out, ok = np.empty(len(p)), np.empty(len(p), bool)
+    pow_array(p, a, out, ok)
+    want = np.array([X.exact_pow(float(v), a) for v in p])
+    assert _same(out[ok], want[ok])
+    assert ok[:-2].sum() >= len(p) - 3
+    assert ok[-2] == (a == 0.5)  # a subnormal p is left to the fallback (its square root is one IEEE operation)
+
+
+def test_exact_pow_log_exp_against_mpmath():
+    mp = pytest.importorskip("mpmath")
+    rng = np.random.default_rng(15)
+    with mp.workdps(60):
+        for v in rng.random(30) ** 8:
+            assert X.exact_pow(float(v), 0.3) == float(mp.mpf(float(v)) ** mp.mpf(0.3))
+            assert X.exact_log(float(v)) == float(mp.log(mp.mpf(float(v))))
+            assert X.exact_exp(float(-v * 700)) == float(mp.exp(mp.mpf(float(-v * 700))))
+
+
+def test_numpy_logs_and_exponentials_are_correctly_rounded():
+    rng = np.random.default_rng(16)
+    p = np.concatenate([rng.random(200) ** 10, [1.0, 2.0 ** -1050, 3.0, np.nextafter(1.0, 0.0)]])
+    assert _same(X.log_rows(p), [X.exact_log(float(v)) for v in p])
+    z = np.concatenate([rng.uniform(-745.0, 709.0, 200), [709.78, -1e-300, 0.0, -745.2]])
+    assert _same(X.exp_rows(z), [X.exact_exp(float(v)) for v in z])
+
+
+def _fallback_rows():
+    """float64 rows of p and g whose VJP the compiled kernels leave to the exact fallback:
+    a subnormal p (its power), a sum u . g that cancels to a midpoint-near value, and
+    rows without trouble around them."""
+    rng = np.random.default_rng(17)
+    p = rng.random((6, 40))
+    p /= p.sum(axis=1, keepdims=True)
+    g = rng.standard_normal((6, 40))
+    p[1, 3] = 2.0 ** -1060
+    p[2, :2], p[2, 2:] = 0.5, 0.0
+    g[2, :2] = 1.0, -1.0 + 2.0 ** -52
+    p[3, ::2] = 0.0
+    return p, g
+
+
+@needs_numba
+@pytest.mark.parametrize("alpha", [1.0, 1.3, 1.5, 2.0])
+def test_vjps_agree_on_rows_that_take_the_exact_fallback(alpha):
+    import entmax_ref as E
+
+    p, g = _fallback_rows()
+    for f in (E.entmax_vjp, E.entmax_alpha_vjp):
+        a, b = f(p, g, alpha=alpha, backend="numpy"), f(p, g, alpha=alpha, backend="numba")
+        assert _same(np.ravel(a), np.ravel(b)), f.__name__
+    u = X.skew_rows(p, np.full((len(p), 1), 2.0 - alpha))
+    ug = [_exact(u[r], g[r]) for r in range(len(p))]
+    su = [_exact(u[r]) for r in range(len(p))]
+    want = np.where(u > 0, u * (g - (np.array(ug) / np.array(su))[:, None]), 0.0)
+    assert _same(E.entmax_vjp(p, g, alpha=alpha, backend="numba").ravel(), want.ravel())
