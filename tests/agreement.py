@@ -71,14 +71,20 @@ def core_p_edge_tolerance(x, p_ref):
 
 def core_vjp_tolerance(p, g, alpha):
     """Per-entry dx budget of the CUDA core's VJP against the float64 reference: each term is a few roundings of ``u_i (g_i - r)``, so ``16 eps u_i (|g_i| + r)``
-    with ``r = sum |u g| / sum u``.  ``p``, ``g`` float64 (rows, n), ``alpha`` (rows,)."""
+    with ``r = sum |u g| / sum u``; and the core's ``u_i = exp((2 - alpha) log p_i)`` is
+    within ``k_i eps`` of the reference's correctly rounded one, ``k_i = |(2 - alpha) log p_i|
+    + 2``, which moves ``dx_i`` by ``k_i eps u_i (|g_i| + r)`` and ``r`` by ``eps sum_j k_j u_j
+    (|g_j| + r) / sum u``.  ``p``, ``g`` float64 (rows, n), ``alpha`` (rows,)."""
     from entmax_ref.backends.numpy_elementwise import skew_weights
 
-    u = skew_weights(p, np.asarray(alpha, np.float64)[:, None])
+    a = np.asarray(alpha, np.float64)[:, None]
+    u = skew_weights(p, a)
     su = u.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.where(su > 0, np.abs(u * g).sum(axis=1, keepdims=True) / su, 0.0)
-    return 16 * _EPS64 * u * (np.abs(g) + r)
+        k = np.where(p > 0, np.abs((2.0 - a) * np.log(np.where(p > 0, p, 1.0))), 0.0) + 2.0
+        dr = np.where(su > 0, (k * u * (np.abs(g) + r)).sum(axis=1, keepdims=True) / su, 0.0)
+    return _EPS64 * u * ((16 + k) * (np.abs(g) + r) + dr)
 
 
 def core_alpha_vjp_tolerance(p, g, alpha):

@@ -53,14 +53,16 @@ def skew(p, a2):
 
 
 @jit(inline="always")
-def _h_series(w):
-    """``(exp(w) - 1 - w) / w^2`` for ``|w| < 1``: the reference's Taylor series."""
-    series = 0.0
-    term = 0.5
-    for k in range(SERIES_TERMS):
-        series = series + term
-        term = term * w / (k + 3)
-    return series
+def _h(w):
+    """``(exp(w) - 1 - w) / w^2`` without cancellation (the reference's series for |w| < 1)."""
+    if abs(w) < 1.0:
+        series = 0.0
+        term = 0.5
+        for k in range(SERIES_TERMS):
+            series = series + term
+            term = term * w / (k + 3)
+        return series
+    return (math.expm1(w) - w) / (w * w)
 
 
 @jit
@@ -301,7 +303,7 @@ def _h_cr(w):
     ``|w| < 1``, else ``(e - 1 - w) / w^2`` with ``e = exp(w)`` correctly rounded.
     Returns (h, whether e's rounding is proven)."""
     if abs(w) < 1.0:
-        return _h_series(w), True
+        return _h(w), True
     e, ok = np.inf, True
     if w <= EXP_OVER:
         k, hi, lo = exp_dw(w, 0.0)
@@ -310,7 +312,7 @@ def _h_cr(w):
 
 
 @jit
-def alpha_vjp_row(p, g, a1):
+def alpha_vjp_row_cr(p, g, a1):
     """A row with alpha in [1, 2] (``a1 = alpha - 1``), as the NumPy engine's
     ``alpha_vjp_rows``: ``log p``, ``exp`` and ``u`` correctly rounded, the four sums
     correctly rounded (:mod:`.exact_sums`).  Returns (value, whether every rounding is
@@ -346,6 +348,35 @@ def alpha_vjp_row(p, g, a1):
     good = good & ok1 & ok2 & ok3 & ok4 & (not bad)
     corr = sug * spc / su if su > 0.0 else 0.0
     return sgc - corr, good
+
+
+@jit
+def alpha_vjp_row(p, g, a1):
+    """A row with alpha in [1, 2] in float64 with compensated sums (the attention
+    backward's dalpha)."""
+    a2 = 1.0 - a1
+    sgc = 0.0
+    cgc = 0.0
+    spc = 0.0
+    cpc = 0.0
+    sug = 0.0
+    cug = 0.0
+    su = 0.0
+    csu = 0.0
+    for i in range(p.shape[0]):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            gi = np.float64(g[i])
+            L = math.log(pi)
+            pc = -pi * L * L * _h(-a1 * L)
+            u = skew(pi, a2)
+            sgc, cgc = _acc(sgc, cgc, gi * pc)
+            spc, cpc = _acc(spc, cpc, pc)
+            sug, cug = _acc(sug, cug, u * gi)
+            su, csu = _acc(su, csu, u)
+    su = su + csu
+    corr = (sug + cug) * (spc + cpc) / su if su > 0.0 else 0.0
+    return (sgc + cgc) - corr
 
 
 @jit
@@ -386,12 +417,12 @@ def _alpha_vjp(p, g, alpha, out, ok, r0, r1):
             out[r] = alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
             ok[r] = True
         else:
-            out[r], ok[r] = alpha_vjp_row(p[r], g[r], alpha[r] - 1.0)
+            out[r], ok[r] = alpha_vjp_row_cr(p[r], g[r], alpha[r] - 1.0)
 
 
 def entmax_alpha_vjp_rows(p, g, alpha, out, nblk=64):
     """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64); the rare row with alpha
-    <= 2 that :func:`alpha_vjp_row` does not round is finished by the NumPy engine (the
+    <= 2 that :func:`alpha_vjp_row_cr` does not round is finished by the NumPy engine (the
     same bits)."""
     ok = np.empty(p.shape[0], np.bool_)
     run_blocks(_alpha_vjp, (p, g, alpha, out, ok), p.shape, nblk)
