@@ -194,7 +194,7 @@ def test_compile_is_a_no_op_when_the_cache_is_off(tmp_path):
         print(rep["cache"], rep["compiled"], len(rep["skipped"]))
         """, {"ENTMAX_REF_NUMBA_CACHE": "0", "ENTMAX_REF_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "None {} 3"
+    assert r.stdout.strip() == "None {} 2"
 
 
 def test_check_rejects_negative_jobs(capsys):
