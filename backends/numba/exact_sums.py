@@ -24,7 +24,7 @@ import math
 
 from .. import double_word as M
 from ._jit import jit
-from .double_word import dw_mul_fp, exp_dw, log_dw, round_scaled, round_signed, two_prod, two_sum
+from .double_word import dw_mul_fp, exp_dw, log1p_dw_sel, round_scaled, round_signed, two_prod, two_sum
 
 _U2, _SLACK, _NORMAL_MIN = M.U2, M.SLACK, M.NORMAL_MIN
 _EPS_EXP, _EPS_LOG_MUL = M.EPS_EXP, M.EPS_LOG + M.DW_MUL * M.U2
@@ -134,7 +134,8 @@ def pow_cr(p, a):
     """``p^a`` rounded to nearest float64 for a normal ``p > 0`` (``|a log p| <= 1400``),
     and whether the rounding is proven (False for a subnormal ``p``)."""
     normal = p >= _TINY
-    lh, ll = log_dw(p if normal else 1.0, 0.0)
+    wh, wl = two_sum(p if normal else 1.0, -1.0)  # p - 1 exactly: log p = log1p(p - 1)
+    lh, ll = log1p_dw_sel(wh, wl)  # inlined: the loops that call this vectorise
     zh, zl = dw_mul_fp(lh, ll, a)
     e, hi, lo = exp_dw(zh, zl)
     eps = _EPS_EXP + 1.01 * abs(zh) * _EPS_LOG_MUL
