@@ -128,7 +128,11 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
     if not return_info:
         return p
     tau = getattr(res, "tau", None)  # an ExactRowSolve's correctly rounded tau
-    tau = theta_to_tau(res.theta, a) if tau is None else tau
+    if tau is None:  # converted from theta; a float32 row's rounded to float32, as its p
+        tau = theta_to_tau(res.theta, a)
+        xp = xp_of(res.p)
+        if res.p.dtype == xp.float32:
+            tau = tau.astype(xp.float32).astype(xp.float64)
     support = (res.p.astype(rows.out_dtype, copy=False) > 0).sum(axis=1)  # what the caller counts
     fields = (tau, support.astype(res.support.dtype), res.n_iter, res.converged, res.support)
     return p, EntmaxInfo(*(rows.per_row(f) for f in fields))

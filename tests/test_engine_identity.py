@@ -105,10 +105,8 @@ CASES = {
 #: (name, dtype) -> why it is not yet identical
 _ORDER = "the engines sum each row in different orders"
 _NORMMAX = "normmax's float64 solvers differ in the last bits (faithful, not correctly rounded)"
-_THETA32 = "a float32 row's tau is converted from each engine's float64 theta, which differ in the last bits"
 _ATTENTION = "the attention kernels' rows and sums are not one algorithm across the engines"
 NOT_YET: dict[tuple[str, str], str] = {
-    ("entmax_threshold", "float32"): _THETA32,
     ("normmax", "float64"): _NORMMAX,
     ("normmax_vjp", "float64"): _ORDER,
     ("normmax_loss", "float64"): _NORMMAX,
