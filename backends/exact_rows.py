@@ -385,6 +385,8 @@ def float32_rows(x, alpha, A, p):
     tau = np.full(rows, -np.inf)
     support = np.zeros(rows, np.int64)
     bad = np.zeros(rows, bool)
+    if n == 0:  # rows without entries: p empty, tau = -inf, support 0
+        return p32, tau, support, bad
     step = max(1, CHUNK // max(n, 1))
     with np.errstate(all="ignore"):
         for r0 in range(0, rows, step):

@@ -189,3 +189,14 @@ def test_float32_per_row_alpha_and_methods(backend):
             want_p, want_tau, want_k = entmax_cr(x[r].astype(np.float64), a, np.float32)
             assert np.array_equal(p[r].view(np.int32), want_p.view(np.int32)), (method, a, _hex(x[r]), _hex(p[r]))
             assert float(info.tau[r]) == want_tau and int(info.support_exact[r]) == want_k, (method, a, _hex(x[r]))
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("alpha", [1.0, 1.3, 1.5, 2.0, 3.0])
+def test_rows_without_entries(backend, alpha):
+    """Rows of length 0, in either dtype: p empty, tau = -inf, support 0 (the float32 rows'
+    rounding test has no entry to test)."""
+    for dtype in (np.float64, np.float32):
+        p, info = E.entmax(np.zeros((3, 0), dtype), alpha, backend=backend, return_info=True)
+        assert p.shape == (3, 0) and p.dtype == dtype
+        assert (info.tau == -np.inf).all() and (info.support == 0).all() and (info.support_exact == 0).all()
