@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ._repr import short_repr
 from . import _validate as V
 from ._interop import public
@@ -132,7 +134,8 @@ def entmax(x, alpha=1.5, axis=-1, *, method=None, backend=None, return_info=Fals
         tau = theta_to_tau(res.theta, a)
         xp = xp_of(res.p)
         if res.p.dtype == xp.float32:
-            tau = tau.astype(xp.float32).astype(xp.float64)
+            with np.errstate(over="ignore"):  # beyond float32's range: +-inf, its nearest
+                tau = tau.astype(xp.float32).astype(xp.float64)
     support = (res.p.astype(rows.out_dtype, copy=False) > 0).sum(axis=1)  # what the caller counts
     fields = (tau, support.astype(res.support.dtype), res.n_iter, res.converged, res.support)
     return p, EntmaxInfo(*(rows.per_row(f) for f in fields))
