@@ -135,7 +135,13 @@ def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     """The row solvers (:func:`.numba.rows.entmax_rows`); float64 rows then finished correctly
     rounded (:func:`.numba.exact_finish.finish_rows`), and solved again exactly
     (:func:`.exact_rows.entmax_row`) where that stage leaves them undecided or where
-    alpha - 1 is not a float64 (alpha >= 2^52)."""
+    alpha - 1 is not a float64 (alpha >= 2^52).  float32 rows with an alpha > 2 are solved
+    as float64 rows (exactly widened) and their p rounded to float32: at alpha > 2 a score
+    difference far below float32's resolution can decide the support (q^(alpha-1) of the
+    edge probability is tiny), which only the finished float64 rows get right."""
+    if _as_rows(x).dtype == np.float32 and np.shape(x)[0] and bool((np.asarray(alpha) > 2.0).any()):
+        wide = _entmax_rows(_as_rows(x).astype(np.float64), alpha, method)
+        return RowSolve(wide.p.astype(np.float32), wide.theta, wide.support, wide.n_iter, wide.converged)
     res = _row_forward(_rows.entmax_rows, x, alpha, method)
     x = _as_rows(x)
     if x.dtype != np.float64 or not x.shape[0]:
