@@ -4,8 +4,10 @@ compile`` (worker processes filling the disk cache)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -383,3 +385,18 @@ def test_an_intel_target_computes_the_bits_of_this_host(tmp_path):
     a, b = np.load(here), np.load(intel)
     for name in a.files:
         assert a[name].tobytes() == b[name].tobytes(), name
+
+
+def test_numba_inlines_only_the_dispatching_helpers():
+    """A helper inlined at numba's level (``inline="always"``) is copied and typed again at
+    every call site, which once made most of a cold compile; the vectorised loops' helpers
+    are ``forceinline`` instead (LLVM inlines them, typed once).  Only the helpers whose
+    callers pass a constant that numba prunes to one branch stay inlined at numba's level."""
+    import entmax_ref.backends.numba as package
+    from entmax_ref.backends.numba import _jit
+
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        importlib.import_module(info.name)
+    ir_inlined = {d.py_func.__name__ for d in _jit._ALL if d.targetoptions.get("inline") == "always"}
+    assert ir_inlined == {"solve_on_path", "solver_scratch", "_finish_stage"}
+    assert sum(bool(d.targetoptions.get("forceinline")) for d in _jit._ALL) > 50

@@ -135,7 +135,13 @@ def _make(fn, options) -> Dispatcher:
 
 def jit(fn=None, **options):
     """``@jit`` or ``@jit(**options)``: a helper of the package (numba's ``njit`` options:
-    ``inline``, ``fastmath``, ``_nrt``, ...), cached on disk."""
+    ``forceinline``, ``fastmath``, ``_nrt``, ...), cached on disk.
+
+    ``forceinline=True`` marks the helper ``alwaysinline`` for LLVM: it is typed once per
+    signature and LLVM inlines it into every caller, before the loop vectoriser runs.
+    ``inline="always"`` (numba's own inlining, which copies and types the body again at
+    every call site) is kept for the dispatching helpers whose callers pass a constant
+    (a solver path, a finishing stage) that numba prunes to one branch."""
     if fn is not None:
         return _make(fn, options)
     return lambda f: _make(f, options)

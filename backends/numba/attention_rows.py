@@ -532,7 +532,7 @@ def _dz_big(r, m, sup, doc, vv, skew_in, sk, gd):
     return mi
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _next_entry(r, c, cnt):
     """The entry of the compacted support (``cnt[r]`` entries in row r) after (r, c): the
     next in row r, or the first of the next row that has any; r = ``cnt.shape[0]`` when

@@ -33,7 +33,7 @@ def _mass_T(c, i0, k, T, a1):
     return (s - 1.0) + comp
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _logaddexp(x, y):
     """``log(exp(x) + exp(y))``, numpy's ``npy_logaddexp`` step for step."""
     if x == y:
@@ -46,7 +46,7 @@ def _logaddexp(x, y):
     return tmp
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def a1_log_q(q, a1):
     """``a1 log q`` = ``log(q^a1)`` (``-inf`` at q = 0)."""
     if q > 0.0:
@@ -54,7 +54,7 @@ def a1_log_q(q, a1):
     return -np.inf
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def edge_p(d, a1, q, lqa):
     """``(a1 d + q^a1)^(1/a1)`` for ``d >= 0`` (0 for ``d < 0``), as the reference's
     ``edge_p``: ``exp(logaddexp(log(a1 d), a1 log q) / a1)``, never forming ``q^a1``

@@ -12,7 +12,7 @@ from ._jit import jit
 from .elementwise import is_alive
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def max_lanes(x, M, M2):
     """The two alternating lane arrays of :func:`lane_max` for row ``x``: the float64
     scratch ``M``, ``M2`` viewed as x's dtype (``L = M.shape[0]`` lanes each), the first
@@ -25,14 +25,14 @@ def max_lanes(x, M, M2):
     return A, B
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def max_block(A, B, b):
     """The lanes block ``b`` of :func:`lane_max` reads and writes: (A, B) for even ``b``,
     (B, A) for odd; after ``nb`` blocks the maxima are in ``max_block(A, B, nb)[0]``."""
     return (A, B) if b % 2 == 0 else (B, A)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def max_into(src, dst, j, v):
     """One step of :func:`lane_max`: ``dst[j]`` = the larger of ``src[j]`` and ``v`` (a NaN
     ``v`` keeps ``src[j]``).  Returns 1 for a NaN or +inf ``v``, else 0."""
@@ -41,7 +41,7 @@ def max_into(src, dst, j, v):
     return not (v < np.inf)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def max_end(x, A, B, nb):
     """The end of :func:`lane_max` after ``nb`` blocks of ``L`` entries: the largest lane
     (:func:`max_block`) and the tail ``x[nb * L:]``.  Returns (m, nonfinite entries of the

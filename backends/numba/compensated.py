@@ -7,7 +7,7 @@ from __future__ import annotations
 from ._jit import jit
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def acc(s, comp, v):
     """One step of Neumaier's compensated summation: returns the new running sum and the
     new compensation (the true sum is ``s + comp``)."""
@@ -19,7 +19,7 @@ def acc(s, comp, v):
     return t, comp
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def two_sum(s, v):
     """Knuth's branch-free TwoSum: ``s + v = t + err`` exactly; returns ``(t, err)``.  No
     branch, so a loop of independent lanes (one per position of a block) vectorises."""
@@ -28,7 +28,7 @@ def two_sum(s, v):
     return t, (s - (t - bv)) + (v - bv)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def merge_lanes(S, C, L):
     """The first ``L`` TwoSum lanes (sums ``S``, error terms ``C``) merged into one running
     sum and compensation with Neumaier's step."""

@@ -2,10 +2,11 @@
 error bound to float64 or float32: the error-free transformations, the double-word operations and
 ``exp_dw``, ``log_dw``, ``log1p_dw`` of :mod:`entmax_ref.backends.double_word`, as scalar
 functions without libm calls or branches on the data (selects), which LLVM vectorises in
-loops.  Those that the finishing stage's vectorised loops call are inlined where Numba types
-their caller (``inline="always"``); those it calls once per row or in loops with branches
-(``log_dw``, ``log1p_dw``, ``dw_div``, ``round_signed``, ``neighbours``, ``nearest_even``)
-are plain functions, typed once rather than at every call site (compile time).
+loops.  Those that the finishing stage's vectorised loops call are ``forceinline`` (LLVM
+inlines them into the loop before vectorising it); those it calls once per row or in loops
+with branches (``log_dw``, ``log1p_dw``, ``dw_div``, ``round_signed``, ``neighbours``,
+``nearest_even``) are plain calls, whose code each caller links once rather than at every
+call site.
 
 TwoProd is one fused multiply-add (``llvm.fma.f64``: a single rounding on every CPU, in
 hardware where the CPU has FMA), which also gives the FMA forms of the double-word products
@@ -61,7 +62,7 @@ def fma(typingctx, a, b, c):
     return types.float64(types.float64, types.float64, types.float64), codegen
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def two_sum(a, b):
     """``a + b = s + e`` exactly (Knuth)."""
     s = a + b
@@ -69,21 +70,21 @@ def two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def fast_two_sum(a, b):
     """``a + b = s + e`` exactly, for ``|a| >= |b|`` (or a = 0) (Dekker)."""
     s = a + b
     return s, b - (s - a)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def two_prod(a, b):
     """``a * b = p + e`` exactly."""
     p = a * b
     return p, fma(a, b, -p)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def dw_add(ah, al, bh, bl):
     """Double-word + double-word (AccurateDWPlusDW): relative error <= 3 u^2."""
     sh, sl = two_sum(ah, bh)
@@ -92,21 +93,21 @@ def dw_add(ah, al, bh, bl):
     return fast_two_sum(vh, tl + vl)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def dw_add_fp(ah, al, b):
     """Double-word + float64 (DWPlusFP): relative error <= 2 u^2."""
     sh, sl = two_sum(ah, b)
     return fast_two_sum(sh, al + sl)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def dw_mul_fp(ah, al, b):
     """Double-word times float64 (DWTimesFP3): relative error <= 2 u^2."""
     ch, cl1 = two_prod(ah, b)
     return fast_two_sum(ch, fma(al, b, cl1))
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def dw_mul(ah, al, bh, bl):
     """Double-word times double-word (DWTimesDW3): relative error <= 4 u^2."""
     ch, cl1 = two_prod(ah, bh)
@@ -114,7 +115,7 @@ def dw_mul(ah, al, bh, bl):
     return fast_two_sum(ch, cl1 + fma(al, bh, tl1))
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def dw_div_fp(ah, al, b):
     """Double-word divided by float64 (DWDivFP3): relative error <= 3 u^2."""
     th = div(ah, b)
@@ -130,13 +131,13 @@ def dw_div(ah, al, bh, bl):
     return fast_two_sum(th, div((ah - rh) + (al - rl), bh))
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def pow2(k):
     """``2^k`` for an integer ``-1022 <= k <= 1023`` (int64), from its bits."""
     return from_bits((k + 1023) << 52)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def scale2(v, k):
     """``v 2^k`` (int64 ``k``, |k| <= 2000) in two exact halvings: one rounding at most,
     where the result is subnormal."""
@@ -144,7 +145,7 @@ def scale2(v, k):
     return (v * pow2(k1)) * pow2(k - k1)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def exp_dw(zh, zl):
     """``exp(zh + zl) = 2^e (hi + lo)`` with relative error below ``EPS_EXP``, for
     ``|zh| <= EXP_MAX`` (the algorithm is in :mod:`entmax_ref.backends.double_word`).
@@ -169,7 +170,7 @@ def exp_dw(zh, zl):
     return k >> 12, hi, lo
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def exp_lean(zh, zl):
     """``exp(zh + zl) = 2^e (hi + lo)`` with relative error below ``EPS_EXP_LEAN`` (the
     algorithm is in :mod:`entmax_ref.backends.double_word`): one table of 1024 double-words
@@ -190,7 +191,7 @@ def exp_lean(zh, zl):
     return k >> 10, hi, lo
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _log_table(j, rh, rl):
     """``log(c_j) + log(1 + r)`` for ``c_j = 1 + j/256`` and a small double-word ``r``:
     ``log(1 + r) = 2 atanh(s)``, ``s = r / (2 + r)``."""
@@ -246,7 +247,7 @@ def log1p_dw(wh, wl):
     return log_dw(vh, vl)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def log1p_dw_sel(wh, wl):
     """:func:`log1p_dw` with both reductions formed and one of them selected (no branch on
     the data), for loops that LLVM vectorises."""
@@ -285,7 +286,7 @@ SLACK, NORMAL_MIN = M.SLACK, M.NORMAL_MIN
 
 
 # ----------------------------------------------------------------------------- rounding
-@jit(inline="always")
+@jit(forceinline=True)
 def half_gaps(c, f32):
     """Half the distances from ``c >= 0`` (a value of the target format, as float64) to its
     neighbours above and below in that format (float64, or float32 when ``f32``), from
@@ -308,7 +309,7 @@ def half_gaps(c, f32):
     return up, dn
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def round_dw(h, l, err, f32):
     """The rounding to nearest of ``h + l`` (a normalised double-word, ``|h| >=
     NORMAL_MIN``, ``h >= 0``) in float64 (or float32), and whether every value within

@@ -32,7 +32,7 @@ EPS = np.finfo(np.float64).eps
 TIE = TIE_ULPS * EPS
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def p_u(d, a1, kind):
     """``p = e_alpha(d)`` and ``u = p^(2 - alpha)`` (0 off the support)."""
     if kind == K_SPARSE:
@@ -56,7 +56,7 @@ def p_u(d, a1, kind):
         return 0.0, 0.0
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def is_alive(d, a1, kind):
     """Whether ``e_alpha(d)`` can be nonzero (the exact test the output pass uses)."""
     if kind == K_SPARSE:
@@ -72,7 +72,7 @@ def is_alive(d, a1, kind):
         return a1 * d > -1.0
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def power(t, a1):
     """``t_+ ** (1 / a1)``, computed as the reference does, ``exp(log(t) / a1)``."""
     if t > 0.0:
@@ -80,7 +80,7 @@ def power(t, a1):
     return 0.0
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def uniform_bound(k, a1):
     """``(1 - k^(-a1)) / a1`` (``log k`` at ``a1 = 0``): the A at which k entries equal to the
     maximum have mass 1, so the root for a row of at most k entries alive lies below it."""
@@ -89,7 +89,7 @@ def uniform_bound(k, a1):
     return -math.expm1(-a1 * math.log(k)) / a1
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def bound_above(k, a1):
     """:func:`uniform_bound` raised by :data:`LB_MARGIN`: certainly above the root despite
     rounding (the upper end of the Newton bracket)."""
@@ -97,7 +97,7 @@ def bound_above(k, a1):
     return hi + LB_MARGIN * (1.0 + hi)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def bound_below(A):
     """A lower bound ``A`` of the root, computed with rounding, lowered by :data:`LB_MARGIN`
     (the mirror of :func:`bound_above`) so that it is certainly below, and at least 0

@@ -137,7 +137,7 @@ def _eval_entry(yh, yl, Ah, Al, a1, kind):
     return ph, pl, rel * SLACK, ph / vh, vh, vl, dv
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _eval_gen(yh, yl, Ah, Al, a1):
     """:func:`_eval_entry` for ``KIND_GEN`` without a branch on the data (for the loop of
     :func:`_eval_all`, which LLVM vectorises)."""
@@ -420,7 +420,7 @@ def cr_edge(x, out, m, a1, cv, q0, idx, dh, dl, ph, pl, rel, vh, vl, dv, f32):
 SM_LANES = 16
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _reduced(v, m):
     """``v - m`` exactly (TwoSum), set to 0 for a masked or far entry (whose exponential
     is below 2^-2000), and whether it is live."""
@@ -429,7 +429,7 @@ def _reduced(v, m):
     return (yh if live else 0.0), (yl if live else 0.0), live
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _scaled(e, h, l, live):
     """``2^e (h, l)`` of a live entry, 0 otherwise; below 2^-1022 not accurate (the caller
     sends such an entry to :func:`round_scaled`)."""
@@ -437,7 +437,7 @@ def _scaled(e, h, l, live):
     return (h * s if live else 0.0), (l * s if live else 0.0)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _softmax_out(eh, el, ih, il, rel_p, out, f32):
     """The output pass of :func:`cr_softmax`: ``p_i = e_i (1/S)`` rounded where its error
     ``rel_p p_i`` decides it.  Returns (entries below the normal range, left to the

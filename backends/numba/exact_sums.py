@@ -31,13 +31,13 @@ _EPS_EXP, _EPS_LOG_MUL = M.EPS_EXP, M.EPS_LOG + M.DW_MUL * M.U2
 _TINY = 2.0 ** -1022
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def sum_bound(n, absum):
     """:func:`entmax_ref.backends.exact_sums.sum_bound`."""
     return 8.0 * (n + 2.0) ** 2 * _U2 * absum * _SLACK
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def sum_add(s, c, A, inexact, x):
     """Add the float64 term ``x`` to the sum state ``(s, c, A, inexact)``."""
     s, q = two_sum(s, x)
@@ -45,7 +45,7 @@ def sum_add(s, c, A, inexact, x):
     return s, c, A + abs(x), inexact | (r != 0.0)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def dot_add(s, c, A, inexact, bad, a, b):
     """Add the exact product ``a b`` to the sum state ``(s, c, A, inexact, bad)``."""
     p, e = two_prod(a, b)
@@ -56,7 +56,7 @@ def dot_add(s, c, A, inexact, bad, a, b):
     return s, c, A + abs(p), inexact | (r1 != 0.0) | (r2 != 0.0), bad
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def sum_round(s, c, A, inexact, n):
     """The sum state of ``n`` terms rounded to nearest float64, and whether the rounding is
     proven (an exact 0 is +0)."""
@@ -72,7 +72,7 @@ def sum_round(s, c, A, inexact, n):
 LANES = 16
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def dot_lanes(u, g, lanes):
     """``sum u`` and ``u . g`` of two float64 rows, each rounded to nearest as
     :func:`sum_round` rounds, with whether each is proven: ``LANES`` independent sum states
@@ -129,7 +129,7 @@ def dot_lanes(u, g, lanes):
     return su, ok1, ug, ok2 & (not bad)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def pow_cr(p, a):
     """``p^a`` rounded to nearest float64 for a normal ``p > 0`` (``|a log p| <= 1400``),
     and whether the rounding is proven (False for a subnormal ``p``)."""
@@ -143,7 +143,7 @@ def pow_cr(p, a):
     return v, ok & normal
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def skew_cr(p, a2):
     """``u = p^a2`` rounded to nearest for ``p > 0`` (exact at ``a2`` = 0 and 1, one IEEE
     square root at 1/2), and whether it is proven."""

@@ -55,7 +55,7 @@ ROUGH_SWITCH = 0.05
 ROUGH_MIN_A1 = 1e-6
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _pu_gen(y, A, a1):
     """``p = e_alpha(y - A)`` and ``u = p^(2 - alpha) = p / (1 + w)``, 0 off the support, as
     selects (no branch), with the vectorisable log1p and exp."""
@@ -67,7 +67,7 @@ def _pu_gen(y, A, a1):
     return (p if alive else 0.0), (u if alive else 0.0)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _mass(P, Q, k, lanes, exact):
     """``(sum P[:k] - 1, sum Q[:k])`` in ``L`` lanes, one per position in a block of ``L``
     consecutive entries (``lanes``: float64 scratch of shape (3, L)); with ``exact`` (a
@@ -112,7 +112,7 @@ def _f_gen(c, k, a1, A, buf, lanes):
     return _mass(P, Q, k, lanes, np.bool_(True))
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _pu_gen_rough(y, A, a1, inv_a1):
     """:func:`_pu_gen` with :func:`.vexp.vlog1p_rough` and :func:`.vexp.vexp_rough` (and a
     product by ``1 / a1`` for the division).  For ``a1 >= ROUGH_MIN_A1``, ``p`` is within

@@ -40,7 +40,7 @@ from .exact_sums import LANES, dot_add, dot_lanes, skew_cr, sum_add, sum_round
 from ._threads import run_blocks
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def skew(p, a2):
     """``u = p^(2 - alpha)`` for ``p > 0`` (``a2 = 2 - alpha``)."""
     if a2 == 0.0:
@@ -52,7 +52,7 @@ def skew(p, a2):
     return math.exp(a2 * math.log(p))
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _h(w):
     """``(exp(w) - 1 - w) / w^2`` without cancellation (the reference's series for |w| < 1)."""
     if abs(w) < 1.0:
@@ -86,7 +86,7 @@ def _vjp_row(p, g, a2, dx):
         dx[i] = u * (np.float64(g[i]) - r) if u > 0.0 else 0.0
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def signed_exp(l, v):
     """``sign(v) exp(l + log|v|)`` (0 at v = 0): ``exp(l) * v`` without overflowing early."""
     if v == 0.0:
@@ -207,7 +207,7 @@ def _skew_sparse(p, a2, u, idx, k):
     return not bad
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _skew_pass(p, a2, u, idx):
     """:func:`_skew_dense`, or on a sparse row (under 1/8 of it on the support, whose
     indices go to the scratch ``idx``) :func:`_skew_sparse`: the same values."""
@@ -297,7 +297,7 @@ def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
     run_blocks(kernel, (p, g, alpha, dx), p.shape, nblk)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _h_cr(w):
     """:func:`entmax_ref.backends.numpy_backend._h`, the same operations: the series for
     ``|w| < 1``, else ``(e - 1 - w) / w^2`` with ``e = exp(w)`` correctly rounded.

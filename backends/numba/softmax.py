@@ -40,7 +40,7 @@ def _lanes(n):
     return L
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _exp_entry(x, e, i, m, low):
     """``e[i] = exp(x[i] - m)`` (``x[i] <= m``: the row is finite here, the callers settle
     others), and whether ``x[i] - m`` lies at or below ``low`` (0/1)."""
@@ -49,7 +49,7 @@ def _exp_entry(x, e, i, m, low):
     return y <= low
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _low(n):
     """Entries with ``y - A <= SOFTMAX_EXP_FLOOR`` take ``exp(y - A)`` directly in the output
     pass; ``A <= log(n)``, so only entries with ``y <= _low(n)`` can (one unit more allows

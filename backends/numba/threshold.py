@@ -38,7 +38,7 @@ def _f_eval(c, k, a1, kind, A, lo, compact):
     return (s - 1.0) + comp, su, j
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def phi_step(A, f, fp, a1):
     """Newton's step on phi(A) = ((f + 1)^a1 - 1) / a1 (log(f + 1) at a1 = 0) from A, given
     ``f(A)`` and ``fp = -f'(A)``: phi is the (1/a1)-norm of the [1 + a1 (y - A)]_+, convex
@@ -115,7 +115,7 @@ def newton_row(c, k, a1, kind, A, lo, hi):
     return A, it, False
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def halve(lo, hi):
     """The reference's bisection step: the midpoint of ``[lo, hi]``, and whether it equals
     an endpoint (then the bracket cannot be split and the bisection stops)."""
@@ -208,13 +208,13 @@ def condat(c, k, v, vt):
     return ((s + comp) - 1.0) / nv + 1.0, nv
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def pivot_seed(seed):
     """The pivot generator's state for a row (a deterministic function of the seed)."""
     return np.int64(seed) * np.int64(2654435761) + np.int64(1013904223)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def random_entry(state, c, lo, hi):
     """Advance the 64-bit LCG and return (state, a pseudo-random entry of c[lo:hi])."""
     state = state * np.int64(6364136223846793005) + np.int64(1442695040888963407)
@@ -222,7 +222,7 @@ def random_entry(state, c, lo, hi):
     return state, c[lo + r % (hi - lo)]
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def partition3(c, lo, hi, v):
     """Three-way partition of ``c[lo:hi]`` around ``v`` in place: returns ``(lt, gt, s1,
     s2)`` with ``c[lo:lt] < v``, ``c[lt:gt] == v``, ``c[gt:hi] > v``, and the sums of

@@ -124,7 +124,7 @@ def div(typingctx, a, b):
 _SHIFT_BITS = 0x4338000000000000  # the bits of _SHIFT
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _exp_reduced(d):
     """Steps 1 and 2 of the module docstring for a float64 ``d`` in ``[-746, 710]``: returns
     ``(e, kd, kf)`` with ``exp(d) = e 2^k``, ``e = exp(r + c)`` rounded once, ``kd`` the
@@ -154,7 +154,7 @@ VEXP_MIN = -746.0
 VEXP_MAX = 710.0
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def vexp(d):
     """``exp(d)`` for a float64 ``d`` (under 0.8 ulp; 1 subnormal ulp below the normal range),
     as vectorisable arithmetic (module docstring)."""
@@ -171,7 +171,7 @@ def vexp(d):
     return (e * s1) * s2
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _pow2(kd):
     """``2^k`` for the integer ``k >= -1022`` held in the low bits of the shifted sum ``kd``
     (step 3 of the module docstring in one step: a normal power of two)."""
@@ -182,7 +182,7 @@ def _pow2(kd):
 VEXP_NEG_MIN = -708.0
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def vexp_neg(d):
     """``exp(d)`` for a float64 ``VEXP_NEG_MIN <= d <= 0``, the same bits as :func:`vexp`
     there, with one clamp and one scaling by a normal ``2^k`` in place of two (2.6 -> 1.8
@@ -207,7 +207,7 @@ _R = (2.0 / 3.0, 2.0 / 5.0, 2.0 / 7.0, 2.0 / 9.0, 2.0 / 11.0, 2.0 / 13.0, 2.0 / 
       2.0 / 19.0, 2.0 / 21.0)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _atanh_series(z, terms):
     """``R(z) = sum_{j=1}^{terms} 2 z^j / (2 j + 1)`` (the first ``terms`` of :data:`_R`) by
     Horner's rule; ``terms`` is a constant of the caller, so the loop unrolls."""
@@ -217,7 +217,7 @@ def _atanh_series(z, terms):
     return r * z
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _log_reduce(u):
     """``log(u) = e ln2 + log(1 + f)`` for a normal ``u > 0``: ``u = 2^e m`` with ``m`` in
     ``[sqrt(2)/2, sqrt(2))`` read from the bits, ``f = m - 1`` (exact), and ``s = f / (2 +
@@ -232,7 +232,7 @@ def _log_reduce(u):
     return e, f, div(f, 2.0 + f)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def vlog1p(w):
     """``log1p(w)`` for a float64 ``w > -1`` (under 0.8 ulp), as vectorisable arithmetic.
 
@@ -260,7 +260,7 @@ _LN2 = 0.6931471805599453
 _E7 = (1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def vexp_rough(d):
     """``exp(d)`` for a float64 ``d <= 0``, within 1e-8 relative, for ``d >= -708`` (below it,
     ``exp(-708)``: about 3e-308, for the callers' purpose 0): :func:`vexp`'s range reduction
@@ -284,7 +284,7 @@ def vexp_rough(d):
     return e * _pow2(kd)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def vlog1p_rough(w):
     """``log1p(w)`` for a float64 ``-1 < w <= 0`` within ``1e-9 |log1p(w)| + 2^-53 / (1 + w)``:
     :func:`vlog1p` without the rounding correction of ``1 + w`` and with five terms of
