@@ -218,3 +218,98 @@ def vjp_rows(p: np.ndarray, g: np.ndarray, a2: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.where(su > 0.0, ug / np.where(su > 0.0, su, 1.0), 0.0)[:, None]
     return np.where(u > 0.0, u * (g - r), 0.0)
+
+
+# ----------------------------------------------------------------------------- alpha > 2
+#: exp(z) rounds to 0 for every z below this (exp(-746) < 2^-1075)
+EXP_UNDER = -746.0
+
+
+def exp_any(z: np.ndarray) -> np.ndarray:
+    """``exp(z)`` correctly rounded for any float64 ``z``: +inf above :data:`EXP_OVER`, 0
+    below :data:`EXP_UNDER`, :func:`exp_rows` between."""
+    z = np.asarray(z, np.float64)
+    out = np.where(z > EXP_OVER, np.inf, 0.0)
+    mid = (z >= EXP_UNDER) & (z <= EXP_OVER)
+    if mid.any():
+        out[mid] = exp_rows(z[mid])
+    return out
+
+
+def _log_support(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(on, L)``: the support of the rows ``p`` and ``L = log p`` correctly rounded there
+    (0 elsewhere)."""
+    on = p > 0
+    L = np.zeros_like(p)
+    L[on] = log_rows(p[on])
+    return on, L
+
+
+def _on_exp(on: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """:func:`exp_any` of ``z`` on ``on``, 0 elsewhere."""
+    out = np.zeros(z.shape)
+    out[on] = exp_any(z[on])
+    return out
+
+
+def vjp_big_rows(p: np.ndarray, g: np.ndarray, a2: np.ndarray) -> np.ndarray:
+    """The row VJP ``u (g - r)`` of float64 rows with alpha > 2 (``a2 = 2 - alpha``, shape
+    (rows, 1)) in the overflow-free form of ``NumpyBackend.entmax_vjp``, by one
+    deterministic algorithm: ``L = log p`` and every exponential correctly rounded
+    (``lu = a2 L``, ``w = exp(lu - max lu)``, ``u = exp(lu)``), every sum and dot product
+    correctly rounded (:func:`dot_rows`), and the same few float64 operations around
+    them as the numba engine's ``_vjp_row_big``, so both give the same bits."""
+    on, L = _log_support(p)
+    rows = np.arange(len(p))
+    lu = np.where(on, a2 * L, -np.inf)
+    m = lu.argmax(axis=1)  # the first entry of largest u (0 on an empty row)
+    lmax = np.where(on.any(axis=1), lu[rows, m], 0.0)[:, None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = _on_exp(on, lu - lmax)
+        u = _on_exp(on, lu)
+        others = on.copy()
+        others[rows, m] = False
+        S = dot_rows(w)[:, None]
+        Sd = np.where(S > 0, S, 1.0)
+        Sm = S - w  # sum_{j != i} w_j (no cancellation: S - w_i >= S / 2 for i != m)
+        Gm = dot_rows(w, g)[:, None] - w * g
+        diff = (g * Sm - Gm) / Sd  # g_i - r (the entry m is set below)
+        dx = np.where(others & (diff != 0), u * diff, 0.0)
+        huge = others & (diff != 0) & np.isinf(u)  # u_i |g_i - r| where u_i overflows
+        if huge.any():
+            dx[huge] = np.sign(diff[huge]) * exp_any(lu[huge] + log_rows(np.abs(diff[huge])))
+        # the entry m: sum_{j != m} u_j (g_m - g_j) / S where that is finite, else scaled by
+        # the second largest u (it is then beyond float64's range)
+        dg = g[rows, m][:, None] - g
+        D = np.full(len(p), np.nan)
+        fin = ~np.isinf(np.where(others, u, 0.0)).any(axis=1)
+        if fin.any():
+            D[fin] = dot_rows(np.where(others, u, 0.0)[fin], dg[fin]) / Sd[fin, 0]
+        dm = D
+        wide = ~np.isfinite(D) & others.any(axis=1)
+        if wide.any():
+            l2 = np.where(others, lu, -np.inf)[wide].max(axis=1)[:, None]
+            T = dot_rows(_on_exp(others[wide], lu[wide] - l2), dg[wide]) / Sd[wide, 0]
+            nz = T != 0
+            scaled = np.zeros(len(T))
+            scaled[nz] = np.sign(T[nz]) * exp_any(l2[nz, 0] + log_rows(np.abs(T[nz])))
+            dm[wide] = scaled
+    dx[rows, m] = np.where(others.any(axis=1), dm, 0.0)
+    return dx
+
+
+def alpha_vjp_big_rows(p: np.ndarray, g: np.ndarray, a1: np.ndarray) -> np.ndarray:
+    """``NumpyBackend.entmax_alpha_vjp`` of float64 rows with alpha > 2 (``a1 = alpha - 1``,
+    shape (rows, 1)): ``sum_i p_i (1 - a1 L_i) (g_i - r) / a1^2`` with ``r = (w . g) /
+    sum w``, ``w = exp(lu - max lu)``, ``lu = (1 - a1) L``; ``L = log p`` and ``w``
+    correctly rounded, the three sums correctly rounded, the same float64 operations around
+    them as the numba engine's ``alpha_vjp_row_big_cr``: the same bits on both."""
+    on, L = _log_support(p)
+    lu = np.where(on, (1.0 - a1) * L, -np.inf)
+    lmax = lu.max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        w = _on_exp(on, lu - np.where(np.isfinite(lmax), lmax, 0.0))
+    S = dot_rows(w)
+    r = np.where(S > 0, dot_rows(w, g) / np.where(S > 0, S, 1.0), 0.0)[:, None]
+    term = np.where(on, p * (1.0 - a1 * L) * (g - r), 0.0)
+    return dot_rows(term) / (a1[:, 0] * a1[:, 0])

@@ -45,7 +45,6 @@ from .capabilities import require
 from .constants import CANDIDATE_MARGIN, EDGE_ULPS, MAX_ITER, POLISH_STEPS, SERIES_TERMS
 from .numpy_elementwise import e_alpha, skew_weights
 from .numpy_elementwise import edge_p as _edge_p
-from .numpy_elementwise import normalised_skew as _normalised_skew
 
 _F64 = np.float64
 _FLOOR = 1e100  # see entmax_forward: entries further than this below the row maximum get p = 0
@@ -60,37 +59,32 @@ NEWTON_CLOSE = 4.0
 NEWTON_PROBE = 4.0
 
 
-def _vjp_big(p: np.ndarray, g: np.ndarray, alpha: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """:meth:`NumpyBackend.entmax_vjp` on rows with alpha > 2 (see there); u = p^(2-alpha)
-    (inf where it overflows).  Call under ``np.errstate`` with every warning ignored."""
-    on = p > 0
-    rows = np.arange(len(p))
-    lu = np.where(on, (2.0 - alpha) * np.log(np.where(on, p, 1.0)), -np.inf)
-    m = lu.argmax(axis=1)  # the first entry of largest u (0 on an empty row)
-    lmax = np.where(on.any(axis=1), lu[rows, m], 0.0)[:, None]
-    w = np.where(on, np.exp(lu - lmax), 0.0)  # u / max u
-    others = on.copy()
-    others[rows, m] = False
-    S = w.sum(axis=1, keepdims=True)
-    Sd = np.where(S > 0, S, 1.0)
-    Sm = S - w  # sum_{j != i} w_j (no cancellation: S - w_i >= S / 2 for i != m)
-    Gm = (w * g).sum(axis=1, keepdims=True) - w * g
-    Sm[rows, m] = np.where(others, w, 0.0).sum(axis=1)
-    Gm[rows, m] = np.where(others, w * g, 0.0).sum(axis=1)
-    diff = (g * Sm - Gm) / Sd  # g_i - r
-    huge = np.sign(diff) * np.exp(lu + np.log(np.abs(diff)))  # u_i |g_i - r| where u_i overflows
-    dx = np.where(on & (diff != 0), np.where(np.isinf(u), huge, u * diff), 0.0)
-    # the entry m: u_m (g_m - r) = sum_{j != m} u_j (g_m - g_j) / S, directly where that is
-    # finite, else scaled by the second largest u (it is then beyond float64's range)
-    gm = g[rows, m][:, None]
-    D = np.where(others, u * (gm - g), 0.0).sum(axis=1) / Sd[:, 0]
-    l2 = np.where(others, lu, -np.inf).max(axis=1, initial=-np.inf)
-    l2f = np.where(np.isfinite(l2), l2, 0.0)[:, None]
-    T = np.where(others, np.exp(lu - l2f) * (gm - g), 0.0).sum(axis=1) / Sd[:, 0]
-    scaled = np.where(T != 0, np.sign(T) * np.exp(l2f[:, 0] + np.log(np.abs(T))), 0.0)
-    dm = np.where(np.isfinite(D), D, scaled)
-    dx[rows, m] = np.where(others.any(axis=1), dm, 0.0)
+def vjp_float64(p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """:meth:`NumpyBackend.entmax_vjp` of float64 rows (see there): rows with alpha <= 2 by
+    :func:`.exact_sums.vjp_rows`, the others by :func:`.exact_sums.vjp_big_rows`; the same
+    bits as the numba engine's kernels."""
+    a = alpha[:, None]
+    big = alpha > 2.0
+    dx = np.zeros(p.shape)
+    if (~big).any():
+        dx[~big] = _sums.vjp_rows(p[~big], g[~big], 2.0 - a[~big])
+    if big.any():
+        dx[big] = _sums.vjp_big_rows(p[big], g[big], 2.0 - a[big])
     return dx
+
+
+def alpha_vjp_float64(p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """:meth:`NumpyBackend.entmax_alpha_vjp` of float64 rows: alpha <= 2 by
+    :func:`alpha_vjp_rows`, the others by :func:`.exact_sums.alpha_vjp_big_rows`; the same
+    bits as the numba engine's kernels."""
+    a = alpha[:, None]
+    big = alpha > 2.0
+    out = np.zeros(len(p))
+    if (~big).any():
+        out[~big] = alpha_vjp_rows(p[~big], g[~big], a[~big] - 1.0)
+    if big.any():
+        out[big] = _sums.alpha_vjp_big_rows(p[big], g[big], a[big] - 1.0)
+    return out
 
 
 def alpha_vjp_rows(p: np.ndarray, g: np.ndarray, a1: np.ndarray) -> np.ndarray:
@@ -496,8 +490,8 @@ class NumpyBackend:
         alpha = 100) and may overflow.  With w = u / max u (computed as
         exp(log u - max log u)), S = sum w and, for each i, S_i = sum_{j != i} w_j,
         G_i = sum_{j != i} w_j g_j, the factor ``g_i - r = (g_i S_i - G_i) / S`` is
-        finite and free of the cancellation of ``g_i - r`` (S_i = S - w_i, except at the
-        entry m of largest u, where S_m and G_m are summed directly).  The entry m,
+        finite and free of the cancellation of ``g_i - r`` (S_i = S - w_i).  The entry m
+        of largest u,
         whose u_m (g_m - r) multiplies a tiny difference by a huge factor, is computed
         as ``sum_{j != m} u_j (g_m - g_j) / S``, which is finite whenever its true value
         is, e.g. when m alone has an overflowing u (the Jacobian's row m is then bounded:
@@ -506,27 +500,22 @@ class NumpyBackend:
         +-inf where that exceeds float64's range (the Jacobian is genuinely unbounded
         there: several entries with huge u, e.g. tied edge entries), 0 where the factor
         g_i - r is 0.  No floating-point warnings are raised.  Rows with alpha <= 2 are
-        computed as ``u (g - r)`` directly; in float64 with u and the two sums of r
-        correctly rounded (:func:`.exact_sums.vjp_rows`), so that every engine gives the
-        same bits."""
+        computed as ``u (g - r)`` directly.  float64 rows by :func:`vjp_float64`: u (or
+        log p and the exponentials above alpha = 2) and every sum correctly rounded
+        (:mod:`.exact_sums`), so that every engine gives the same bits; float32 rows with
+        alpha > 2 are its float32 rounding."""
         p64, g64 = p.astype(_F64), g.astype(_F64)
+        if p.dtype == _F64 and g.dtype == _F64:
+            return vjp_float64(p64, g64, alpha)
         a = alpha[:, None]
         big = alpha > 2.0
-        if p.dtype == _F64 and g.dtype == _F64:
-            dx = np.zeros(p.shape)
-            if (~big).any():
-                dx[~big] = _sums.vjp_rows(p64[~big], g64[~big], 2.0 - a[~big])
-            if big.any():
-                with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                    dx[big] = _vjp_big(p64[big], g64[big], a[big], skew_weights(p64[big], a[big]))
-            return dx
         u = skew_weights(p64, a)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             su = u.sum(axis=1, keepdims=True)
             ug = (u * g64).sum(axis=1, keepdims=True)
             dx = np.where(u > 0, u * (g64 - np.where(su > 0, ug / su, 0.0)), 0.0)
             if big.any():
-                dx[big] = _vjp_big(p64[big], g64[big], a[big], u[big])
+                dx[big] = _sums.vjp_big_rows(p64[big], g64[big], 2.0 - a[big])
             return dx.astype(np.result_type(p.dtype, g.dtype), copy=False)
 
     def entmax_alpha_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -539,26 +528,9 @@ class NumpyBackend:
         ``sum_i u_i (g_i - r) / (alpha-1)^2 = 0``, i.e. ``sum_i p_i (1 - (alpha-1) log p_i)
         (g_i - r) / (alpha-1)^2``: p_i c_i = -(u_i - p_i (1 - (alpha-1) log p_i)) /
         (alpha-1)^2 carries the unbounded u_i, whose terms cancel exactly, so this form is
-        finite (and free of that cancellation) where u overflows; r as in entmax_vjp."""
-        p64, g64 = p.astype(_F64), g.astype(_F64)
-        a = alpha[:, None]
-        on = p64 > 0
-        with np.errstate(divide="ignore"):
-            L = np.where(on, np.log(np.where(on, p64, 1.0)), 0.0)
-        big = alpha > 2.0
-        out = np.zeros(len(p64))
-        if (~big).any():
-            out[~big] = alpha_vjp_rows(p64[~big], g64[~big], a[~big] - 1.0)
-        if big.any():
-            pb, gb, Ab, Lb, onb = p64[big], g64[big], a[big], L[big], on[big]
-            a1 = Ab - 1.0
-            w = _normalised_skew(pb, Ab)
-            su = w.sum(axis=1, keepdims=True)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = np.where(su > 0, (w * gb).sum(axis=1, keepdims=True) / su, 0.0)
-            term = np.where(onb, pb * (1.0 - a1 * Lb) * (gb - r), 0.0)
-            out[big] = term.sum(axis=1) / (a1[:, 0] * a1[:, 0])
-        return out
+        finite (and free of that cancellation) where u overflows; r as in entmax_vjp.
+        Every row in float64 by :func:`alpha_vjp_float64` (the same bits on every engine)."""
+        return alpha_vjp_float64(p.astype(_F64), g.astype(_F64), alpha)
 
     def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
         """Sorted-rank support search, then monotone Newton on the beta-norm

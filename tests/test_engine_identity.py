@@ -67,6 +67,8 @@ def _varlen(dtype, be):
 AS = dict(beta=0.5, gamma=1.0)
 #: one alpha per row over [1, 2]: softmax, sparsemax, 1.5 and the general powers
 _PER_ROW = np.concatenate([[1.0, 1.5, 2.0], np.linspace(1.0, 2.0, ROWS[0] - 3)])
+#: one alpha per row over [1, 4]: both sides of alpha = 2, 3 and the general powers
+_PER_ROW4 = np.concatenate([[1.0, 2.0, 3.0], np.linspace(1.0, 4.0, ROWS[0] - 3)])
 
 #: name -> f(dtype, backend) returning an array or a tuple of arrays
 CASES = {
@@ -82,7 +84,14 @@ CASES = {
     "entmax_alpha_vjp": lambda dt, be: E.entmax_alpha_vjp(_p(dt, 1.3), _g(dt, ROWS), alpha=1.3, backend=be),
     "entmax_alpha_vjp(per row)": lambda dt, be: E.entmax_alpha_vjp(_p(dt, _PER_ROW), _g(dt, ROWS), alpha=_PER_ROW,
                                                                    backend=be),
+    "entmax_vjp(3)": lambda dt, be: E.entmax_vjp(_p(dt, 3.0), _g(dt, ROWS), alpha=3.0, backend=be),
+    "entmax_vjp(per row, 1 to 4)": lambda dt, be: E.entmax_vjp(_p(dt, _PER_ROW4), _g(dt, ROWS), alpha=_PER_ROW4,
+                                                               backend=be),
+    "entmax_alpha_vjp(3)": lambda dt, be: E.entmax_alpha_vjp(_p(dt, 3.0), _g(dt, ROWS), alpha=3.0, backend=be),
+    "entmax_alpha_vjp(per row, 1 to 4)": lambda dt, be: E.entmax_alpha_vjp(_p(dt, _PER_ROW4), _g(dt, ROWS),
+                                                                           alpha=_PER_ROW4, backend=be),
     "entmax_jacobian": lambda dt, be: E.entmax_jacobian(_p(dt, 1.3)[:4], alpha=1.3, backend=be),
+    "entmax_jacobian(3)": lambda dt, be: E.entmax_jacobian(_p(dt, 3.0)[:4], alpha=3.0, backend=be),
     "entmax_loss": lambda dt, be: E.entmax_loss(_rows(dt), _target(), alpha=1.3, backend=be),
     "entmax_loss_grad": lambda dt, be: E.entmax_loss_grad(_rows(dt), _target(), alpha=1.3, backend=be),
     "normmax": lambda dt, be: E.normmax(_rows(dt), alpha=2.0, backend=be),
@@ -94,6 +103,8 @@ CASES = {
                                                                   _g(dt, ROWS), backend=be),
     "asentmax": lambda dt, be: E.asentmax(_rows(dt), alpha=1.5, backend=be, **AS),
     "asentmax_vjp": lambda dt, be: E.asentmax_vjp(_g(dt, ROWS), _rows(dt), alpha=1.5, backend=be, **AS),
+    "asentmax(3)": lambda dt, be: E.asentmax(_rows(dt), alpha=3.0, backend=be, **AS),
+    "asentmax_vjp(3)": lambda dt, be: E.asentmax_vjp(_g(dt, ROWS), _rows(dt), alpha=3.0, backend=be, **AS),
     "ssmax": lambda dt, be: E.ssmax(_rows(dt), beta=0.5, backend=be),
     "ssmax_vjp": lambda dt, be: E.ssmax_vjp(_g(dt, ROWS), _rows(dt), beta=0.5, backend=be),
     "attention": lambda dt, be: _attention(dt, be),
@@ -147,3 +158,30 @@ def test_numpy_and_numba_give_the_same_bits(name, dtype):
         assert not bad.size, (f"{name} ({dtype}), output {k}: {len(bad)} of {u.size} entries differ; first at "
                               f"{tuple(bad[0])}: numpy {float(u[tuple(bad[0])]).hex()}, "
                               f"numba {float(w[tuple(bad[0])]).hex()}")
+
+
+@pytest.mark.parametrize("alpha", [3.0, 100.0, 1000.0])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_vjps_above_two_give_the_same_bits_where_u_overflows(alpha, dtype):
+    """alpha > 2 on rows with small edge probabilities, where ``u = p^(2 - alpha)``
+    overflows at alpha = 100 and 1000 (ties, near-ties, the entry of largest u scaled by the
+    second): ``entmax_vjp`` (+-inf entries included) and ``entmax_alpha_vjp`` give the same
+    bits on both engines."""
+    from oracle import edge_row
+
+    rng = np.random.default_rng(int(alpha) + 11)
+    rows = [edge_row(rng, alpha, ties, float(10.0 ** rng.uniform(-7.0, -2.5)), spread)
+            for ties in (1, 2, 3, 5) for spread in (False, True) for _ in range(2)]
+    rows += [np.array([0.0, -0.009617, -0.009617, -0.5, -np.inf])]
+    rows += [rng.uniform(-1.5 / (alpha - 1), 0, 6) for _ in range(4)]
+    overflows = 0
+    for x in rows:
+        p = E.entmax(x.astype(dtype), alpha=alpha, backend="numpy")
+        g = rng.standard_normal(len(x)).astype(dtype)
+        with np.errstate(over="ignore"):
+            overflows += int(np.isinf(p[p > 0].astype(np.float64) ** (2.0 - alpha)).any())
+        for f in (E.entmax_vjp, E.entmax_alpha_vjp):
+            a, b = (np.asarray(f(p, g, alpha=alpha, backend=be)) for be in ("numpy", "numba"))
+            same = ((a == b) | (np.isnan(a) & np.isnan(b))) & (np.signbit(a) == np.signbit(b))
+            assert same.all(), (f.__name__, x.tolist(), [float(v).hex() for v in a], [float(v).hex() for v in b])
+    assert (overflows > 0) == (alpha >= 100.0), overflows

@@ -24,10 +24,12 @@ import math
 
 from .. import double_word as M
 from ._jit import jit
-from .double_word import dw_mul_fp, exp_dw, log1p_dw_sel, round_scaled, round_signed, two_prod, two_sum
+from ..exact_sums import EXP_OVER, EXP_UNDER
+from .double_word import dw_mul_fp, exp_dw, log1p_dw_sel, log_dw, round_scaled, round_signed, two_prod, two_sum
 
 _U2, _SLACK, _NORMAL_MIN = M.U2, M.SLACK, M.NORMAL_MIN
 _EPS_EXP, _EPS_LOG_MUL = M.EPS_EXP, M.EPS_LOG + M.DW_MUL * M.U2
+_EPS_LOG = M.EPS_LOG
 _TINY = 2.0 ** -1022
 
 
@@ -154,6 +156,31 @@ def skew_cr(p, a2):
     elif a2 == 1.0:
         return p, True
     return pow_cr(p, a2)
+
+
+@jit(inline="always")
+def log_cr(p):
+    """``log p`` rounded to nearest float64 for ``p > 0`` (exactly 0 at ``p = 1``), and
+    whether the rounding is proven (False for a subnormal ``p``):
+    :func:`entmax_ref.backends.exact_sums.log_rows`."""
+    if p == 1.0:
+        return 0.0, True
+    lh, ll = log_dw(p, 0.0)
+    v, ok = round_signed(lh, ll, _EPS_LOG * abs(lh) * _SLACK)
+    return v, ok & (p >= _TINY)
+
+
+@jit(inline="always")
+def exp_cr(z):
+    """``exp(z)`` rounded to nearest float64 for any ``z`` (+inf above ``EXP_OVER``, 0 below
+    ``EXP_UNDER``), and whether the rounding is proven:
+    :func:`entmax_ref.backends.exact_sums.exp_any`."""
+    if z > EXP_OVER:
+        return math.inf, True
+    if not (z >= EXP_UNDER):
+        return 0.0, True
+    k, hi, lo = exp_dw(z, 0.0)
+    return round_scaled(k, hi, lo, _EPS_EXP * abs(hi) * _SLACK, False)
 
 
 @jit

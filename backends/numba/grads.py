@@ -21,7 +21,11 @@ large alpha (p < ~1e-3 at alpha = 100); both VJPs then follow the reference's
 overflow-free forms (``NumpyBackend.entmax_vjp`` / ``entmax_alpha_vjp``): the ratio
 ``r`` from ``w = u / max u``, the entry of largest u as ``sum_{j != m} u_j (g_m - g_j) /
 sum u``, +-inf only where the true value exceeds float64's range, and
-``d/dalpha = sum_i p_i (1 - (alpha-1) log p_i) (g_i - r) / (alpha-1)^2`` (always finite).
+``d/dalpha = sum_i p_i (1 - (alpha-1) log p_i) (g_i - r) / (alpha-1)^2`` (always finite),
+with ``log p``, every exponential and every sum correctly rounded and the same float64
+operations around them as :func:`entmax_ref.backends.exact_sums.vjp_big_rows` and
+``alpha_vjp_big_rows``: the NumPy engine's bits (float32 ``dx``: their float32 rounding).
+A row whose rounding these kernels do not prove is finished by the NumPy engine.
 """
 
 from __future__ import annotations
@@ -33,10 +37,7 @@ import numpy as np
 from ..constants import SERIES_TERMS
 from ._jit import b1, f64, i64, jit, kernel
 from .compensated import acc as _acc
-from ..double_word import EPS_EXP, EPS_LOG, SLACK
-from ..exact_sums import EXP_OVER, TINY
-from .double_word import exp_dw, log_dw, round_scaled, round_signed
-from .exact_sums import LANES, dot_add, dot_lanes, skew_cr, sum_add, sum_round
+from .exact_sums import LANES, dot_add, dot_lanes, exp_cr, log_cr, skew_cr, sum_add, sum_round
 from ._threads import run_blocks
 
 
@@ -95,79 +96,121 @@ def signed_exp(l, v):
     return e if v > 0.0 else -e
 
 
+@jit(inline="always")
+def _lu(p, a2):
+    """``lu = a2 log p`` (``log p`` correctly rounded) for ``p > 0``, and whether it is proven."""
+    L, ok = log_cr(p)
+    return a2 * L, ok
+
+
+@jit(inline="always")
+def _signed_exp_cr(l, v):
+    """``sign(v) exp(l + log|v|)`` (0 at v = 0; ``exp`` and ``log`` correctly rounded):
+    ``exp(l) * v`` without overflowing early; and whether it is proven."""
+    if v == 0.0:
+        return 0.0, True
+    L, ok1 = log_cr(abs(v))
+    e, ok2 = exp_cr(l + L)
+    return (e if v > 0.0 else -e), ok1 & ok2
+
+
 @jit
 def _vjp_row_big(p, g, a2, dx):
-    """alpha > 2, as the reference's ``_vjp_big``: with ``lu = a2 log p``, m the first entry
-    of largest u and ``w = exp(lu - lu_m)``, ``g_i - r = (g_i S_i - G_i) / S`` (S_i, G_i:
-    sums of w and w g over j != i; by subtraction, but summed directly at m); entries
-    ``u_i (g_i - r)`` (``sign exp(lu_i + log|g_i - r|)`` where u_i overflows) and, at m,
-    ``sum_{j != m} u_j (g_m - g_j) / S`` (scaled by the second largest u where that sum
-    is not finite)."""
+    """alpha > 2, as :func:`entmax_ref.backends.exact_sums.vjp_big_rows` (the same
+    operations, so the same bits): with ``lu = a2 log p``, m the first entry of largest u
+    and ``w = exp(lu - lu_m)``, ``g_i - r = (g_i S_i - G_i) / S`` (S_i, G_i: sums of w and
+    w g over j != i, by subtraction); entries ``u_i (g_i - r)``
+    (``sign exp(lu_i + log|g_i - r|)`` where u_i overflows) and, at m, ``sum_{j != m} u_j
+    (g_m - g_j) / S`` (scaled by the second largest u where that sum is not finite).
+    ``log``, ``exp`` and every sum correctly rounded.  Returns False (``dx`` unfinished)
+    where a rounding is not proven."""
     n = p.shape[0]
     m = -1
     lmax = -np.inf
+    good = True
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0:
-            lu = a2 * math.log(pi)
+            lu, ok = _lu(pi, a2)
+            good = good & ok
             if m < 0 or lu > lmax:
                 lmax = lu
                 m = i
     if m < 0:
         for i in range(n):
             dx[i] = 0.0
-        return
+        return True
+    if not good:
+        return False
     gm = np.float64(g[m])
-    S, cS, G, cG = 0.0, 0.0, 0.0, 0.0
-    So, cSo, Go, cGo = 0.0, 0.0, 0.0, 0.0
-    D, cD = 0.0, 0.0
+    S, cS, aS, xS = 0.0, 0.0, 0.0, False
+    G, cG, aG, xG, bad = 0.0, 0.0, 0.0, False, False
+    D, cD, aD, xD = 0.0, 0.0, 0.0, False
+    uinf = False
     l2 = -np.inf
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0:
             gi = np.float64(g[i])
-            lu = a2 * math.log(pi)
-            wi = math.exp(lu - lmax)
-            S, cS = _acc(S, cS, wi)
-            G, cG = _acc(G, cG, wi * gi)
+            lu = _lu(pi, a2)[0]
+            wi, ok1 = exp_cr(lu - lmax)
+            S, cS, aS, xS = sum_add(S, cS, aS, xS, wi)
+            G, cG, aG, xG, bad = dot_add(G, cG, aG, xG, bad, wi, gi)
             if i != m:
-                So, cSo = _acc(So, cSo, wi)
-                Go, cGo = _acc(Go, cGo, wi * gi)
-                D, cD = _acc(D, cD, math.exp(lu) * (gm - gi))
+                u, ok2 = exp_cr(lu)
+                good = good & ok2
+                uinf = uinf | (u == np.inf)
+                if not uinf:
+                    D, cD, aD, xD, bad = dot_add(D, cD, aD, xD, bad, u, gm - gi)
                 if lu > l2:
                     l2 = lu
-    S = S + cS
-    G = G + cG
+            good = good & ok1
+    S, ok1 = sum_round(S, cS, aS, xS, n)
+    G, ok2 = sum_round(G, cG, aG, xG, n)
+    if not (good & ok1 & ok2 & (not bad)):
+        return False
+    Sd = S if S > 0.0 else 1.0
     for i in range(n):
         pi = np.float64(p[i])
         if not (pi > 0.0) or i == m:
             dx[i] = 0.0
             continue
         gi = np.float64(g[i])
-        lu = a2 * math.log(pi)
-        wi = math.exp(lu - lmax)
-        diff = (gi * (S - wi) - (G - wi * gi)) / S
+        lu = _lu(pi, a2)[0]
+        wi = exp_cr(lu - lmax)[0]
+        diff = (gi * (S - wi) - (G - wi * gi)) / Sd
         if diff == 0.0:
             dx[i] = 0.0
             continue
-        u = math.exp(lu)
+        u = exp_cr(lu)[0]
         if u == np.inf:
-            dx[i] = signed_exp(lu, diff)
+            v, ok = _signed_exp_cr(lu, diff)
+            good = good & ok
+            dx[i] = v
         else:
             dx[i] = u * diff
     if l2 == -np.inf:  # m alone on the support
         dx[m] = 0.0
-        return
-    Dm = (D + cD) / S
-    if Dm - Dm == 0.0:  # finite
-        dx[m] = Dm
-        return
-    T, cT = 0.0, 0.0
+        return good
+    if not uinf:
+        Dm, ok = sum_round(D, cD, aD, xD, n)
+        Dm = Dm / Sd
+        if not ok:
+            return False
+        if Dm - Dm == 0.0:  # finite
+            dx[m] = Dm
+            return good
+    T, cT, aT, xT = 0.0, 0.0, 0.0, False
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0 and i != m:
-            T, cT = _acc(T, cT, math.exp(a2 * math.log(pi) - l2) * (gm - np.float64(g[i])))
-    dx[m] = signed_exp(l2, (T + cT) / S)
+            w2, ok = exp_cr(_lu(pi, a2)[0] - l2)
+            good = good & ok
+            T, cT, aT, xT, bad = dot_add(T, cT, aT, xT, bad, w2, gm - np.float64(g[i]))
+    T, ok = sum_round(T, cT, aT, xT, n)
+    v, ok2 = _signed_exp_cr(l2, T / Sd)
+    dx[m] = v
+    return good & ok & ok2 & (not bad)
 
 
 #: the row VJP drivers' signature for input dtype ``x``: (p, g, alpha, dx, r0, r1)
@@ -241,14 +284,22 @@ def _vjp_row_cr(p, g, a2, dx, lanes, idx):
     return True
 
 
-@kernel(lambda x: (x[:, ::1], x[:, ::1], f64[::1], x[:, ::1], b1[::1], i64, i64), ops=("entmax_vjp",),
-        dtypes=("float64",))
+#: the checked row VJP drivers' signature: (p, g, alpha, dx, ok, r0, r1), ``ok[r]``: whether
+#: row r's roundings are proven
+def _VJP_OK(x):
+    return x[:, ::1], x[:, ::1], f64[::1], x[:, ::1], b1[::1], i64, i64
+
+
+@kernel(_VJP_OK, ops=("entmax_vjp",), dtypes=("float64",))
 def _vjp_cr(p, g, alpha, dx, ok, r0, r1):
-    """The rows with alpha <= 2 (the others are left to :func:`_vjp_big`)."""
+    """float64 rows: alpha <= 2 by :func:`_vjp_row_cr`, the others by :func:`_vjp_row_big`."""
     lanes = np.empty((10, LANES), np.float64)
     idx = np.empty(p.shape[1] // 8 + 1, np.int64)
     for r in range(r0, r1):
-        ok[r] = alpha[r] > 2.0 or _vjp_row_cr(p[r], g[r], 2.0 - alpha[r], dx[r], lanes, idx)
+        if alpha[r] > 2.0:
+            ok[r] = _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
+        else:
+            ok[r] = _vjp_row_cr(p[r], g[r], 2.0 - alpha[r], dx[r], lanes, idx)
 
 
 @kernel(_VJP, ops=("entmax_vjp",), dtypes=("float32",))
@@ -257,44 +308,42 @@ def _vjp_small(p, g, alpha, dx, r0, r1):
         _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
 
 
-@kernel(_VJP, ops=("entmax_vjp",))
-def _vjp_big(p, g, alpha, dx, r0, r1):
+@kernel(_VJP_OK, ops=("entmax_vjp",), dtypes=("float32",))
+def _vjp_big(p, g, alpha, dx, ok, r0, r1):
     for r in range(r0, r1):
-        _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
+        ok[r] = _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
 
 
-@kernel(_VJP, ops=("entmax_vjp",), dtypes=("float32",))
-def _vjp_any(p, g, alpha, dx, r0, r1):
+@kernel(_VJP_OK, ops=("entmax_vjp",), dtypes=("float32",))
+def _vjp_any(p, g, alpha, dx, ok, r0, r1):
     for r in range(r0, r1):
         if alpha[r] > 2.0:
-            _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
+            ok[r] = _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
         else:
             _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
+            ok[r] = True
 
 
 def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
     """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``);
-    rows with alpha > 2 by :func:`_vjp_row_big`.  float64 rows with alpha <= 2 by
-    :func:`_vjp_row_cr`, whose rare undecided row the NumPy engine's
-    :func:`~entmax_ref.backends.exact_sums.vjp_rows` finishes (the same bits either way).
-    Only the kernels the rows need are compiled.  Rows run on worker threads
-    (:func:`~._threads.run_blocks`)."""
+    rows with alpha > 2 by :func:`_vjp_row_big`, float64 rows with alpha <= 2 by
+    :func:`_vjp_row_cr`; their rare undecided row the NumPy engine's
+    ``vjp_float64`` finishes (the same bits either way).  float32 rows with alpha <= 2 by
+    :func:`_vjp_row`.  Only the kernels the rows need are compiled.  Rows run on worker
+    threads (:func:`~._threads.run_blocks`)."""
     big = alpha > 2.0
-    if p.dtype == np.float64 and not big.all():
-        ok = np.empty(p.shape[0], np.bool_)
-        run_blocks(_vjp_cr, (p, g, alpha, dx, ok), p.shape, nblk)
-        bad = np.flatnonzero(~ok)
-        if bad.size:
-            from ..exact_sums import vjp_rows
-
-            dx[bad] = vjp_rows(p[bad], g[bad], 2.0 - alpha[bad, None])
-        if big.any():
-            out = np.empty((int(big.sum()), p.shape[1]))
-            run_blocks(_vjp_big, (p[big], g[big], alpha[big], out), out.shape, nblk)
-            dx[big] = out
+    if p.dtype != np.float64 and not big.any():
+        run_blocks(_vjp_small, (p, g, alpha, dx), p.shape, nblk)
         return
-    kernel = _vjp_big if big.all() else _vjp_small if not big.any() else _vjp_any
-    run_blocks(kernel, (p, g, alpha, dx), p.shape, nblk)
+    kernel = _vjp_cr if p.dtype == np.float64 else _vjp_big if big.all() else _vjp_any
+    ok = np.empty(p.shape[0], np.bool_)
+    run_blocks(kernel, (p, g, alpha, dx, ok), p.shape, nblk)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        from ..numpy_backend import vjp_float64
+
+        with np.errstate(over="ignore"):  # float32 rows: +-inf where the value is beyond range
+            dx[bad] = vjp_float64(p[bad].astype(np.float64), g[bad].astype(np.float64), alpha[bad])
 
 
 @jit(forceinline=True)
@@ -304,10 +353,7 @@ def _h_cr(w):
     Returns (h, whether e's rounding is proven)."""
     if abs(w) < 1.0:
         return _h(w), True
-    e, ok = np.inf, True
-    if w <= EXP_OVER:
-        k, hi, lo = exp_dw(w, 0.0)
-        e, ok = round_scaled(k, hi, lo, EPS_EXP * abs(hi) * SLACK, False)
+    e, ok = exp_cr(w)
     return (e - 1.0 - w) / (w * w), ok
 
 
@@ -328,11 +374,8 @@ def alpha_vjp_row_cr(p, g, a1):
         pi = np.float64(p[i])
         if pi > 0.0:
             gi = np.float64(g[i])
-            L = 0.0
-            if pi != 1.0:
-                lh, ll = log_dw(pi, 0.0)
-                L, ok = round_signed(lh, ll, EPS_LOG * abs(lh) * SLACK)
-                good = good & ok & (pi >= TINY)
+            L, ok = log_cr(pi)
+            good = good & ok
             h, ok = _h_cr(-a1 * L)
             pc = -pi * L * L * h
             u, ok2 = skew_cr(pi, a2)
@@ -381,7 +424,8 @@ def alpha_vjp_row(p, g, a1):
 
 @jit
 def alpha_vjp_row_big(p, g, a1):
-    """alpha > 2, as the reference: ``sum_i p_i (1 - a1 log p_i) (g_i - r) / a1^2`` with
+    """alpha > 2 in float64 with compensated sums (the attention backward's dalpha), as
+    the reference: ``sum_i p_i (1 - a1 log p_i) (g_i - r) / a1^2`` with
     ``r = (w . g) / sum w``, ``w = exp(lu - max lu)`` (the unbounded u-terms of the
     general form cancel exactly and are left out)."""
     a2 = 1.0 - a1
@@ -410,24 +454,66 @@ def alpha_vjp_row_big(p, g, a1):
     return (t + ct) / (a1 * a1)
 
 
+@jit
+def alpha_vjp_row_big_cr(p, g, a1):
+    """alpha > 2, as :func:`entmax_ref.backends.exact_sums.alpha_vjp_big_rows` (the same
+    operations, so the same bits): ``sum_i p_i (1 - a1 L_i) (g_i - r) / a1^2`` with ``r =
+    (w . g) / sum w``, ``w = exp(lu - max lu)``, ``lu = (1 - a1) L``, ``L = log p`` (the
+    unbounded u-terms of the general form cancel exactly and are left out); ``log``,
+    ``exp`` and the sums correctly rounded.  Returns (value, whether every rounding is
+    proven)."""
+    a2 = 1.0 - a1
+    n = p.shape[0]
+    lmax = -np.inf
+    good = True
+    for i in range(n):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            lu, ok = _lu(pi, a2)
+            good = good & ok
+            if lu > lmax:
+                lmax = lu
+    if lmax == -np.inf:
+        return 0.0, True
+    S, cS, aS, xS = 0.0, 0.0, 0.0, False
+    G, cG, aG, xG, bad = 0.0, 0.0, 0.0, False, False
+    for i in range(n):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            wi, ok = exp_cr(_lu(pi, a2)[0] - lmax)
+            good = good & ok
+            S, cS, aS, xS = sum_add(S, cS, aS, xS, wi)
+            G, cG, aG, xG, bad = dot_add(G, cG, aG, xG, bad, wi, np.float64(g[i]))
+    S, ok1 = sum_round(S, cS, aS, xS, n)
+    G, ok2 = sum_round(G, cG, aG, xG, n)
+    r = G / S if S > 0.0 else 0.0
+    t, ct, at, xt = 0.0, 0.0, 0.0, False
+    for i in range(n):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            L = log_cr(pi)[0]
+            t, ct, at, xt = sum_add(t, ct, at, xt, pi * (1.0 - a1 * L) * (np.float64(g[i]) - r))
+    t, ok3 = sum_round(t, ct, at, xt, n)
+    return t / (a1 * a1), good & ok1 & ok2 & ok3 & (not bad)
+
+
 @kernel(lambda x: (x[:, ::1], x[:, ::1], f64[::1], f64[::1], b1[::1], i64, i64), ops=("entmax_alpha_vjp",))
 def _alpha_vjp(p, g, alpha, out, ok, r0, r1):
     for r in range(r0, r1):
         if alpha[r] > 2.0:
-            out[r] = alpha_vjp_row_big(p[r], g[r], alpha[r] - 1.0)
-            ok[r] = True
+            out[r], ok[r] = alpha_vjp_row_big_cr(p[r], g[r], alpha[r] - 1.0)
         else:
             out[r], ok[r] = alpha_vjp_row_cr(p[r], g[r], alpha[r] - 1.0)
 
 
 def entmax_alpha_vjp_rows(p, g, alpha, out, nblk=64):
-    """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64); the rare row with alpha
-    <= 2 that :func:`alpha_vjp_row_cr` does not round is finished by the NumPy engine (the
-    same bits)."""
+    """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64); the rare row that
+    :func:`alpha_vjp_row_cr` or :func:`alpha_vjp_row_big_cr` does not round is finished by the
+    NumPy engine (the same bits)."""
     ok = np.empty(p.shape[0], np.bool_)
     run_blocks(_alpha_vjp, (p, g, alpha, out, ok), p.shape, nblk)
     bad = np.flatnonzero(~ok)
     if bad.size:
-        from ..numpy_backend import alpha_vjp_rows
+        from ..numpy_backend import alpha_vjp_float64
 
-        out[bad] = alpha_vjp_rows(p[bad].astype(np.float64), g[bad].astype(np.float64), alpha[bad, None] - 1.0)
+        out[bad] = alpha_vjp_float64(p[bad].astype(np.float64), g[bad].astype(np.float64), alpha[bad])
