@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from ..constants import SERIES_TERMS
-from ._jit import b1, f64, i64, jit, kernel
+from ._jit import ANY, b1, f64, i64, jit, kernel
 from .compensated import acc as _acc
 from .exact_sums import LANES, dot_add, dot_lanes, exp_cr, log_cr, skew_cr, sum_add, sum_round
 from ._threads import run_blocks
@@ -218,11 +218,6 @@ def _VJP(x):
     return x[:, ::1], x[:, ::1], f64[::1], x[:, ::1], i64, i64
 
 
-#: the alpha VJP drivers' signature: (p, g, alpha, out, r0, r1), ``out`` float64
-def _ALPHA_VJP(x):
-    return x[:, ::1], x[:, ::1], f64[::1], f64[::1], i64, i64
-
-
 @jit
 def _skew_dense(p, a2, u):
     """``u[i] = p[i]^a2`` correctly rounded on the support (0 elsewhere), in a loop without
@@ -284,13 +279,12 @@ def _vjp_row_cr(p, g, a2, dx, lanes, idx):
     return True
 
 
-#: the checked row VJP drivers' signature: (p, g, alpha, dx, ok, r0, r1), ``ok[r]``: whether
-#: row r's roundings are proven
-def _VJP_OK(x):
-    return x[:, ::1], x[:, ::1], f64[::1], x[:, ::1], b1[::1], i64, i64
+#: the float64 row VJP driver's signature (every input dtype): (p, g, alpha, dx, ok, r0,
+#: r1), ``ok[r]``: whether row r's roundings are proven
+_VJP64 = (f64[:, ::1], f64[:, ::1], f64[::1], f64[:, ::1], b1[::1], i64, i64)
 
 
-@kernel(_VJP_OK, ops=("entmax_vjp",), dtypes=("float64",))
+@kernel(lambda _: _VJP64, ops=("entmax_vjp",), dtypes=ANY)
 def _vjp_cr(p, g, alpha, dx, ok, r0, r1):
     """float64 rows: alpha <= 2 by :func:`_vjp_row_cr`, the others by :func:`_vjp_row_big`."""
     lanes = np.empty((10, LANES), np.float64)
@@ -308,42 +302,40 @@ def _vjp_small(p, g, alpha, dx, r0, r1):
         _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
 
 
-@kernel(_VJP_OK, ops=("entmax_vjp",), dtypes=("float32",))
-def _vjp_big(p, g, alpha, dx, ok, r0, r1):
-    for r in range(r0, r1):
-        ok[r] = _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
-
-
-@kernel(_VJP_OK, ops=("entmax_vjp",), dtypes=("float32",))
-def _vjp_any(p, g, alpha, dx, ok, r0, r1):
-    for r in range(r0, r1):
-        if alpha[r] > 2.0:
-            ok[r] = _vjp_row_big(p[r], g[r], 2.0 - alpha[r], dx[r])
-        else:
-            _vjp_row(p[r], g[r], 2.0 - alpha[r], dx[r])
-            ok[r] = True
-
-
-def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
-    """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``);
-    rows with alpha > 2 by :func:`_vjp_row_big`, float64 rows with alpha <= 2 by
-    :func:`_vjp_row_cr`; their rare undecided row the NumPy engine's
-    ``vjp_float64`` finishes (the same bits either way).  float32 rows with alpha <= 2 by
-    :func:`_vjp_row`.  Only the kernels the rows need are compiled.  Rows run on worker
-    threads (:func:`~._threads.run_blocks`)."""
-    big = alpha > 2.0
-    if p.dtype != np.float64 and not big.any():
-        run_blocks(_vjp_small, (p, g, alpha, dx), p.shape, nblk)
-        return
-    kernel = _vjp_cr if p.dtype == np.float64 else _vjp_big if big.all() else _vjp_any
+def _vjp_float64(p, g, alpha, dx, nblk):
+    """:func:`_vjp_cr` on float64 rows; the rare row it does not prove the NumPy engine's
+    ``vjp_float64`` finishes (the same bits either way)."""
     ok = np.empty(p.shape[0], np.bool_)
-    run_blocks(kernel, (p, g, alpha, dx, ok), p.shape, nblk)
+    run_blocks(_vjp_cr, (p, g, alpha, dx, ok), p.shape, nblk)
     bad = np.flatnonzero(~ok)
     if bad.size:
         from ..numpy_backend import vjp_float64
 
-        with np.errstate(over="ignore"):  # float32 rows: +-inf where the value is beyond range
-            dx[bad] = vjp_float64(p[bad].astype(np.float64), g[bad].astype(np.float64), alpha[bad])
+        dx[bad] = vjp_float64(p[bad], g[bad], alpha[bad])
+
+
+def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
+    """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``):
+    float64 rows by :func:`_vjp_cr` (the NumPy engine's bits); float32 rows with alpha <= 2
+    by :func:`_vjp_row`, the others as float64 rows rounded once to float32 (the NumPy
+    engine's bits too).  Only the kernels the rows need are compiled.  Rows run on worker
+    threads (:func:`~._threads.run_blocks`)."""
+    if p.dtype == np.float64:
+        _vjp_float64(p, g, alpha, dx, nblk)
+        return
+    big = alpha > 2.0
+    if not big.any():
+        run_blocks(_vjp_small, (p, g, alpha, dx), p.shape, nblk)
+        return
+    out = np.empty((int(big.sum()), p.shape[1]))
+    _vjp_float64(p[big].astype(np.float64), g[big].astype(np.float64), alpha[big], out, nblk)
+    with np.errstate(over="ignore"):  # +-inf where the value is beyond float32's range
+        dx[big] = out
+    if big.all():
+        return
+    small = np.empty((p.shape[0] - out.shape[0], p.shape[1]), p.dtype)
+    run_blocks(_vjp_small, (p[~big], g[~big], alpha[~big], small), small.shape, nblk)
+    dx[~big] = small
 
 
 @jit(forceinline=True)
@@ -508,8 +500,8 @@ def _alpha_vjp(p, g, alpha, out, ok, r0, r1):
 
 def entmax_alpha_vjp_rows(p, g, alpha, out, nblk=64):
     """``out[r] = sum_i g_i dp_i/dalpha`` for every row (float64); the rare row that
-    :func:`alpha_vjp_row_cr` or :func:`alpha_vjp_row_big_cr` does not round is finished by the
-    NumPy engine (the same bits)."""
+    :func:`alpha_vjp_row_cr` or :func:`alpha_vjp_row_big_cr` does not round is finished by
+    the NumPy engine (the same bits)."""
     ok = np.empty(p.shape[0], np.bool_)
     run_blocks(_alpha_vjp, (p, g, alpha, out, ok), p.shape, nblk)
     bad = np.flatnonzero(~ok)
