@@ -227,13 +227,22 @@ EXP_UNDER = -746.0
 
 def exp_any(z: np.ndarray) -> np.ndarray:
     """``exp(z)`` correctly rounded for any float64 ``z``: +inf above :data:`EXP_OVER`, 0
-    below :data:`EXP_UNDER`, :func:`exp_rows` between."""
+    below :data:`EXP_UNDER`, :func:`exp_rows` between (NaN at NaN)."""
     z = np.asarray(z, np.float64)
-    out = np.where(z > EXP_OVER, np.inf, 0.0)
+    out = np.where(z > EXP_OVER, np.inf, np.where(z < EXP_UNDER, 0.0, z))
     mid = (z >= EXP_UNDER) & (z <= EXP_OVER)
     if mid.any():
         out[mid] = exp_rows(z[mid])
     return out
+
+
+def _log_abs(v: np.ndarray) -> np.ndarray:
+    """``log|v|`` correctly rounded for finite nonzero ``v``; ``|v|`` (+inf or NaN) where
+    that is not finite."""
+    a = np.abs(v)
+    fin = np.isfinite(a)
+    a[fin] = log_rows(a[fin])
+    return a
 
 
 def _log_support(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -277,7 +286,7 @@ def vjp_big_rows(p: np.ndarray, g: np.ndarray, a2: np.ndarray) -> np.ndarray:
         dx = np.where(others & (diff != 0), u * diff, 0.0)
         huge = others & (diff != 0) & np.isinf(u)  # u_i |g_i - r| where u_i overflows
         if huge.any():
-            dx[huge] = np.sign(diff[huge]) * exp_any(lu[huge] + log_rows(np.abs(diff[huge])))
+            dx[huge] = np.sign(diff[huge]) * exp_any(lu[huge] + _log_abs(diff[huge]))
         # the entry m: sum_{j != m} u_j (g_m - g_j) / S where that is finite, else scaled by
         # the second largest u (it is then beyond float64's range)
         dg = g[rows, m][:, None] - g
@@ -292,7 +301,7 @@ def vjp_big_rows(p: np.ndarray, g: np.ndarray, a2: np.ndarray) -> np.ndarray:
             T = dot_rows(_on_exp(others[wide], lu[wide] - l2), dg[wide]) / Sd[wide, 0]
             nz = T != 0
             scaled = np.zeros(len(T))
-            scaled[nz] = np.sign(T[nz]) * exp_any(l2[nz, 0] + log_rows(np.abs(T[nz])))
+            scaled[nz] = np.sign(T[nz]) * exp_any(l2[nz, 0] + _log_abs(T[nz]))
             dm[wide] = scaled
     dx[rows, m] = np.where(others.any(axis=1), dm, 0.0)
     return dx

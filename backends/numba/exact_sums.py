@@ -173,12 +173,12 @@ def log_cr(p):
 @jit(inline="always")
 def exp_cr(z):
     """``exp(z)`` rounded to nearest float64 for any ``z`` (+inf above ``EXP_OVER``, 0 below
-    ``EXP_UNDER``), and whether the rounding is proven:
+    ``EXP_UNDER``; NaN at NaN), and whether the rounding is proven:
     :func:`entmax_ref.backends.exact_sums.exp_any`."""
     if z > EXP_OVER:
         return math.inf, True
     if not (z >= EXP_UNDER):
-        return 0.0, True
+        return (0.0 if z < EXP_UNDER else z), True
     k, hi, lo = exp_dw(z, 0.0)
     return round_scaled(k, hi, lo, _EPS_EXP * abs(hi) * _SLACK, False)
 
