@@ -158,7 +158,7 @@ def skew_cr(p, a2):
     return pow_cr(p, a2)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def log_cr(p):
     """``log p`` rounded to nearest float64 for ``p > 0`` (exactly 0 at ``p = 1``), and
     whether the rounding is proven (False for a subnormal ``p``):
@@ -170,7 +170,7 @@ def log_cr(p):
     return v, ok & (p >= _TINY)
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def exp_cr(z):
     """``exp(z)`` rounded to nearest float64 for any ``z`` (+inf above ``EXP_OVER``, 0 below
     ``EXP_UNDER``; NaN at NaN), and whether the rounding is proven:

@@ -96,14 +96,14 @@ def signed_exp(l, v):
     return e if v > 0.0 else -e
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _lu(p, a2):
     """``lu = a2 log p`` (``log p`` correctly rounded) for ``p > 0``, and whether it is proven."""
     L, ok = log_cr(p)
     return a2 * L, ok
 
 
-@jit(inline="always")
+@jit(forceinline=True)
 def _signed_exp_cr(l, v):
     """``sign(v) exp(l + log|v|)`` (0 at v = 0; ``exp`` and ``log`` correctly rounded):
     ``exp(l) * v`` without overflowing early; and whether it is proven."""
