@@ -22,6 +22,11 @@ takes the exact fallback of this module):
     below ``NORMAL_MIN`` (but not exactly 0), or whose products are not exact in both
     engines' TwoProd (a product below ``NORMAL_MIN``: its error underflows; an operand
     from ``2^995``: Dekker's split overflows) is summed exactly (:func:`exact_dot`).
+:func:`matmul_rows`
+    ``a @ b``, each entry correctly rounded by the same algorithm, its terms taken one
+    inner index at a time over the whole block into sum states (:func:`add_products`,
+    which may run over several products, then :func:`round_products`): the float64
+    attention's scores ``q . k``, outputs ``sum_j p_ij v_j`` and gradient sums.
 :func:`pow_rows`
     ``p^a`` correctly rounded for positive normal ``p`` (the Jacobian weights ``u =
     p^(2 - alpha)``, ``0 < 2 - alpha < 1``): ``exp(a log p)`` with the double-word log and
@@ -84,6 +89,68 @@ def dot_rows(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     ok = (ok | (absum == 0.0)) & ~unsafe & np.isfinite(absum)
     for r in np.flatnonzero(~ok):
         v[r] = exact_dot(a[r], None if b is None else b[r])
+    return v
+
+
+#: the fields of a product sum state (:func:`product_state`): the TwoSum chain ``s``, the
+#: float64 sum ``c`` of the errors, the terms' magnitudes ``A``, ``X`` > 0 where an addition
+#: into ``c`` rounded, ``U`` > 0 where a term is not exact in the engine's TwoProd
+STATE_FIELDS = 5
+
+
+def product_state(m: int, k: int) -> np.ndarray:
+    """Empty sum states of ``(m, k)`` sums of products, shape (m, 5, k): field ``f`` of the
+    sums of row ``r`` is ``st[r, f]`` (:func:`add_products`)."""
+    return np.zeros((m, STATE_FIELDS, k))
+
+
+def add_products(st: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Add the exact terms ``a_ri b_ic`` of ``a @ b`` (float64 (m, n) and (n, k)) to the
+    sum states ``st`` ((m, 5, k), :func:`product_state`), in place, one inner index at a
+    time.  A term whose ``a_ri`` is 0 is left out, whatever ``b_ic`` holds (the attention's
+    probabilities: a value off the support, even a NaN, does not reach the sum).  The
+    compiled twin (:func:`.numba.exact_sums.add_products`) keeps the same state."""
+    s, c, A, X, U = (st[:, f] for f in range(STATE_FIELDS))
+    with np.errstate(all="ignore"):
+        for i in range(a.shape[1]):
+            off = a[:, i, None] == 0.0
+            p, e = two_prod(a[:, i, None], b[None, i, :])
+            p, e = np.where(off, 0.0, p), np.where(off, 0.0, e)
+            s[...], q = two_sum(s, p)
+            c[...], r1 = two_sum(c, q)
+            c[...], r2 = two_sum(c, e)
+            A += np.abs(p)
+            X += np.abs(r1) + np.abs(r2)
+            U += ((p != 0.0) & (np.abs(p) < NORMAL_MIN)) | ~off & ((np.abs(a[:, i, None]) >= SPLIT_MAX)
+                                                                   | (np.abs(b[None, i, :]) >= SPLIT_MAX))
+
+
+def round_products(st: np.ndarray, n: int):
+    """The sums of the states ``st`` (shape (..., 5, k), of at most ``n`` terms each) rounded to nearest
+    float64, and whether each rounding is proven: where no addition into ``c`` rounded,
+    ``s + c`` is the exact sum and one rounding of it the answer (exact midpoints,
+    cancellation); otherwise where :func:`sum_bound` proves it.  An exact 0 is +0."""
+    s, c, A, X, U = (st[..., f, :] for f in range(STATE_FIELDS))
+    with np.errstate(all="ignore"):
+        hi, lo = two_sum(s, c)
+        v, ok = round_dw(hi, lo, sum_bound(n, A), np.float64)
+        v = np.where(X == 0.0, s + c, v) + 0.0
+    ok = (ok | (X == 0.0)) & (U == 0.0) & np.isfinite(A)
+    return v, ok
+
+
+def matmul_rows(a: np.ndarray, b: np.ndarray, add=add_products) -> np.ndarray:
+    """``a @ b`` of float64 (m, n) and (n, k) arrays, each entry ``sum_i a_ri b_ic``
+    correctly rounded to float64 (an exact 0 is +0): the products' sum states
+    (:func:`add_products`, or an engine's compiled ``add``), rounded where that is proven
+    (:func:`round_products`), the other entries summed exactly (:func:`exact_dot`).
+    Terms whose ``a_ri`` is 0 are left out."""
+    st = product_state(a.shape[0], b.shape[1])
+    add(st, a, b)
+    v, ok = round_products(st, a.shape[1])
+    for r, col in zip(*np.nonzero(~ok)):
+        on = a[r] != 0.0
+        v[r, col] = exact_dot(a[r, on], b[on, col])
     return v
 
 

@@ -255,7 +255,17 @@ class NumbaBackend:
         when ``spec.check_finite`` is off (the public layer then does not ask)."""
         from .numba.decode import scans_inputs
 
-        return scans_inputs(q, k, v, spec)
+        return q.dtype != np.float64 and scans_inputs(q, k, v, spec)
+
+    def add_products(self, st: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        """:func:`entmax_ref.backends.exact_sums.add_products` compiled
+        (:func:`.numba.exact_sums.add_products`, rows on worker threads): the same sum
+        states, which the NumPy engine's code rounds, so the same bits."""
+        from .numba._threads import run_blocks
+        from .numba.exact_sums import add_products
+
+        a, b = (np.require(x, np.float64, ("C", "W")) for x in (a, b))  # the declared signature's arrays
+        run_blocks(add_products, (a, b, st), (a.shape[0], a.shape[1] * b.shape[1]), 8 * numba.get_num_threads())
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         """The fused chunked forward of :mod:`entmax_ref.backends.numba.attention` (BLAS
@@ -264,7 +274,13 @@ class NumbaBackend:
         :mod:`entmax_ref.backends.numba.decode`.  Key masks are routed here, once: a mask
         that is one run of keys per batch runs per batch on its key-sliced problem (either
         of the two), a mask with holes on the NumPy reference's driver with the compiled
-        row solver (:mod:`entmax_ref.backends.attention_driver`)."""
+        row solver (:mod:`entmax_ref.backends.attention_driver`).  float64 attention runs
+        on the NumPy reference's driver with this engine's correctly rounded row solver and
+        sums (:meth:`add_products`): the same bits as the NumPy engine's."""
+        if q.dtype == np.float64:
+            from .numpy_attention import attention_forward as numpy_forward
+
+            return numpy_forward(self, q, k, v, spec)
         if spec.key_mask is not None:
             from .attention_driver import forward_by_key_runs
             from .numpy_attention import attention_forward as numpy_forward
@@ -284,9 +300,13 @@ class NumbaBackend:
     def attention_backward(self, do, q, k, v, res, skew, spec: AttentionSpec) -> AttentionGrads:
         """The support-only chunked backward of :mod:`entmax_ref.backends.numba.attention_backward`
         (the NumPy reference's driver at alpha = 1, where the support is dense); key masks
-        are routed as in :meth:`attention_forward`."""
+        are routed as in :meth:`attention_forward`, float64 to the NumPy reference's driver."""
         from .numba.attention_backward import attention_backward
 
+        if q.dtype == np.float64:
+            from .numpy_attention import attention_backward as numpy_backward
+
+            return numpy_backward(self, do, q, k, v, res, skew, spec)
         if spec.key_mask is not None:
             from .attention_driver import backward_by_key_runs
             from .numpy_attention import attention_backward as numpy_backward

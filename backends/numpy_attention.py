@@ -34,16 +34,26 @@ Per block, in float64 whatever the input dtype:
   with ``spec.alpha_grad`` also dL/dalpha of each row, the backend's row alpha VJP of the
   rebuilt ``p`` and ``dO . v``.
 
+Sums in float64 attention (q float64): every matrix product above (``q . k``, ``p v``,
+the skewed output's sums, ``dO V^T``, ``dZ K``) is correctly rounded
+(:func:`products`), and dK, dV are one sum state per entry over all the query chunks,
+rounded once (:class:`_QuerySums`): the CPU engines, which both run this driver, give the
+same bits, and neither the chunking nor a summation order changes one.  Otherwise the
+products are NumPy's (BLAS) and dK, dV float64 sums in chunk order.
+
 A row with no visible key gets ``theta = -inf``, support 0, a zero output, a zero skewed
 output and zero gradients.
 
 Memory: besides the inputs and outputs (and float64 copies of one kv-head's K and V, and
-float64 dK/dV accumulators), the peak is a fixed number of ``(group * chunk, key_end)``
+float64 dK/dV accumulators: in float64 attention sum states of five times their size), the peak is a fixed number of ``(group * chunk, key_end)``
 float64 blocks.  The chunk is chosen so that one such block stays within
 :data:`~entmax_ref.backends.attention_driver.BLOCK_BYTES` (``spec.chunk`` overrides it).
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -51,6 +61,7 @@ from . import geometry
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, narrow
 from .attention_driver import batch_chunks, empty_forward
 from .constants import EDGE_TIE_ULPS
+from .exact_sums import STATE_FIELDS, dot_rows, exact_dot, matmul_rows, round_products
 from .numpy_elementwise import e_alpha, skew_weights
 from .numpy_elementwise import edge_p as _edge_p
 from .numpy_elementwise import normalised_skew as _normalised_skew
@@ -99,12 +110,13 @@ def row_alpha(spec: AttentionSpec, h0: int, group: int, nc: int) -> np.ndarray:
     return np.repeat(np.asarray(spec.head_alpha[h0:h0 + group], _F64), nc)
 
 
-def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha) -> np.ndarray:
+def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha, exact: bool = False) -> np.ndarray:
     """``ds_i = sum_j dZ_ij a_ij``, as ``sum_j dZ_ij (a_ij - a_im)`` with m the first entry
     of largest u = p^(2-alpha) (equal: the dZ of a row sum to 0).  For alpha > 2, dZ is
     huge at the support's edge, where the a_ij nearly agree; the shifted sum does not
     cancel those terms against each other, the plain one loses all its digits.  ``alpha``
-    a float or a (rows, 1) array."""
+    a float or a (rows, 1) array; ``exact``: each row's sum correctly rounded
+    (:func:`~entmax_ref.backends.exact_sums.dot_rows`)."""
     rows = np.arange(p.shape[0])
     on = p > 0
     with np.errstate(divide="ignore"):
@@ -113,7 +125,8 @@ def _row_scale_grad(dz: np.ndarray, a: np.ndarray, p: np.ndarray, alpha) -> np.n
     d = a - a_ref[:, None]
     # a term with a_ij = a_im is exactly 0, also where dZ_ij overflowed (alpha >> 2: u =
     # p^(2-alpha) beyond float64 on a support of equal scores), not inf * 0 = NaN
-    return np.einsum("rj,rj->r", np.where(d == 0.0, 0.0, dz), d)
+    w = np.where(d == 0.0, 0.0, dz)
+    return dot_rows(w, d) if exact else np.einsum("rj,rj->r", w, d)
 
 
 def edge_residual(z: np.ndarray, p: np.ndarray):
@@ -183,20 +196,76 @@ def _rebuild_edge(z, a1, live, m, c, q):
         return _edge_p(Ld, d, np.where(live, q, 0.0)[:, None], a1[:, None])
 
 
-def _skewed(u: np.ndarray, vv: np.ndarray) -> np.ndarray:
-    """sum_j u_ij v_j / sum_j u_ij per row; 0 for a row without support."""
-    su = u.sum(axis=1)
+def products(backend, q: np.ndarray):
+    """The matrix product of the blocks' sums: for float64 attention a correctly rounded
+    one (:func:`~entmax_ref.backends.exact_sums.matmul_rows` with the backend's
+    ``add_products``: every entry the real-number sum rounded once, whatever the summation
+    order, so every CPU engine gives the same bits), else NumPy's (BLAS)."""
+    if q.dtype != _F64:
+        return np.matmul
+    return functools.partial(matmul_rows, add=backend.add_products)
+
+
+class _QuerySums:
+    """dK or dV of every (batch, kv-head): ``sum_i a_ij b_i`` over the query rows of all its
+    chunks.  float64 attention (``exact``): the chunks' exact terms go into one sum state
+    per entry (``backend.add_products``), rounded once at the end (correctly: the chunking
+    and the order change nothing), and an entry whose rounding is not proven is summed
+    exactly from its terms (:meth:`exact`); otherwise the float64 sum of the chunks'
+    products."""
+
+    def __init__(self, backend, exact: bool, shape: tuple, scale: float):
+        self.backend, self.exact, self.scale = backend, exact, scale
+        B, H, N, D = shape
+        self.st = np.zeros((B, H, N, STATE_FIELDS, D) if exact else shape, _F64)
+
+    def add(self, bh: tuple, a: np.ndarray, b: np.ndarray) -> None:
+        """Add ``scale a^T b`` (``a`` (rows, keys), ``b`` (rows, D)) to the sums of the
+        first keys (exact: the terms of ``a^T b``; the scale multiplies the rounded sum)."""
+        n = a.shape[1]
+        if self.exact:
+            self.backend.add_products(self.st[bh][:n], np.ascontiguousarray(a.T), b)
+        else:
+            self.st[bh][:n] += self.scale * (a.T @ b)
+
+    def result(self, terms, rows: int):
+        """The sums (float64 (B, H, N, D)); ``terms()`` yields every chunk's ``(bh, a, b)``
+        again, for the exact sums of the entries whose rounding is not proven; ``rows``
+        bounds the terms of a sum."""
+        if not self.exact:
+            return self.st
+        v, ok = round_products(self.st, rows)
+        v = self.scale * v
+        bad = np.argwhere(~ok)
+        if bad.size:
+            cols = {tuple(i): ([], []) for i in bad.tolist()}
+            for bh, a, b in terms():
+                for (bb, h, j, d), (ta, tb) in cols.items():
+                    if (bb, h) == bh and j < a.shape[1]:
+                        ta.append(a[:, j])
+                        tb.append(b[:, d])
+            for i, (ta, tb) in cols.items():
+                x, y = (np.concatenate(t) if t else np.zeros(0) for t in (ta, tb))
+                v[i] = self.scale * exact_dot(x[x != 0.0], y[x != 0.0])
+        return v
+
+
+def _skewed(u: np.ndarray, vv: np.ndarray, mm) -> np.ndarray:
+    """sum_j u_ij v_j / sum_j u_ij per row (both sums by the product ``mm``); 0 for a row
+    without support."""
+    uv = mm(u, np.concatenate([vv, np.ones((vv.shape[0], 1))], axis=1))
+    su = uv[:, -1]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(su[:, None] > 0, (u @ vv) / su[:, None], 0.0)
+        return np.where(su[:, None] > 0, uv[:, :-1] / su[:, None], 0.0)
 
 
 class _Block:
     """Scores of one chunk: rows of ``group`` query heads x ``chunk`` queries."""
 
     def __init__(self, spec: AttentionSpec, qc: np.ndarray, kk: np.ndarray, b: int, h0: int,
-                 group: int, i0: int, i1: int, offset: int):
+                 group: int, i0: int, i1: int, offset: int, mm):
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
-            self.a = spec.scale * (qc @ kk.T)  # (rows, key_end), no row scale, no bias
+            self.a = spec.scale * mm(qc, kk.T)  # (rows, key_end), no row scale, no bias
             self.z = self._scores(spec, b, h0, group, i0, i1, offset, kk.shape[0])
 
     def _scores(self, spec, b, h0, group, i0, i1, offset, key_end):
@@ -233,14 +302,15 @@ def attention_forward(backend, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     group = Hq // Hkv
     offset = geometry.key_offset(Nq, Nk)
     out, theta, support, skew, row_max, edge, edge_p, _ = empty_forward(B, Hq, Nq, Dv)
+    mm = products(backend, q)
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
         qc = np.asarray(q[b, h0:h0 + group, i0:i1], _F64).reshape(-1, q.shape[3])
-        blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
+        blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset, mm)
         a_rows = row_alpha(spec, h0, group, i1 - i0)
         res = backend.entmax_forward(blk.z, a_rows, None)
         p = np.asarray(res.p, _F64)
-        o = p @ vv
-        sk = o if np.all(a_rows == 1.0) else _skewed(_weights(p, a_rows[:, None]), vv)
+        o = mm(p, vv)
+        sk = o if np.all(a_rows == 1.0) else _skewed(_weights(p, a_rows[:, None]), vv, mm)
         shape = (group, i1 - i0)
         out[b, h0:h0 + group, i0:i1] = o.reshape(shape + (Dv,))
         skew[b, h0:h0 + group, i0:i1] = sk.reshape(shape + (Dv,))
@@ -263,20 +333,66 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
     resp. unless ``spec.alpha_grad``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
+    exact = q.dtype == _F64
+    dq = np.zeros((B, Hq, Nq, D), _F64)
+    dk = _QuerySums(backend, exact, (B, Hkv, Nk, D), spec.scale)
+    dv = _QuerySums(backend, exact, (B, Hkv, Nk, Dv), 1.0)
+    ds = np.zeros((B, Hq, Nq), _F64) if spec.row_scale is not None else None
+    dalpha = np.zeros((B, Hq, Nq), _F64) if spec.alpha_grad else None
+
+    def chunks():
+        return _backward_chunks(backend, do, q, k, v, res, spec)
+
+    for c in chunks():
+        shape = (c.rows.stop - c.rows.start, c.qc.shape[0] // (c.rows.stop - c.rows.start))
+        if dalpha is not None:  # the row transform's alpha VJP, on the support of p
+            dalpha[c.sl] = np.asarray(backend.entmax_alpha_vjp(c.p, c.gp, c.a_rows), _F64).reshape(shape)
+        if ds is not None:
+            ds[c.sl] = _row_scale_grad(c.dz, c.a, c.p, c.a_col, exact).reshape(shape)
+        dq[c.sl] = (spec.scale * c.mm(c.da, c.kk)).reshape(shape + (D,))
+        dv.add(c.bh, c.p, c.doc)
+        dk.add(c.bh, c.da, c.qc)
+    rows = (Hq // Hkv) * Nq
+    dkr = dk.result(lambda: ((c.bh, c.da, c.qc) for c in chunks()), rows)
+    dvr = dv.result(lambda: ((c.bh, c.p, c.doc) for c in chunks()), rows)
+    return AttentionGrads(narrow(dq, q.dtype), narrow(dkr, k.dtype), narrow(dvr, v.dtype), ds, dalpha)
+
+
+class _Chunk(NamedTuple):
+    """What one query chunk of the backward gives the sums: its place (``bh`` = (batch,
+    kv-head), ``sl`` its rows in (B, Hq, Nq), ``rows`` its query heads), its float64 queries
+    ``qc``, ``dO`` rows ``doc``, keys ``kk``, scores ``a`` (no row scale, no bias), the
+    rebuilt ``p``, ``gp = dO V^T``, ``dz`` (the row VJP), ``da = s dz``, each row's alpha
+    (``a_rows``; ``a_col`` as :func:`_row_scale_grad` takes it) and the product ``mm``."""
+    bh: tuple
+    sl: tuple
+    rows: slice
+    qc: np.ndarray
+    doc: np.ndarray
+    kk: np.ndarray
+    a: np.ndarray
+    p: np.ndarray
+    gp: np.ndarray
+    dz: np.ndarray
+    da: np.ndarray
+    a_rows: np.ndarray
+    a_col: Any
+    mm: Callable
+
+
+def _backward_chunks(backend, do, q, k, v, res, spec: AttentionSpec):
+    """Yield the :class:`_Chunk` of every query chunk of the backward, in order."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = v.shape[1], v.shape[2], v.shape[3]
     group = Hq // Hkv
     offset = geometry.key_offset(Nq, Nk)
     big = spec.alpha > 2.0 if spec.head_alpha is None else bool(np.any(np.asarray(spec.head_alpha) > 2.0))
-    dq = np.zeros((B, Hq, Nq, D), _F64)
-    dk = np.zeros((B, Hkv, Nk, D), _F64)
-    dv = np.zeros((B, Hkv, Nk, Dv), _F64)
-    ds = np.zeros((B, Hq, Nq), _F64) if spec.row_scale is not None else None
-    dalpha = np.zeros((B, Hq, Nq), _F64) if spec.alpha_grad else None
+    mm = products(backend, q)
     for b, h0, i0, i1, kk, vv in _chunks(spec, k, v, group, Nq):
-        hk, key_end = h0 // group, len(kk)
         sl = (b, slice(h0, h0 + group), slice(i0, i1))
         qc = np.asarray(q[sl], _F64).reshape(-1, D)
         doc = np.asarray(do[sl], _F64).reshape(-1, Dv)
-        blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset)
+        blk = _Block(spec, qc, kk, b, h0, group, i0, i1, offset, mm)
 
         def rows_of(a):
             return None if a is None else np.asarray(a[sl], _F64).reshape(-1)
@@ -288,16 +404,8 @@ def attention_backward(backend, do: np.ndarray, q: np.ndarray, k: np.ndarray, v:
                           rows_of(res.row_max), rows_of(res.edge), rows_of(res.edge_p))
         else:
             p = rebuild_p(blk.z, a_rows if spec.head_alpha is not None else spec.alpha, rows_of(res.theta))
-        gp = doc @ vv.T  # dL/dp_ij = dO_i . v_j
+        gp = mm(doc, vv.T)  # dL/dp_ij = dO_i . v_j
         dz = np.asarray(backend.entmax_vjp(p, gp, a_rows), _F64)
-        if dalpha is not None:  # the row transform's alpha VJP, on the support of p
-            dalpha[sl] = np.asarray(backend.entmax_alpha_vjp(p, gp, a_rows), _F64).reshape(group, i1 - i0)
-        dv[b, hk, :key_end] += p.T @ doc
-        if ds is not None:
-            ds[sl] = _row_scale_grad(dz, blk.a, p, a_col).reshape(group, i1 - i0)
-            da = dz * blk.s[:, None]
-        else:
-            da = dz
-        dq[sl] = (spec.scale * (da @ kk)).reshape(group, i1 - i0, D)
-        dk[b, hk, :key_end] += spec.scale * (da.T @ qc)
-    return AttentionGrads(narrow(dq, q.dtype), narrow(dk, k.dtype), narrow(dv, v.dtype), ds, dalpha)
+        da = dz * blk.s[:, None] if spec.row_scale is not None else dz
+        yield _Chunk((b, h0 // group), sl, slice(h0, h0 + group), qc, doc, kk, blk.a, p, gp, dz, da, a_rows,
+                     a_col, mm)

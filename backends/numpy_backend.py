@@ -550,6 +550,14 @@ class NumpyBackend:
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
         return _family.budget_vjp_rows(p, g)
 
+    def add_products(self, st: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        """Add the exact terms of ``a @ b`` (float64) to the sum states ``st``
+        (:func:`entmax_ref.backends.exact_sums.add_products`): the float64 attention's
+        correctly rounded sums."""
+        from .exact_sums import add_products
+
+        add_products(st, a, b)
+
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         from .numpy_attention import attention_forward
 

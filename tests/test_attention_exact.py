@@ -130,10 +130,7 @@ def _close(got, want, what):
 #: at alpha > 2 the VJP's weights p^(2 - alpha) magnify their last-bit difference at the
 #: support's edge beyond 1e-12 in these cases ((backend, alpha, asentmax) -> why)
 _EDGE_ROUNDING = "attention rows are not correctly rounded: the edge p's last bit, magnified by p^(2-alpha)"
-NOT_YET = {("numba", 3.0, False): _EDGE_ROUNDING, ("numba", 3.0, True): _EDGE_ROUNDING,
-           ("numba", 4.0, False): _EDGE_ROUNDING, ("numba", 4.0, True): _EDGE_ROUNDING,
-           ("numba", 10.0, True): _EDGE_ROUNDING, ("numpy", 10.0, True): _EDGE_ROUNDING,
-           ("numba", "with_softmax"): _EDGE_ROUNDING}
+NOT_YET = {("numba", 10.0, True): _EDGE_ROUNDING, ("numpy", 10.0, True): _EDGE_ROUNDING}
 
 
 @pytest.fixture

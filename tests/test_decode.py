@@ -18,11 +18,18 @@ import numpy as np
 import pytest
 
 import entmax_ref as er
-from test_attention import check_against_dense, grad_tols, problem
+from test_attention import check_against_dense, grad_tols
+from test_attention import problem as _problem
 
 pytestmark = pytest.mark.numba
 
 dec = pytest.importorskip("entmax_ref.backends.numba.decode")
+
+
+def problem(*args, dtype=np.float32, **kw):
+    """The attention tests' problems in float32: float64 attention runs the NumPy
+    reference's driver on the numba engine, never the decoding path."""
+    return _problem(*args, dtype=dtype, **kw)
 
 
 @pytest.fixture
@@ -94,7 +101,7 @@ def test_decode_forward_and_backward(taken, threads, monkeypatch, alpha, nq, cau
         np.testing.assert_array_equal(a, c_, err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("dtype", [np.float32], ids=["f32"])
 def test_decode_dtypes_against_numpy(taken, dtype):
     """float32 inputs are computed in float64 from their float32 values and rounded once:
     the same support as the NumPy reference on the float64 copies."""
@@ -196,17 +203,6 @@ def test_decode_many_candidates_and_suspect_rows(taken):
     np.testing.assert_allclose(info.tau, ref[1].tau, rtol=1e-15, atol=0)
 
 
-def test_decode_overflow_raises(taken, monkeypatch):
-    rng, q, k, v = problem(14, B=1, Hq=2, Hkv=1, Nq=2, Nk=100, D=3, Dv=2)
-    q[0, 1, 0] = 1e200
-    k[0, 0, 5] = 1e200
-    with pytest.raises(ValueError, match="overflowed"):
-        er.attention(q, k, v, backend="numba")
-    assert taken
-    with pytest.raises(ValueError, match="overflowed"):
-        _chunked(monkeypatch, lambda: er.attention(q, k, v, backend="numba"))
-
-
 @pytest.mark.parametrize("where", ["k", "v"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
 def test_decode_scans_k_and_v_itself(taken, where, bad):
@@ -220,17 +216,6 @@ def test_decode_scans_k_and_v_itself(taken, where, bad):
         er.attention(q, k, v, backend="numba")
     assert what.split()[0] in str(exc.value)
     assert taken  # the decoding path found it
-
-
-def test_decode_huge_finite_keys_are_not_rejected(taken):
-    """float64 keys beyond 1e154 have an infinite squared norm but are finite: no error."""
-    rng, q, k, v = problem(16, B=1, Hq=1, Hkv=1, Nq=1, Nk=300, D=3, Dv=2)
-    k[0, 0, 7] = [1e200, 0.5, -0.25]
-    q[0, 0, 0, 0] = 1e-200  # q . k_7 = 1 + ...: well conditioned
-    out, info = er.attention(q, k, v, backend="numba", return_info=True)
-    ref = er.attention(q, k, v, backend="numpy", return_info=True)
-    assert taken and np.array_equal(info.support, ref[1].support)
-    np.testing.assert_allclose(out, ref[0], rtol=0, atol=1e-12)
 
 
 def test_decode_degenerate_shapes_still_scan_k_and_v(taken):
@@ -251,7 +236,7 @@ def _same_residual(a, b):
 
 
 @pytest.mark.parametrize("nq,nk", [(1, 2048), (4, 2048), (16, 8192)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("dtype", [np.float32], ids=["f32"])
 def test_decode_check_finite_off_is_bit_identical_on_clean_input(spy, nq, nk, dtype):
     """At the path's real thresholds (Nq <= 16, 2048 keys per 4 queries): skipping the
     scan of V changes no bit of the output, the residual or the gradients."""

@@ -120,6 +120,61 @@ def test_numba_decides_plain_rows():
     assert ok.all() and _same(out, X.dot_rows(a, b))
 
 
+def _hard_matrices():
+    """(a, b) whose products a @ b hold the hard rows of :func:`_hard_products` and
+    :func:`_hard_sums` (a row of ones against a column of terms) among plain ones."""
+    a, b = _hard_products()
+    x = _hard_sums()
+    n = max(a.shape[1], x.shape[1])
+    a = np.concatenate([np.pad(a, ((0, 0), (0, n - a.shape[1]))), np.ones((1, n))])
+    b = np.concatenate([np.pad(b, ((0, 0), (0, n - b.shape[1]))), np.pad(x, ((0, 0), (0, n - x.shape[1])))]).T
+    return a, np.ascontiguousarray(b)
+
+
+def test_numpy_matrix_products_are_correctly_rounded():
+    a, b = _hard_matrices()
+    got = X.matmul_rows(a, b)
+    want = [[_exact(a[r], b[:, c]) for c in range(b.shape[1])] for r in range(a.shape[0])]
+    assert _same(got.ravel(), np.array(want).ravel())
+
+
+@needs_numba
+def test_numba_matrix_products_keep_the_numpy_sum_states():
+    """The compiled terms go into the NumPy engine's sum states bit for bit (the same exact
+    products and TwoSums), so their rounding and exact fallback are the NumPy engine's."""
+    from entmax_ref.backends.numba.exact_sums import add_products
+    from entmax_ref.backends.numba_backend import NumbaBackend
+
+    rng = np.random.default_rng(15)
+    a, b = rng.standard_normal((40, 64)), rng.standard_normal((64, 300))
+    a[:, ::3] = 0.0
+    want = X.product_state(a.shape[0], b.shape[1])
+    X.add_products(want, a, b)
+    got = X.product_state(a.shape[0], b.shape[1])
+    add_products(a, b, got, 0, a.shape[0])
+    assert _same(got.ravel(), want.ravel())
+    # where the engines' TwoProds differ (an underflowing low part, an operand Dekker's split
+    # cannot take) the state says so and the exact fallback decides
+    for a, b in (_hard_matrices(), (a, b)):
+        assert _same(X.matmul_rows(a, b, add=NumbaBackend().add_products).ravel(), X.matmul_rows(a, b).ravel())
+
+
+def test_matrix_product_sums_run_over_several_products():
+    """A sum state taken over several products (the attention's dK, dV over query chunks)
+    rounds to the one product's correctly rounded sums, whatever the split."""
+    rng = np.random.default_rng(16)
+    a, b = rng.standard_normal((5, 90)), rng.standard_normal((90, 7))
+    a[0, :45] = -a[0, 45:]  # a row whose terms cancel in pairs across the split
+    b[:45, 0] = b[45:, 0]
+    st = X.product_state(5, 7)
+    for lo, hi in ((0, 13), (13, 60), (60, 90)):
+        X.add_products(st, a[:, lo:hi], b[lo:hi])
+    v, ok = X.round_products(st, 90)
+    want = X.matmul_rows(a, b)
+    assert _same(v[ok], want[ok]) and ok.ravel()[1:].all()
+    assert not ok[0, 0] and want[0, 0] == 0.0  # an exact 0 after rounded errors: the exact fallback's
+
+
 def _pow_cases():
     rng = np.random.default_rng(14)
     p = np.concatenate([rng.random(400), rng.random(100) ** 40, [1.0, 0.5, 0.25, 2.0 ** -1022, 2.0 ** -1050,

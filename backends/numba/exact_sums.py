@@ -16,6 +16,10 @@ engines: the real-number sum, rounded to nearest.
 
 :func:`pow_cr` is ``p^a`` rounded to nearest (or a flag): ``exp(a log p)`` in double-word,
 rounded where its error bound proves the rounding.
+
+:func:`add_products` adds the terms of ``a @ b`` to the NumPy engine's sum states
+(:func:`entmax_ref.backends.exact_sums.add_products`), which that engine rounds: the
+float64 attention's scores, outputs and gradient sums.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import math
 
 from .. import double_word as M
-from ._jit import jit
+from ._jit import ANY, f64, i64, jit, kernel
 from ..exact_sums import EXP_OVER, EXP_UNDER
 from .double_word import dw_mul_fp, exp_dw, log1p_dw_sel, log_dw, round_scaled, round_signed, two_prod, two_sum
 
@@ -203,3 +207,33 @@ def pow_array(p, a, out, ok):
     """``out[i], ok[i] = skew_cr(p[i], a)`` (for the tests)."""
     for i in range(p.shape[0]):
         out[i], ok[i] = skew_cr(p[i], a)
+
+
+@kernel(lambda _: (f64[:, ::1], f64[:, ::1], f64[:, :, ::1], i64, i64), dtypes=ANY,
+        ops=("attention_forward", "attention_backward"))
+def add_products(a, b, st, r0, r1):
+    """Rows ``r0 .. r1 - 1`` of :func:`entmax_ref.backends.exact_sums.add_products`: the
+    exact terms of ``a @ b`` ((m, n) and (n, k) float64) added to the sum states ``st``
+    ((m, 5, k): ``s``, ``c``, ``A``, ``X``, ``U`` of each sum, the same states, which the
+    NumPy engine rounds), a term whose ``a[r, i]`` is 0 left out (a sparse ``a``, the attention's
+    probabilities, costs its nonzero entries only).  The terms of a row are taken in
+    inner-index order, one sum state per column of ``b``: a loop that LLVM vectorises."""
+    n = a.shape[1]
+    k = b.shape[1]
+    for r in range(r0, r1):
+        S, C, A, X, U = st[r, 0], st[r, 1], st[r, 2], st[r, 3], st[r, 4]
+        for i in range(n):
+            x = a[r, i]
+            if x == 0.0:
+                continue
+            bi = b[i]
+            for j in range(k):
+                p, e = two_prod(x, bi[j])
+                t, q = two_sum(S[j], p)
+                S[j] = t
+                t, w1 = two_sum(C[j], q)
+                t, w2 = two_sum(t, e)
+                C[j] = t
+                A[j] += abs(p)
+                X[j] += abs(w1) + abs(w2)
+                U[j] += 1.0 if (p != 0.0) & (abs(p) < _NORMAL_MIN) else 0.0
