@@ -233,10 +233,7 @@ class NumbaBackend:
         tau = np.empty(rows, np.float64)
         support = np.empty(rows, np.int64)
         if rows:
-            _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())
-            from .exact_budget import budget_finish
-
-            out, tau, support = budget_finish(x, budget, out, tau, x.dtype)  # correctly rounded
+            _bs.budget_rows(x, budget, out, tau, support, 8 * numba.get_num_threads())  # correctly rounded
         return RowSolve(out, tau, support, np.zeros(rows, np.int64), np.ones(rows, np.bool_))
 
     def budget_vjp(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:

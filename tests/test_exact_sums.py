@@ -83,6 +83,19 @@ def test_numpy_dot_products_are_correctly_rounded():
 
 
 @needs_numba
+def test_both_engines_use_the_same_sum_error_bound():
+    """The numba kernels decide a sum's rounding with the NumPy engine's bound (its
+    derivation is in :mod:`entmax_ref.backends.exact_sums`): the same value for every row
+    length and magnitude sum, so neither engine claims a rounding the other's proof does
+    not cover."""
+    from entmax_ref.backends.numba import exact_sums as N
+
+    for n in (0, 1, 2, 3, 31, 32, 33, 4096, 10 ** 6, 2 ** 40):
+        for absum in (0.0, 2.0 ** -1074, 1e-300, 0.75, 1.0, 3.5, 2.0 ** 600, 1e300):
+            assert N.sum_bound(n, absum) == X.sum_bound(n, absum), (n, absum)
+
+
+@needs_numba
 def test_numba_sums_are_correctly_rounded_where_decided():
     from entmax_ref.backends.numba.exact_sums import dot_rows_array
 

@@ -16,6 +16,9 @@ differences are exact; the sum Neumaier-compensated), and on the free set
 tau itself is not representable.  No candidate over the budget:
 every unmasked entry is 1, ``tau = -inf``.  O(n log n) per row.
 
+Then each solved row is checked and rounded in the kernel (:func:`_budget_check`, the
+NumPy engine's double-word check): p and tau correctly rounded, the NumPy engine's bits.
+
 Rows run in blocks on Python worker threads, each a ``nogil`` kernel
 (:func:`~._threads.run_blocks`; small inputs on the calling thread alone).
 """
@@ -28,12 +31,17 @@ import numpy as np
 
 from ._jit import b1, f64, i64, jit, kernel
 from .compensated import acc as _acc
-from .exact_sums import sum_add, sum_round
+from .. import double_word as M
+from .double_word import dw_add_fp, dw_div_fp, round_dw, two_sum
+from .exact_sums import sum_add, sum_bound, sum_round
 from .sorting import select, sort
 from ._threads import run_blocks
 
 #: a row sum of magnitude below this cannot overflow float64 (as in the numpy reference)
 _SUM_LIMIT = 2.0 ** 1020
+#: rows with an entry this large are left to the NumPy engine's check (as there)
+_BIG = 2.0 ** 1000
+_U2, _DW_ADD, _DW_DIV, _SLACK = M.U2, M.DW_ADD, M.DW_DIV, M.SLACK
 
 
 @jit
@@ -118,17 +126,117 @@ def _budget_row(x, out, B, c):
     return hi, cnt
 
 
-@kernel(lambda x: (x[:, ::1], f64[::1], x[:, ::1], f64[::1], i64[::1], i64, i64), ops=("budget_forward",))
-def _forward_blk(x, budget, out, tau, support, r0, r1):
+@jit(forceinline=True)
+def _round_tau(th, tl, err, f32):
+    """:func:`.double_word.round_dw` of a double-word of either sign."""
+    if th < 0.0:
+        c, ok = round_dw(-th, -tl, err, f32)
+        return -c, ok
+    return round_dw(th, tl, err, f32)
+
+
+@jit
+def _budget_check(x, B, p, f32):
+    """The NumPy engine's rounding check (:func:`entmax_ref.backends.exact_budget.budget_finish`)
+    of one solved row in place: from the sets of the row's ``p`` (``U = {p = 1}``, ``F = {0 <
+    p < 1}``, the rest 0), ``tau = (|U| + sum_F x - B) / |F|`` in double-word with an error
+    bound (the sum as :mod:`.exact_sums` sums, within :func:`.exact_sums.sum_bound`), each
+    ``x_i - tau`` likewise; where every entry's interval lies inside its set and every
+    rounding is decided, ``p`` becomes the correctly rounded row (float32 when ``f32``).  F
+    empty: ``tau = max_Z x``, kept where ``|U| = B`` and every ``x_u - tau >= 1`` exactly.
+    Returns (tau, support, whether the row is decided; ``p`` is untouched where it is not)."""
+    n = x.shape[0]
+    nU, nF = 0, 0
+    s, c, A, inexact = 0.0, 0.0, 0.0, False
+    t0 = -np.inf
+    for i in range(n):
+        v = np.float64(x[i])
+        if not (abs(v) < _BIG):  # -inf is masked; a finite entry this large: not decided here
+            if v == -np.inf:
+                continue
+            return 0.0, 0, False
+        q = np.float64(p[i])
+        if q >= 1.0:
+            nU += 1
+        elif q > 0.0:
+            nF += 1
+            s, c, A, inexact = sum_add(s, c, A, inexact, v)
+        else:
+            t0 = max(t0, v)
+    if nF == 0:
+        if not (nU == B and t0 > -np.inf):
+            return 0.0, 0, False
+        for i in range(n):
+            v = np.float64(x[i])
+            if v > -np.inf and np.float64(p[i]) >= 1.0:
+                dh, dl = two_sum(v, -t0)
+                if not ((dh > 1.0) or ((dh == 1.0) and (dl >= 0.0))):
+                    return 0.0, 0, False
+        for i in range(n):
+            p[i] = 1.0 if np.float64(p[i]) >= 1.0 else 0.0
+        return t0, nU, True
+    sh, sl = two_sum(s, c)
+    serr = sum_bound(n, A) if inexact else 0.0
+    Sh, Sl = dw_add_fp(sh, sl, np.float64(nU))
+    Sh, Sl = dw_add_fp(Sh, Sl, -B)
+    s_err = serr + 2.0 * _DW_ADD * _U2 * (abs(sh) + nU + abs(B))
+    k = np.float64(nF)
+    th, tl = dw_div_fp(Sh, Sl, k)
+    t_err = (s_err / k + _DW_DIV * _U2 * abs(th)) * _SLACK
+    tc, ok = _round_tau(th, tl, t_err, f32)
+    if not ok:
+        return 0.0, 0, False
+    for i in range(n):  # every entry in its set, every free entry's rounding decided
+        v = np.float64(x[i])
+        if v == -np.inf:
+            continue
+        vh, vl = dw_add_fp(-th, -tl, v)
+        e = (t_err + _DW_ADD * _U2 * abs(vh)) * _SLACK
+        lo, hi = vh - abs(vl) - e, vh + abs(vl) + e
+        q = np.float64(p[i])
+        if q >= 1.0:
+            if not (lo >= 1.0):
+                return 0.0, 0, False
+        elif q > 0.0:
+            if not ((lo > 0.0) & (hi < 1.0) & round_dw(vh, vl, e, f32)[1]):
+                return 0.0, 0, False
+        elif not (hi <= 0.0):
+            return 0.0, 0, False
+    for i in range(n):
+        q = np.float64(p[i])
+        if q > 0.0 and q < 1.0:
+            vh, vl = dw_add_fp(-th, -tl, np.float64(x[i]))
+            p[i] = round_dw(vh, vl, (t_err + _DW_ADD * _U2 * abs(vh)) * _SLACK, f32)[0]
+        else:
+            p[i] = 1.0 if q >= 1.0 else 0.0
+    return tc, nU + nF, True
+
+
+@kernel(lambda x: (x[:, ::1], f64[::1], x[:, ::1], f64[::1], i64[::1], b1[::1], i64, i64), ops=("budget_forward",))
+def _forward_blk(x, budget, out, tau, support, ok, r0, r1):
     c = np.empty(x.shape[1], np.float64)
+    f32 = out.itemsize == 4
     for r in range(r0, r1):
         tau[r], support[r] = _budget_row(x[r], out[r], budget[r], c)
+        ok[r] = True
+        if tau[r] > -np.inf:  # a row of 1s (tau = -inf) is exact as it is
+            t, k, ok[r] = _budget_check(x[r], budget[r], out[r], f32)
+            if ok[r]:
+                tau[r], support[r] = t, k
 
 
 def budget_rows(x, budget, out, tau, support, nblk):
-    """budget-sparsemax of every row of ``x`` (rows, n) into ``out``; per-row ``tau``
-    (float64) and ``support``."""
-    run_blocks(_forward_blk, (x, budget, out, tau, support), x.shape, nblk)
+    """budget-sparsemax of every row of ``x`` (rows, n) into ``out``, correctly rounded;
+    per-row ``tau`` (float64) and ``support``.  A row the kernel's check
+    (:func:`_budget_check`) leaves undecided is finished by the NumPy engine's
+    :func:`~entmax_ref.backends.exact_budget.budget_finish` (the same bits)."""
+    ok = np.empty(x.shape[0], np.bool_)
+    run_blocks(_forward_blk, (x, budget, out, tau, support, ok), x.shape, nblk)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        from ..exact_budget import budget_finish
+
+        out[bad], tau[bad], support[bad] = budget_finish(x[bad], budget[bad], out[bad], tau[bad], x.dtype)
 
 
 @jit

@@ -104,6 +104,24 @@ def _lu(p, a2):
 
 
 @jit(forceinline=True)
+def _lu_argmax(p, a2):
+    """The first entry m of largest ``lu = a2 log p`` on the support (-1 on an empty row),
+    ``lu_m`` (-inf there) and whether every log is proven."""
+    m = -1
+    lmax = -np.inf
+    good = True
+    for i in range(p.shape[0]):
+        pi = np.float64(p[i])
+        if pi > 0.0:
+            lu, ok = _lu(pi, a2)
+            good = good & ok
+            if m < 0 or lu > lmax:
+                lmax = lu
+                m = i
+    return m, lmax, good
+
+
+@jit(forceinline=True)
 def _signed_exp_cr(l, v):
     """``sign(v) exp(l + log|v|)`` (0 at v = 0; ``exp`` and ``log`` correctly rounded):
     ``exp(l) * v`` without overflowing early; and whether it is proven."""
@@ -125,17 +143,7 @@ def _vjp_row_big(p, g, a2, dx):
     ``log``, ``exp`` and every sum correctly rounded.  Returns False (``dx`` unfinished)
     where a rounding is not proven."""
     n = p.shape[0]
-    m = -1
-    lmax = -np.inf
-    good = True
-    for i in range(n):
-        pi = np.float64(p[i])
-        if pi > 0.0:
-            lu, ok = _lu(pi, a2)
-            good = good & ok
-            if m < 0 or lu > lmax:
-                lmax = lu
-                m = i
+    m, lmax, good = _lu_argmax(p, a2)
     if m < 0:
         for i in range(n):
             dx[i] = 0.0
@@ -456,16 +464,8 @@ def alpha_vjp_row_big_cr(p, g, a1):
     proven)."""
     a2 = 1.0 - a1
     n = p.shape[0]
-    lmax = -np.inf
-    good = True
-    for i in range(n):
-        pi = np.float64(p[i])
-        if pi > 0.0:
-            lu, ok = _lu(pi, a2)
-            good = good & ok
-            if lu > lmax:
-                lmax = lu
-    if lmax == -np.inf:
+    m, lmax, good = _lu_argmax(p, a2)
+    if m < 0:
         return 0.0, True
     S, cS, aS, xS = 0.0, 0.0, 0.0, False
     G, cG, aG, xG, bad = 0.0, 0.0, 0.0, False, False
