@@ -36,7 +36,8 @@ chunking (:func:`entmax_ref.backends.attention_driver.batch_chunks`).  The path 
 no row kernel of its own: its phase-1 kernels are the same for every solver path.
 
 Taken for ``Nq <= DECODE_MAX_QUERIES``, at most :data:`DECODE_MAX_ROWS` rows per kv-head,
-at least :data:`DECODE_MIN_KEYS` keys per 4 queries, float32 or float64 inputs and every alpha > 1 (a
+at least :data:`DECODE_MIN_KEYS` keys per 4 queries, float32 inputs (float64 attention runs on
+the NumPy reference's driver, :mod:`entmax_ref.backends.numpy_attention`) and every alpha > 1 (a
 softmax head has no window: every key carries mass); key masks reach it per batch through
 the key runs of the numba backend's ``attention_forward`` (which routes between this path
 and the chunked forward).  Memory: the float32 ``(rows, keys)`` block of each
@@ -69,7 +70,7 @@ BLOCK_BYTES = 64 * 2**20
 
 
 @kernel(lambda x: (x[:, ::1], x[:, ::1], x[:, ::1], b1, i64, i64, f32[:, ::1], x), ops=("attention_forward",),
-        fastmath={"reassoc", "contract"})
+        dtypes=("float32",), fastmath={"reassoc", "contract"})
 def scan_block(qf, kf, vf, scan_v, j0, j1, g, zero):
     """Phase 1 on keys ``j0 .. j1 - 1`` of one kv-head: ``g[r, j] = q_r . k_j`` (input
     precision, any order of summation, rounded to float32) for every row r.  Returns the
