@@ -48,10 +48,10 @@ def _attention(dtype, be, **kw):
     return E.attention(q, k, v, alpha=1.5, causal=False, backend=be, **kw)
 
 
-def _attention_vjp(dtype, be, **kw):
+def _attention_vjp(dtype, be, alpha=1.5, **kw):
     q, k, v = _attn(dtype)
     g = _g(dtype, (2, 2, 9, 8))
-    res = E.attention_vjp(g, q, k, v, alpha=1.5, backend=be, **kw)
+    res = E.attention_vjp(g, q, k, v, alpha=alpha, backend=be, **kw)
     res = tuple(res) if isinstance(res, tuple) else tuple(getattr(res, f) for f in ("dq", "dk", "dv"))
     return tuple(r for r in res if r is not None)  # the ASEntmax and alpha gradients, where asked for
 
@@ -111,6 +111,7 @@ CASES = {
     "attention": lambda dt, be: _attention(dt, be),
     "attention(asentmax)": lambda dt, be: _attention(dt, be, beta=0.5, gamma=1.0),
     "attention_vjp": lambda dt, be: _attention_vjp(dt, be),
+    "attention_vjp(3)": lambda dt, be: _attention_vjp(dt, be, alpha=3.0),
     "attention_varlen": lambda dt, be: _varlen(dt, be),
 }
 
