@@ -33,8 +33,9 @@ Numba compiles a callee for every argument type it meets while it types the call
 literal values included: a counter that starts as ``k = 0`` and grows in a loop reaches
 a call first as ``Literal[int](0)``, then as ``int64``, and the callee is compiled (and
 cached) for both though only the second runs.  Counters and indices that reach a call
-therefore start as ``np.int64(0)`` (one specialization; ``tests/test_numba_compile.py``
-checks that no kernel compiles such a literal twin).
+therefore start as ``np.int64(0)``, and flags as ``np.bool_(False)`` (one
+specialization; ``tests/test_numba_compile.py`` checks that no kernel compiles such a
+literal twin).
 """
 
 from __future__ import annotations

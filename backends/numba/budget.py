@@ -147,7 +147,7 @@ def _budget_check(x, B, p, f32):
     Returns (tau, support, whether the row is decided; ``p`` is untouched where it is not)."""
     n = x.shape[0]
     nU, nF = 0, 0
-    s, c, A, inexact = 0.0, 0.0, 0.0, False
+    s, c, A, inexact = 0.0, 0.0, 0.0, np.bool_(False)
     t0 = -np.inf
     for i in range(n):
         v = np.float64(x[i])
@@ -256,7 +256,7 @@ def _vjp_row(p, g, dx):
     scale = 1.0
     if nF and big >= _SUM_LIMIT / nF:
         scale = math.ldexp(1.0, -math.frexp(big)[1])
-    S, cS, A, inexact = 0.0, 0.0, 0.0, False
+    S, cS, A, inexact = 0.0, 0.0, 0.0, np.bool_(False)
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0 and pi < 1.0:

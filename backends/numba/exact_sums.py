@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import double_word as M
 from ._jit import ANY, f64, i64, jit, kernel
 from ..exact_sums import EXP_OVER, EXP_UNDER
@@ -111,8 +113,8 @@ def dot_lanes(u, g, lanes):
             A2[j] += abs(p)
             X2[j] += abs(r1) + abs(r2)
             B2[j] += 1.0 if (p != 0.0) & (abs(p) < _NORMAL_MIN) else 0.0
-    s1, c1, a1, x1 = 0.0, 0.0, 0.0, False
-    s2, c2, a2, x2 = 0.0, 0.0, 0.0, False
+    s1, c1, a1, x1 = 0.0, 0.0, 0.0, np.bool_(False)
+    s2, c2, a2, x2 = 0.0, 0.0, 0.0, np.bool_(False)
     bad = False
     for j in range(L if nb else 0):
         s1, c1, a1, x1 = sum_add(s1, c1, a1, x1 | (X1[j] != 0.0), S1[j])
@@ -192,7 +194,7 @@ def dot_rows_array(a, b, out, ok):
     """``out[r]``: ``a[r] . b[r]`` rounded to nearest as the kernels round it, ``ok[r]``:
     whether the rounding is proven (``b`` None: ``sum a[r]``); for the tests."""
     for r in range(a.shape[0]):
-        s, c, A, inexact, bad = 0.0, 0.0, 0.0, False, False
+        s, c, A, inexact, bad = 0.0, 0.0, 0.0, np.bool_(False), np.bool_(False)
         for i in range(a.shape[1]):
             if b is None:
                 s, c, A, inexact = sum_add(s, c, A, inexact, a[r, i])

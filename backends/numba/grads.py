@@ -151,9 +151,9 @@ def _vjp_row_big(p, g, a2, dx):
     if not good:
         return False
     gm = np.float64(g[m])
-    S, cS, aS, xS = 0.0, 0.0, 0.0, False
-    G, cG, aG, xG, bad = 0.0, 0.0, 0.0, False, False
-    D, cD, aD, xD = 0.0, 0.0, 0.0, False
+    S, cS, aS, xS = 0.0, 0.0, 0.0, np.bool_(False)
+    G, cG, aG, xG, bad = 0.0, 0.0, 0.0, np.bool_(False), np.bool_(False)
+    D, cD, aD, xD = 0.0, 0.0, 0.0, np.bool_(False)
     uinf = False
     l2 = -np.inf
     for i in range(n):
@@ -208,7 +208,7 @@ def _vjp_row_big(p, g, a2, dx):
         if Dm - Dm == 0.0:  # finite
             dx[m] = Dm
             return good
-    T, cT, aT, xT = 0.0, 0.0, 0.0, False
+    T, cT, aT, xT = 0.0, 0.0, 0.0, np.bool_(False)
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0 and i != m:
@@ -365,10 +365,10 @@ def alpha_vjp_row_cr(p, g, a1):
     proven)."""
     a2 = 1.0 - a1
     n = p.shape[0]
-    s1, c1, A1, x1, bad = 0.0, 0.0, 0.0, False, False
-    s2, c2, A2, x2 = 0.0, 0.0, 0.0, False
-    s3, c3, A3, x3 = 0.0, 0.0, 0.0, False
-    s4, c4, A4, x4 = 0.0, 0.0, 0.0, False
+    s1, c1, A1, x1, bad = 0.0, 0.0, 0.0, np.bool_(False), np.bool_(False)
+    s2, c2, A2, x2 = 0.0, 0.0, 0.0, np.bool_(False)
+    s3, c3, A3, x3 = 0.0, 0.0, 0.0, np.bool_(False)
+    s4, c4, A4, x4 = 0.0, 0.0, 0.0, np.bool_(False)
     good = True
     for i in range(n):
         pi = np.float64(p[i])
@@ -467,8 +467,8 @@ def alpha_vjp_row_big_cr(p, g, a1):
     m, lmax, good = _lu_argmax(p, a2)
     if m < 0:
         return 0.0, True
-    S, cS, aS, xS = 0.0, 0.0, 0.0, False
-    G, cG, aG, xG, bad = 0.0, 0.0, 0.0, False, False
+    S, cS, aS, xS = 0.0, 0.0, 0.0, np.bool_(False)
+    G, cG, aG, xG, bad = 0.0, 0.0, 0.0, np.bool_(False), np.bool_(False)
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0:
@@ -479,7 +479,7 @@ def alpha_vjp_row_big_cr(p, g, a1):
     S, ok1 = sum_round(S, cS, aS, xS, n)
     G, ok2 = sum_round(G, cG, aG, xG, n)
     r = G / S if S > 0.0 else 0.0
-    t, ct, at, xt = 0.0, 0.0, 0.0, False
+    t, ct, at, xt = 0.0, 0.0, 0.0, np.bool_(False)
     for i in range(n):
         pi = np.float64(p[i])
         if pi > 0.0:
