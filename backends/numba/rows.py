@@ -372,10 +372,8 @@ def _rows_gen(x, alpha, method, res, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
-@kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
+@kernel(_ROWS, ops=("entmax_forward",))
 def _rows_big(x, alpha, method, res, r0, r1):
-    """alpha > 2 rows, float64 only: a float32 row with such an alpha is solved as its
-    exact float64 widening (:func:`entmax_ref.backends.numba_backend._entmax_rows`)."""
     out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
