@@ -72,6 +72,7 @@ import numpy as np
 
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, ExactRowSolve, NonFiniteInput, RowSolve
 from .capabilities import require
+from .exact_normmax import normmax_rows, normmax_vjp_rows
 from .numba import exact_finish as _exact
 from .numba import grads as _grads
 from .numba import rows as _rows
@@ -206,18 +207,15 @@ class NumbaBackend:
         return out
 
     def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
-        """Sorted candidates within 1 of the max, binary search for the support, monotone
-        Newton on its beta-norm (:mod:`entmax_ref.backends.numba.normmax`)."""
-        from .numba import normmax as _nm
-
-        res = _row_forward(_nm.normmax_rows, x, alpha)
-        return res
+        """The NumPy engine's correctly rounded rows (one algorithm for both engines:
+        :func:`entmax_ref.backends.exact_normmax.normmax_rows`)."""
+        x = _as_rows(x)
+        return normmax_rows(x, _as_alpha(alpha, x.shape[0]))
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-        from .numba import normmax as _nm
-
-        dx = _row_vjp(_nm.normmax_vjp_rows, p, g, alpha)
-        return dx
+        """The NumPy engine's deterministic VJP (:func:`entmax_ref.backends.exact_normmax.normmax_vjp_rows`)."""
+        p, g = _pair(p, g)
+        return normmax_vjp_rows(p, g, _as_alpha(alpha, p.shape[0]))
 
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
         """Sorted row, one merged walk over the breakpoints, closed form on the crossing

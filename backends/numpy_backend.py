@@ -39,6 +39,7 @@ import numpy as np
 from . import exact_rows as _exact
 from . import exact_sums as _sums
 from .exact_budget import budget_finish
+from .exact_normmax import normmax_rows, normmax_vjp_rows
 from . import numpy_family as _family
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, ExactRowSolve, RowSolve
 from .capabilities import require
@@ -533,12 +534,12 @@ class NumpyBackend:
         return alpha_vjp_float64(p.astype(_F64), g.astype(_F64), alpha)
 
     def normmax_forward(self, x: np.ndarray, alpha: np.ndarray) -> RowSolve:
-        """Sorted-rank support search, then monotone Newton on the beta-norm
-        (:mod:`entmax_ref.backends.numpy_family`)."""
-        return _family.normmax_rows(x, alpha)
+        """Correctly rounded rows with the exact support
+        (:func:`entmax_ref.backends.exact_normmax.normmax_rows`)."""
+        return normmax_rows(x, alpha)
 
     def normmax_vjp(self, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-        return _family.normmax_vjp_rows(p, g, alpha)
+        return normmax_vjp_rows(p, g, alpha)
 
     def budget_forward(self, x: np.ndarray, budget: np.ndarray) -> RowSolve:
         """Binary search over the sorted breakpoints, then the closed form on the

@@ -19,7 +19,8 @@ from cuda_cases import build_harness, family_rows, rows, tool_missing
 from cuda_emu import stand_in_cupy
 from cuda_emu.launcher import LaunchError
 from entmax_ref.backends import AttentionSpec, _cuda_loader, get_backend
-from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows, normmax_rows, normmax_vjp_rows
+from entmax_ref.backends.exact_normmax import normmax_rows, normmax_vjp_rows
+from entmax_ref.backends.numpy_family import budget_rows, budget_vjp_rows
 from agreement import budget_agreement_tolerance, core_alpha_vjp_tolerance, core_vjp_tolerance
 from agreement import core_p_tolerance as p_tol
 from agreement import core_theta_tolerance as theta_tol

@@ -3,8 +3,6 @@ float64 (docs/conventions.md, "Correct rounding (the contract)"): then ``backend
 may pick either engine on any rule and a result never depends on the kernel cache, the
 batch size or the process's history.
 
-A function that does not give the same bits yet is marked ``xfail(strict=True)`` with the
-reason: its test fails (XPASS) the day it becomes identical, so the marks only ever shrink.
 A failure prints the first differing entry's hex on both engines.
 """
 
@@ -115,23 +113,10 @@ CASES = {
     "attention_varlen": lambda dt, be: _varlen(dt, be),
 }
 
-#: (name, dtype) -> why it is not yet identical
-_ORDER = "the engines sum each row in different orders"
-_NORMMAX = "normmax's float64 solvers differ in the last bits (faithful, not correctly rounded)"
-NOT_YET: dict[tuple[str, str], str] = {
-    ("normmax", "float64"): _NORMMAX,
-    ("normmax_vjp", "float64"): _ORDER,
-    ("normmax_loss", "float64"): _NORMMAX,
-    ("normmax_loss_grad", "float64"): _NORMMAX,
-}
-
-
 def _params():
     for name in CASES:
         for dt in ("float64", "float32"):
-            why = NOT_YET.get((name, dt))
-            marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=why)] if why else []
-            yield pytest.param(name, dt, marks=marks, id=f"{name}-{dt}")
+            yield pytest.param(name, dt, id=f"{name}-{dt}")
 
 
 def _arrays(res):

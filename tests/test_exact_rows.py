@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import entmax_ref as E
 from entmax_ref.testing.oracle import BOUNDARY_ALPHAS, boundary_rows, entmax_cr
+from row_bits import assert_same_row, hexs
 
 ENGINES = ("numpy", "numba")
 #: the engines whose float32 rows are correctly rounded
@@ -29,10 +30,6 @@ ENGINES32 = ("numpy",)
 #: the issue row of sparsemax: an entry 2^-54 below 0.5 whose exact probability is
 #: 2 (2^-54) / 3 = 3.7e-17, a normal float64 (support 3, not 2)
 ISSUE_ROW = np.array([0.0, -0.5000000000000001, -0.49999999999999994, 0.0, -0.5, -1.5])
-
-
-def _hex(a) -> str:
-    return "[" + ", ".join(float(v).hex() for v in np.ravel(a)) + "]"
 
 
 def _solve(x: np.ndarray, alpha: float, backend: str, dtype=np.float64):
@@ -52,16 +49,8 @@ def check_row(x: np.ndarray, alpha: float, backend: str, name: str = "", dtype=n
     the support.  In float32 ``x`` is first rounded to float32, and the oracle rounds the
     exact p and tau at those inputs once, to float32."""
     x = x.astype(dtype).astype(np.float64)
-    want_p, want_tau, want_k = entmax_cr(x, alpha, dtype)
-    got_p, got_tau, got_k = _solve(x, alpha, backend, dtype)
-    where = f"{backend}, {np.dtype(dtype).name}, alpha={alpha!r}, row {name!r}: x = {_hex(x)}"
-    assert got_k == want_k, f"{where}\nsupport: got {got_k}, want {want_k}\ngot p  {_hex(got_p)}\nwant p {_hex(want_p)}"
-    assert got_p.dtype == want_p.dtype
-    bits = np.int64 if got_p.dtype == np.float64 else np.int32
-    bad = np.flatnonzero(got_p.view(bits) != want_p.view(bits))
-    assert not bad.size, (f"{where}\np at {bad.tolist()}: got {_hex(got_p[bad])}, want {_hex(want_p[bad])}\n"
-                          f"got p  {_hex(got_p)}\nwant p {_hex(want_p)}")
-    assert got_tau == want_tau, f"{where}\ntau: got {got_tau.hex()}, want {want_tau.hex()}"
+    where = f"{backend}, {np.dtype(dtype).name}, alpha={alpha!r}, row {name!r}: x = {hexs(x)}"
+    assert_same_row(where, _solve(x, alpha, backend, dtype), entmax_cr(x, alpha, dtype))
 
 
 @pytest.mark.parametrize("backend", ENGINES)
@@ -69,7 +58,7 @@ def test_issue_row_has_the_real_number_support(backend):
     """Sparsemax of the issue row: support 3, p[2] = 2^-54 (2/3) correctly rounded, tau =
     -1/2 + ... correctly rounded (a float64 solver gives support 2 and p[2] = 0)."""
     p, tau, k = _solve(ISSUE_ROW, 2.0, backend)
-    assert k == 3 and p[2] == float.fromhex("0x1.5555555555555p-55"), _hex(p)
+    assert k == 3 and p[2] == float.fromhex("0x1.5555555555555p-55"), hexs(p)
     check_row(ISSUE_ROW, 2.0, backend, "issue row")
 
 
@@ -117,8 +106,8 @@ def test_per_row_alpha_rows(backend):
     p, info = E.entmax(x, alpha=alphas, backend=backend, return_info=True)
     for r, a in enumerate(alphas):
         want_p, want_tau, want_k = entmax_cr(x[r], a)
-        assert np.array_equal(p[r].view(np.int64), want_p.view(np.int64)), (a, _hex(x[r]), _hex(p[r]), _hex(want_p))
-        assert float(info.tau[r]) == want_tau and int(info.support_exact[r]) == want_k, (a, _hex(x[r]))
+        assert np.array_equal(p[r].view(np.int64), want_p.view(np.int64)), (a, hexs(x[r]), hexs(p[r]), hexs(want_p))
+        assert float(info.tau[r]) == want_tau and int(info.support_exact[r]) == want_k, (a, hexs(x[r]))
     heads = E.entmax(x.reshape(2, 3, 9), alpha=alphas.reshape(2, 3), backend=backend)
     assert np.array_equal(heads.reshape(p.shape).view(np.int64), p.view(np.int64))
 
@@ -187,8 +176,8 @@ def test_float32_per_row_alpha_and_methods(backend):
         p, info = E.entmax(x, alpha=alphas, backend=backend, method=method, return_info=True)
         for r, a in enumerate(alphas):
             want_p, want_tau, want_k = entmax_cr(x[r].astype(np.float64), a, np.float32)
-            assert np.array_equal(p[r].view(np.int32), want_p.view(np.int32)), (method, a, _hex(x[r]), _hex(p[r]))
-            assert float(info.tau[r]) == want_tau and int(info.support_exact[r]) == want_k, (method, a, _hex(x[r]))
+            assert np.array_equal(p[r].view(np.int32), want_p.view(np.int32)), (method, a, hexs(x[r]), hexs(p[r]))
+            assert float(info.tau[r]) == want_tau and int(info.support_exact[r]) == want_k, (method, a, hexs(x[r]))
 
 
 @pytest.mark.parametrize("backend", ENGINES)

@@ -101,9 +101,8 @@ from entmax_ref.backends.numba_precompile import tasks
 from entmax_ref.backends.numba._jit import Dispatcher
 import entmax_ref.backends.numba as kernels
 
-for t in tasks(["entmax_forward", "budget_forward", "normmax_forward"]):
-    if t.kernel in ("rows._rows_softmax", "rows._rows_softmax64", "rows._rows_big", "budget._forward_blk",
-                    "normmax._forward_blk"):
+for t in tasks(["entmax_forward", "budget_forward"]):
+    if t.kernel in ("rows._rows_softmax", "rows._rows_softmax64", "rows._rows_big", "budget._forward_blk"):
         t.compile()
 twins, seen, ran = [], set(), set()
 for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
@@ -272,8 +271,8 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
         """)
     monkeypatch.setattr(pc, "_WORKER_CODE", fake)
     monkeypatch.setattr(pc.Task, "compiled", lambda self: False)  # every task to do
-    todo = [t for t in pc.tasks(["entmax_forward", "attention_forward"], ["float64"])
-            if t.kernel in ("rows._rows_15", "attention_rows.fwd_rows[2]", "normmax._forward_blk", "rows._rows_big")]
+    todo = [t for t in pc.tasks(["entmax_forward", "attention_forward", "budget_forward"], ["float64"])
+            if t.kernel in ("rows._rows_15", "attention_rows.fwd_rows[2]", "budget._forward_blk", "rows._rows_big")]
     monkeypatch.setattr(pc, "tasks", lambda *a, **k: todo)
     rep = pc.compile_kernels(jobs=2)
     if rep["cache"] is None:

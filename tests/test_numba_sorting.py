@@ -1,5 +1,5 @@
 """backends/numba/sorting.py: the in-place selection and sort that replace numba's np.partition
-and np.sort in the budget-sparsemax and normmax kernels (a tenth of their compile time)."""
+and np.sort in the budget-sparsemax kernels (a tenth of their compile time)."""
 
 from __future__ import annotations
 

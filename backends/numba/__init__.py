@@ -3,7 +3,6 @@
 ``rows``   forward row solvers (max shift, candidate prefilter, Condat / pivot / Newton,
            output pass), one per solver path, and their drivers over blocks of rows;
 ``grads``  the fused Jacobian-vector products with respect to the scores and to alpha;
-``normmax``  alpha-normmax forward (sorted support search, monotone Newton) and VJP;
 ``budget``   budget-sparsemax forward (sorted breakpoint walk) and VJP;
 ``attention``  the fused chunked attention forward and support-only backward;
 ``decode``   the decoding forward (few queries, long key cache, split over the keys).

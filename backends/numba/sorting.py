@@ -4,7 +4,7 @@ Numba's own ``np.sort`` and ``np.partition`` compile its generic quicksort and i
 machinery, about 80 functions per kernel that uses them: most of the budget-sparsemax
 unit's compile time.  The kernels need less: the value of one rank among the finite
 entries of a row (budget's prefilter) and an ascending sort of a short candidate list
-(budget's breakpoints, normmax's support search).  These two small functions do that in
+(budget's breakpoints).  These two small functions do that in
 place, with no NaN among the entries (the rows are checked finite; -inf entries are left
 out by the callers).  Equal values are interchangeable, so the results are the same as
 NumPy's except, at most, where -0.0 and +0.0 sit among equal entries.

@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .oracle import DPS, mp  # one mpmath import guard (it names the extra to install)
+from .oracle import CR_DPS, CR_MORE, DPS, mp, round_cr  # one mpmath import guard (it names the extra to install)
 
 
 def normmax_mp(x, alpha):
@@ -54,6 +54,104 @@ def normmax_mp(x, alpha):
         w = [(v - tau) ** g if v is not None and v > tau else mp.mpf(0) for v in xm]
         S = mp.fsum(w)
         return [wi / S for wi in w], tau + top
+
+
+def _normmax_solve(x, alpha, dps: int):
+    """(p as mpf list, T, the row's maximum as mpf) of alpha-normmax(x) at ``dps`` digits,
+    ``T = tau - max x`` the root of ``f(T) = sum_i [y_i - T]_+^beta - 1`` (``y = x - max x``,
+    each rounded once from its exact value): the support size by a binary search over the
+    sorted ``y`` (the mass ``sum_{i<j} (s_i - s_j)^beta`` grows with ``j``), then bisection
+    on the support's interval and bracketed Newton to ``10^-(dps + 3)``."""
+    with mp.workdps(dps):
+        topf = max(float(v) for v in x if np.isfinite(v))
+        y = [None if not np.isfinite(v) else Fraction(float(v)) - Fraction(topf) for v in x]
+        y = [None if v is None else mp.mpf(v.numerator) / v.denominator for v in y]
+        a = mp.mpf(float(alpha))
+        beta, g = a / (a - 1), 1 / (a - 1)
+        s = sorted((v for v in y if v is not None), reverse=True)
+
+        def mass(j, t):
+            return mp.fsum((s[i] - t) ** beta for i in range(j))
+
+        lo, hi = 0, len(s) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if mass(mid, s[mid]) < 1 else (lo, mid - 1)
+        K = lo + 1
+        a_, b_ = max(s[K] if K < len(s) else -mp.inf, s[0] - 1), s[K - 1]
+        T = (a_ + b_) / 2
+        for i in range(2000):
+            F = mass(K, T) - 1
+            if F > 0:
+                a_ = T
+            else:
+                b_ = T
+            if i < 60:
+                T = (a_ + b_) / 2
+                continue
+            step = F / (beta * mp.fsum((s[j] - T) ** (beta - 1) for j in range(K)))
+            nxt = T + step
+            T = nxt if a_ < nxt < b_ else (a_ + b_) / 2
+            if abs(step) < mp.mpf(10) ** -(dps + 3):
+                break
+        w = [(v - T) ** g if v is not None and v > T else mp.mpf(0) for v in y]
+        S = mp.fsum(w)
+        return [wi / S for wi in w], T, mp.mpf(topf), [None if v is None else v - T for v in y]
+
+
+def normmax_cr(x, alpha, dtype=np.float64):
+    """The correctly rounded alpha-normmax of the float64 row ``x`` (``-inf`` masked): ``(p``
+    rounded once from the exact value in ``dtype``, ``tau`` rounded to nearest float64, the
+    exact support size ``)``.  The row is solved at two precisions
+    (:data:`~entmax_ref.testing.oracle.CR_DPS` and 40 more digits), each value rounded by
+    :func:`~entmax_ref.testing.oracle.round_cr` (which raises where the two round
+    differently); an entry whose ``x_i - tau`` vanishes with the precision is at the
+    threshold (``p = 0``, outside the support)."""
+    x = np.asarray(x, np.float64)
+    if not np.isfinite(x).any():
+        return np.zeros(len(x), dtype), -np.inf, 0
+    lo_p, lo_T, top, lo_t = _normmax_solve(x, alpha, CR_DPS)
+    hi_p, hi_T, _, hi_t = _normmax_solve(x, alpha, CR_DPS + CR_MORE)
+    p = np.zeros(len(x), dtype)
+    support = 0
+    with mp.workdps(CR_DPS + CR_MORE):
+        for i, (a, b) in enumerate(zip(lo_t, hi_t)):
+            if a is None or b <= 0 or abs(b) < abs(a) * mp.mpf(10) ** -20:
+                continue
+            support += 1
+            p[i] = round_cr(lo_p[i], hi_p[i], dtype)
+        t_lo, t_hi = top + lo_T, top + hi_T
+        tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, np.float64)
+    return p, tau, support
+
+
+def normmax_edge_rows(rng, alpha: float, n: int = 12, offset: float = 0.0):
+    """Rows built to sit on the edges of normmax's correct rounding at ``alpha``, about
+    ``n`` entries each, ``offset`` added where it keeps the entries exact: a random row with
+    entries added at the float nearest its threshold ``tau`` and one and two ulps on either
+    side (tiny exact probabilities, or exactly 0); ties and near ties of the maximum; the
+    maximum alone (``tau = max - 1``, an entry there and an ulp either side); ``k`` equal
+    maxima whose threshold ``-k^(-1/beta)`` is a float and an entry (alpha in {1.5, 2,
+    3}), with entries one ulp either side; a masked entry.  Yields (name, row)."""
+    x = rng.standard_normal(n) * float(rng.choice([0.3, 1.0, 3.0]))
+    with mp.workdps(30):
+        _, T, top, _ = _normmax_solve(x, alpha, 30)
+        t = float(top + T)
+    up, dn = np.nextafter(t, np.inf), np.nextafter(t, -np.inf)
+    yield "threshold", np.concatenate([x, [t, up, dn, np.nextafter(up, np.inf), np.nextafter(dn, -np.inf)]])
+    m = float(x.max())
+    yield "ties", np.concatenate([x, [m, m, np.nextafter(m, -np.inf), np.nextafter(m, np.inf)]])
+    yield "top alone", np.array([0.0, -1.0, np.nextafter(-1.0, 0.0), np.nextafter(-1.0, -2.0), -3.0]) + offset
+    k = {2.0: 4, 1.5: 8, 3.0: 8}.get(float(alpha))
+    if k:
+        edge = -float(k ** (-(alpha - 1) / alpha))  # -k^(-1/beta): -1/2, -1/2, -1/4
+        yield "exact threshold", np.array([0.0] * k + [edge, np.nextafter(edge, 0.0), np.nextafter(edge, -1.0),
+                                                      edge - 0.5]) + offset
+    if offset:
+        yield "offset", np.round(x * 4.0) / 4.0 + offset
+    masked = x.copy()
+    masked[int(rng.integers(len(x)))] = -np.inf
+    yield "masked", masked
 
 
 def _rows_np(solve, x, prm):

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 
 from cuda_emu import stand_in_cupy  # noqa: E402
 from entmax_ref.backends import AttentionSpec, _cuda_loader, get_backend  # noqa: E402
-from entmax_ref.backends.numpy_family import budget_rows, normmax_rows  # noqa: E402
+from entmax_ref.backends.exact_normmax import normmax_rows  # noqa: E402
+from entmax_ref.backends.numpy_family import budget_rows  # noqa: E402
 
 #: two engines' answers agree to this, relative to the row's scale, in the dtype (the
 #: default tier's tests hold the kernels to the formula tolerances; here a mutant's damage
