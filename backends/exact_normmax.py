@@ -94,21 +94,30 @@ def _padded(r, R, *cols):
     return out
 
 
-def _row_sum(r, v, R):
-    return np.bincount(r, v, minlength=R)
+def _segments(r, R):
+    """The start of each row's run in the flat candidates ``r`` (ascending; every row has
+    one at least, its maximum)."""
+    return np.searchsorted(r, np.arange(R))
 
 
-def _float64_root(r, yh, g, beta, R):
+def _row_sum(seg, v):
+    """Per row, the float64 sum of the flat values ``v`` (a count for booleans)."""
+    return np.add.reduceat(v if v.dtype != bool else v.astype(np.int64), seg)
+
+
+def _float64_root(r, seg, yh, g, beta):
     """``T`` in float64 by monotone Newton from -1 on the candidates, and the steps taken."""
+    R = len(seg)
     T = np.full(R, -1.0)
+    g1 = g[0] if (g == g[0]).all() else g[r]  # one alpha: a scalar power (NumPy's fast paths)
     its = np.zeros(R, np.int64)
     done = np.zeros(R, bool)
     for _ in range(MAX_NEWTON):
         with np.errstate(under="ignore", invalid="ignore", divide="ignore"):
             t = np.maximum(yh - T[r], 0.0)
-            q = t ** g[r]
-            F = _row_sum(r, t * q, R) - 1.0
-            step = F / (beta * _row_sum(r, q, R))
+            q = t ** g1
+            F = _row_sum(seg, t * q) - 1.0
+            step = F / (beta * _row_sum(seg, q))
         grow = ~done & (F > 0.0) & (T + step > T)
         T = np.where(grow, T + step, T)
         its += grow
@@ -118,7 +127,33 @@ def _float64_root(r, yh, g, beta, R):
     return T, its
 
 
-def _evaluate(r, yh, yl, Th, Tl, gh, gl, R):
+def _powers(th, tl, formed, gh, gl):
+    """``q = t^g`` of the flat double-words ``t`` (normal, where ``formed``) as (e, hi, lo),
+    its relative error bound, and ``formed`` less the entries with ``g log t < -EXP_MAX``
+    (``q`` not formed): one or two products at ``g`` = 1 and 2 (alpha = 2 and 1.5; ``t``
+    from 2^-400), else ``exp(g log t)``."""
+    n = len(th)
+    qe, qh, ql = np.zeros(n, np.int64), np.zeros(n), np.zeros(n)
+    eps = np.zeros(n)
+    formed = formed.copy()
+    one = formed & (gh == 1.0) & (gl == 0.0)
+    two = formed & (gh == 2.0) & (gl == 0.0) & (th >= 2.0 ** -400)
+    qh[one], ql[one], eps[one] = th[one], tl[one], 1.01 * _EPS_T
+    sh, sl = dw_mul(th[two], tl[two], th[two], tl[two])
+    qh[two], ql[two], eps[two] = sh, sl, 1.01 * (2.0 * _EPS_T + M.DW_MUL * U2)
+    gen = np.flatnonzero(formed & ~one & ~two)
+    if len(gen):
+        Lh, Ll = log_dw(th[gen], tl[gen])
+        zh, zl = dw_mul(Lh, Ll, gh[gen], gl[gen])
+        ok = zh >= _Z_MIN
+        e, h, l = exp_dw(np.where(ok, zh, 0.0), np.where(ok, zl, 0.0))
+        qe[gen], qh[gen], ql[gen] = e, h, l
+        eps[gen] = M.EPS_EXP + 1.01 * (np.abs(zh) * (M.EPS_LOG + M.DW_MUL * U2 + _EPS_G) + gh[gen] * _EPS_T)
+        formed[gen] = ok
+    return qe, qh, ql, eps, formed
+
+
+def _evaluate(r, seg, yh, yl, Th, Tl, gh, gl):
     """One double-word evaluation at ``T = Th + Tl`` (per row), over the flat candidates:
     ``t`` (hi, lo), ``on`` (t > 0), ``formed`` (q formed), ``q = t^g`` as (e, hi, lo) with
     its relative error bound (the threshold's error aside), ``f`` (hi) and the bound on its
@@ -127,21 +162,17 @@ def _evaluate(r, yh, yl, Th, Tl, gh, gl, R):
     on = th > 0.0
     formed = on & (th >= M.NORMAL_MIN)
     with np.errstate(all="ignore"):
-        Lh, Ll = log_dw(np.where(formed, th, 1.0), np.where(formed, tl, 0.0))
-        zh, zl = dw_mul(Lh, Ll, gh[r], gl[r])
-        formed &= zh >= _Z_MIN
-        zh, zl = np.where(formed, zh, 0.0), np.where(formed, zl, 0.0)
-        qe, qh, ql = exp_dw(zh, zl)
-        eps_q = M.EPS_EXP + 1.01 * (np.abs(zh) * (M.EPS_LOG + M.DW_MUL * U2 + _EPS_G) + gh[r] * _EPS_T)
+        qe, qh, ql, eps_q, formed = _powers(th, tl, formed, gh[r], gl[r])
         Qh = np.where(formed, np.ldexp(qh, qe), 0.0)
         Ql = np.where(formed, np.ldexp(ql, qe), 0.0)
         Ph, Pl = dw_mul(th, tl, Qh, Ql)  # t^beta
         Ph, Pl = np.where(formed, Ph, 0.0), np.where(formed, Pl, 0.0)
-        lost = _row_sum(r, on, R) * _UNDER  # the underflows and the terms not formed
+        R = len(seg)
+        lost = _row_sum(seg, on) * _UNDER  # the underflows and the terms not formed
         PH, PL, QH, QL = _padded(r, R, Ph, Pl, Qh, Ql)
         sh, sl, s_err = row_sums(PH, PL)
         Fh, _ = dw_add_fp(sh, sl, -1.0)
-        E = (s_err + 1.01 * _row_sum(r, np.abs(Ph) * (eps_q + (M.DW_MUL + M.DW_ADD) * U2), R) + lost
+        E = (s_err + 1.01 * _row_sum(seg, np.abs(Ph) * (eps_q + (M.DW_MUL + M.DW_ADD) * U2)) + lost
              + M.DW_ADD * U2 * (np.abs(sh) + 1.0)) * SLACK
         Dh, Dl, d_err = row_sums(QH, QL)
     return th, on, formed, (qe, qh, ql, eps_q), Fh, E, Dh, Dl, d_err + lost
@@ -155,11 +186,10 @@ def _radius(Fh, E, bh):
     return np.where(Fa < 0.5, rad, np.inf)
 
 
-def _round_rows(r, ev, eT, gh, m, Th, Tl, dt):
+def _round_rows(r, seg, ev, eT, gh, m, Th, Tl, dt):
     """The outputs from the last evaluation ``ev`` (:func:`_evaluate`) at ``T = Th + Tl``,
     within ``eT`` of the root: ``p`` of the candidates (in ``dt``), whether each row is
     decided, the support's size and ``tau`` (float64)."""
-    R = len(Th)
     th, on, formed, (qe, qh, ql, eps_q), Fh, E, Dh, Dl, d_err = ev
     eTr = eT[r]
     with np.errstate(all="ignore"):
@@ -171,7 +201,7 @@ def _round_rows(r, ev, eT, gh, m, Th, Tl, dt):
         eps_i = eps_q + 1.01 * gh[r] * rel_t
         first_order = ~formed | (gh[r] * rel_t <= 2.0 ** -20)
         Q = np.where(formed, np.ldexp(qh, qe), 0.0)
-        D_rel = (d_err + 1.01 * _row_sum(r, Q * eps_i, R)) / Dh * SLACK
+        D_rel = (d_err + 1.01 * _row_sum(seg, Q * eps_i)) / Dh * SLACK
         ph, pl = dw_div(qh, ql, Dh[r], Dl[r])
         err = (eps_i + D_rel[r] + M.DW_DIV * U2) * 1.01 * np.abs(ph)
         c, ok = round_scaled(qe, ph, pl, err, dt)
@@ -179,8 +209,8 @@ def _round_rows(r, ev, eT, gh, m, Th, Tl, dt):
         t_c, t_ok = round_dw(Ah, Al, eT * SLACK + _EPS_T * np.abs(Ah), np.float64)
     p = np.where(formed & inside, c, 0.0).astype(dt)
     bad = unplaced | (formed & inside & ~(ok & first_order))
-    good = (_row_sum(r, bad, R) == 0) & t_ok & np.isfinite(eT)
-    return p, good, _row_sum(r, inside, R).astype(np.int64), t_c
+    good = (_row_sum(seg, bad) == 0) & t_ok & np.isfinite(eT)
+    return p, good, _row_sum(seg, inside), t_c
 
 
 def normmax_rows(x: np.ndarray, alpha: np.ndarray) -> RowSolve:
@@ -207,22 +237,23 @@ def normmax_rows(x: np.ndarray, alpha: np.ndarray) -> RowSolve:
         a1h, a1l = two_sum(a, -1.0)
         gh, gl = dw_div(np.ones(R), np.zeros(R), a1h, a1l)
         bh, _ = dw_add_fp(gh, gl, 1.0)
-        T0, its = _float64_root(r, yh, gh, bh, R)
+        T0, its = _float64_root(r, _segments(r, R), yh, gh, bh)
         # the entries below T0 - _MARGIN stay out (checked below: T moves less than that)
         near = yh > T0[r] - _MARGIN
         r, c, yh, yl = r[near], c[near], yh[near], yl[near]
+        seg = _segments(r, R)
         Th, Tl = T0, np.zeros(R)
         for k in range(NEWTON_EVALS):
-            ev = _evaluate(r, yh, yl, Th, Tl, gh, gl, R)
+            ev = _evaluate(r, seg, yh, yl, Th, Tl, gh, gl)
             eT = _radius(ev[4], ev[5], bh)
-            todo = eT > T_TARGET
+            todo = (eT > T_TARGET) & np.isfinite(ev[4]) & np.isfinite(ev[5])
             if k == NEWTON_EVALS - 1 or not todo.any():
                 break
             with np.errstate(all="ignore"):
                 step = ev[4] / (bh * ev[6])
             Th, Tl = dw_add_fp(Th, Tl, np.where(todo & np.isfinite(step), step, 0.0))  # a row done keeps its T
             its += todo
-        pc, good, sup, tau_l = _round_rows(r, ev, eT, gh, m[L], Th, Tl, dt)
+        pc, good, sup, tau_l = _round_rows(r, seg, ev, eT, gh, m[L], Th, Tl, dt)
         # T >= -1 (the radius takes t <= 1), and within the candidates' margin
         good &= (Th - T0 > -0.5 * _MARGIN) & (eT < 0.25 * _MARGIN) & ((Th > -1.0) | ((Th == -1.0) & (Tl >= 0.0)))
         p[L[r], c] = pc
