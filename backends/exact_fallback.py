@@ -21,7 +21,7 @@ alpha - 1``, ``T`` the support threshold of the row in x's units, so that
   ``a1 = P/Q`` in lowest terms, ``M(v)`` is a sum of real radicals ``(b^Q)^(1/P)`` of
   positive rationals ``b``, which is rational only if every ``b`` is a ``P``-th power
   (Besicovitch 1940: real radicals of rationals that are not rational multiples of each
-  other are linearly independent over the rationals) (:func:`_mass_is_one`).  An output
+  other are linearly independent over the rationals) (:func:`mass_is_one`).  An output
   ``p_i`` exactly on a rounding midpoint ``c`` is decided exactly where ``c^a1`` is
   rational (then ``T = x_i - c^a1/a1`` is rational and the same test applies) and where
   ``P = 1`` (``alpha = 1 + 1/Q``: the mass is a polynomial in ``c^(1/Q)``, whose minimal
@@ -93,7 +93,7 @@ def _midpoint_between(lo: Decimal, hi: Decimal, dtype):
 
 
 # ----------------------------------------------------------------------------- intervals
-class _Iv:
+class Iv:
     """Closed intervals ``(lo, hi)`` of reals with :class:`~decimal.Decimal` ends, every
     operation rounded outward at ``prec`` digits."""
 
@@ -168,7 +168,7 @@ class _Iv:
         return lo, hi
 
 
-def _precisions():
+def precisions():
     prec = START_DIGITS
     while prec <= MAX_DIGITS:
         yield prec
@@ -201,7 +201,7 @@ def _rational_root(q: Fraction, k: int):
 _EXACT_BITS = 1 << 22
 
 
-def _mass_is_one(bases, a1: Fraction):
+def mass_is_one(bases, a1: Fraction):
     """Whether ``sum_j count_j b_j^(1/a1) = 1`` exactly, for ``bases`` a list of
     ``(b_j > 0 rational, count_j)``: with ``a1 = P/Q``, each term is the real radical
     ``(b_j^Q)^(1/P)``; their sum is rational only if every ``b_j`` is a ``P``-th power of a
@@ -245,8 +245,8 @@ def _softmax(x: np.ndarray, live: np.ndarray, dtype):
     m = Decimal(float(fin.max()))
     xs = [Decimal(float(v)) for v in fin]
     p = np.zeros(len(x), dtype)
-    for prec in _precisions():
-        iv = _Iv(prec)
+    for prec in precisions():
+        iv = Iv(prec)
         far = 0
         e = []
         for v in xs:
@@ -306,7 +306,7 @@ def _sparsemax(x: np.ndarray, live: np.ndarray, dtype):
 _ROUNDS_TO_ZERO = Decimal(2) ** -1076
 
 
-def _round_iv(iv, dtype):
+def round_iv(iv, dtype):
     """The common rounding of every value of the interval ``iv``, or None (an end of
     magnitude below 2^-1076, such as 10^-(10^8) at alpha near 1 on either side of 0, rounds
     to 0 without forming its exact rational, whose digits would not fit in memory)."""
@@ -340,14 +340,14 @@ class _General:
             return (tot > 1) - (tot < 1)
         prec = START_DIGITS
         while True:
-            iv = _Iv(prec)
+            iv = Iv(prec)
             gi = iv.of(self.g)
             lo, hi = iv.total(iv.mul(iv.pow(iv.of(b), self.g, gi), iv.of(c)) for b, c in bases)
             if lo > 1:
                 return 1
             if hi < 1:
                 return -1
-            if prec == 4 * START_DIGITS and _mass_is_one(bases, self.a1):
+            if prec == 4 * START_DIGITS and mass_is_one(bases, self.a1):
                 return 0  # otherwise M(v) != 1 is proven: more digits will separate it
             prec *= 2
 
@@ -425,11 +425,11 @@ class _General:
         the estimate it is centred on; (None, estimate) when the check fails."""
         xc = self.vals[self._ref(j)][0]
         ds = [(w - xc, c) for w, c in self.vals[: j + 1]]
-        iv = _Iv(self._digits(prec, start))
+        iv = Iv(self._digits(prec, start))
         a1i, gi = iv.of(self.a1), iv.of(self.g)
         qmax = iv.pow(iv.of(self.a1 * (xc - out_end)), self.g, gi)[1]
         nprec = iv.prec + 20
-        q = self._newton_q(nprec, [(_Iv(nprec).of(d)[0], Decimal(c)) for d, c in ds], qmax, start)
+        q = self._newton_q(nprec, [(Iv(nprec).of(d)[0], Decimal(c)) for d, c in ds], qmax, start)
         r = iv.up.multiply(q, Decimal(10) ** -(prec - 8))
         qlo, qhi = iv.dn.subtract(q, r), iv.up.add(q, r)
 
@@ -463,7 +463,7 @@ class _General:
     def outputs(self, prec: int, j: int, out_end: Fraction, tie: bool, start):
         """Intervals of ``tau``, ``theta`` and a function giving each support entry's
         ``p``, at ``prec`` digits (None when the enclosure failed), and the next start."""
-        iv = _Iv(self._digits(prec, start))
+        iv = Iv(self._digits(prec, start))
         a1i, gi = iv.of(self.a1), iv.of(self.g)
         if tie:  # the threshold is the rational out_end itself (bases formed exactly: the
             # entries may be huge, their differences small)
@@ -530,17 +530,17 @@ class _General:
             last = prec == MAX_DIGITS
             ties = prec == 4 * START_DIGITS or last  # exact ties decided once, early
             if tau is None:
-                tau = _round_iv(tau_iv, self.dtype)
+                tau = round_iv(tau_iv, self.dtype)
                 if tau is None and ties:
                     tau = self._tie_tau(tau_iv)
                 if tau is not None:  # theta is internal: its nearest float64 where decided
-                    theta = _round_iv(theta_iv, np.float64)
+                    theta = round_iv(theta_iv, np.float64)
                     if theta is None:
                         theta = round_real(Fraction(theta_iv[0]), np.float64)
             left = []
             for i in todo:
                 q = p_of(i)
-                v = _round_iv(q, self.dtype)
+                v = round_iv(q, self.dtype)
                 if v is None and ties:
                     v = self._tie_p(i, q, last)
                 if v is None:

@@ -25,7 +25,7 @@ A row left undecided anywhere (an entry within the radius of the threshold, an o
 within its error of a rounding boundary, ``tau`` below the normal range) is solved again
 exactly by :func:`normmax_row`: the support from exact mass tests at the candidates'
 values (rationals where ``beta`` is a small integer, intervals otherwise, an exact tie test
-(:func:`.exact_fallback._mass_is_one`) where the mass could be exactly 1), then the
+(:func:`.exact_fallback.mass_is_one`) where the mass could be exactly 1), then the
 threshold and every output enclosed by interval arithmetic at increasing precision.
 
 The outputs are the real-number map at the given scores: ``p`` rounded to nearest in the
@@ -47,9 +47,9 @@ from . import double_word as M
 from ._base import RowSolve
 from .constants import MAX_NEWTON
 from .double_word import NEWTON_EVALS, SLACK, U2, dw_add, dw_add_fp, dw_div, dw_mul, exp_dw, log_dw, two_sum
-from .exact_fallback import MAX_DIGITS, START_DIGITS, _Iv, _mass_is_one, _precisions, _round_iv
+from .exact_fallback import MAX_DIGITS, START_DIGITS, Iv, mass_is_one, precisions, round_iv
 from .exact_rows import round_dw, round_scaled, row_sums
-from .exact_sums import _log_support, _on_exp, dot_rows, log_rows
+from .exact_sums import dot_rows, exp_any, log_rows
 
 #: the threshold's error radius (absolute; ``T`` lies in [-1, 0)) where the refinement stops
 T_TARGET = 2.0 ** -84
@@ -288,7 +288,7 @@ class _Row:
         """The sign of ``f(v) = sum_{y_j > v} (y_j - v)^beta - 1`` at a rational ``v``,
         exactly: in rationals where ``beta`` is a small integer, else by intervals at
         increasing precision, with the exact test for ``f(v) = 0``
-        (:func:`.exact_fallback._mass_is_one`, radicals of index ``1 / beta``)."""
+        (:func:`.exact_fallback.mass_is_one`, radicals of index ``1 / beta``)."""
         bases = [(w - v, c) for w, c in self.vals if w > v]
         b = self.beta
         if b.denominator == 1 and b.numerator <= 16:
@@ -296,14 +296,14 @@ class _Row:
             return (tot > 1) - (tot < 1)
         prec = START_DIGITS
         while True:
-            iv = _Iv(prec)
+            iv = Iv(prec)
             bi = iv.of(b)
             lo, hi = iv.total(iv.mul(iv.pow(iv.of(d), b, bi), iv.of(c)) for d, c in bases)
             if lo > 1:
                 return 1
             if hi < 1:
                 return -1
-            if prec == 4 * START_DIGITS and _mass_is_one(bases, 1 / b):
+            if prec == 4 * START_DIGITS and mass_is_one(bases, 1 / b):
                 return 0
             prec *= 2
 
@@ -374,8 +374,8 @@ def normmax_row(x: np.ndarray, alpha: float, dtype=np.float64, hint: float | Non
     top = row.vals[j][0]
     members = [i for i, v in row.y.items() if v >= top]
     T = Decimal(hint) if hint is not None and math.isfinite(hint) else None
-    for prec in _precisions():
-        iv = _Iv(prec)
+    for prec in precisions():
+        iv = Iv(prec)
         gi, bi = iv.of(row.g), iv.of(row.beta)
         if exact:
             Ti = iv.of(out)
@@ -395,16 +395,16 @@ def normmax_row(x: np.ndarray, alpha: float, dtype=np.float64, hint: float | Non
                 continue
         q = {i: iv.pow(iv.sub(iv.of(row.y[i]), Ti), row.g, gi) for i in members}
         S = iv.total(q.values())
-        vals = {i: _round_iv(iv.div(v, S), dtype) for i, v in q.items()}
-        t = _round_iv(iv.add(iv.of(row.m), Ti), np.float64)
+        vals = {i: round_iv(iv.div(v, S), dtype) for i, v in q.items()}
+        t = round_iv(iv.add(iv.of(row.m), Ti), np.float64)
         last = prec * 2 > MAX_DIGITS
         if last or (t is not None and all(v is not None for v in vals.values())):
             for i, v in q.items():
                 c = vals[i]
-                p[i] = c if c is not None else _round_iv((iv.div(v, S)[0],) * 2, dtype)
+                p[i] = c if c is not None else round_iv((iv.div(v, S)[0],) * 2, dtype)
             if t is None:
                 lo_end = iv.add(iv.of(row.m), Ti)[0]
-                t = _round_iv((lo_end, lo_end), np.float64)
+                t = round_iv((lo_end, lo_end), np.float64)
             return p, float(t), len(members)
     raise AssertionError("unreachable")  # pragma: no cover - the last precision returns
 
@@ -421,15 +421,21 @@ def normmax_vjp_rows(p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndar
     p64 = np.asarray(p, np.float64)
     g64 = np.asarray(g, np.float64)
     a = np.asarray(alpha, np.float64)[:, None]
-    on, L = _log_support(p64)
+    on = p64 > 0
+    L = np.zeros_like(p64)
+    L[on] = log_rows(p64[on])
     any_on = on.any(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
         Lm = np.where(any_on, np.where(on, L, -np.inf).max(axis=1, initial=-np.inf), 0.0)[:, None]
-        s = dot_rows(_on_exp(on, a * (L - Lm)))
+        w = np.zeros_like(p64)
+        w[on] = exp_any((a * (L - Lm))[on])
+        s = dot_rows(w)
         ls = np.zeros_like(s)
         ls[any_on] = log_rows(s[any_on])
         lN = Lm + ls[:, None] / a
-        v = _on_exp(on, lN + (2.0 - a) * (L - lN)) / (a - 1.0)
+        v = np.zeros_like(p64)
+        v[on] = exp_any((lN + (2.0 - a) * (L - lN))[on])
+        v = v / (a - 1.0)
         d = g64 - dot_rows(np.where(on, p64, 0.0), np.where(on, g64, 0.0))[:, None]
         vd = np.where(on, v * d, 0.0)
         dx = vd - p64 * dot_rows(np.where(on, v, 0.0), np.where(on, d, 0.0))[:, None]
