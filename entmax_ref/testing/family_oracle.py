@@ -114,13 +114,17 @@ def normmax_cr(x, alpha, dtype=np.float64):
     (:data:`~entmax_ref.testing.oracle.CR_DPS` and 40 more digits), each value rounded by
     :func:`~entmax_ref.testing.oracle.round_cr` (which raises where the two round
     differently); an entry whose ``x_i - tau`` vanishes with the precision is at the
-    threshold (``p = 0``, outside the support).  Where ``tau = max x + T`` cancels below
+    threshold (``p = 0``, outside the support).  The precisions grow with the digits of the
+    candidates ``x - max x`` (each held exactly).  Where ``tau = max x + T`` cancels below
     the working precision, the row is solved again with four times the digits (up to
     :data:`_TAU_DIGITS`); a ``tau`` that vanishes with the precision there is 0."""
     x = np.asarray(x, np.float64)
     if not np.isfinite(x).any():
         return np.zeros(len(x), dtype), -np.inf, 0
-    digits = CR_DPS
+    # enough digits to hold every candidate y = x - max exactly (y is dyadic, |y| < 1)
+    top = Fraction(float(x[np.isfinite(x)].max()))
+    ys = [Fraction(float(v)) - top for v in x if np.isfinite(v)]
+    digits = max([CR_DPS] + [int(y.denominator.bit_length() * 0.302) + 30 for y in ys if y > -1])
     while True:
         lo_p, lo_T, top, lo_t = _normmax_solve(x, alpha, digits)
         hi_p, hi_T, _, hi_t = _normmax_solve(x, alpha, digits + CR_MORE)
