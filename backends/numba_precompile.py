@@ -232,21 +232,28 @@ class Progress:
         self.stream = stream or sys.stderr
         self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.perf_counter()
         self.bar = self.stream.isatty() if bar is None else bar
+        self.lock = threading.Lock()  # the compile's feeding threads and the caller step it
+
+    def grow(self, units: int) -> None:
+        """``units`` more units to do (the kernels found not compiled yet)."""
+        with self.lock:
+            self.total += units
 
     def step(self, label: str) -> None:
         """One unit ``label`` done."""
         if not self.enabled:
             return
-        self.done += 1
-        elapsed = time.perf_counter() - self.t0
-        if not self.bar:
-            self.stream.write(f"[{self.done}/{self.total} {elapsed:6.1f}s] {label}\n")
-        else:
-            width = 30
-            fill = int(width * self.done / max(self.total, 1))
-            self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
-                              f"{elapsed:5.1f}s  {label[:48]:<48}")
-        self.stream.flush()
+        with self.lock:
+            self.done += 1
+            elapsed = time.perf_counter() - self.t0
+            if not self.bar:
+                self.stream.write(f"[{self.done}/{self.total} {elapsed:6.1f}s] {label}\n")
+            else:
+                width = 30
+                fill = int(width * self.done / max(self.total, 1))
+                self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
+                                  f"{elapsed:5.1f}s  {label[:48]:<48}")
+            self.stream.flush()
 
     def close(self) -> None:
         if self.enabled and self.bar:
@@ -258,7 +265,7 @@ def compile_kernels(ops: Iterable[str] | None = None, dtypes: Iterable[str] = DT
                     methods: Iterable[str | None] | None = None, progress: Progress | None = None) -> dict[str, object]:
     """Compile the declared kernels of ``ops`` (default: all) for ``dtypes`` into the disk
     cache, in ``jobs`` worker processes (default: one per CPU); ``methods`` limits them to
-    the kernels those ``method=`` values run; ``progress`` (a :class:`Progress`) counts
+    the kernels those ``method=`` values run; ``progress`` (a :class:`Progress`) grows by
     the tasks to compile and steps at each finished one.
 
     Returns ``{"compiled": {task label: seconds}, "cpu": CPU seconds of the workers'
@@ -286,7 +293,7 @@ def compile_kernels(ops: Iterable[str] | None = None, dtypes: Iterable[str] = DT
         sched = _Schedule(todo)
         report["jobs"] = min(jobs, len(todo))
         if progress is not None:
-            progress.total = len(todo)
+            progress.grow(len(todo))
         _run_workers(sched, report["jobs"], child_env(), report, progress)
     report["seconds"] = time.perf_counter() - t0
     return report
@@ -327,8 +334,7 @@ def _run_workers(sched: _Schedule, jobs: int, env: dict, report: dict, progress)
                             msg = f"could not compile {task.label}: {report['failed'][task.label]}"
                     sched.done(task)  # whatever happened: the tasks that wait on it may go
                 if progress is not None:
-                    with lock:
-                        progress.step(msg)
+                    progress.step(msg)
                 if not line:
                     return
         except OSError as exc:  # a worker that died: its task is reported, the rest go on
@@ -391,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             for t in asked:
                 print(f"{'compiled' if t.compiled() else 'pending ':8} {t.label}")
             return 0
-        bar = Progress(len(asked), enabled=not args.no_progress)
+        bar = Progress(0, enabled=not args.no_progress)
         rep = compile_kernels(ops, dtypes, args.jobs, progress=bar)
         bar.close()
     except ValueError as exc:

@@ -422,3 +422,35 @@ def test_an_implementation_failing_on_all_masked_rows_is_told_the_case_and_the_f
     assert "rows that are entirely -inf" in out and "--no-masked-rows" in out
     code, out, _ = run(capsys, "--impl", f"{user_module}:no_masked_rows", "--alpha", "1.5", "--no-masked-rows")
     assert code == 0, out
+
+
+def test_the_reference_rows_run_while_the_kernels_compile_and_the_numba_rows_after(monkeypatch, capsys):
+    """A cold check starts the numba kernels' compile in the background and runs the rows
+    that need no kernel meanwhile; the numba rows wait for the compile to end."""
+    import threading
+
+    from entmax_ref.backends import numba_precompile
+    from entmax_ref.testing import command
+    from entmax_ref.testing.checks import CheckReport
+
+    pytest.importorskip("numba")
+    events: list[str] = []
+    compiling = threading.Event()
+
+    def compile_kernels(ops, jobs=None, methods=None, progress=None):
+        compiling.wait(10)  # the compile ends only once a reference row has run
+        events.append("compiled")
+        return {"compiled": {}, "seconds": 0.0, "jobs": 1}
+
+    def jobs(backend, size, seed):
+        def job(i):
+            events.append(f"{backend} {i}")
+            compiling.set()
+            return CheckReport()
+        return [(f"{backend} {i}", lambda i=i: job(i)) for i in range(2)]
+
+    monkeypatch.setattr(numba_precompile, "compile_kernels", compile_kernels)
+    monkeypatch.setattr(command, "backend_jobs", jobs)
+    assert main(["--quick", "--backends", "numpy,numba", "--no-peers", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert events == ["numpy 0", "numpy 1", "compiled", "numba 0", "numba 1"]

@@ -343,24 +343,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 #: the operations the numba rows of the check run (with ``method=None``): their declared
-#: kernels are compiled first (:func:`_precompile`)
+#: kernels are compiled first (:func:`_start_compile`)
 CHECK_OPS = ("entmax_forward", "entmax_vjp", "normmax_forward", "normmax_vjp", "budget_forward", "budget_vjp",
              "attention_forward", "attention_backward")
 
 
-def _precompile(args) -> None:
-    """Compile the declared kernels of :data:`CHECK_OPS`, in ``args.jobs`` worker processes,
-    into the disk cache (nothing when they are cached already or the cache is off), with
-    progress on stderr; the check itself then loads them."""
-    from ..backends.numba_precompile import Progress, compile_kernels
+def _start_compile(args, bar) -> Callable[[], None]:
+    """Start compiling the declared kernels of :data:`CHECK_OPS` into the disk cache, in
+    ``args.jobs`` worker processes fed by a thread (nothing to do when they are cached
+    already or the cache is off), counting them on ``bar``; returns the function that waits
+    for it.  The rows that need no kernel (the reference's, the peers') run meanwhile: a
+    cold check's compile then hides the CPU time they take."""
+    import threading
 
-    bar = Progress(0, not args.no_progress)
-    rep = compile_kernels(CHECK_OPS, jobs=args.jobs, methods=(None,), progress=bar)
-    bar.close()
-    if not args.no_progress and rep["compiled"]:
-        print(f"compiled {len(rep['compiled'])} numba kernel signatures in {rep['seconds']:.1f}s "
-              f"({rep['jobs']} processes; once per kernel version, as entmax-ref compile does)",
-              file=sys.stderr, flush=True)
+    from ..backends.numba_precompile import compile_kernels
+
+    rep: dict = {}
+    thread = threading.Thread(target=lambda: rep.update(compile_kernels(CHECK_OPS, jobs=args.jobs, methods=(None,),
+                                                                        progress=bar)), daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if not args.no_progress and rep.get("compiled"):
+            bar.close()
+            print(f"compiled {len(rep['compiled'])} numba kernel signatures in {rep['seconds']:.1f}s "
+                  f"({rep['jobs']} processes; once per kernel version, as entmax-ref compile does)",
+                  file=sys.stderr, flush=True)
+
+    return wait
 
 
 def _usage(ap: argparse.ArgumentParser, args) -> None:
@@ -397,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     import entmax_ref as er
 
+    from ..backends.numba_precompile import Progress
+
     t0 = time.perf_counter()
+    compiled: Callable[[], None] | None = None  # waits for the kernels' compile
+    first_kernel_job: int | None = None  # the jobs from this one on may run numba kernels
     if args.corpus:
         jobs = _corpus_jobs(args)
         if jobs is None:
@@ -406,10 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [(f"{args.op} [{args.impl}]", lambda: impl_report(args.impl, args.op, args.alpha or [1.5], args))]
     else:
         names = er.available_backends() if args.backends is None else args.backends
-        if "numba" in names and args.jobs != 0 and er.backends.unavailable_reason("numba") is None:
-            _precompile(args)
         jobs = []
         for b in names:
+            if b != "numpy" and first_kernel_job is None:
+                first_kernel_job = len(jobs)
             reason = er.backends.unavailable_reason(b)
             if reason:
                 jobs.append((b, lambda b=b, reason=reason: CheckReport.skipped("all", b, reason)))
@@ -422,11 +437,15 @@ def main(argv: list[str] | None = None) -> int:
                 jobs.append(peers_in_a_process(args.seed, args.size))
             else:
                 jobs.extend(peer_jobs(args.size, args.seed))
-    from ..backends.numba_precompile import Progress
-
     bar = Progress(len(jobs), not args.no_progress)
+    if not (args.corpus or args.impl) and "numba" in names and args.jobs != 0 \
+            and er.backends.unavailable_reason("numba") is None:
+        compiled = _start_compile(args, bar)
     report = CheckReport()
-    for label, job in jobs:
+    for i, (label, job) in enumerate(jobs):
+        if compiled is not None and i == first_kernel_job:
+            compiled()
+            compiled = None
         try:
             report.extend(job())
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken job must not stop the others
