@@ -23,9 +23,10 @@ takes the exact fallback of this module):
     engines' TwoProd (a product below ``NORMAL_MIN``: its error underflows; an operand
     from ``2^995``: Dekker's split overflows) is summed exactly (:func:`exact_dot`).
 :func:`matmul_rows`
-    ``a @ b``, each entry correctly rounded by the same algorithm, its terms taken one
-    inner index at a time over the whole block into sum states (:func:`add_products`,
-    which may run over several products, then :func:`round_products`): the float64
+    ``a @ b``, each entry correctly rounded by the same algorithm, its terms taken a
+    block of inner indices at a time over the whole block into sum states
+    (:func:`add_products`, which may run over several products, then
+    :func:`round_products`): the float64
     attention's scores ``q . k``, outputs ``sum_j p_ij v_j`` and gradient sums.
 :func:`pow_rows`
     ``p^a`` correctly rounded for positive normal ``p`` (the Jacobian weights ``u =
@@ -104,25 +105,63 @@ def product_state(m: int, k: int) -> np.ndarray:
     return np.zeros((m, STATE_FIELDS, k))
 
 
+#: how many terms (rows x inner indices x columns) one step of :func:`add_products` takes
+#: at most: small products go in a few NumPy calls, large ones one inner index at a time
+BLOCK_TERMS = 1 << 14
+
+
 def add_products(st: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """Add the exact terms ``a_ri b_ic`` of ``a @ b`` (float64 (m, n) and (n, k)) to the
-    sum states ``st`` ((m, 5, k), :func:`product_state`), in place, one inner index at a
-    time.  A term whose ``a_ri`` is 0 is left out, whatever ``b_ic`` holds (the attention's
-    probabilities: a value off the support, even a NaN, does not reach the sum).  The
-    compiled twin (:func:`.numba.exact_sums.add_products`) keeps the same state."""
+    sum states ``st`` ((m, 5, k), :func:`product_state`), in place.  A term whose ``a_ri``
+    is 0 is left out, whatever ``b_ic`` holds (the attention's probabilities: a value off
+    the support, even a NaN, does not reach the sum).  The terms go in blocks of inner
+    indices (at most :data:`BLOCK_TERMS` terms a block): a block's exact products are summed
+    by a pairwise TwoSum tree into ``s``, its TwoSum and product errors by another into
+    ``c``; an error of that second tree or of the addition into ``c`` marks ``X``.  That
+    is a double-word sum in one of the orders :func:`sum_bound` allows, so the rounded
+    sums do not depend on the blocks (nor on the order of the compiled
+    :func:`.numba.exact_sums.add_products`, which takes one index at a time)."""
     s, c, A, X, U = (st[:, f] for f in range(STATE_FIELDS))
+    m, n = a.shape
+    step = max(1, min(n, BLOCK_TERMS // max(1, m * b.shape[1])))
     with np.errstate(all="ignore"):
-        for i in range(a.shape[1]):
-            off = a[:, i, None] == 0.0
-            p, e = two_prod(a[:, i, None], b[None, i, :])
+        for i in range(0, n, step):
+            ai, bi = a[:, i:i + step, None], b[None, i:i + step, :]
+            off = ai == 0.0
+            p, e = two_prod(ai, bi)
             p, e = np.where(off, 0.0, p), np.where(off, 0.0, e)
-            s[...], q = two_sum(s, p)
-            c[...], r1 = two_sum(c, q)
-            c[...], r2 = two_sum(c, e)
-            A += np.abs(p)
-            X += np.abs(r1) + np.abs(r2)
-            U += ((p != 0.0) & (np.abs(p) < NORMAL_MIN)) | ~off & ((np.abs(a[:, i, None]) >= SPLIT_MAX)
-                                                                   | (np.abs(b[None, i, :]) >= SPLIT_MAX))
+            A += _across(np.abs(p))
+            U += _across(((p != 0.0) & (np.abs(p) < NORMAL_MIN))
+                         | ~off & ((np.abs(ai) >= SPLIT_MAX) | (np.abs(bi) >= SPLIT_MAX)))
+            h, errs = _pairwise(p)
+            s[...], q = two_sum(s, h)
+            if errs:
+                t, dropped = _pairwise(np.concatenate([e, *errs, q[:, None]], axis=1))
+            else:  # one inner index: two error terms
+                t, d = two_sum(e[:, 0], q)
+                dropped = [d[:, None]]
+            c[...], r = two_sum(c, t)
+            X += np.abs(r)
+            for d in dropped:
+                X += _across(np.abs(d))
+
+
+def _across(t: np.ndarray) -> np.ndarray:
+    """The sums over axis 1 of ``t`` (m, j, k)."""
+    return t[:, 0] if t.shape[1] == 1 else t.sum(axis=1)
+
+
+def _pairwise(t: np.ndarray):
+    """The TwoSum tree over axis 1 of ``t`` (m, j, k): the (m, k) float64 sums and the
+    tree's error terms, one (m, j', k) array a level (the exact sums are the sums plus
+    the errors)."""
+    errs = []
+    while t.shape[1] > 1:
+        if t.shape[1] % 2:
+            t = np.concatenate([t, np.zeros_like(t[:, :1])], axis=1)
+        t, q = two_sum(t[:, 0::2], t[:, 1::2])
+        errs.append(q)
+    return t[:, 0], errs
 
 
 def round_products(st: np.ndarray, n: int):

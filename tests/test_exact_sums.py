@@ -152,40 +152,43 @@ def test_numpy_matrix_products_are_correctly_rounded():
 
 
 @needs_numba
-def test_numba_matrix_products_keep_the_numpy_sum_states():
-    """The compiled terms go into the NumPy engine's sum states bit for bit (the same exact
-    products and TwoSums), so their rounding and exact fallback are the NumPy engine's."""
+def test_numba_matrix_products_fill_sum_states_that_round_correctly():
+    """The compiled terms go into the NumPy engine's sum states (in another order than its
+    blocks): the state's rounding is the correctly rounded sum wherever it is proven, on
+    every entry of plain rows, and the exact fallback decides the rest."""
     from entmax_ref.backends.numba.exact_sums import add_products
     from entmax_ref.backends.numba_backend import NumbaBackend
 
     rng = np.random.default_rng(15)
     a, b = rng.standard_normal((40, 64)), rng.standard_normal((64, 300))
     a[:, ::3] = 0.0
-    want = X.product_state(a.shape[0], b.shape[1])
-    X.add_products(want, a, b)
     got = X.product_state(a.shape[0], b.shape[1])
     add_products(a, b, got, 0, a.shape[0])
-    assert _same(got.ravel(), want.ravel())
+    v, ok = X.round_products(got, a.shape[1])
+    want = [[_exact(a[r], b[:, c]) for c in range(b.shape[1])] for r in range(a.shape[0])]
+    assert ok.all() and _same(v.ravel(), np.array(want).ravel())
     # where the engines' TwoProds differ (an underflowing low part, an operand Dekker's split
     # cannot take) the state says so and the exact fallback decides
     for a, b in (_hard_matrices(), (a, b)):
         assert _same(X.matmul_rows(a, b, add=NumbaBackend().add_products).ravel(), X.matmul_rows(a, b).ravel())
 
 
-def test_matrix_product_sums_run_over_several_products():
+def test_matrix_product_sums_run_over_several_products(monkeypatch):
     """A sum state taken over several products (the attention's dK, dV over query chunks)
     rounds to the one product's correctly rounded sums, whatever the split."""
     rng = np.random.default_rng(16)
     a, b = rng.standard_normal((5, 90)), rng.standard_normal((90, 7))
     a[0, :45] = -a[0, 45:]  # a row whose terms cancel in pairs across the split
     b[:45, 0] = b[45:, 0]
-    st = X.product_state(5, 7)
-    for lo, hi in ((0, 13), (13, 60), (60, 90)):
-        X.add_products(st, a[:, lo:hi], b[lo:hi])
-    v, ok = X.round_products(st, 90)
     want = X.matmul_rows(a, b)
-    assert _same(v[ok], want[ok]) and ok.ravel()[1:].all()
-    assert not ok[0, 0] and want[0, 0] == 0.0  # an exact 0 after rounded errors: the exact fallback's
+    for block in (1, 4, 1 << 14):  # one inner index a step, a few, all of a product's
+        monkeypatch.setattr(X, "BLOCK_TERMS", block * 35)
+        st = X.product_state(5, 7)
+        for lo, hi in ((0, 13), (13, 60), (60, 90)):
+            X.add_products(st, a[:, lo:hi], b[lo:hi])
+        v, ok = X.round_products(st, 90)
+        assert _same(v[ok], want[ok]) and ok.ravel()[1:].all()
+        assert not ok[0, 0] and want[0, 0] == 0.0  # an exact 0 after rounded errors: the exact fallback's
 
 
 def _pow_cases():
