@@ -520,13 +520,11 @@ def score_errors(qc, kmax, scale, rs, err):
     return fits
 
 
-@kernel(lambda x: (x[:, ::1],), ops=_ATTENTION)
+@kernel(lambda x: (x[:, ::1],), ops=_ATTENTION, dtypes=("float32",))
 def key_norms(kk):
-    """``||k_j||`` of every key (row of ``kk``), from float64 sums of the exact float64
-    squares (a float32 input converts exactly; a float64 input's squares may overflow
-    to inf, which turns the float32 filter off).  Any order of summation is inside
-    :func:`score_errors`' factor 2 for the rounding of the norms.  (The einsum this
-    replaces took 0.25 ms a head of 4,096 x 64 on the calling thread, before the chunks.)"""
+    """``||k_j||`` of every float32 key (row of ``kk``: float64 attention runs on the NumPy
+    driver), from float64 sums of the exact float64 squares.  Any order of summation is
+    inside :func:`score_errors`' factor 2 for the rounding of the norms."""
     n = np.empty(kk.shape[0])
     for j in range(kk.shape[0]):
         a = 0.0
