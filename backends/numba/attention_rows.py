@@ -413,7 +413,7 @@ def _stored_candidates(sc, n, keys, buf):
         if j <= prev or j >= n:
             return np.int64(0), np.int8(2)
         if c + PREFETCH_AHEAD < keys.shape[1] and keys[r, c + PREFETCH_AHEAD] >= 0:
-            prefetch_pair(sc.keys, keys[r, c + PREFETCH_AHEAD])
+            prefetch_pair(sc.keys, np.int64(keys[r, c + PREFETCH_AHEAD]))
         gv = dot64(sc.qc, r, sc.keys, j)
         z = score_at(gv, sc, j)
         if (z - z) != 0.0:
@@ -446,7 +446,7 @@ def _row_skew(r, m, sup, weights, vv, skew_in, sk):
     for c in range(m):
         w = math.exp(ub[r, c] - lmax) if big else ub[r, c]
         su += w
-        add_row(sk, w, vv, idx[r, c])
+        add_row(sk, w, vv, np.int64(idx[r, c]))
     norm = S if big else su
     if norm > 0.0:
         for d in range(dv):
@@ -463,8 +463,8 @@ def _output_grads(r, m, idx, doc, vv, sk, gd):
         delta += doc[r, d] * sk[d]
     for c in range(m):
         if c + PREFETCH_AHEAD < m:
-            prefetch_pair(vv, idx[r, c + PREFETCH_AHEAD])
-        gd[c] = dot64(doc, r, vv, idx[r, c])
+            prefetch_pair(vv, np.int64(idx[r, c + PREFETCH_AHEAD]))
+        gd[c] = dot64(doc, r, vv, np.int64(idx[r, c]))
     return delta
 
 

@@ -272,7 +272,7 @@ def cr_alpha(x, out, m, a1, kind, A0, idx, yh, yl, ph, pl, rel, vh, vl, dv, u, f
     F = (abs(Fh) + E) * SLACK
     RA = F / (1.0 - F) * SLACK
     ok = abs(Ah - A0) + RA < 0.5 * mu and F < 0.5 and abs(m) < 2.0 ** 990
-    cnt = 0
+    cnt = np.int64(0)  # it reaches _sparse_ties: not a literal (the package docstring)
     last = -1
     rounded = True
     for j in range(k):

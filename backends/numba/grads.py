@@ -258,7 +258,7 @@ def _skew_pass(p, a2, u, idx):
     """:func:`_skew_dense`, or on a sparse row (under 1/8 of it on the support, whose
     indices go to the scratch ``idx``) :func:`_skew_sparse`: the same values."""
     n = p.shape[0]
-    k = 0
+    k = np.int64(0)  # it reaches _skew_sparse: not a literal (the package docstring)
     for i in range(n):
         if p[i] > 0.0:
             if k < n // 8:
