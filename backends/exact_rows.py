@@ -48,10 +48,10 @@ def _half_gaps(c, dtype):
     """Half the distances from ``c`` (values of ``dtype``, as float64) to its neighbours
     above and below in ``dtype``."""
     t = np.dtype(dtype).type
-    c_t = c.astype(t)
+    c_t = c if t is np.float64 else c.astype(t)
     with np.errstate(over="ignore"):
-        up = np.nextafter(c_t, t(np.inf)).astype(np.float64) - c
-        dn = c - np.nextafter(c_t, t(-np.inf)).astype(np.float64)
+        up = np.nextafter(c_t, t(np.inf)).astype(np.float64, copy=False) - c
+        dn = c - np.nextafter(c_t, t(-np.inf)).astype(np.float64, copy=False)
     return 0.5 * up, 0.5 * dn
 
 
@@ -59,12 +59,12 @@ def round_dw(h, l, err, dtype):
     """The rounding to nearest of ``hi + lo +- err`` in ``dtype`` (float64 or float32), and
     whether it is decided: every value within ``err`` (absolute) of ``h + l`` rounds to
     it.  ``(h, l)`` normalised, ``|h| >= NORMAL_MIN`` (else not decided)."""
-    c = h.astype(dtype).astype(np.float64)
+    c = h.astype(dtype).astype(np.float64, copy=False)
     d = (h - c) + l  # h - c is exact (c is h rounded to a coarser grid)
     up, dn = _half_gaps(c, dtype)
     e = err * SLACK
     ok = (d + e < up / SLACK) & (d - e > -dn / SLACK) & (np.abs(h) >= NORMAL_MIN)
-    return c.astype(dtype), ok
+    return c.astype(dtype, copy=False), ok
 
 
 def round_scaled(e, h, l, err, dtype):

@@ -178,15 +178,15 @@ def round_products(st: np.ndarray, n: int):
     return v, ok
 
 
-def matmul_rows(a: np.ndarray, b: np.ndarray, add=add_products) -> np.ndarray:
+def matmul_rows(a: np.ndarray, b: np.ndarray, add=add_products, rnd=round_products) -> np.ndarray:
     """``a @ b`` of float64 (m, n) and (n, k) arrays, each entry ``sum_i a_ri b_ic``
     correctly rounded to float64 (an exact 0 is +0): the products' sum states
     (:func:`add_products`, or an engine's compiled ``add``), rounded where that is proven
-    (:func:`round_products`), the other entries summed exactly (:func:`exact_dot`).
-    Terms whose ``a_ri`` is 0 are left out."""
+    (:func:`round_products`, or an engine's ``rnd``), the other entries summed exactly
+    (:func:`exact_dot`).  Terms whose ``a_ri`` is 0 are left out."""
     st = product_state(a.shape[0], b.shape[1])
     add(st, a, b)
-    v, ok = round_products(st, a.shape[1])
+    v, ok = rnd(st, a.shape[1])
     for r, col in zip(*np.nonzero(~ok)):
         on = a[r] != 0.0
         v[r, col] = exact_dot(a[r, on], b[on, col])

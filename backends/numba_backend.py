@@ -254,13 +254,26 @@ class NumbaBackend:
 
     def add_products(self, st: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
         """:func:`entmax_ref.backends.exact_sums.add_products` compiled
-        (:func:`.numba.exact_sums.add_products`, rows on worker threads): the same sum
-        states, which the NumPy engine's code rounds, so the same bits."""
+        (:func:`.numba.exact_sums.add_products`, rows on worker threads), into the same
+        sum states (:meth:`round_products` rounds them)."""
         from .numba._threads import run_blocks
         from .numba.exact_sums import add_products
 
         a, b = (np.require(x, np.float64, ("C", "W")) for x in (a, b))  # the declared signature's arrays
         run_blocks(add_products, (a, b, st), (a.shape[0], a.shape[1] * b.shape[1]), 8 * numba.get_num_threads())
+
+    def round_products(self, st: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`entmax_ref.backends.exact_sums.round_products` compiled
+        (:func:`.numba.exact_sums.round_products`): each proven sum its correctly rounded
+        value, as the NumPy engine's."""
+        from .exact_sums import STATE_FIELDS
+        from .numba.exact_sums import round_products
+
+        k = st.shape[-1]
+        flat = np.ascontiguousarray(st).reshape(-1, STATE_FIELDS, k)
+        v, ok = np.empty((flat.shape[0], k)), np.empty((flat.shape[0], k), np.bool_)
+        round_products(flat, n, v, ok)
+        return v.reshape(st.shape[:-2] + (k,)), ok.reshape(st.shape[:-2] + (k,))
 
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         """The fused chunked forward of :mod:`entmax_ref.backends.numba.attention` (BLAS

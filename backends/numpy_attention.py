@@ -61,7 +61,7 @@ from . import geometry
 from ._base import AttentionForward, AttentionGrads, AttentionSpec, narrow
 from .attention_driver import batch_chunks, empty_forward
 from .constants import EDGE_TIE_ULPS
-from .exact_sums import STATE_FIELDS, dot_rows, exact_dot, matmul_rows, round_products
+from .exact_sums import STATE_FIELDS, dot_rows, exact_dot, matmul_rows
 from .numpy_elementwise import e_alpha, skew_weights
 from .numpy_elementwise import edge_p as _edge_p
 from .numpy_elementwise import normalised_skew as _normalised_skew
@@ -203,16 +203,16 @@ def products(backend, q: np.ndarray):
     order, so every CPU engine gives the same bits), else NumPy's (BLAS)."""
     if q.dtype != _F64:
         return np.matmul
-    return functools.partial(matmul_rows, add=backend.add_products)
+    return functools.partial(matmul_rows, add=backend.add_products, rnd=backend.round_products)
 
 
 class _QuerySums:
     """dK or dV of every (batch, kv-head): ``sum_i a_ij b_i`` over the query rows of all its
     chunks.  float64 attention (``exact``): the chunks' exact terms go into one sum state
-    per entry (``backend.add_products``), rounded once at the end (correctly: the chunking
-    and the order change nothing), and an entry whose rounding is not proven is summed
-    exactly from its terms (:meth:`exact`); otherwise the float64 sum of the chunks'
-    products."""
+    per entry (``backend.add_products``), rounded once at the end (correctly, by
+    ``backend.round_products``: the chunking and the order change nothing), and an entry
+    whose rounding is not proven is summed exactly from its terms (:meth:`exact`);
+    otherwise the float64 sum of the chunks' products."""
 
     def __init__(self, backend, exact: bool, shape: tuple, scale: float):
         self.backend, self.exact, self.scale = backend, exact, scale
@@ -234,7 +234,7 @@ class _QuerySums:
         bounds the terms of a sum."""
         if not self.exact:
             return self.st
-        v, ok = round_products(self.st, rows)
+        v, ok = self.backend.round_products(self.st, rows)
         v = self.scale * v
         bad = np.argwhere(~ok)
         if bad.size:

@@ -559,6 +559,13 @@ class NumpyBackend:
 
         add_products(st, a, b)
 
+    def round_products(self, st: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The sums of the states ``st`` of at most ``n`` terms, correctly rounded where
+        proven, and where (:func:`entmax_ref.backends.exact_sums.round_products`)."""
+        from .exact_sums import round_products
+
+        return round_products(st, n)
+
     def attention_forward(self, q, k, v, spec: AttentionSpec) -> AttentionForward:
         from .numpy_attention import attention_forward
 

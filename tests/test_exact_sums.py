@@ -164,13 +164,20 @@ def test_numba_matrix_products_fill_sum_states_that_round_correctly():
     a[:, ::3] = 0.0
     got = X.product_state(a.shape[0], b.shape[1])
     add_products(a, b, got, 0, a.shape[0])
-    v, ok = X.round_products(got, a.shape[1])
-    want = [[_exact(a[r], b[:, c]) for c in range(b.shape[1])] for r in range(a.shape[0])]
-    assert ok.all() and _same(v.ravel(), np.array(want).ravel())
+    want = np.array([[_exact(a[r], b[:, c]) for c in range(b.shape[1])] for r in range(a.shape[0])])
+    for rnd in (X.round_products, NumbaBackend().round_products):
+        v, ok = rnd(got, a.shape[1])
+        assert ok.all() and _same(v.ravel(), want.ravel())
     # where the engines' TwoProds differ (an underflowing low part, an operand Dekker's split
     # cannot take) the state says so and the exact fallback decides
+    numba = NumbaBackend()
     for a, b in (_hard_matrices(), (a, b)):
-        assert _same(X.matmul_rows(a, b, add=NumbaBackend().add_products).ravel(), X.matmul_rows(a, b).ravel())
+        got = X.matmul_rows(a, b, add=numba.add_products, rnd=numba.round_products)
+        assert _same(got.ravel(), X.matmul_rows(a, b).ravel())
+        st = X.product_state(a.shape[0], b.shape[1])
+        numba.add_products(st, a, b)
+        (v, ok), (v2, ok2) = X.round_products(st, a.shape[1]), numba.round_products(st, a.shape[1])
+        assert (ok == ok2).all() and _same(v[ok], v2[ok2])  # the same rounding, proven on the same sums
 
 
 def test_matrix_product_sums_run_over_several_products(monkeypatch):

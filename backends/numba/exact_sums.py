@@ -18,8 +18,8 @@ engines: the real-number sum, rounded to nearest.
 rounded where its error bound proves the rounding.
 
 :func:`add_products` adds the terms of ``a @ b`` to the NumPy engine's sum states
-(:func:`entmax_ref.backends.exact_sums.add_products`), which that engine rounds: the
-float64 attention's scores, outputs and gradient sums.
+(:func:`entmax_ref.backends.exact_sums.add_products`) and :func:`round_products` rounds
+them: the float64 attention's scores, outputs and gradient sums.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from .. import double_word as M
-from ._jit import ANY, f64, i64, jit, kernel
+from ._jit import ANY, b1, f64, i64, jit, kernel
 from ..exact_sums import EXP_OVER, EXP_UNDER
 from .double_word import dw_mul_fp, exp_dw, log1p_dw_sel, log_dw, round_scaled, round_signed, two_prod, two_sum
 
@@ -239,3 +239,17 @@ def add_products(a, b, st, r0, r1):
                 A[j] += abs(p)
                 X[j] += abs(w1) + abs(w2)
                 U[j] += 1.0 if (p != 0.0) & (abs(p) < _NORMAL_MIN) else 0.0
+
+
+@kernel(lambda _: (f64[:, :, ::1], i64, f64[:, ::1], b1[:, ::1]), dtypes=ANY,
+        ops=("attention_forward", "attention_backward"))
+def round_products(st, n, v, ok):
+    """:func:`entmax_ref.backends.exact_sums.round_products` of the sum states ``st``
+    ((m, 5, k), of at most ``n`` terms each) into ``v`` and ``ok`` ((m, k)): each sum
+    rounded by :func:`sum_round`, proven where that says so and no term was inexact in
+    the engines' TwoProd.  Where both engines prove a sum, both hold its correctly rounded
+    value."""
+    for r in range(st.shape[0]):
+        for j in range(st.shape[2]):
+            v[r, j], good = sum_round(st[r, 0, j], st[r, 1, j], st[r, 2, j], st[r, 3, j] != 0.0, n)
+            ok[r, j] = good and st[r, 4, j] == 0.0
