@@ -76,6 +76,23 @@ def sum_round(s, c, A, inexact, n):
     return round_signed(h, l, sum_bound(n, A))
 
 
+@jit(forceinline=True)
+def add_product_at(S, C, A, X, U, j, a, b):
+    """Add the exact product ``a b`` to entry ``j`` of the sum-state arrays: the TwoSum
+    chain ``S``, the error sum ``C``, the magnitudes ``A``, ``X`` > 0 where an addition
+    into ``C`` rounded, ``U`` > 0 where the product's low part underflows (a vector loop's
+    step: a lane of :func:`dot_lanes`, a column of :func:`add_products`)."""
+    p, e = two_prod(a, b)
+    t, q = two_sum(S[j], p)
+    S[j] = t
+    t, r1 = two_sum(C[j], q)
+    t, r2 = two_sum(t, e)
+    C[j] = t
+    A[j] += abs(p)
+    X[j] += abs(r1) + abs(r2)
+    U[j] += 1.0 if (p != 0.0) & (abs(p) < _NORMAL_MIN) else 0.0
+
+
 #: the lanes of :func:`dot_lanes` (a row of at least 2 * LANES terms uses them)
 LANES = 16
 
@@ -104,15 +121,7 @@ def dot_lanes(u, g, lanes):
             C1[j] = t
             A1[j] += abs(v)
             X1[j] += abs(r)
-            p, e = two_prod(v, gb[j])
-            t, q = two_sum(S2[j], p)
-            S2[j] = t
-            t, r1 = two_sum(C2[j], q)
-            t, r2 = two_sum(t, e)
-            C2[j] = t
-            A2[j] += abs(p)
-            X2[j] += abs(r1) + abs(r2)
-            B2[j] += 1.0 if (p != 0.0) & (abs(p) < _NORMAL_MIN) else 0.0
+            add_product_at(S2, C2, A2, X2, B2, j, v, gb[j])
     s1, c1, a1, x1 = 0.0, 0.0, 0.0, np.bool_(False)
     s2, c2, a2, x2 = 0.0, 0.0, 0.0, np.bool_(False)
     bad = False
@@ -230,15 +239,7 @@ def add_products(a, b, st, r0, r1):
                 continue
             bi = b[i]
             for j in range(k):
-                p, e = two_prod(x, bi[j])
-                t, q = two_sum(S[j], p)
-                S[j] = t
-                t, w1 = two_sum(C[j], q)
-                t, w2 = two_sum(t, e)
-                C[j] = t
-                A[j] += abs(p)
-                X[j] += abs(w1) + abs(w2)
-                U[j] += 1.0 if (p != 0.0) & (abs(p) < _NORMAL_MIN) else 0.0
+                add_product_at(S, C, A, X, U, j, x, bi[j])
 
 
 @kernel(lambda _: (f64[:, :, ::1], i64, f64[:, ::1], b1[:, ::1]), dtypes=ANY,
