@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..backends.numba_precompile import Progress
 
     t0 = time.perf_counter()
-    compiled: Callable[[], None] | None = None  # waits for the kernels' compile
+    kernels = False  # whether the numba rows' kernels are to be compiled first
     first_kernel_job: int | None = None  # the jobs from this one on may run numba kernels
     if args.corpus:
         jobs = _corpus_jobs(args)
@@ -421,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [(f"{args.op} [{args.impl}]", lambda: impl_report(args.impl, args.op, args.alpha or [1.5], args))]
     else:
         names = er.available_backends() if args.backends is None else args.backends
+        kernels = "numba" in names and args.jobs != 0 and er.backends.unavailable_reason("numba") is None
         jobs = []
         for b in names:
             if b != "numpy" and first_kernel_job is None:
@@ -438,9 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 jobs.extend(peer_jobs(args.size, args.seed))
     bar = Progress(len(jobs), not args.no_progress)
-    if not (args.corpus or args.impl) and "numba" in names and args.jobs != 0 \
-            and er.backends.unavailable_reason("numba") is None:
-        compiled = _start_compile(args, bar)
+    compiled = _start_compile(args, bar) if kernels else None  # waits for the kernels' compile
     report = CheckReport()
     for i, (label, job) in enumerate(jobs):
         if compiled is not None and i == first_kernel_job:
