@@ -339,8 +339,8 @@ def test_every_solver_marks_its_nonfinite_rows(nb):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 @pytest.mark.parametrize("n", [1, 37, 1000, 4096])
 def test_softmax_rows_take_each_maximum_in_the_previous_rows_pass(nb, dtype, n):
-    """In a block of float64 rows, softmax takes each row's maximum and NaN/+inf count inside
-    the previous row's exponential pass (float32 rows take their own). Every row of a
+    """In a block of rows, softmax takes each row's maximum and NaN/+inf count inside the
+    previous row's exponential pass. Every row of a
     many-row call, settled rows (NaN, +inf, all -inf) between solved ones, bad entries at
     either end of the next row (its last block overlaps the one before when n is not a
     multiple of the lanes), gets the same bits as the row solved alone (whose pass reads
@@ -365,6 +365,65 @@ def test_softmax_rows_take_each_maximum_in_the_previous_rows_pass(nb, dtype, n):
     bad = ~np.isfinite(x) & ~np.isneginf(x)
     np.testing.assert_array_equal(got.n_iter == -1, bad.any(axis=1))
     assert (got.support[::7] == 0).all() and (got.theta[::7] == -np.inf).all()
+
+
+def _softmax_rows_one_by_one(x):
+    """float32 softmax rows by the per-row path (:func:`.softmax.solve_softmax`), whose bits
+    the float32 row kernel keeps: (p, theta, support)."""
+    from entmax_ref.backends.numba.softmax import solve_softmax
+
+    p = np.empty_like(x)
+    theta = np.empty(x.shape[0])
+    support = np.empty(x.shape[0], np.int64)
+    c = np.empty(x.shape[1])
+    for r in range(x.shape[0]):
+        theta[r], support[r] = solve_softmax(x[r], p[r], c)[:2]
+    return p, theta, support
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 65, 1000, 4099, 8192])
+def test_float32_softmax_rows_are_the_per_row_paths_bits(nb, n):
+    """The float32 softmax kernel (two passes with the shorter exponential, a rounding test,
+    the per-row path again where it does not decide) gives the per-row path's float32
+    bits: p, tau (theta rounded to float32) and the support, on rows of every scale (wide
+    ones reach float32's subnormal range and zero), ties, -inf masks, huge offsets."""
+    rng = np.random.default_rng(n)
+    blocks = [rng.standard_normal((24, n)) * s for s in (1e-3, 1.0, 8.0, 40.0, 1e3)]
+    x = np.concatenate(blocks).astype(np.float32)
+    x[rng.random(x.shape) < 0.05] = -np.inf
+    x[3] = np.round(x[3])  # ties, the maximum's included
+    x[4] += np.float32(3e5)  # an offset far above the spread
+    x[5, :] = -np.inf
+    x[5, -1] = 1.0
+    got = nb.entmax_forward(x, np.ones(x.shape[0]), None)
+    p, theta, support = _softmax_rows_one_by_one(x)
+    np.testing.assert_array_equal(got.p.view(np.int32), p.view(np.int32))
+    np.testing.assert_array_equal(got.theta.astype(np.float32), theta.astype(np.float32))
+    np.testing.assert_array_equal(got.support, support)
+
+
+def test_float32_softmax_rounding_test_flags_what_it_cannot_decide():
+    """The float32 softmax's rounding test (:func:`.softmax._round_pass32`) leaves an entry
+    undecided exactly when its float64 value lies within ``T`` ulps of a float32 rounding
+    midpoint, in float32's subnormal range above 2^-152, or below the exponential pass's
+    floor; it rounds every other entry to the nearest float32."""
+    from entmax_ref.backends.numba.softmax import _P_FLOOR, _round_pass32
+
+    T = 100
+    rng = np.random.default_rng(5)
+    f = rng.uniform(2.0 ** -120, 1.0, 200).astype(np.float32)
+    mid = (f.astype(np.float64) + np.nextafter(f, np.float32(2)).astype(np.float64)) / 2  # exact
+    out = np.empty(1, np.float32)
+    for m in mid:
+        for k, want in ((0, 1), (T, 1), (-T, 1), (T + 1, 0), (-T - 1, 0), (2 ** 27, 0)):
+            v = np.array([m + k * np.spacing(m)])
+            assert _round_pass32(v, 1.0, T, out) == want, (m, k)
+            if not want:
+                assert out[0] == np.float32(v[0])
+    tiny = [(2.0 ** -126, 0), (np.nextafter(2.0 ** -126, 0), 1), (2.0 ** -152, 1),
+            (np.nextafter(2.0 ** -152, 0), 0), (_P_FLOOR, 0), (np.nextafter(_P_FLOOR, 0), 1), (0.0, 1)]
+    for v, want in tiny:
+        assert _round_pass32(np.array([v]), 1.0, T, out) == want, v
 
 
 def test_three_way_partition():

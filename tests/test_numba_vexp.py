@@ -100,6 +100,35 @@ def test_vexp_neg_is_vexp_on_its_range():
     assert np.all(got == math.exp(VEXP_NEG_MIN))
 
 
+def test_vexp32_within_its_stated_bound_against_mpmath():
+    """The float32 softmax's exponential is within ``VEXP32_ERR`` units of 2^-53 (relative)
+    on [-88, 0], the bound its rounding test relies on, and within 2^-44 down to -708.
+    The sweep holds the reduction's edges (d / ln2 near a half-integer) for every k of
+    the range, where the polynomial's error and the float64 ln2's are largest (a polynomial
+    one degree shorter, refitted, errs by 7.4e-14 there: 14 times the bound)."""
+    from entmax_ref.backends.numba.vexp import VEXP32_ERR, VEXP32_RANGE, vexp32_array
+
+    rng = np.random.default_rng(32)
+    half = (np.arange(-128, 0) + 0.5) * math.log(2.0)
+    d = np.concatenate([half, np.nextafter(half, -np.inf), np.nextafter(half, np.inf),
+                        rng.uniform(-VEXP32_RANGE, 0.0, 20_000), -np.logspace(-20, 0, 500), [0.0, -VEXP32_RANGE]])
+    d = d[d >= -VEXP32_RANGE]
+    deep = rng.uniform(-708.0, -VEXP32_RANGE, 2000)
+    got, got_deep = np.empty_like(d), np.empty_like(deep)
+    vexp32_array(d, got)
+    vexp32_array(deep, got_deep)
+    with mp.workdps(40):
+        def rel(g, v):
+            e = mp.exp(mp.mpf(float(v)))
+            return float(abs(mp.mpf(float(g)) - e) / e)
+        err = np.array([rel(g, v) for g, v in zip(got, d)])
+        err_deep = np.array([rel(g, v) for g, v in zip(got_deep, deep)])
+    worst = err.max() * 2.0 ** 53
+    assert worst <= VEXP32_ERR, f"{worst:.1f} units at d = {d[err.argmax()]!r}"
+    assert worst > VEXP32_ERR / 4  # the sweep reaches the hard points (32 units seen)
+    assert err_deep.max() <= 2.0 ** -44
+
+
 def test_vexp_agrees_with_libm_on_a_million_points(vexp_array):
     """Against math.exp (itself within 1 ulp) on a dense grid of the softmax range: at most
     one ulp apart, and equal on the large majority of points."""

@@ -27,7 +27,9 @@ driver, :func:`entmax_rows`):
 2. The threshold, by alpha (``method=None``):
 
    * alpha = 1: ``A = log1p(sum_{i != argmax} exp(y_i))`` (the max term separated out,
-     as scipy's logsumexp does); ``p_i = exp(y_i) / (1 + s)``.
+     as scipy's logsumexp does); ``p_i = exp(y_i) / (1 + s)``.  float32 rows reach the
+     float32 rounding of those ``p_i`` by a shorter computation with a rounding test
+     (:mod:`.softmax`).
    * alpha = 2: Condat's (2016) algorithm finds the support S in expected O(k); the
      closed form ``A = (sum_S y + |S| - 1) / |S|`` with a compensated sum.
    * alpha = 1.5: a randomised pivot (quickselect-like, expected O(k)) on
@@ -100,7 +102,7 @@ from .elementwise import (K_15, K_EXP, K_GEN, K_SPARSE, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, bound_above, bound_below, write_output,
                           write_output_at, settled_row, uniform_bound)
 from .gen import finish_gen, subset_bound_gen
-from .softmax import LANES, softmax_lanes, softmax_rows_next, solve_softmax
+from .softmax import softmax32_rows, softmax_rows_next, solve_softmax
 from .threshold import bisect_row, condat, newton_row, pivot15
 
 
@@ -334,10 +336,7 @@ def _ROWS(x):
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float32",))
 def _rows_softmax(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
-    c = np.empty(x.shape[1], np.float64)
-    lanes = np.empty((4, LANES), np.float64)
-    for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = softmax_lanes(x[r], out[r], c, lanes)
+    softmax32_rows(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))

@@ -11,6 +11,16 @@ s)``.  The lanes are merged with Neumaier's step.  The error of the sum is that 
 compensated sum (``~2 eps |s|`` plus ``n eps^2 |s|``), whatever the order.  In a block
 of float64 rows the maximum of the next row is taken inside this row's exponential pass
 (:func:`_softmax_row_next`), so that row's read from memory overlaps the exponentials.
+
+float32 rows (:func:`softmax32_rows`) need the float32 rounding of those float64
+probabilities, not the probabilities: :func:`_softmax32_row` computes them in two passes
+with a shorter exponential (:func:`.vexp.vexp32`, about 2^-47 relative: 14 products and
+multiply-adds where :func:`.vexp.vexp_neg` takes 18 and five additions), a plain sum in two levels of lanes, and a product,
+under a proven error bound; a rounding test on the float64 bits shows that this value and
+:func:`_softmax_row`'s lie on the same side of every float32 rounding boundary, so both
+round to the same float32.  The rare row where the test does not decide (about one in 300
+normal rows of 8192, and every row with a ``-inf`` entry or one far below the maximum) is
+solved again by :func:`_softmax_row`: the bits are its bits on every row.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from ._jit import jit
 from .candidates import lane_max, max_block, max_end, max_into, max_lanes
 from .compensated import acc, merge_lanes, two_sum
 from .elementwise import settled_row
-from .vexp import VEXP_NEG_MIN, vexp, vexp_neg
+from .vexp import VEXP32_ERR, VEXP32_RANGE, VEXP_NEG_MIN, float_bits, vexp, vexp32, vexp_neg
 
 #: lanes of the vectorised passes (a row of n >= 2 * LANES entries uses all of them)
 LANES = 64
@@ -182,6 +192,139 @@ def softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
             continue
         A, cnt, m_next, bad = _softmax_row_next(x[r], out[r], m, lanes, xn)
         theta[r], support[r], n_iter[r], converged[r] = m + A, cnt, 0, True
+        m = m_next
+
+
+#: blocks of a lane's first-level sum in :func:`_softmax32_row` (then added into the second level)
+_GROUP = 16
+#: the low 29 bits of a float64, which its rounding to float32 drops, and their value at a
+#: float32 rounding boundary (the midpoint between two float32 neighbours)
+_LOW29 = (1 << 29) - 1
+_MID29 = 1 << 28
+#: the bound, in units of 2^-53 relative, on the error of the float64 probabilities of
+#: :func:`_softmax_row` (``vexp_neg`` under 0.8 ulp, the compensated sum about 3 units,
+#: ``1 + s``, the division and the product one each: under 8)
+_OLD_ERR = 16.0
+_F32_MIN = 1.1754943508222875e-38  # 2^-126: below it float32 is subnormal
+_F32_ZERO = 2.0 ** -152  # a probability below it (within its bound) rounds to 0 in float32
+_P_FLOOR = 1e-290  # below it the entry's y is under -667 (or -inf): the row is redone
+
+
+@jit
+def _exp_pass32(x, c, m, lanes, xn):
+    """Step 1 of :func:`_softmax32_row`: ``c_i = vexp32(x_i - m)``, their sum ``D`` in two
+    levels of lanes, the number ``k`` of roundings it carries, and the maximum and NaN/+inf
+    count of ``xn``.  Returns (D, k, maximum of xn, NaN/+inf count of xn)."""
+    n = x.shape[0]
+    L = _lanes(n)
+    S = lanes[0, :L]
+    S2 = lanes[1, :L]
+    S[:] = 0.0
+    S2[:] = 0.0
+    A, B = max_lanes(xn, lanes[2, :L], lanes[3, :L])
+    bad = 0
+    nb = n // L
+    for b in range(nb):
+        xb = x[b * L:(b + 1) * L]
+        cb = c[b * L:(b + 1) * L]
+        nxb = xn[b * L:(b + 1) * L]
+        src, dst = max_block(A, B, b)
+        for j in range(L):
+            e = vexp32(np.float64(xb[j]) - m)
+            cb[j] = e
+            S[j] += e
+            bad += max_into(src, dst, j, nxb[j])
+        if b % _GROUP == _GROUP - 1:
+            for j in range(L):
+                S2[j] += S[j]
+                S[j] = 0.0
+    m_next, tail = max_end(xn, A, B, nb)
+    for i in range(nb * L, n):  # the tail: one more block of the last group
+        e = vexp32(np.float64(x[i]) - m)
+        c[i] = e
+        S[i - nb * L] += e
+    for j in range(L):
+        S2[j] += S[j]
+    w = L
+    while w > 1:  # the lanes pairwise, in halves
+        w //= 2
+        for j in range(w):
+            S2[j] += S2[j + w]
+    return S2[0], _GROUP + nb // _GROUP + 2 + math.log2(L), m_next, bad + tail
+
+
+@jit
+def _round_pass32(c, inv, T, out):
+    """Step 2 of :func:`_softmax32_row`: ``out_i = c_i inv`` rounded to float32; returns the
+    number of entries left undecided with ``T`` ulps on either side."""
+    und = np.int64(0)  # not a literal: see the package docstring
+    for i in range(c.shape[0]):
+        p = c[i] * inv
+        near = ((float_bits(p) + (T - _MID29)) & _LOW29) <= 2 * T  # low bits within T of the midpoint
+        und += near | ((p < _F32_MIN) & ((p >= _F32_ZERO) | (p < _P_FLOOR)))
+        out[i] = p
+    return und
+
+
+@jit
+def _softmax32_row(x, out, m, c, lanes, xn):
+    """Softmax of the float32 row ``x`` with maximum ``m`` in two passes, with the maximum and
+    the NaN/+inf count of ``xn`` (the next row of the block) taken in the first; the float32
+    outputs (and the float32 rounding of ``theta``) those of :func:`_softmax_row`, or
+    ``ok = False`` and ``out`` to be redone by it.  ``c`` is float64 scratch of the row's length.
+
+    1. ``e_i = vexp32(x_i - m)`` into ``c``, summed in ``L`` lanes in two levels (each lane
+       adds :data:`_GROUP` blocks, then its sum into the second level), the lanes merged
+       pairwise: ``D = sum e_i``, within ``VEXP32_ERR + k`` units of ``2^-53`` of the exact
+       sum of ``exp(x_i - m)`` (``k = _GROUP + nb / _GROUP + 2 + log2 L`` roundings of
+       sums of positive terms; terms below ``exp(-88)`` change it by less than ``n e^-88``).
+    2. ``p_i = e_i / D`` (a product with ``1 / D``: two more units), stored as float32.  A
+       probability and :func:`_softmax_row`'s, whose error is under :data:`_OLD_ERR` units,
+       lie within ``T`` ulps of the float64 ``p_i`` (``T`` the sum of both bounds, ``p_i /
+       ulp(p_i) < 2^53``); when the low 29 bits of ``p_i`` (those float32 drops) are more
+       than ``T`` from ``2^28``, the midpoint, no float32 rounding boundary lies within
+       ``T`` ulps, so both round to the same float32, the correctly rounded one.  Below
+       float32's normal range: ``p < 2^-152`` rounds to 0 (both are below ``2^-150``);
+       a row with an entry in ``[2^-152, 2^-126)``, or with ``p < 1e-290`` (``x_i - m <
+       -667``, which :func:`_softmax_row` treats on its own, or ``-inf``), is left undecided.
+       Every other entry has ``p_i > 0`` in float64 on both paths: the support is ``n``.
+    3. ``theta = m + log(D)``; its float32 rounding (``tau``) is kept when ``theta`` within
+       both paths' bounds rounds to one float32.
+
+    Returns (theta, support, ok, maximum of xn, NaN/+inf count of xn)."""
+    D, ksum, m_next, bad = _exp_pass32(x, c, m, lanes, xn)
+    T = np.int64((VEXP32_ERR + ksum + 2.0 + _OLD_ERR) * 1.01) + 2
+    und = _round_pass32(c[:x.shape[0]], 1.0 / D, T, out)
+    A = math.log(D)
+    theta = m + A
+    E = 2.0 * ((VEXP32_ERR + ksum + _OLD_ERR + 4.0) + 4.0 * abs(A) + 2.0 * abs(theta)) * 2.0 ** -53
+    ok = und == 0 and np.float32(theta - E) == np.float32(theta + E)
+    return theta, x.shape[0], ok, m_next, bad
+
+
+@jit
+def softmax32_rows(x, out, theta, support, n_iter, converged, r0, r1):
+    """alpha = 1, ``method=None``, float32 rows ``r0 .. r1 - 1``: :func:`_softmax32_row`, each
+    row's maximum taken in the previous row's first pass; a row it leaves undecided
+    (about one in 300 of normal rows of 8192) is solved again by :func:`_softmax_row`, so
+    the outputs are its bits on every row."""
+    n = x.shape[1]
+    L = _lanes(n)
+    lanes = np.empty((4, LANES), np.float64)
+    c = np.empty(n, np.float64)
+    m, bad = lane_max(x[r0], lanes[2, :L], lanes[3, :L])
+    for r in range(r0, r1):
+        xn = x[r + 1] if r + 1 < r1 else x[r]  # the last row's pass reads itself again
+        settled, res = settled_row(out[r], m, bad)
+        if settled:
+            theta[r], support[r], n_iter[r], converged[r] = res
+            m, bad = lane_max(xn, lanes[2, :L], lanes[3, :L])
+            continue
+        th, cnt, ok, m_next, bad = _softmax32_row(x[r], out[r], m, c, lanes, xn)
+        if not ok:
+            A, cnt = _softmax_row(x[r], out[r], m, c, lanes)
+            th = m + A
+        theta[r], support[r], n_iter[r], converged[r] = th, cnt, 0, True
         m = m_next
 
 
