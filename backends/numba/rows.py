@@ -102,7 +102,7 @@ from .elementwise import (K_15, K_EXP, K_GEN, K_SPARSE, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, bound_above, bound_below, write_output,
                           write_output_at, settled_row, uniform_bound)
 from .gen import finish_gen, subset_bound_gen
-from .softmax import softmax32_rows, softmax_rows_next, solve_softmax
+from .softmax import softmax_rows_next, solve_softmax
 from .threshold import bisect_row, condat, newton_row, pivot15
 
 
@@ -336,13 +336,13 @@ def _ROWS(x):
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float32",))
 def _rows_softmax(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
-    softmax32_rows(x, out, theta, support, n_iter, converged, r0, r1)
+    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1, True)
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_softmax64(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
-    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
+    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1, False)
 
 
 @kernel(_ROWS, ops=("entmax_forward",))

@@ -12,7 +12,7 @@ compensated sum (``~2 eps |s|`` plus ``n eps^2 |s|``), whatever the order.  In a
 of float64 rows the maximum of the next row is taken inside this row's exponential pass
 (:func:`_softmax_row_next`), so that row's read from memory overlaps the exponentials.
 
-float32 rows (:func:`softmax32_rows`) need the float32 rounding of those float64
+float32 rows (:func:`_softmax32_row`) need the float32 rounding of those float64
 probabilities, not the probabilities: :func:`_softmax32_row` computes them in two passes
 with a shorter exponential (:func:`.vexp.vexp32`, about 2^-47 relative: 14 products and
 multiply-adds where :func:`.vexp.vexp_neg` takes 18 and five additions), a plain sum in two levels of lanes, and a product,
@@ -147,10 +147,9 @@ def _softmax_row_next(x, out, m, lanes, xn):
     and NaN/+inf count of ``xn``, the next row of the caller's block (x itself when there
     is none), and keeps ``exp(x - m)`` in ``out``, which the output pass scales in place.
     The next row's first read from memory and this row's output traffic then overlap the
-    compute-bound exponentials instead of stalling passes of their own.  Float32 rows are
-    not run this way: with half the bytes to hide, and float32 lanes in a float64 loop, the
-    overlap does not pay for itself.  Returns (A, support, the maximum of xn, nonzero when
-    xn holds a NaN or +inf)."""
+    compute-bound exponentials instead of stalling passes of their own (float32 rows:
+    :func:`_exp_pass32`).  Returns (A, support, the maximum of xn, nonzero when xn holds a
+    NaN or +inf)."""
     n = x.shape[0]
     L = min(_lanes(n), n)
     A, B = max_lanes(xn, lanes[2, :L], lanes[3, :L])
@@ -173,26 +172,6 @@ def _softmax_row_next(x, out, m, lanes, xn):
     m_next, _ = max_end(xn, A, B, nbt)  # the blocks covered every entry: no tail
     Ax, cnt = _softmax_finish(x, out, out, m, nlow, lanes)
     return Ax, cnt, m_next, bad
-
-
-@jit
-def softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
-    """alpha = 1, ``method=None``, float64 rows ``r0 .. r1 - 1``: log-sum-exp, each row's
-    maximum taken in the previous row's exponential pass (:func:`_softmax_row_next`)."""
-    n = x.shape[1]
-    L = _lanes(n)
-    lanes = np.empty((4, LANES), np.float64)
-    m, bad = lane_max(x[r0], lanes[2, :L], lanes[3, :L])
-    for r in range(r0, r1):
-        xn = x[r + 1] if r + 1 < r1 else x[r]  # the last row's pass reads itself again
-        settled, res = settled_row(out[r], m, bad)
-        if settled:
-            theta[r], support[r], n_iter[r], converged[r] = res
-            m, bad = lane_max(xn, lanes[2, :L], lanes[3, :L])
-            continue
-        A, cnt, m_next, bad = _softmax_row_next(x[r], out[r], m, lanes, xn)
-        theta[r], support[r], n_iter[r], converged[r] = m + A, cnt, 0, True
-        m = m_next
 
 
 #: blocks of a lane's first-level sum in :func:`_softmax32_row` (then added into the second level)
@@ -302,16 +281,18 @@ def _softmax32_row(x, out, m, c, lanes, xn):
     return theta, x.shape[0], ok, m_next, bad
 
 
-@jit
-def softmax32_rows(x, out, theta, support, n_iter, converged, r0, r1):
-    """alpha = 1, ``method=None``, float32 rows ``r0 .. r1 - 1``: :func:`_softmax32_row`, each
-    row's maximum taken in the previous row's first pass; a row it leaves undecided
-    (about one in 300 of normal rows of 8192) is solved again by :func:`_softmax_row`, so
-    the outputs are its bits on every row."""
+@jit(inline="always")
+def softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1, f32):
+    """alpha = 1, ``method=None``, rows ``r0 .. r1 - 1``: log-sum-exp, each row's maximum
+    taken in the previous row's exponential pass: :func:`_softmax_row_next` for float64
+    rows, :func:`_softmax32_row` for float32 ones (``f32``, a constant of the calling
+    kernel, which numba inlines this function into and prunes to one branch), whose row
+    left undecided (about one in 300 normal rows of 8192) is solved again by
+    :func:`_softmax_row`: its bits on every row."""
     n = x.shape[1]
     L = _lanes(n)
     lanes = np.empty((4, LANES), np.float64)
-    c = np.empty(n, np.float64)
+    c = np.empty(n if f32 else 0, np.float64)
     m, bad = lane_max(x[r0], lanes[2, :L], lanes[3, :L])
     for r in range(r0, r1):
         xn = x[r + 1] if r + 1 < r1 else x[r]  # the last row's pass reads itself again
@@ -320,9 +301,13 @@ def softmax32_rows(x, out, theta, support, n_iter, converged, r0, r1):
             theta[r], support[r], n_iter[r], converged[r] = res
             m, bad = lane_max(xn, lanes[2, :L], lanes[3, :L])
             continue
-        th, cnt, ok, m_next, bad = _softmax32_row(x[r], out[r], m, c, lanes, xn)
-        if not ok:
-            A, cnt = _softmax_row(x[r], out[r], m, c, lanes)
+        if f32:
+            th, cnt, ok, m_next, bad = _softmax32_row(x[r], out[r], m, c, lanes, xn)
+            if not ok:
+                A, cnt = _softmax_row(x[r], out[r], m, c, lanes)
+                th = m + A
+        else:
+            A, cnt, m_next, bad = _softmax_row_next(x[r], out[r], m, lanes, xn)
             th = m + A
         theta[r], support[r], n_iter[r], converged[r] = th, cnt, 0, True
         m = m_next

@@ -224,7 +224,7 @@ def vexp32(d):
     ulps), ``exp(r) = 1 + r + r^2 g(r)`` as ``E(z) + r O(z)``, ``z = r^2``, its even and odd parts
     each by Horner's rule in ``z`` (two independent chains of 5 and 4 multiply-adds: the
     loop is bound by the multiply-adds' throughput, not by one long chain), scaled by
-    ``2^k`` from its bits (exact: ``k >= -1022``).  The error, relative, in units of
+    ``2^k`` in its exponent field (exact: ``k >= -1021``).  The error, relative, in units of
     ``2^-53``: the polynomial 10.6 (``_H``); its evaluation 3.3 (the last multiply-add
     rounds once, ``E <= 1.07`` once, ``r O`` carries ``|r| <= 0.35`` of O's rounding, and
     the earlier steps at most ``z <= 0.12`` of theirs, over ``exp(r) >= 0.7``); the
@@ -247,7 +247,9 @@ def vexp32(d):
         od = _fmuladd(od, z, _H[j])
     even = _fmuladd(ev, z, even)
     odd = _fmuladd(od, z, odd)
-    return _fmuladd(r, odd, even) * _pow2(kd)
+    # times 2^k (-1021 <= k <= 0, the result normal) as k added to the exponent field: the
+    # bits of kd are those of 1.5 * 2^52 + k, whose shift by 52 leaves k << 52 alone
+    return from_bits(float_bits(_fmuladd(r, odd, even)) + (float_bits(kd) << 52))
 
 
 _EXP_BITS = 0x7FF0000000000000  # the exponent field of a float64
@@ -362,13 +364,6 @@ def vexp_array(d, out):
     """``out[i] = vexp(d[i])`` (for the tests and the benchmarks)."""
     for i in range(d.shape[0]):
         out[i] = vexp(np.float64(d[i]))
-
-
-@jit
-def vexp32_array(d, out):
-    """``out[i] = vexp32(d[i])`` (for the tests)."""
-    for i in range(d.shape[0]):
-        out[i] = vexp32(np.float64(d[i]))
 
 
 @jit
