@@ -14,7 +14,7 @@ of float64 rows the maximum of the next row is taken inside this row's exponenti
 
 float32 rows (:func:`_softmax32_row`) need the float32 rounding of those float64
 probabilities, not the probabilities: :func:`_softmax32_row` computes them in two passes
-with a shorter exponential (:func:`.vexp.vexp32`, about 2^-47 relative: 14 products and
+with a shorter exponential (:func:`.vexp.vexp32`, about 2^-47 relative: 13 products and
 multiply-adds where :func:`.vexp.vexp_neg` takes 18 and five additions), a plain sum in two levels of lanes, and a product,
 under a proven error bound; a rounding test on the float64 bits shows that this value and
 :func:`_softmax_row`'s lie on the same side of every float32 rounding boundary, so both
