@@ -454,3 +454,31 @@ def test_the_reference_rows_run_while_the_kernels_compile_and_the_numba_rows_aft
     assert main(["--quick", "--backends", "numpy,numba", "--no-peers", "--no-progress"]) == 0
     capsys.readouterr()
     assert events == ["numpy 0", "numpy 1", "compiled", "numba 0", "numba 1"]
+
+
+def test_the_check_compiles_operations_the_kernels_declare():
+    """Every operation whose kernels the check compiles first is one a kernel declares (an
+    unknown one is an error, which the check raises after its reference rows)."""
+    pytest.importorskip("numba")
+    from entmax_ref.backends.numba_precompile import tasks
+    from entmax_ref.testing.command import CHECK_OPS
+
+    assert tasks(CHECK_OPS)
+
+
+def test_a_compile_that_raises_stops_the_check_before_its_numba_rows(monkeypatch):
+    """An error of the background compile is raised in the check's own thread when its
+    numba rows start, not lost with the thread."""
+    from entmax_ref.backends import numba_precompile
+    from entmax_ref.testing import command
+    from entmax_ref.testing.checks import CheckReport
+
+    pytest.importorskip("numba")
+
+    def compile_kernels(ops, jobs=None, methods=None, progress=None):
+        raise ValueError("ops: unknown operation")
+
+    monkeypatch.setattr(numba_precompile, "compile_kernels", compile_kernels)
+    monkeypatch.setattr(command, "backend_jobs", lambda b, size, seed: [(b, CheckReport)])
+    with pytest.raises(ValueError, match="unknown operation"):
+        main(["--quick", "--backends", "numpy,numba", "--no-peers", "--no-progress"])

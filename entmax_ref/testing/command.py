@@ -344,8 +344,7 @@ def _parser() -> argparse.ArgumentParser:
 
 #: the operations the numba rows of the check run (with ``method=None``): their declared
 #: kernels are compiled first (:func:`_start_compile`)
-CHECK_OPS = ("entmax_forward", "entmax_vjp", "normmax_forward", "normmax_vjp", "budget_forward", "budget_vjp",
-             "attention_forward", "attention_backward")
+CHECK_OPS = ("entmax_forward", "entmax_vjp", "budget_forward", "budget_vjp", "attention_forward", "attention_backward")
 
 
 def _start_compile(args, bar) -> Callable[[], None]:
@@ -359,12 +358,20 @@ def _start_compile(args, bar) -> Callable[[], None]:
     from ..backends.numba_precompile import compile_kernels
 
     rep: dict = {}
-    thread = threading.Thread(target=lambda: rep.update(compile_kernels(CHECK_OPS, jobs=args.jobs, methods=(None,),
-                                                                        progress=bar)), daemon=True)
+
+    def run() -> None:
+        try:
+            rep.update(compile_kernels(CHECK_OPS, jobs=args.jobs, methods=(None,), progress=bar))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread by wait()
+            rep["raised"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
 
     def wait() -> None:
         thread.join()
+        if "raised" in rep:
+            raise rep["raised"]
         if not args.no_progress and rep.get("compiled"):
             bar.close()
             print(f"compiled {len(rep['compiled'])} numba kernel signatures in {rep['seconds']:.1f}s "
