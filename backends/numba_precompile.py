@@ -275,7 +275,7 @@ def compile_kernels(ops: Iterable[str] | None = None, dtypes: Iterable[str] = DT
     (``ENTMAX_REF_NUMBA_CACHE=0`` or an unwritable folder).  ValueError for an unknown
     operation or dtype, or ``jobs < 1``.
     """
-    from .numba._cache import CACHE, CACHE_DIR, child_env
+    from .numba._cache import CACHE, CACHE_DIR, child_env, package_root
 
     t0 = time.perf_counter()
     asked = tasks(ops, dtypes, methods)
@@ -294,21 +294,22 @@ def compile_kernels(ops: Iterable[str] | None = None, dtypes: Iterable[str] = DT
         report["jobs"] = min(jobs, len(todo))
         if progress is not None:
             progress.grow(len(todo))
-        _run_workers(sched, report["jobs"], child_env(), report, progress)
+        _run_workers(sched, report["jobs"], child_env(), package_root(), report, progress)
     report["seconds"] = time.perf_counter() - t0
     return report
 
 
-def _run_workers(sched: _Schedule, jobs: int, env: dict, report: dict, progress) -> None:
-    """Feed the schedule's tasks to ``jobs`` worker processes; record each outcome in
-    ``report`` and pass its line to ``progress``."""
+def _run_workers(sched: _Schedule, jobs: int, env: dict, cwd: str, report: dict, progress) -> None:
+    """Feed the schedule's tasks to ``jobs`` worker processes started in ``cwd`` with
+    ``env``; record each outcome in ``report`` and pass its line to ``progress``."""
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
 
     def feed() -> None:
         try:
             proc = subprocess.Popen([sys.executable, "-c", _WORKER_CODE], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, text=True,
+                                    bufsize=1)
         except OSError as exc:  # no worker: the kernels compile on first use instead
             with lock:
                 report["failed"].setdefault("worker", f"{type(exc).__name__}: {exc}")

@@ -286,6 +286,30 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
     assert ev[("end", "rows._rows_15")] <= ev[("start", "attention_rows.fwd_rows[2]")]
 
 
+def test_workers_import_the_callers_entmax_ref_from_any_working_folder(tmp_path, monkeypatch):
+    """A worker imports the entmax_ref its caller runs, even from a working folder that
+    holds another one (a second checkout): ``python -c`` puts the working folder first on
+    ``sys.path``, so the workers start in the caller's package folder."""
+    import entmax_ref
+
+    other = tmp_path / "entmax_ref"
+    other.mkdir()
+    (other / "__init__.py").write_text("raise ImportError('another checkout')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pc, "_WORKER_CODE", textwrap.dedent("""
+        import sys, entmax_ref
+        for line in sys.stdin:
+            print("ok 0 0" if entmax_ref.__file__ == %r else "error " + entmax_ref.__file__, flush=True)
+        """ % entmax_ref.__file__))
+    monkeypatch.setattr(pc.Task, "compiled", lambda self: False)
+    todo = [t for t in pc.tasks(["attention_backward"]) if t.kernel == "attention_rows.expand"]
+    monkeypatch.setattr(pc, "tasks", lambda *a, **k: todo)
+    rep = pc.compile_kernels(jobs=1)
+    if rep["cache"] is None:
+        pytest.skip("the kernel cache is off")
+    assert not rep["failed"] and len(rep["compiled"]) == 1, rep
+
+
 def test_progress_is_a_bar_on_a_terminal_and_one_line_per_unit_otherwise():
     """``entmax-ref compile`` and ``check`` show units done / total and the elapsed time: a
     bar redrawn in place on a terminal, one plain line per unit in a log."""

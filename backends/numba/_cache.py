@@ -164,11 +164,18 @@ def cached(py_func) -> bool:
     return CACHE and KernelCacheLocator.from_function(py_func, py_func.__code__.co_filename) is not None
 
 
+def package_root() -> str:
+    """The folder this process imports entmax_ref from: a helper process started there
+    (``python -c`` puts its working folder first on ``sys.path``) imports the same one,
+    not another checkout's that the caller's working folder may hold."""
+    return str(Path(sys.modules["entmax_ref"].__file__).resolve().parent.parent)
+
+
 def child_env() -> dict[str, str]:
     """The environment of a helper process (an ``entmax-ref compile`` worker) that must
     import this same entmax_ref and use this same kernel cache: the caller's, with the
     package's folder first on ``PYTHONPATH`` and ``ENTMAX_REF_CACHE_DIR`` set."""
-    root = str(Path(sys.modules["entmax_ref"].__file__).resolve().parent.parent)
+    root = package_root()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["ENTMAX_REF_CACHE_DIR"] = str(CACHE_DIR.parent.parent)  # this process's, whatever the variable says now
@@ -176,4 +183,4 @@ def child_env() -> dict[str, str]:
 
 
 __all__ = ["CACHE", "CACHE_DIR", "KEY", "TESTED_NUMBA", "KernelCache", "KernelCacheLocator", "cache_root",
-           "cached", "child_env", "file_lock", "kernel_sources", "source_key"]
+           "cached", "child_env", "file_lock", "kernel_sources", "package_root", "source_key"]
