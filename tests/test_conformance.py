@@ -320,9 +320,9 @@ def test_pinned_corpus_covers_the_hard_cases(pinned):
     assert {"subnormal", "ill-posed", "per-row-alpha", "per-head-alpha", "long-keys", "varlen", "grouped-query",
             "asentmax", "non-finite"} <= {f for cases in pinned.cases.values() for c in cases for f in c["flags"]}
     assert {c["verdict"] for c in _cases(pinned, "entmax_vjp")} == {"valid", "acceptable"}
-    # the float64 rows are correctly rounded: p and tau exact, their support exact but for
-    # entries whose probability rounds to 0
-    for c in rows + _cases(pinned, "entmax_batch"):
+    # the float64 rows (normmax's too) are correctly rounded: p and tau exact, their support
+    # exact but for entries whose probability rounds to 0
+    for c in rows + _cases(pinned, "entmax_batch") + _cases(pinned, "normmax"):
         if c["dtype"] == "float64" and not c.get("error"):
             assert c["tol"]["p"] == c["tol"]["tau"] == "exact" and "tol_p" not in c and "tol_tau" not in c
             zeros = np.sum(np.asarray(c["p"]) == "0.0") - np.sum(np.asarray(c["x"]) == "-inf")

@@ -118,9 +118,16 @@ def normmax_cr(x, alpha, dtype=np.float64):
     candidates ``x - max x`` (each held exactly).  Where ``tau = max x + T`` cancels below
     the working precision, the row is solved again with four times the digits (up to
     :data:`_TAU_DIGITS`); a ``tau`` that vanishes with the precision there is 0."""
+    p, tau, on = normmax_cr_support(x, alpha, dtype)
+    return p, tau, int(on.sum())
+
+
+def normmax_cr_support(x, alpha, dtype=np.float64):
+    """:func:`normmax_cr` with the support as a mask (entries whose exact probability is
+    positive, however small) instead of its size."""
     x = np.asarray(x, np.float64)
     if not np.isfinite(x).any():
-        return np.zeros(len(x), dtype), -np.inf, 0
+        return np.zeros(len(x), dtype), -np.inf, np.zeros(len(x), bool)
     # enough digits to hold every candidate y = x - max exactly (y is dyadic, |y| < 1)
     top = Fraction(float(x[np.isfinite(x)].max()))
     ys = [Fraction(float(v)) - top for v in x if np.isfinite(v)]
@@ -134,16 +141,16 @@ def normmax_cr(x, alpha, dtype=np.float64):
             break
         digits *= 4  # tau = max + T cancels: more digits, or a tau exactly 0
     p = np.zeros(len(x), dtype)
-    support = 0
+    on = np.zeros(len(x), bool)
     with mp.workdps(CR_DPS + CR_MORE):
         for i, (a, b) in enumerate(zip(lo_t, hi_t)):
             if a is None or b <= 0 or abs(b) < abs(a) * mp.mpf(10) ** -20:
                 continue
-            support += 1
+            on[i] = True
             p[i] = round_cr(lo_p[i], hi_p[i], dtype)
         t_lo, t_hi = top + lo_T, top + hi_T
         tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, np.float64)
-    return p, tau, support
+    return p, tau, on
 
 
 def normmax_edge_rows(rng, alpha: float, n: int = 12, offset: float = 0.0):

@@ -26,6 +26,18 @@ def _normmax(ctx, x, a):
     return np.array([to_float(v) for v in pm]), (-np.inf if tm is None else to_float(tm)), pm, tm
 
 
+def _normmax_cr(ctx, x, a):
+    """(p, tau (-inf when all masked), the support's mask) of one normmax row, correctly
+    rounded to float64 with the real-number support (the oracle at two precisions,
+    :func:`~entmax_ref.testing.family_oracle.normmax_cr`)."""
+    from ..family_oracle import normmax_cr_support
+
+    key = ("cr", x.tobytes(), a)
+    if key not in _oracle(ctx).cache:
+        _oracle(ctx).cache[key] = normmax_cr_support(x, a)
+    return _oracle(ctx).cache[key]
+
+
 def _either(on, p, tol_p, t, reach):
     """How many entries a correct implementation may put in or out of the support: in it
     with a probability within its budget of 0, or within ``reach`` of the threshold (t = x
@@ -51,10 +63,9 @@ def gen_normmax(ctx: Context):
     from ..family_checks import normmax_threshold_tolerance, normmax_tolerance
 
     for src, a, dt, x in family_cases(ctx, NORMMAX_ALPHAS, normmax_boundary_rows):
-        p, tau, pm, _ = _normmax(ctx, x, a)
+        p, tau, on = _normmax_cr(ctx, x, a)
         tol_p = normmax_tolerance(p[None], [tau], x[None], a, dt)[0]
         tol_tau = float(normmax_threshold_tolerance(x[None], dt)[0]) if np.isfinite(tau) else 0.0
-        on = np.array([v > 0 for v in pm])
         with np.errstate(invalid="ignore"):
             t = np.where(np.isfinite(x), x - tau, -np.inf) if np.isfinite(tau) else np.full(len(x), -np.inf)
         yield {"kind": src.kind, "alpha": num(a), "dtype": dt, "n": len(x), "x": nums(x, dt), "p": nums(p),

@@ -32,7 +32,8 @@ READABLE = (1, 2)
 #: is one of them, the support is exact but for entries whose exact probability rounds to 0
 FLOAT64_CLASSES: dict[str, dict[str, str]] = {"entmax": {"p": "exact", "tau": "exact"},
                                                "entmax_batch": {"p": "exact", "tau": "exact"},
-                                               "budget_sparsemax": {"p": "exact"}}
+                                               "budget_sparsemax": {"p": "exact"},
+                                               "normmax": {"p": "exact", "tau": "exact"}}
 
 NUMBERS_RULE = (
     "Every number is written twice: NAME as the shortest decimal string that round-trips the value in its "
