@@ -51,11 +51,11 @@ serial kernels and BLAS products cut into calls that BLAS runs on the calling th
 
 Compiled code is cached on disk in the per-user cache directory (``ENTMAX_REF_CACHE_DIR``
 moves it), keyed on a hash of all kernel sources (:mod:`entmax_ref.backends.numba._cache`);
-``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  A call compiles
+``ENTMAX_REF_NUMBA_CACHE=0`` (set before first use) turns the cache off.  A row call compiles
 only the solver path it takes (each of softmax, sparsemax, 1.5-entmax, 1 < alpha < 2,
-alpha > 2 and the VJPs has its own driver, chosen in Python from alpha and the method;
-the attention forward's row kernels exist once per solver path, ``FWD_ROWS``, and
-link only that path's row solver; the decoding path runs them too), in the calling
+alpha > 2 and the VJPs has its own driver, chosen in Python from alpha and the method);
+the attention forward's one row kernel, ``fwd_rows``, links every path's row solver (its
+code around the solver compiles once; the decoding path runs it too), in the calling
 process; from then on ``backend="auto"`` runs it on numba too, in this process and,
 through the cache, in the next.  Each entry kernel declares the signatures it is
 compiled for (:mod:`entmax_ref.backends.numba._jit`) and the methods below pass exactly

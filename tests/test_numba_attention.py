@@ -156,7 +156,7 @@ def test_filter_product_in_blocks(monkeypatch, alpha):
         return lambda scores, *a: (calls.append((scores.g32 if scores.filt else scores.g64).shape),
                                    kernel(scores, *a))
 
-    monkeypatch.setattr(nrows, "FWD_ROWS", tuple(counted(kernel) for kernel in nrows.FWD_ROWS))
+    monkeypatch.setattr(nrows, "fwd_rows", counted(nrows.fwd_rows))
     monkeypatch.setattr(nattn, "FILTER_BLOCK_BYTES", 4 * 400 * 3)
     out, info, _ = check_against_dense("numba", q, k, v, alpha, **kw)
     rows, widths = zip(*calls)
@@ -568,14 +568,14 @@ def test_a_group_of_heads_on_different_solver_paths_gives_each_head_its_own_path
 
         caller = []
 
-        def spy(p, kernel):  # records (caller, first row, end row, path) of each row kernel call
-            return lambda *a: (calls.append((caller[-1], a[2], a[2] + a[0].qc.shape[0], p)), kernel(*a))[1]
+        def spy(kernel):  # records (caller, first row, end row, path) of each row kernel call
+            return lambda *a: (calls.append((caller[-1], a[2], a[2] + a[0].qc.shape[0], a[-1])), kernel(*a))[1]
 
         def runs_from(name, runs):  # notes which driver hands the rows to the kernels
             return lambda *a: (caller.append(name), runs(*a))[1]
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(nrows, "FWD_ROWS", tuple(spy(p, f) for p, f in enumerate(nrows.FWD_ROWS)))
+            mp.setattr(nrows, "fwd_rows", spy(nrows.fwd_rows))
             for mod, name in ((nattn, "chunked"), (ndec, "decoding")):
                 mp.setattr(mod, "fwd_runs", runs_from(name, mod.fwd_runs))
             mixed, info = er.attention(q_, k_, v_, alpha=alphas, return_info=True, backend="numba", **kw)

@@ -234,9 +234,9 @@ def _run_schedule(todo, jobs, cost):
 
 
 def test_the_schedule_comes_from_the_kernels_code():
-    """Every declared kernel signature is a task; the attention forward of a solver path
-    waits for the row driver of that path in the same dtype (its solver is in the
-    forward's reach), a kernel's second signature for its first; no task starts before
+    """Every declared kernel signature is a task; the attention forward waits for the row
+    drivers of the solver paths (their solvers are in the forward's reach), a kernel's
+    second signature for its first; no task starts before
     the tasks it waits for have ended, and both workers keep busy."""
     todo = pc.tasks()
     assert len(todo) == sum(len(k.signatures) for k in pc.kernels())
@@ -246,8 +246,8 @@ def test_the_schedule_comes_from_the_kernels_code():
         for u in waits:
             assert spans[u][1] <= spans[t][0], f"{t.label} started before {u.label} ended"
     by = {(t.kernel, t.index): t for t in todo}
-    assert by[("rows._rows_15", 0)] in sched.waits[by[("attention_rows.fwd_rows[2]", 0)]]
-    assert by[("rows._rows_sparse", 0)] in sched.waits[by[("attention_rows.fwd_rows[1]", 0)]]
+    assert by[("rows._rows_15", 0)] in sched.waits[by[("attention_rows.fwd_rows", 0)]]
+    assert by[("rows._rows_sparse", 0)] in sched.waits[by[("attention_rows.fwd_rows", 0)]]
     assert by[("rows._rows_15", 0)] in sched.waits[by[("rows._rows_15", 1)]]
     from entmax_ref.backends.numba import rows
 
@@ -272,7 +272,7 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
     monkeypatch.setattr(pc, "_WORKER_CODE", fake)
     monkeypatch.setattr(pc.Task, "compiled", lambda self: False)  # every task to do
     todo = [t for t in pc.tasks(["entmax_forward", "attention_forward", "budget_forward"], ["float64"])
-            if t.kernel in ("rows._rows_15", "attention_rows.fwd_rows[2]", "budget._forward_blk", "rows._rows_big")]
+            if t.kernel in ("rows._rows_15", "attention_rows.fwd_rows", "budget._forward_blk", "rows._rows_big")]
     monkeypatch.setattr(pc, "tasks", lambda *a, **k: todo)
     rep = pc.compile_kernels(jobs=2)
     if rep["cache"] is None:
@@ -283,7 +283,7 @@ def test_compile_kernels_runs_the_schedule_in_the_workers(tmp_path, monkeypatch)
     for line in log.read_text().splitlines():
         kind, kernel, index, t = line.split()
         ev[(kind, kernel)] = float(t)
-    assert ev[("end", "rows._rows_15")] <= ev[("start", "attention_rows.fwd_rows[2]")]
+    assert ev[("end", "rows._rows_15")] <= ev[("start", "attention_rows.fwd_rows")]
 
 
 def test_workers_import_the_callers_entmax_ref_from_any_working_folder(tmp_path, monkeypatch):

@@ -79,19 +79,16 @@ _ATTENTION_CALL = """
 
 @pytest.mark.slow
 def test_attention_compiles_only_the_default_solvers(tmp_path):
-    """The attention kernels solve rows with ``method=None`` only, each kernel with its own
-    path's solver: with a cold cache (a warm one loads the kernels without compiling their
-    callees), the bisection and Newton-from-zero solvers and the other paths' solvers stay
-    uncompiled."""
+    """The attention kernels solve rows with ``method=None`` only: with a cold cache (a warm
+    one loads the kernels without compiling their callees), the bisection and
+    Newton-from-zero solvers stay uncompiled."""
     env = {**os.environ, "ENTMAX_REF_CACHE_DIR": str(tmp_path)}
     env.pop("NUMBA_CACHE_DIR", None)
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(_ATTENTION_CALL)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr
     sig = json.loads(res.stdout.strip().splitlines()[-1])
-    # nor the row solvers of the other paths: the 1.5 kernels link solve_15 alone
-    unused = ["_solve_bisect", "_solve_newton", "solve_big_bisect", "bisect_row", "_bisect_big",
-              "solve_sparse", "solve_gen", "solve_big"]
+    unused = ["_solve_bisect", "_solve_newton", "solve_big_bisect", "bisect_row", "_bisect_big"]
     assert {n: sig[n] for n in unused} == dict.fromkeys(unused, 0)
     assert sig["solve_15"] == 1
 

@@ -100,9 +100,9 @@ ROWS_OUT = record(RowsOut, f64[:, ::1], i64[::1], i8[::1])
 #: the compacted support of a backward block: key ``idx``, p, s dZ, entries per row
 SUPPORT = types.Tuple((i32[:, ::1], f64[:, ::1], f64[:, ::1], i64[::1]))
 
-#: the forward's row kernels' signature (one for both input dtypes): (scores, keys and values,
-#: first row, rows, the forward's arrays, the rows' outputs)
-FWD_SIGNATURE = (SCORES, KEYS_VALUES, i64, CHUNK_ROWS, FORWARD_ARRAYS, ROWS_OUT)
+#: the forward's row kernel's signature (one for both input dtypes): (scores, keys and values,
+#: first row, rows, the forward's arrays, the rows' outputs, the rows' solver path)
+FWD_SIGNATURE = (SCORES, KEYS_VALUES, i64, CHUNK_ROWS, FORWARD_ARRAYS, ROWS_OUT, i64)
 
 #: the backward's row kernel's signature: (scores, keys and values, rows, inputs, outputs)
 BWD_SIGNATURE = (SCORES, KEYS_VALUES, CHUNK_ROWS, BACKWARD_ROWS, BACKWARD_OUT)

@@ -53,7 +53,7 @@ from .compensated import acc as _acc
 from .elementwise import p_u as _p_u
 from .grads import alpha_vjp_row as _alpha_vjp_row, alpha_vjp_row_big as _alpha_vjp_row_big
 from .grads import signed_exp as _signed_exp, skew as _skew
-from .rows import N_PATHS, kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
+from .rows import kind_of as _kind, solve_on_path, solver_scratch as _solver_scratch
 
 
 _EPS = float(np.finfo(np.float64).eps)
@@ -205,76 +205,65 @@ def row_result(row, solved, cand, alpha, vv, scratch, fwd, res):
             fwd.skew[b, hq, i, d] = src[d]
 
 
-def _fwd_kernel(path):
-    """The forward's row kernel of solver path ``path`` (a constant of its code, so that
-    it links that path's row solver alone; the kernel itself is not wrapped: numba
-    optimises a kernel again with everything it calls, once per level of calls).  One
-    signature serves every input: the scores and the keys and values come as pairs of
-    which the rows' own precision is read (:mod:`.attention_records`)."""
+@kernel(lambda _: FWD_SIGNATURE, dtypes=ANY, ops=("attention_forward",))
+def fwd_rows(scores, kv, r0, rows, fwd, res, path):
+    """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of it:
+    see :data:`~.attention.FILTER_BLOCK_BYTES`), every one of solver path ``path``
+    (:func:`~.paths.solver_path`): ``scores`` (:data:`~.attention_records.Scores`) holds
+    their q.k (float64, or float32 as a filter, :func:`~.attention_filter.candidates_fast`),
+    the bound of its error and their float64 queries; ``kv`` the kv-head's keys and values;
+    ``rows`` the chunk's :data:`~.attention_records.ChunkRows` (the filter needs every
+    alpha > 1); ``res`` (:data:`~.attention_records.RowsOut`) the rows' outputs (float64,
+    n x Dv), candidate counts and overflow flags.  Each row writes ``fwd``
+    (:data:`~.attention_records.ForwardArrays`: the skewed output, theta, the support, the
+    residual: the row maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the support's
+    keys, :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...) arrays
+    (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w = u / max u``
+    (u overflows at the support's edge; the factor cancels in the ratio).
 
-    @kernel(lambda _: FWD_SIGNATURE, dtypes=ANY, name=f"attention_rows.fwd_rows[{path}]", ops=("attention_forward",))
-    def fwd_rows(scores, kv, r0, rows, fwd, res):
-        """Fused forward of rows ``r0 .. r0 + n - 1`` of a chunk (all of it, or a block of
-        it: see :data:`~.attention.FILTER_BLOCK_BYTES`): ``scores``
-        (:data:`~.attention_records.Scores`) holds their q.k (float64, or float32 as a
-        filter, :func:`~.attention_filter.candidates_fast`), the bound of its error and
-        their float64 queries; ``kv`` the kv-head's keys and values; ``rows`` the chunk's
-        :data:`~.attention_records.ChunkRows` (the filter needs every alpha > 1); ``res``
-        (:data:`~.attention_records.RowsOut`) the rows' outputs (float64, n x Dv),
-        candidate counts and overflow flags.  Each row writes ``fwd``
-        (:data:`~.attention_records.ForwardArrays`: the skewed output, theta, the support,
-        the residual: the row maximum m, ``c = min_{p > 0} (z - m)`` and its p, and the
-        support's keys, :func:`_store_keys`) at its place in those whole (B, Hq, Nq, ...)
-        arrays (:func:`row_result`).  For alpha > 2 the skewed output is formed from ``w =
-        u / max u`` (u overflows at the support's edge; the factor cancels in the ratio)."""
-        filt = scores.filt
-        g32, g64 = scores.g32, scores.g64
-        n_rows = g32.shape[0] if filt else g64.shape[0]
-        key_end = g32.shape[1] if filt else g64.shape[1]
-        dv = max(kv.v[0].shape[1], kv.v[1].shape[1])
-        has_s = rows.row_scale.shape[0] > 0
-        buf = candidate_buffers(key_end)
-        _, idx, zc, _ = buf
-        pc = np.empty(key_end, np.float64)
-        c, aux, aux2 = _solver_scratch(key_end)
-        scratch = (np.empty(dv, np.float64), np.empty(dv, np.float64))
-        for r in range(n_rows):
-            rc = r0 + r
-            h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
-            sc = RowScore(scores.qc, r, kv.k, rows.scale, s, has_s, rows.slopes[h], i_abs)
-            if filt:
-                m, ok = candidates_fast(g32, n, sc, Cut(scores.err[r], window, np.bool_(True), 0.0), buf)
-            else:
-                m, ok = all_keys(g64, n, sc, buf)
-            th, cnt = -np.inf, np.int64(0)
-            if m > 0 and ok:  # the path's solver, seeded with the row's index in its chunk
-                th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, rc, path)
-            row_result((r, rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), (m, ok, th, cnt), (zc, pc, idx),
-                       (a1, a2, big), kv.v, scratch, fwd, res)
-
-    return fwd_rows
-
-
-#: The fused forward's row kernel of each solver path (``FWD_ROWS[path](scores, ...)``:
-#: :func:`_fwd_kernel` with ``path`` a compile-time constant,
-#: :func:`~.paths.solver_path`): a first call compiles the one row
-#: solver of its heads' path.  A group whose heads take several paths runs each run of
-#: heads of one path through that path's kernel (:func:`fwd_runs`).
-FWD_ROWS = tuple(_fwd_kernel(p) for p in range(N_PATHS))
+    One kernel serves every path: it links every row solver (each row calls its path's,
+    :func:`~.rows.solve_on_path`), so that the code around the solver is compiled once,
+    not once per path.  One signature serves every input: the scores and the keys and
+    values come as pairs of which the rows' own precision is read
+    (:mod:`.attention_records`)."""
+    filt = scores.filt
+    g32, g64 = scores.g32, scores.g64
+    n_rows = g32.shape[0] if filt else g64.shape[0]
+    key_end = g32.shape[1] if filt else g64.shape[1]
+    dv = max(kv.v[0].shape[1], kv.v[1].shape[1])
+    has_s = rows.row_scale.shape[0] > 0
+    buf = candidate_buffers(key_end)
+    _, idx, zc, _ = buf
+    pc = np.empty(key_end, np.float64)
+    c, aux, aux2 = _solver_scratch(key_end)
+    scratch = (np.empty(dv, np.float64), np.empty(dv, np.float64))
+    for r in range(n_rows):
+        rc = r0 + r
+        h, i_abs, n, a1, a2, big, window, s = _row_params(rc, rows, key_end, has_s)
+        sc = RowScore(scores.qc, r, kv.k, rows.scale, s, has_s, rows.slopes[h], i_abs)
+        if filt:
+            m, ok = candidates_fast(g32, n, sc, Cut(scores.err[r], window, np.bool_(True), 0.0), buf)
+        else:
+            m, ok = all_keys(g64, n, sc, buf)
+        th, cnt = -np.inf, np.int64(0)
+        if m > 0 and ok:  # the path's solver, seeded with the row's index in its chunk
+            th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, rc, path)
+        row_result((r, rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), (m, ok, th, cnt), (zc, pc, idx),
+                   (a1, a2, big), kv.v, scratch, fwd, res)
 
 
 def fwd_runs(g, g0, r0, r1, chunk, kv, rows, fwd, res):
     """Rows ``r0 .. r1 - 1`` of a chunk (``rows`` its :data:`~.attention_records.ChunkRows`)
-    through :data:`FWD_ROWS`, each run of heads of one solver path
-    (:func:`~.paths.path_runs`) through that path's kernel: the chunked forward's blocks
+    through :func:`fwd_rows`, one call per run of heads of one solver path
+    (:func:`~.paths.path_runs`): the chunked forward's blocks
     and the decoding path's rows.  ``g`` holds the scores of rows ``g0 ..`` (float32: the
     filter); ``chunk = (err, qc)`` and ``res`` (:data:`~.attention_records.RowsOut`) those
     of the whole chunk; ``kv`` the kv-head's :data:`~.attention_records.KeysValues`."""
     err, qc = chunk
     filt = g.dtype == np.float32
     for lo, hi, path in path_runs(rows.alphas, rows.nc, r0, r1):
-        FWD_ROWS[path](scores_of(g[lo - g0:hi - g0], filt, err[lo:hi], qc[lo:hi]), kv, lo, rows, fwd,
-                       RowsOut(res.out[lo:hi], res.ncand[lo:hi], res.bad[lo:hi]))
+        fwd_rows(scores_of(g[lo - g0:hi - g0], filt, err[lo:hi], qc[lo:hi]), kv, lo, rows, fwd,
+                 RowsOut(res.out[lo:hi], res.ncand[lo:hi], res.bad[lo:hi]), path)
 
 
 @kernel(lambda _: BWD_SIGNATURE, dtypes=ANY, ops=("attention_backward",))

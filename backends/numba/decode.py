@@ -20,8 +20,8 @@ phase 2 (per run of rows; when each kv-head is one block of phase 1, right after
 block in the same work item, with no barrier between the phases)
     the rigorous bound ``err`` of :func:`~.attention_filter.score_errors` (``gamma_{D+3}
     ||q|| max ||k||``, float32 unit roundoff whatever the input) makes the float32 scores
-    a filter, and the chunked forward's row kernel of the heads' solver path
-    (:data:`~.attention_rows.FWD_ROWS`, with the same K and V arrays the chunked forward
+    a filter, and the chunked forward's row kernel with the heads' solver path
+    (:func:`~.attention_rows.fwd_rows`, with the same K and V arrays the chunked forward
     passes it) does the rest, as on a chunk of the filter path: the candidates, their
     exact float64 scores, the row solver and the output from V on the support only; a row
     whose approximate scores are suspect (non-finite, huge, or a non-finite error bound)

@@ -371,8 +371,10 @@ def _rows_gen(x, alpha, method, res, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
-@kernel(_ROWS, ops=("entmax_forward",))
+@kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_big(x, alpha, method, res, r0, r1):
+    """alpha > 2.  Compiled for float64 rows only, as :func:`_rows_any`: float32 rows at
+    alpha > 2 are solved widened (:func:`entmax_rows`)."""
     out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
@@ -433,7 +435,7 @@ def entmax_rows(x, alpha, method, res, nblk):
     runs = _runs(alpha, method, x.dtype)
     if not runs:
         return
-    if x.dtype == np.float32 and runs[0][2] is _rows_any:  # float64 rows only (its docstring)
+    if x.dtype == np.float32 and any(d is _rows_any or d is _rows_big for _, _, d in runs):  # float64 rows only
         wide = res._replace(p=np.empty(x.shape, np.float64))
         run_blocks(_rows_any, (x.astype(np.float64), alpha, method, wide), x.shape, nblk)
         res.p[...] = wide.p
