@@ -215,8 +215,8 @@ def test_device_parameters_and_diagnostics(gpu):
 @pytest.mark.parametrize("alpha", [1.5, 2.0])
 def test_near_tie_supports(gpu, alpha):
     """400 float32 rows with a key within 4e-8 of the support's edge: the same support as
-    the NumPy engine on every row (scores in float32 products differed on about one row in
-    five)."""
+    the NumPy engine on every row (scores formed as float32 products differ on about one
+    row in five)."""
     import cupy
 
     q, k, v, scale = near_tie_problem(alpha, seed=int(alpha * 10))

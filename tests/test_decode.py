@@ -220,7 +220,7 @@ def test_decode_scans_k_and_v_itself(taken, where, bad):
 
 def test_decode_degenerate_shapes_still_scan_k_and_v(taken):
     """No query rows (the public layer's exact empty answer, no engine call): k and v are
-    scanned by the public layer as before."""
+    scanned by the public layer."""
     rng, q, k, v = problem(17, B=1, Hq=2, Hkv=1, Nq=1, Nk=300, D=3, Dv=2)
     k[0, 0, 5, 0] = np.nan
     with pytest.raises(ValueError, match=r"k contains 1 NaN"):

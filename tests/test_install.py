@@ -1,10 +1,9 @@
 """Installs in a temporary virtual environment (slow tier: each pip install takes a while).
 
-Regression tests: (1) uninstalling leaves nothing in site-packages (numba's
-cache files used to be written there); (2) the README's old order, ``pip install .`` then
-``pip install -e .``, must leave a working package importable from any directory (the
-leftover folder used to shadow the editable install: "module 'entmax_ref' has no attribute
-'entmax15'"); (3) with a plain install, importing from the clone's root works.
+(1) Uninstalling leaves nothing in site-packages (no numba cache file is written there);
+(2) ``pip install .`` then ``pip install -e .`` leaves a working package importable from
+any directory (no leftover folder shadows the editable install: "module 'entmax_ref' has
+no attribute 'entmax15'"); (3) with a plain install, importing from the clone's root works.
 
 The temporary venv sees this interpreter's packages (numpy, numba, setuptools, ...) through
 a folder of links that leaves out entmax_ref itself (pip included), so nothing is downloaded.

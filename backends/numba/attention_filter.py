@@ -464,7 +464,7 @@ def candidates_fast(g, n, sc, cut, buf):
     L, bad = z_range(g, j0, n, sc)  # L = max_j z(g_j): z is monotone
     if not bad:  # the keys checked for overflow beyond the visible ones
         bad = z_range(g, n, key_end, sc)[1]
-    if bad:  # the float64 path of the row, exactly as before
+    if bad:  # the row's float64 path (:func:`_candidates`)
         return _candidates(g, n, sc, cut, buf)
     if cut.use_max:
         line = max_cut(L, cut.window, cut.err)
