@@ -168,6 +168,26 @@ def test_vjps_above_two_give_the_same_bits_where_u_overflows(alpha, dtype):
     assert (overflows > 0) == (alpha >= 100.0), overflows
 
 
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.33, 1.25, 3.0, 2.5])
+def test_float32_edge_rows_give_the_same_bits(alpha):
+    """float32 rows built on the support's edge (entries at the threshold and an ulp either
+    side, ties, tiny exact probabilities, an offset of 2^10), alone and in one batch: p,
+    tau and the exact support are the same bits on both engines (both correctly rounded)."""
+    from entmax_ref.testing.oracle import boundary_rows
+
+    rows = [x for seed in (45, 46, 48, 49, 50, 52, 62) for offset in (0.0, 2.0 ** 10)
+            for _, x in boundary_rows(np.random.default_rng(seed), alpha, offset=offset)]
+    batch = np.full((len(rows), max(map(len, rows))), -np.inf, np.float32)
+    for r, row in enumerate(rows):
+        batch[r, :len(row)] = row
+    a, b = (E.entmax(batch, alpha=alpha, backend=be, return_info=True) for be in ("numpy", "numba"))
+    for got, want, name in ((a[0], b[0], "p"), (a[1].tau, b[1].tau, "tau"),
+                            (a[1].support_exact, b[1].support_exact, "support")):
+        bad = np.flatnonzero((np.asarray(got) != np.asarray(want)).any(axis=-1) if name == "p" else got != want)
+        assert not bad.size, (f"alpha={alpha}: {name} differs in {len(bad)} of {len(rows)} rows; first row "
+                              f"{[float(v).hex() for v in batch[bad[0]]]}")
+
+
 def _hard_attention(dtype):
     """(q, k, v, key_padding_mask) of rows built to be hard: GQA (4 query heads on 2
     kv-heads), 1,500 keys, scores that cancel in q.k (keys nearly orthogonal to the
