@@ -471,6 +471,17 @@ def _div32(num, k):
     return np.where(mid, nudged, c)
 
 
+def float32_midpoints(v):
+    """Where the float64 values ``v`` are float32 rounding midpoints (halfway between two
+    neighbouring float32 values): a float32 value rounded from such a float64 value may be
+    the exact value's rounding or not."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = v.astype(np.float32).astype(np.float64)
+        up, dn = _half_gaps(c, np.float32)
+        d = v - c
+        return (d != 0.0) & ((d == up) | (d == -dn))
+
+
 def _sparse32(x, on):
     """Sparsemax rows of float32 values ``x`` (float64, -inf masked) on the solvers' support
     ``on``, exactly: with ``k = |S|`` and ``N = sum_S x - 1``, ``tau = N / k`` and ``p_i =

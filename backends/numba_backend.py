@@ -136,16 +136,12 @@ def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     """The row solvers (:func:`.numba.rows.entmax_rows`); float64 rows then finished correctly
     rounded (:func:`.numba.exact_finish.finish_rows`), and solved again exactly
     (:func:`.exact_rows.entmax_row`) where that stage leaves them undecided or where
-    alpha - 1 is not a float64 (alpha >= 2^52).  float32 rows with an alpha > 2 are solved
-    as float64 rows (exactly widened) and their p rounded to float32: at alpha > 2 a score
-    difference far below float32's resolution can decide the support (q^(alpha-1) of the
-    edge probability is tiny), which only the finished float64 rows get right."""
-    if _as_rows(x).dtype == np.float32 and np.shape(x)[0] and bool((np.asarray(alpha) > 2.0).any()):
-        wide = _entmax_rows(_as_rows(x).astype(np.float64), alpha, method)
-        return RowSolve(wide.p.astype(np.float32), wide.theta, wide.support, wide.n_iter, wide.converged)
-    res = _row_forward(_rows.entmax_rows, x, alpha, method)
+    alpha - 1 is not a float64 (alpha >= 2^52).  float32 rows: :func:`_rows32`."""
     x = _as_rows(x)
-    if x.dtype != np.float64 or not x.shape[0]:
+    if x.dtype == np.float32 and x.shape[0]:
+        return _rows32(x, _as_alpha(alpha, x.shape[0]), method)
+    res = _row_forward(_rows.entmax_rows, x, alpha, method)
+    if not x.shape[0]:
         return res
     from .exact_rows import entmax_row
 
@@ -157,6 +153,63 @@ def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
         hint = float(res.theta[r]) if np.isfinite(res.theta[r]) else None
         res.p[r], tau[r], res.theta[r], res.support[r] = entmax_row(x[r], alpha[r], np.float64, hint)
     return ExactRowSolve(*res, tau)
+
+
+def _rows32(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
+    """Correctly rounded float32 rows, with the real-number support and tau, as the NumPy
+    engine's (so the same bits).  ``method=None``: the float32 kernels, each row then
+    through the rounding test (:func:`.numba.rows.entmax_rows`: the solver's float64 answer
+    is kept where it decides every float32 rounding), the rare undecided row finished as
+    the NumPy engine finishes it (:func:`.exact_rows.finish`); softmax rows alone keep their
+    own kernel's rounding (:mod:`.numba.softmax`).  Rows with an alpha > 2 (where a score
+    difference far below float32's resolution can decide the support) are solved in that
+    batch at alpha 2 (so no other row's index, or pivot seed, moves) and replaced by their
+    correctly rounded float64 rows, exactly widened, rounded by :func:`_narrow`; other
+    methods take that route for the whole batch."""
+    big = alpha > 2.0
+    if method != _rows.METHOD_DEFAULT or big.all():
+        return _narrow(x, _entmax_rows(x.astype(np.float64), alpha, method), alpha)
+    if bool((alpha == 1.0).all()):
+        return _row_forward(_rows.entmax_rows, x, alpha, method)
+    bufs = _solve_buffers(x)
+    tau, ok = np.empty(x.shape[0]), np.empty(x.shape[0], np.bool_)
+    _rows.entmax_rows(x, np.where(big, 2.0, alpha), method, _rows.Solved(*bufs), 8 * numba.get_num_threads(),
+                      (tau, ok))
+    res = ExactRowSolve(*bufs, tau)
+    bad = np.flatnonzero(~ok & ~big)
+    if bad.size:
+        from .exact_rows import finish
+
+        x64 = x[bad].astype(np.float64)
+        A0 = res.theta[bad] - x64.max(axis=1)
+        res.p[bad], tau[bad], res.theta[bad], res.support[bad] = finish(x64, alpha[bad], A0,
+                                                                        res.p[bad].astype(np.float64), np.float32)
+    if big.any():
+        wide = _narrow(x[big], _entmax_rows(x[big].astype(np.float64), alpha[big], method), alpha[big])
+        for f, w in zip((*res, tau), (*wide, wide.tau)):
+            f[big] = w
+    return res
+
+
+def _narrow(x: np.ndarray, wide: ExactRowSolve, alpha: np.ndarray) -> ExactRowSolve:
+    """The float32 rows of the correctly rounded float64 rows ``wide`` of float32 ``x``:
+    each value (p, tau) rounded to float32 is the exact value rounded once, except where the
+    float64 value is itself a float32 rounding midpoint (the exact value may lie on either
+    side of it): those rows are finished on the float32 grid (:func:`.exact_rows.finish`).
+    The support is the float64 rows' (the real-number support does not depend on the
+    output's dtype)."""
+    from .exact_rows import finish, float32_midpoints
+
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf, its nearest
+        p = wide.p.astype(np.float32)
+        tau = wide.tau.astype(np.float32).astype(np.float64)
+    theta, support = wide.theta.copy(), wide.support.copy()
+    mid = np.flatnonzero(float32_midpoints(wide.p).any(axis=1) | float32_midpoints(wide.tau))
+    if mid.size:
+        x64 = x[mid].astype(np.float64)
+        A0 = wide.theta[mid] - x64.max(axis=1)
+        p[mid], tau[mid], theta[mid], support[mid] = finish(x64, alpha[mid], A0, wide.p[mid], np.float32)
+    return ExactRowSolve(p, theta, support, wide.n_iter, wide.converged, tau)
 
 
 def _row_vjp(kernel, p: np.ndarray, g: np.ndarray, alpha: np.ndarray) -> np.ndarray:

@@ -104,6 +104,7 @@ from .elementwise import (K_15, K_EXP, K_GEN, K_SPARSE, METHOD_BISECT,
 from .gen import finish_gen, subset_bound_gen
 from .softmax import softmax_rows_next, solve_softmax
 from .threshold import bisect_row, condat, newton_row, pivot15
+from .exact_rows import round32_alpha, round32_sparse
 
 
 @jit
@@ -345,7 +346,7 @@ def _rows_softmax64(x, alpha, method, res, r0, r1):
     softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1, False)
 
 
-@kernel(_ROWS, ops=("entmax_forward",))
+@kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_sparse(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
     c, aux, aux2 = solver_scratch(x.shape[1])
@@ -353,7 +354,7 @@ def _rows_sparse(x, alpha, method, res, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = solve_sparse(x[r], out[r], c, aux, aux2)
 
 
-@kernel(_ROWS, ops=("entmax_forward",))
+@kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_15(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)
@@ -362,7 +363,7 @@ def _rows_15(x, alpha, method, res, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = solve_15(x[r], out[r], c, aux, r)
 
 
-@kernel(_ROWS, ops=("entmax_forward",))
+@kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_gen(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
     c, aux, aux2 = solver_scratch(x.shape[1])
@@ -406,10 +407,70 @@ def _rows_any(x, alpha, method, res, r0, r1):
         theta[r], support[r], n_iter[r], converged[r] = res
 
 
+#: the float32 drivers' signature: :func:`_ROWS`'s with the rows' ``tau`` and ``ok`` before
+#: (r0, r1)
+def _ROWS32(x):
+    return x[:, ::1], f64[::1], i64, solved_type(x), f64[::1], b1[::1], i64, i64
+
+
+# float32 rows with method=None: the solver, then at once, with the row in cache, the
+# rounding test (:func:`.exact_rows.round32_sparse`, :func:`.exact_rows.round32_alpha`)
+
+
+@kernel(_ROWS32, ops=("entmax_forward",), dtypes=("float32",))
+def _rows_sparse32(x, alpha, method, res, tau, ok, r0, r1):
+    out, theta, support, n_iter, converged = res
+    c, aux, aux2 = solver_scratch(x.shape[1])
+    for r in range(r0, r1):
+        th, sup, it, cv = solve_sparse(x[r], out[r], c, aux, aux2)
+        theta[r], n_iter[r], converged[r] = th, it, cv
+        tau[r], support[r], ok[r] = round32_sparse(x[r], out[r], th, c, aux, aux2)
+        if not ok[r]:
+            support[r] = sup
+
+
+@kernel(_ROWS32, ops=("entmax_forward",), dtypes=("float32",))
+def _rows_15_32(x, alpha, method, res, tau, ok, r0, r1):
+    out, theta, support, n_iter, converged = res
+    c, aux, aux2 = solver_scratch(x.shape[1])
+    for r in range(r0, r1):
+        th, sup, it, cv = solve_15(x[r], out[r], c, aux, r)
+        n_iter[r], converged[r] = it, cv
+        tau[r], theta[r], support[r], ok[r] = round32_alpha(x[r], out[r], 0.5, th, c, aux, aux2)
+        if not ok[r]:
+            theta[r], support[r] = th, sup
+
+
+@kernel(_ROWS32, ops=("entmax_forward",), dtypes=("float32",))
+def _rows_gen32(x, alpha, method, res, tau, ok, r0, r1):
+    out, theta, support, n_iter, converged = res
+    c, aux, aux2 = solver_scratch(x.shape[1])
+    for r in range(r0, r1):
+        a1 = alpha[r] - 1.0
+        th, sup, it, cv = solve_gen(x[r], out[r], a1, c, aux, aux2, r)
+        n_iter[r], converged[r] = it, cv
+        tau[r], theta[r], support[r], ok[r] = round32_alpha(x[r], out[r], a1, th, c, aux, aux2)
+        if not ok[r]:
+            theta[r], support[r] = th, sup
+
+
+def _unrounded(driver):
+    """``driver`` (float32 softmax's, which has no rounding test here) with the float32
+    drivers' arguments: ``tau`` and ``ok`` are left to :func:`entmax_rows`."""
+
+    def run(x, alpha, method, res, tau, ok, r0, r1):
+        driver(x, alpha, method, res, r0, r1)
+        ok[r0:r1] = False
+
+    return run
+
+
 #: the driver of rows that all take one solver path with ``method=None`` (float32 softmax;
 #: float64 softmax is :func:`_rows_softmax64`)
 _PATH_DRIVERS = {PATH_SOFTMAX: _rows_softmax, PATH_SPARSE: _rows_sparse, PATH_15: _rows_15, PATH_GEN: _rows_gen,
                  PATH_BIG: _rows_big}
+#: the float32 drivers with the rounding test, by the driver they stand in for (:func:`entmax_rows`)
+_ROUNDED32 = {_rows_sparse: _rows_sparse32, _rows_15: _rows_15_32, _rows_gen: _rows_gen32}
 
 
 def _runs(alpha, method, dtype):
@@ -425,19 +486,54 @@ def _runs(alpha, method, dtype):
             for lo, hi, p in row_runs(alpha)]
 
 
-def entmax_rows(x, alpha, method, res, nblk):
+def entmax_rows(x, alpha, method, res, nblk, round32=None):
     """alpha-entmax of every row of ``x`` (rows, n) into ``res`` (a :data:`Solved`: ``p`` of
     x's shape and dtype; per-row ``theta`` (float64), ``support``, ``n_iter`` (int64),
     ``converged`` (bool)).
     A row holding NaN or +inf gets p = NaN and ``n_iter = -1`` (the module docstring).
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
-    ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`)."""
+    ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`).
+
+    float32 rows with ``method=None`` and every alpha <= 2: sparsemax, 1.5-entmax and
+    1 < alpha < 2 rows are tested right after their solver, while in cache
+    (:data:`_ROUNDED32`), and rewritten correctly rounded where the solver's float64
+    threshold decides them; ``round32``, ``(tau, ok)`` (rows,) float64 and bool arrays,
+    receives each row's correctly rounded ``tau`` and whether it was decided (False: a row
+    for the NumPy engine's finishing stage, whose ``p`` is the float32 rounding of float64
+    arithmetic).  Softmax rows keep their kernel's rounding, with ``tau`` its ``theta``
+    rounded to float32.  Other float32 rows (another method, or an alpha > 2) are solved
+    as float64 rows, exactly widened (their solvers read every entry as float64), with
+    their row indices (so their pivots' seeds), and their p rounded once to float32: the
+    bits of a float32 kernel without its compile; their ``ok`` is False."""
+    if x.dtype == np.float32 and method != METHOD_DEFAULT:
+        wide = res._replace(p=np.empty(x.shape, np.float64))
+        entmax_rows(x.astype(np.float64), alpha, method, wide, nblk)
+        res.p[...] = wide.p
+        return
+    big = alpha > 2.0
+    if x.dtype == np.float32 and big.any():
+        entmax_rows(x, np.where(big, 2.0, alpha), method, res, nblk, round32)  # the big rows' answers replaced below
+        xw = np.zeros(x.shape)
+        xw[big] = x[big]
+        wide = Solved(np.zeros(x.shape), *(np.empty_like(f) for f in res[1:]))
+        skip = lambda *args: None  # noqa: E731 (the rows of the other paths: done above)
+        runs = [(lo, hi, _rows_big if p == PATH_BIG else skip) for lo, hi, p in row_runs(alpha)]
+        run_blocks(by_runs(runs), (xw, alpha, method, wide), x.shape, nblk)
+        for f, w in zip(res, wide):
+            f[big] = w[big]
+        if round32 is not None:
+            round32[1][big] = False
+        return
     runs = _runs(alpha, method, x.dtype)
     if not runs:
         return
-    if x.dtype == np.float32 and any(d is _rows_any or d is _rows_big for _, _, d in runs):  # float64 rows only
-        wide = res._replace(p=np.empty(x.shape, np.float64))
-        run_blocks(_rows_any, (x.astype(np.float64), alpha, method, wide), x.shape, nblk)
-        res.p[...] = wide.p
+    if x.dtype == np.float32:
+        tau, ok = round32 if round32 is not None else (np.empty(x.shape[0]), np.empty(x.shape[0], np.bool_))
+        runs = [(lo, hi, _ROUNDED32.get(d) or _unrounded(d)) for lo, hi, d in runs]
+        run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res, tau, ok), x.shape, nblk)
+        sm = alpha == 1.0
+        with np.errstate(over="ignore"):  # +-inf beyond float32's range, its nearest
+            tau[sm] = res.theta[sm].astype(np.float32)
+        ok[sm] = True
         return
     run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res), x.shape, nblk)
