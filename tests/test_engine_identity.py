@@ -188,6 +188,20 @@ def test_float32_edge_rows_give_the_same_bits(alpha):
                               f"{[float(v).hex() for v in batch[bad[0]]]}")
 
 
+def test_float32_vjp_above_two_in_blocks():
+    """float32 ``entmax_vjp`` with rows above alpha = 2 among others, on rows long enough
+    that the numba engine widens them a few rows at a time on its worker threads: the same
+    bits as the NumPy engine."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((96, 2000)).astype(np.float32)
+    alpha = np.where(np.arange(96) % 3 == 0, 1.5, np.where(np.arange(96) % 3 == 1, 3.0, 2.5))
+    p = E.entmax(x, alpha=alpha, backend="numpy")
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    for a in (alpha, np.full(96, 3.0)):
+        u, w = (np.asarray(E.entmax_vjp(p, g, alpha=a, backend=be)) for be in ("numpy", "numba"))
+        assert np.array_equal(u.view(np.int32), w.view(np.int32)), np.argwhere(u.view(np.int32) != w.view(np.int32))[:3]
+
+
 def _hard_attention(dtype):
     """(q, k, v, key_padding_mask) of rows built to be hard: GQA (4 query heads on 2
     kv-heads), 1,500 keys, scores that cancel in q.k (keys nearly orthogonal to the

@@ -256,7 +256,7 @@ def _mask_alive(x, m, a1, kind, lo, words):
 
 
 @jit
-def _unpack(x, m, words, dst, idx):
+def unpack(x, m, words, dst, idx):
     """The entries whose bits are set in ``words``, in row order: ``dst[k] = x - m`` (and
     ``idx[k]`` their columns when ``idx`` is not empty), one step per set bit (a few percent
     of a normal row).  Returns the count."""
@@ -294,7 +294,7 @@ def gather_alive(x, m, a1, kind, lo, dst, idx):
     :func:`is_alive`), and into ``idx`` their columns unless ``idx`` is empty, for a row whose
     maximum m is known.  Long rows (``MASK_MIN`` entries or more) build a bit mask of the
     test first (:func:`_mask_alive`), a loop with no branch that LLVM vectorises, and then
-    visit only the set bits (:func:`_unpack`).  The rest of the row (and
+    visit only the set bits (:func:`unpack`).  The rest of the row (and
     every short one) is a loop with no branch on the data: every entry is stored at
     ``dst[k]`` and ``k`` advances by the test's outcome, so the next entry overwrites a
     dead one (``k <= i`` at every store, so ``dst`` of the row's length suffices).  With a
@@ -310,7 +310,7 @@ def gather_alive(x, m, a1, kind, lo, dst, idx):
     if n >= MASK_MIN:
         words = np.empty(n // 64, np.uint64)
         _mask_alive(x, m, a1, kind, lo, words)
-        k = _unpack(x, m, words, dst, idx)
+        k = unpack(x, m, words, dst, idx)
         i0 = 64 * words.shape[0]
     for i in range(i0, n):
         y = np.float64(x[i]) - m

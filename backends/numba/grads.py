@@ -322,6 +322,36 @@ def _vjp_float64(p, g, alpha, dx, nblk):
         dx[bad] = vjp_float64(p[bad], g[bad], alpha[bad])
 
 
+#: entries of a float32 block that :func:`_vjp_widened` widens at once (its three float64
+#: arrays then stay in the core's cache)
+WIDEN_BLOCK = 1 << 14
+
+
+def _vjp_widened(p, g, alpha, dx, nblk):
+    """:func:`_vjp_float64` of float32 rows (exactly widened), rounded once to float32 into
+    ``dx``: the float64 copies are made a few rows at a time (:data:`WIDEN_BLOCK` entries)
+    on the worker threads, so that they stay in cache instead of doubling the batch in
+    memory.  The same bits as widening the whole batch."""
+    ok = np.empty(p.shape[0], np.bool_)
+    step = max(1, WIDEN_BLOCK // max(p.shape[1], 1))
+
+    def block(r0, r1):
+        for a in range(r0, r1, step):
+            b = min(a + step, r1)
+            out = np.empty((b - a, p.shape[1]))
+            _vjp_cr(p[a:b].astype(np.float64), g[a:b].astype(np.float64), alpha[a:b], out, ok[a:b], 0, b - a)
+            with np.errstate(over="ignore"):  # +-inf where the value is beyond float32's range
+                dx[a:b] = out
+
+    run_blocks(block, (), p.shape, nblk)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        from ..numpy_backend import vjp_float64
+
+        with np.errstate(over="ignore"):
+            dx[bad] = vjp_float64(p[bad].astype(np.float64), g[bad].astype(np.float64), alpha[bad])
+
+
 def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
     """``dx[r] = u * (g[r] - (u . g[r]) / sum u)`` for every row (``u = p^(2-alpha)``):
     float64 rows by :func:`_vjp_cr` (the NumPy engine's bits); float32 rows with alpha <= 2
@@ -335,12 +365,12 @@ def entmax_vjp_rows(p, g, alpha, dx, nblk=64):
     if not big.any():
         run_blocks(_vjp_small, (p, g, alpha, dx), p.shape, nblk)
         return
-    out = np.empty((int(big.sum()), p.shape[1]))
-    _vjp_float64(p[big].astype(np.float64), g[big].astype(np.float64), alpha[big], out, nblk)
-    with np.errstate(over="ignore"):  # +-inf where the value is beyond float32's range
-        dx[big] = out
     if big.all():
+        _vjp_widened(p, g, alpha, dx, nblk)
         return
+    out = np.empty((int(big.sum()), p.shape[1]), p.dtype)
+    _vjp_widened(p[big], g[big], alpha[big], out, nblk)
+    dx[big] = out
     small = np.empty((p.shape[0] - out.shape[0], p.shape[1]), p.dtype)
     run_blocks(_vjp_small, (p[~big], g[~big], alpha[~big], small), small.shape, nblk)
     dx[~big] = small

@@ -7,7 +7,10 @@ Units are those of :mod:`entmax_ref.backends._base`: with ``y = x - max(x)`` and
 
 and returns ``theta = max(x) + A``.  Everything is computed in float64 whatever the
 input dtype; only the probabilities are rounded to the input dtype when stored.  Sums of
-probabilities use Neumaier's compensated summation.
+probabilities use Neumaier's compensated summation.  float32 rows (but softmax's) are then
+tested, each right after its solver, for whether that float64 answer decides every
+float32 rounding, and rewritten correctly rounded where it does
+(:mod:`.round32`; :func:`entmax_rows`).
 
 Per row (the solvers below; each run of rows on one solver path goes through that path's
 driver, :func:`entmax_rows`):
@@ -104,7 +107,7 @@ from .elementwise import (K_15, K_EXP, K_GEN, K_SPARSE, METHOD_BISECT,
 from .gen import finish_gen, subset_bound_gen
 from .softmax import softmax_rows_next, solve_softmax
 from .threshold import bisect_row, condat, newton_row, pivot15
-from .exact_rows import round32_alpha, round32_sparse
+from .round32 import round32
 
 
 @jit
@@ -413,45 +416,25 @@ def _ROWS32(x):
     return x[:, ::1], f64[::1], i64, solved_type(x), f64[::1], b1[::1], i64, i64
 
 
-# float32 rows with method=None: the solver, then at once, with the row in cache, the
-# rounding test (:func:`.exact_rows.round32_sparse`, :func:`.exact_rows.round32_alpha`)
+def _rows32(path):
+    """The float32 driver of solver path ``path`` (sparsemax, 1.5-entmax, 1 < alpha < 2)
+    with ``method=None``: each row's solver (:func:`solve_on_path`), then at once, with the
+    row in cache, its rounding test (:func:`.round32.round32`), which fills ``tau`` and
+    ``ok`` (and rewrites ``theta`` and ``support`` where it decides the row)."""
 
+    @kernel(_ROWS32, ops=("entmax_forward",), dtypes=("float32",), name=f"rows._rows32[{path}]")
+    def rows32(x, alpha, method, res, tau, ok, r0, r1):
+        out, theta, support, n_iter, converged = res
+        c, aux, aux2 = solver_scratch(x.shape[1])
+        for r in range(r0, r1):
+            a1 = alpha[r] - 1.0
+            th, sup, it, cv = solve_on_path(x[r], out[r], a1, c, aux, aux2, r, path)
+            n_iter[r], converged[r] = it, cv
+            tau[r], theta[r], support[r], ok[r] = round32(x[r], out[r], a1, th, c, aux, aux2, path, PATH_SPARSE)
+            if not ok[r]:
+                theta[r], support[r] = th, sup
 
-@kernel(_ROWS32, ops=("entmax_forward",), dtypes=("float32",))
-def _rows_sparse32(x, alpha, method, res, tau, ok, r0, r1):
-    out, theta, support, n_iter, converged = res
-    c, aux, aux2 = solver_scratch(x.shape[1])
-    for r in range(r0, r1):
-        th, sup, it, cv = solve_sparse(x[r], out[r], c, aux, aux2)
-        theta[r], n_iter[r], converged[r] = th, it, cv
-        tau[r], support[r], ok[r] = round32_sparse(x[r], out[r], th, c, aux, aux2)
-        if not ok[r]:
-            support[r] = sup
-
-
-@kernel(_ROWS32, ops=("entmax_forward",), dtypes=("float32",))
-def _rows_15_32(x, alpha, method, res, tau, ok, r0, r1):
-    out, theta, support, n_iter, converged = res
-    c, aux, aux2 = solver_scratch(x.shape[1])
-    for r in range(r0, r1):
-        th, sup, it, cv = solve_15(x[r], out[r], c, aux, r)
-        n_iter[r], converged[r] = it, cv
-        tau[r], theta[r], support[r], ok[r] = round32_alpha(x[r], out[r], 0.5, th, c, aux, aux2)
-        if not ok[r]:
-            theta[r], support[r] = th, sup
-
-
-@kernel(_ROWS32, ops=("entmax_forward",), dtypes=("float32",))
-def _rows_gen32(x, alpha, method, res, tau, ok, r0, r1):
-    out, theta, support, n_iter, converged = res
-    c, aux, aux2 = solver_scratch(x.shape[1])
-    for r in range(r0, r1):
-        a1 = alpha[r] - 1.0
-        th, sup, it, cv = solve_gen(x[r], out[r], a1, c, aux, aux2, r)
-        n_iter[r], converged[r] = it, cv
-        tau[r], theta[r], support[r], ok[r] = round32_alpha(x[r], out[r], a1, th, c, aux, aux2)
-        if not ok[r]:
-            theta[r], support[r] = th, sup
+    return rows32
 
 
 def _unrounded(driver):
@@ -470,7 +453,7 @@ def _unrounded(driver):
 _PATH_DRIVERS = {PATH_SOFTMAX: _rows_softmax, PATH_SPARSE: _rows_sparse, PATH_15: _rows_15, PATH_GEN: _rows_gen,
                  PATH_BIG: _rows_big}
 #: the float32 drivers with the rounding test, by the driver they stand in for (:func:`entmax_rows`)
-_ROUNDED32 = {_rows_sparse: _rows_sparse32, _rows_15: _rows_15_32, _rows_gen: _rows_gen32}
+_ROUNDED32 = {_rows_sparse: _rows32(PATH_SPARSE), _rows_15: _rows32(PATH_15), _rows_gen: _rows32(PATH_GEN)}
 
 
 def _runs(alpha, method, dtype):
