@@ -50,29 +50,25 @@ def _div32(num, k):
 
 
 @jit
-def _candidates32(x, out, cut, c, idx):
-    """The float32 test's candidates of the row ``x``: its entries above ``cut`` (a superset
-    of every entry that the row's support can reach), their values (float64) in ``c`` and
-    their columns in ``idx``, by a bit mask of the comparison (a loop with no branch that
-    LLVM vectorises) whose set bits are then visited (:func:`.candidates.unpack`).
-    Returns (k, the candidates' maximum, ok): ok where the solver's nonzero outputs all
-    lie among the candidates (it wrote ``out`` nowhere else)."""
+def _candidates32(x, cut, c, idx):
+    """The float32 test's candidates of the row ``x``: its entries above ``cut``, their
+    values (float64) in ``c`` and their columns in ``idx``, by a bit mask of the comparison
+    (a loop with no branch that LLVM vectorises) whose set bits are then visited
+    (:func:`.candidates.unpack`).  The callers' cuts lie below every entry that the
+    solver's output can hold (it wrote ``out`` only where ``1 + a1 (x - theta)`` is
+    positive up to its roundings, far less than the cut's margin :data:`_MARGIN32`), so
+    every other entry of ``out`` is 0.  Returns (k, the candidates' maximum)."""
     n = x.shape[0]
     cx = x.dtype.type(cut)  # the cut in x's precision, rounded down: the same set or more
     if np.float64(cx) > cut:
         cx = np.nextafter(cx, x.dtype.type(-np.inf))
-    nz = 0
     words = np.empty(n // 64, np.uint64)
     for w in range(words.shape[0]):
         xb = x[64 * w:64 * (w + 1)]
-        ob = out[64 * w:64 * (w + 1)]
         b = np.uint64(0)
         for t in range(64):
             b |= np.uint64(xb[t] > cx) << np.uint64(t)
-            nz += ob[t] != 0.0
         words[w] = b
-    for i in range(64 * words.shape[0], n):
-        nz += out[i] != 0.0
     k = unpack(x, 0.0, words, c, idx)
     for i in range(64 * words.shape[0], n):
         if np.float64(x[i]) > cut:
@@ -81,9 +77,8 @@ def _candidates32(x, out, cut, c, idx):
             k += 1
     m = -np.inf
     for j in range(k):
-        nz -= out[idx[j]] != 0.0
         m = max(m, c[j])
-    return k, m, nz == 0
+    return k, m
 
 
 @jit
@@ -99,7 +94,7 @@ def sparse32(x, out, theta, c, idx):
     ``out`` at the candidates and returns (tau, support, ok): not ok where a condition
     fails (the row is then left to the finishing stage)."""
     tau0 = theta - 1.0
-    k, m, ok = _candidates32(x, out, tau0 - _MARGIN32, c, idx)
+    k, m = _candidates32(x, tau0 - _MARGIN32, c, idx)
     ks, s, amax, asum, g = 0, 0.0, 0.0, 0.0, 1.0
     for j in range(k):
         xi = c[j]
@@ -112,7 +107,7 @@ def sparse32(x, out, theta, c, idx):
             if a > 0.0:
                 g = min(g, 2.0 * half_gaps(a, True)[0])
     kf = np.float64(ks)
-    ok = ok and ks > 0 and kf * amax + asum + 1.0 < 2.0 ** 52 * g and abs(tau0) < 2.0 ** 24
+    ok = ks > 0 and kf * amax + asum + 1.0 < 2.0 ** 52 * g and abs(tau0) < 2.0 ** 24
     if not ok:
         return tau0, ks, False
     N = s - 1.0
@@ -157,14 +152,14 @@ def alpha32(x, out, a1, theta, c, idx, pv):
     theta) > -_MARGIN32`` (:func:`_candidates32`); every other entry is then outside the
     support whatever the threshold within the margin (one Newton step moves it less than
     a quarter of it, checked).  Writes ``out`` at the candidates (float32 of each p; the
-    solver left every other entry 0, which is checked) and returns (tau, theta, support,
+    solver left every other entry 0: :func:`_candidates32`) and returns (tau, theta, support,
     ok).  ``c``, ``pv`` (float64) and ``idx`` (int64) are scratch of the row's
     length."""
     u = _U
     n = x.shape[0]
     # the candidates: 1 + a1 (x - theta) > -_MARGIN32, the row's maximum m among them
-    k, m, ok = _candidates32(x, out, theta - (1.0 + _MARGIN32) / a1, c, idx)
-    ok = ok and a1 * abs(theta) < 2.0 ** 28  # the cut's rounding is far below the margin
+    k, m = _candidates32(x, theta - (1.0 + _MARGIN32) / a1, c, idx)
+    ok = a1 * abs(theta) < 2.0 ** 28  # the cut's rounding is far below the margin
     for j in range(k):
         c[j] -= m  # y = x - m, exact: two float32 values
     A = theta - m
@@ -188,8 +183,12 @@ def alpha32(x, out, a1, theta, c, idx, pv):
         y = c[j]
         d = y - A
         t = a1 * d
-        z = math.log1p(t) / a1 if t > -1.0 else 0.0
-        p = math.exp(z) if t > -1.0 else 0.0
+        if a1 == 0.5:  # (1 + d/2)^2: error u (|d| / v + 3), within the bound below with log p = 0
+            z = 0.0
+            p = (1.0 + 0.5 * d) ** 2 if t > -1.0 else 0.0
+        else:
+            z = math.log1p(t) / a1 if t > -1.0 else 0.0
+            p = math.exp(z) if t > -1.0 else 0.0
         pv[j] = p
         c[j] = z
         if p > 0.0:
