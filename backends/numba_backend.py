@@ -132,6 +132,19 @@ def _row_forward(kernel, x: np.ndarray, alpha: np.ndarray, *options) -> RowSolve
     return RowSolve(*bufs)
 
 
+def _exact_softmax32(x: np.ndarray, alpha: np.ndarray, res: RowSolve) -> None:
+    """The float32 softmax rows that the row kernel's compiled finishing stage left
+    undecided (``converged`` False; an output within about 2^-100 of a float32 rounding
+    boundary), solved exactly (:func:`.exact_rows.entmax_row`) into ``res``, with a
+    ``theta`` whose float32 rounding is their ``tau``."""
+    from .exact_rows import entmax_row
+
+    for r in np.flatnonzero((alpha == 1.0) & ~res.converged & (res.n_iter == 0)):
+        p, tau, theta, k = entmax_row(x[r].astype(np.float64), 1.0, np.float32)
+        theta = theta if np.float32(theta) == np.float32(tau) else tau
+        res.p[r], res.theta[r], res.support[r], res.converged[r] = p, theta, k, True
+
+
 def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     """The row solvers (:func:`.numba.rows.entmax_rows`); float64 rows then finished correctly
     rounded (:func:`.numba.exact_finish.finish_rows`), and solved again exactly
@@ -170,7 +183,9 @@ def _rows32(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     if method != _rows.METHOD_DEFAULT or big.all():
         return _narrow(x, _entmax_rows(x.astype(np.float64), alpha, method), alpha)
     if bool((alpha == 1.0).all()):
-        return _row_forward(_rows.entmax_rows, x, alpha, method)
+        res = _row_forward(_rows.entmax_rows, x, alpha, method)
+        _exact_softmax32(x, alpha, res)
+        return res
     bufs = _solve_buffers(x)
     tau, ok = np.empty(x.shape[0]), np.empty(x.shape[0], np.bool_)
     _rows.entmax_rows(x, np.where(big, 2.0, alpha), method, _rows.Solved(*bufs), 8 * numba.get_num_threads(),

@@ -1,10 +1,11 @@
 """Float32 row transforms against ``torch.softmax``, and the float32 softmax row kernel
-against the per-row path it reproduces, timed in interleaved pairs in one process.
+against the per-row path of float64 rows, timed in interleaved pairs in one process.
 
 512 x 8192 standard normal float32 rows (seed 0).  For each name in FNS: ``er.<name>(x,
 backend="numba")`` then ``torch.softmax(x, -1)``, PAIRS times; ``kernel``: the float32
 softmax kernel (``rows._rows_softmax``) then a kernel that runs the per-row path
-(``softmax.softmax_lanes``) on every row, their outputs checked bit-identical.  Prints the
+(``softmax.softmax_lanes``) on every row, the kernel's outputs checked against the NumPy
+engine's correctly rounded bits.  Prints the
 medians, the minimums, the median ratio and its spread, and the load average::
 
     taskset -c 1 python scripts/softmax_ab.py 41 1 softmax,kernel,entmax15,sparsemax
@@ -52,7 +53,7 @@ for fn in fns:
     if fn == "kernel":
         ab("float32 softmax kernel vs the per-row path", lambda: run_blocks(R._rows_softmax, (x, a, 0, b1), x.shape, nblk),
            lambda: run_blocks(per_row_softmax, (x, a, 0, b2), x.shape, nblk))
-        assert np.array_equal(b1.p.view(np.int32), b2.p.view(np.int32))
+        assert np.array_equal(b1.p.view(np.int32), er.softmax(x, backend="numpy").view(np.int32))
     else:
         f = getattr(er, fn)
         ab(f"{fn} vs torch.softmax", lambda: f(x, backend="numba"), lambda: torch.softmax(xt, -1))

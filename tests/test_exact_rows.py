@@ -152,6 +152,27 @@ def test_float32_boundary_rows_sample(backend, alpha):
             check_row(x, alpha, backend, f"{name}, seed {seed}", np.float32)
 
 
+@pytest.mark.parametrize("seed", SAMPLE32_SEEDS)
+def test_float32_softmax_boundary_rows_numba(seed):
+    """float32 softmax rows on the numba engine (its own row kernel, :mod:`.numba.softmax`)
+    are correctly rounded too: the boundary rows of the sample, rounded to float32."""
+    for name, x in boundary_rows(np.random.default_rng(seed), 1.0):
+        check_row(x, 1.0, "numba", f"{name}, seed {seed}", np.float32)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("offset", [0.0, 2.0 ** 10])
+def test_float32_softmax_boundary_rows_numba_exhaustive(offset):
+    """:func:`test_float32_softmax_boundary_rows_numba` over the exhaustive tier's seeds,
+    lengths and offsets, and long rows."""
+    for seed in range(40, 70):
+        rng = np.random.default_rng(seed)
+        for name, x in boundary_rows(rng, 1.0, n=int(rng.choice([4, 12, 40])), offset=offset):
+            check_row(x, 1.0, "numba", f"{name}, seed {seed}", np.float32)
+    for name, x in boundary_rows(np.random.default_rng(4042), 1.0, n=4096, offset=offset):
+        check_row(x, 1.0, "numba", name, np.float32)
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("backend, alpha", _engines32(BOUNDARY_ALPHAS))
 @pytest.mark.parametrize("offset", [0.0, 2.0 ** 10])

@@ -367,26 +367,10 @@ def test_softmax_rows_take_each_maximum_in_the_previous_rows_pass(nb, dtype, n):
     assert (got.support[::7] == 0).all() and (got.theta[::7] == -np.inf).all()
 
 
-def _softmax_rows_one_by_one(x):
-    """float32 softmax rows by the per-row path (:func:`.softmax.solve_softmax`), whose bits
-    the float32 row kernel keeps: (p, theta, support)."""
-    from entmax_ref.backends.numba.softmax import solve_softmax
-
-    p = np.empty_like(x)
-    theta = np.empty(x.shape[0])
-    support = np.empty(x.shape[0], np.int64)
-    c = np.empty(x.shape[1])
-    for r in range(x.shape[0]):
-        theta[r], support[r] = solve_softmax(x[r], p[r], c)[:2]
-    return p, theta, support
-
-
-@pytest.mark.parametrize("n", [1, 7, 64, 65, 1000, 4099, 8192])
-def test_float32_softmax_rows_are_the_per_row_paths_bits(nb, n):
-    """The float32 softmax kernel (two passes with the shorter exponential, a rounding test,
-    the per-row path again where it does not decide) gives the per-row path's float32
-    bits: p, tau (theta rounded to float32) and the support, on rows of every scale (wide
-    ones reach float32's subnormal range and zero), ties, -inf masks, huge offsets."""
+def _float32_softmax_rows(n):
+    """float32 rows of length ``n`` for the softmax kernel: every scale (wide ones reach
+    float32's subnormal range and zero), -inf masks, ties, a huge offset, a row of one
+    finite entry."""
     rng = np.random.default_rng(n)
     blocks = [rng.standard_normal((24, n)) * s for s in (1e-3, 1.0, 8.0, 40.0, 1e3)]
     x = np.concatenate(blocks).astype(np.float32)
@@ -395,35 +379,97 @@ def test_float32_softmax_rows_are_the_per_row_paths_bits(nb, n):
     x[4] += np.float32(3e5)  # an offset far above the spread
     x[5, :] = -np.inf
     x[5, -1] = 1.0
-    got = nb.entmax_forward(x, np.ones(x.shape[0]), None)
-    p, theta, support = _softmax_rows_one_by_one(x)
-    np.testing.assert_array_equal(got.p.view(np.int32), p.view(np.int32))
-    np.testing.assert_array_equal(got.theta.astype(np.float32), theta.astype(np.float32))
-    np.testing.assert_array_equal(got.support, support)
+    return x
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 65, 1000, 4099, 8192])
+def test_float32_softmax_rows_are_correctly_rounded(n):
+    """The float32 softmax kernel (:func:`.softmax.softmax32_rows`: the shorter exponential,
+    a rounding test against the exact value, the compiled finishing stage where it does
+    not decide) gives the correctly rounded rows, the NumPy engine's bits: p, tau and the
+    support; short rows also against the mpmath oracle."""
+    import entmax_ref as E
+    from entmax_ref.testing.oracle import entmax_cr
+
+    x = _float32_softmax_rows(n)
+    got = E.softmax(x, backend="numba", return_info=True)
+    want = E.softmax(x, backend="numpy", return_info=True)
+    np.testing.assert_array_equal(got[0].view(np.int32), want[0].view(np.int32))
+    np.testing.assert_array_equal(got[1].tau, want[1].tau)
+    np.testing.assert_array_equal(got[1].support_exact, want[1].support_exact)
+    if n <= 65:
+        for r in range(0, x.shape[0], 7):
+            p, tau, k = entmax_cr(x[r].astype(np.float64), 1.0, np.float32)
+            np.testing.assert_array_equal(got[0][r].view(np.int32), np.asarray(p, np.float32).view(np.int32))
+            assert got[1].tau[r] == tau and got[1].support_exact[r] == k, r
+
+
+def test_float32_softmax_fast_path_within_its_rounding_test_width():
+    """Every float64 probability of the float32 softmax's fast path (:func:`.softmax._pass32`:
+    ``p_i = vexp32(x_i - m) / D``) lies within the rounding test's ``T`` ulps of the exact
+    value (mpmath), on rows of several spreads and on a row whose ``x_i - m`` are not exact
+    in float64 (entries near 0 under a maximum of 80): the bound the test's decisions rest
+    on.  (A polynomial one degree short of :func:`.vexp.vexp32`'s errs by 600 units.)"""
+    from entmax_ref.backends.numba.softmax import _lanes, _pass32, _row_test
+
+    rng = np.random.default_rng(9)
+    rows = [rng.standard_normal(4096) * s for s in (1.0, 6.0, 20.0)]
+    far = rng.standard_normal(4096) * 1e-9
+    far[:64] = rng.uniform(70.0, 80.0, 64)
+    far[0] = 80.0
+    rows.append(far)
+    for x in rows:
+        x = x.astype(np.float32)
+        n, m, lo = x.shape[0], float(x.max()), float(x.min())
+        L = _lanes(n)
+        lanes, c, out = np.empty((2, L)), np.empty(n), np.empty(n, np.float32)
+        D = _pass32(x, m, c, lanes[0], lanes[1], out, c.copy(), 0.0, 0, x)[0]
+        T, _ = _row_test(n, L, m, lo)
+        p = c * (1.0 / D)
+        with mp.workdps(40):
+            e = [mp.exp(mp.mpf(float(v)) - mp.mpf(m)) for v in x]
+            S = mp.fsum(e)
+            ulps = np.array([float(abs(mp.mpf(float(pi)) - ei / S) / mp.mpf(float(np.spacing(pi))))
+                             for pi, ei in zip(p, e)])
+        assert ulps.max() <= T, (ulps.max(), T)
+        assert ulps.max() > 1.0  # the sweep sees the exponential's error, not only the last rounding
 
 
 def test_float32_softmax_rounding_test_flags_what_it_cannot_decide():
-    """The float32 softmax's rounding test (:func:`.softmax._round_pass32`) leaves an entry
-    undecided exactly when its float64 value lies within ``T`` ulps of a float32 rounding
-    midpoint, in float32's subnormal range above 2^-152, or below the exponential pass's
-    floor; it rounds every other entry to the nearest float32."""
-    from entmax_ref.backends.numba.softmax import _P_FLOOR, _round_pass32
+    """The float32 softmax's rounding test (:func:`.softmax._pass32`'s least low bits
+    against ``2 T``) leaves an entry undecided exactly when its float64 value lies within
+    ``T`` ulps of a float32 rounding midpoint, and stores every entry's float32 rounding;
+    :func:`.softmax._row_end32` leaves a row undecided when an entry lies in float32's
+    subnormal range above 2^-152."""
+    from entmax_ref.backends.numba.softmax import _MID29, _pass32, _row_end32
 
     T = 100
     rng = np.random.default_rng(5)
     f = rng.uniform(2.0 ** -120, 1.0, 200).astype(np.float32)
     mid = (f.astype(np.float64) + np.nextafter(f, np.float32(2)).astype(np.float64)) / 2  # exact
     out = np.empty(1, np.float32)
+    x = np.zeros(1, np.float32)
+    lanes = np.empty((2, 8))
+    c = np.empty(1)
+
+    def undecided(v):
+        low = _pass32(x, 0.0, c, lanes[0], lanes[1], out, np.array([v]), 1.0, T - _MID29, x)[1]
+        return int(low <= 2 * T)
+
     for m in mid:
         for k, want in ((0, 1), (T, 1), (-T, 1), (T + 1, 0), (-T - 1, 0), (2 ** 27, 0)):
-            v = np.array([m + k * np.spacing(m)])
-            assert _round_pass32(v, 1.0, T, out) == want, (m, k)
-            if not want:
-                assert out[0] == np.float32(v[0])
-    tiny = [(2.0 ** -126, 0), (np.nextafter(2.0 ** -126, 0), 1), (2.0 ** -152, 1),
-            (np.nextafter(2.0 ** -152, 0), 0), (_P_FLOOR, 0), (np.nextafter(_P_FLOOR, 0), 1), (0.0, 1)]
-    for v, want in tiny:
-        assert _round_pass32(np.array([v]), 1.0, T, out) == want, v
+            v = m + k * np.spacing(m)
+            assert undecided(v) == want, (m, k)
+            assert out[0] == np.float32(v)
+    E = 50.0
+    for v, ok in ((2.0 ** -126, True), (np.nextafter(2.0 ** -126, 0), False), (2.0 ** -152, False),
+                  (np.nextafter(2.0 ** -152, 0), True), (0.0, True)):
+        # the exponentials 1 and v (theta = 0.5 + log(1 + v), far from a float32 boundary)
+        row = np.array([0.0, np.log(v) if v > 0 else -np.inf], np.float32)
+        cv = np.array([1.0, v])
+        low = np.int64(1 << 29)  # the low bits decide nothing here
+        got_ok = _row_end32(row, np.empty(2, np.float32), cv, 0.5, float(row.min()), 1.0 + v, T, E, low)[2]
+        assert got_ok == ok, v
 
 
 def test_three_way_partition():

@@ -458,7 +458,9 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     """The correctly rounded softmax row ``x`` (maximum ``m``): ``e_i = exp(x_i - m)`` in
     double-word into the scratch ``eh``, ``el`` (:func:`_exp_entry`: the lean exponential,
     or with ``precise`` the double-word one), their sum ``S`` in lanes of TwoSums, then
-    ``p_i = e_i (1/S)`` and ``tau = m + log(S)``.  ``lanes``: float64 scratch of shape (3,
+    ``p_i = e_i (1/S)`` and ``tau = m + log(S)``, rounded to float64, or with ``f32`` to
+    float32 (``out`` then float32; ``theta`` then the float64 whose float32 rounding is
+    ``tau``).  ``lanes``: float64 scratch of shape (3,
     SM_LANES).  Writes ``out`` and returns (tau, theta, support, ok); the caller runs a row
     that is not ``ok`` again with ``precise``.  The passes are loops without branches,
     which LLVM vectorises; an entry whose ``e_i`` is below the normal range is redone on
@@ -524,5 +526,9 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     lh, ll = log_dw(Sh, Sl)
     th, tl = dw_add_fp(lh, ll, m)
     err = (_EPS_LOG * abs(lh) + rel_s + _DW_ADD * U2 * (abs(m) + abs(lh))) * SLACK
+    if f32:  # tau: the float32 rounding of th (as a float64), decided the same way; theta = th
+        sg = -1.0 if th < 0.0 else 1.0
+        tau, good = round_dw(sg * th, sg * tl, err, True)
+        return sg * tau, th, nf, bad == 0 and good
     tau, good = round_signed(th, tl, err)
     return tau, tau, nf, bad == 0 and good

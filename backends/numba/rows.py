@@ -30,9 +30,9 @@ driver, :func:`entmax_rows`):
 2. The threshold, by alpha (``method=None``):
 
    * alpha = 1: ``A = log1p(sum_{i != argmax} exp(y_i))`` (the max term separated out,
-     as scipy's logsumexp does); ``p_i = exp(y_i) / (1 + s)``.  float32 rows reach the
-     float32 rounding of those ``p_i`` by a shorter computation with a rounding test
-     (:mod:`.softmax`).
+     as scipy's logsumexp does); ``p_i = exp(y_i) / (1 + s)``.  float32 rows are
+     correctly rounded by a shorter computation with a rounding test against the exact
+     value (:mod:`.softmax`).
    * alpha = 2: Condat's (2016) algorithm finds the support S in expected O(k); the
      closed form ``A = (sum_S y + |S| - 1) / |S|`` with a compensated sum.
    * alpha = 1.5: a randomised pivot (quickselect-like, expected O(k)) on
@@ -105,7 +105,7 @@ from .elementwise import (K_15, K_EXP, K_GEN, K_SPARSE, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, bound_above, bound_below, write_output,
                           write_output_at, settled_row, uniform_bound)
 from .gen import finish_gen, subset_bound_gen
-from .softmax import softmax_rows_next, solve_softmax
+from .softmax import softmax32_rows, softmax_rows_next, solve_softmax
 from .threshold import bisect_row, condat, newton_row, pivot15
 from .round32 import round32
 
@@ -340,13 +340,13 @@ def _ROWS(x):
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float32",))
 def _rows_softmax(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
-    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1, True)
+    softmax32_rows(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_softmax64(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
-    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1, False)
+    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
@@ -484,7 +484,8 @@ def entmax_rows(x, alpha, method, res, nblk, round32=None):
     receives each row's correctly rounded ``tau`` and whether it was decided (False: a row
     for the NumPy engine's finishing stage, whose ``p`` is the float32 rounding of float64
     arithmetic).  Softmax rows keep their kernel's rounding, with ``tau`` its ``theta``
-    rounded to float32.  Other float32 rows (another method, or an alpha > 2) are solved
+    rounded to float32, except a row the kernel left undecided (``converged`` False), whose
+    ``ok`` is False.  Other float32 rows (another method, or an alpha > 2) are solved
     as float64 rows, exactly widened (their solvers read every entry as float64), with
     their row indices (so their pivots' seeds), and their p rounded once to float32: the
     bits of a float32 kernel without its compile; their ``ok`` is False."""
@@ -518,5 +519,9 @@ def entmax_rows(x, alpha, method, res, nblk, round32=None):
         with np.errstate(over="ignore"):  # +-inf beyond float32's range, its nearest
             tau[sm] = res.theta[sm].astype(np.float32)
         ok[sm] = True
+        if round32 is not None:  # softmax rows its kernel's finishing stage left: finished by the caller
+            und = sm & ~res.converged & (res.n_iter == 0)
+            ok[und] = False
+            res.converged[und] = True
         return
     run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res), x.shape, nblk)

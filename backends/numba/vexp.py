@@ -26,8 +26,8 @@ grid below it (``tests/test_numba_vexp.py`` checks both against mpmath on a dens
 sweep).
 
 :func:`vexp32` is a shorter one for the float32 softmax rows, whose float32 rounding is all
-that is kept: one multiply-add for the reduction, a degree-10 polynomial, within 48 units of
-2^-53 (relative) on ``[-88, 0]``.
+that is kept: one multiply-add for the reduction, a degree-10 polynomial, within ``14.4 +
+0.302 |d|`` units of 2^-53 (relative) on ``[-88, 0]``.
 """
 
 from __future__ import annotations
@@ -201,9 +201,10 @@ def vexp_neg(d):
     return e * _pow2(kd)
 
 
-#: relative error bound of :func:`vexp32`, in units of 2^-53 (proof in its docstring)
-VEXP32_ERR = 48.0
-#: the largest ``|d|`` for which :data:`VEXP32_ERR` holds (``|k| <= 128`` below)
+#: the relative error of :func:`vexp32` at ``d`` is below ``VEXP32_ERR + VEXP32_SLOPE |d|``
+#: units of 2^-53 for ``|d| <= VEXP32_RANGE`` (proof in its docstring)
+VEXP32_ERR = 14.4
+VEXP32_SLOPE = 0.302
 VEXP32_RANGE = 88.0
 # (exp(r) - 1 - r) / r^2 on |r| <= 0.34665 (ln2 / 2 and 0.02%), degree 8, highest first
 # (mpmath.chebyfit at 60 digits): 1 + r + r^2 g(r) is within 1.171e-15 of exp(r), relative,
@@ -214,10 +215,11 @@ _H = (2.761381816969184e-07, 2.7625129152550647e-06, 2.480153636831133e-05, 0.00
 
 @jit(forceinline=True)
 def vexp32(d):
-    """``exp(d)`` for a float64 ``-88 <= d <= 0`` within ``VEXP32_ERR * 2^-53`` relative:
-    the exponential of the float32 softmax rows, whose float32 results it must decide, not
-    round to float64 (:mod:`.softmax`).  Below -88 it is within ``2^-44`` relative down to
-    ``d = -708``; below that it returns ``exp(-708)``.  NaN passes through.
+    """``exp(d)`` for a float64 ``-88 <= d <= 0`` within ``VEXP32_ERR + VEXP32_SLOPE |d|``
+    units of ``2^-53``, relative (at most 41 units): the exponential of the float32 softmax
+    rows, whose float32 results it must decide, not round to float64 (:mod:`.softmax`).
+    Below -88 it is within ``2^-44`` relative down to ``d = -708``; below that it returns
+    ``exp(-708)``.  NaN passes through.
 
     :func:`vexp_neg`'s steps, shortened: ``k`` the nearest integer to ``d / ln2``, ``r = d -
     k ln2`` in one multiply-add with the float64 ``ln2`` (``|r| <= ln2 / 2`` and a few
@@ -228,10 +230,10 @@ def vexp32(d):
     ``2^-53``: the polynomial 10.6 (``_H``); its evaluation 3.3 (the last multiply-add
     rounds once, ``E <= 1.07`` once, ``r O`` carries ``|r| <= 0.35`` of O's rounding, and
     the earlier steps at most ``z <= 0.12`` of theirs, over ``exp(r) >= 0.7``); the
-    rounding of ``r`` 0.35 (``|r| u``); the error of the float64 ``ln2`` (``2.32e-17``)
-    times ``|k| <= 128`` for ``|d| <= 88``, 26.7.  Together 41 < 48
-    (``tests/test_numba_vexp.py`` measures the worst over a dense sweep, and fails when
-    the polynomial is one degree shorter)."""
+    rounding of ``r`` 0.35 (``|r| u``); the error of the float64 ``ln2`` (``2.32e-17``, 0.209
+    units) times ``|k| <= |d| / ln2 + 0.5``: ``0.302 |d| + 0.11``.  Together below ``14.4 +
+    0.302 |d|`` (``tests/test_numba_vexp.py`` measures every point of a dense sweep against
+    it, and fails when the polynomial is one degree shorter)."""
     if d < VEXP_NEG_MIN:  # a select, not a branch
         d = VEXP_NEG_MIN
     kd = _fmuladd(d, _INV_LN2, _SHIFT)
