@@ -435,6 +435,25 @@ def test_float32_softmax_fast_path_within_its_rounding_test_width():
         assert ulps.max() > 1.0  # the sweep sees the exponential's error, not only the last rounding
 
 
+def test_float32_softmax_rows_left_by_the_kernel_are_solved_exactly():
+    """A float32 softmax row that the row kernel's compiled finishing stage leaves undecided
+    (``converged`` False) is solved exactly on the Python side: the oracle's p and
+    support, a ``theta`` whose float32 rounding is the oracle's tau; the other rows are
+    left as they are."""
+    from entmax_ref.backends._base import RowSolve
+    from entmax_ref.backends.numba_backend import _exact_softmax32
+    from entmax_ref.testing.oracle import entmax_cr
+
+    x = np.random.default_rng(11).standard_normal((3, 9)).astype(np.float32)
+    res = RowSolve(np.zeros((3, 9), np.float32), np.zeros(3), np.zeros(3, np.int64), np.zeros(3, np.int64),
+                   np.array([True, False, True]))
+    _exact_softmax32(x, np.ones(3), res)
+    p, tau, k = entmax_cr(x[1].astype(np.float64), 1.0, np.float32)
+    np.testing.assert_array_equal(res.p[1].view(np.int32), np.asarray(p, np.float32).view(np.int32))
+    assert np.float32(res.theta[1]) == tau and res.support[1] == k and res.converged[1]
+    assert not res.p[[0, 2]].any() and not res.theta[[0, 2]].any()
+
+
 def test_float32_softmax_rounding_test_flags_what_it_cannot_decide():
     """The float32 softmax's rounding test (:func:`.softmax._pass32`'s least low bits
     against ``2 T``) leaves an entry undecided exactly when its float64 value lies within
