@@ -241,6 +241,19 @@ def _key_range(x):
     return hi, lo
 
 
+@jit(forceinline=True)
+def _entry32(x, c, c0, out, xkey, i, m, inv, off, low, hi, lo):
+    """Entry ``i`` of the three rows of a :func:`_pass32` sweep: ``c_i = vexp32(x_i - m)``,
+    ``out_i = c0_i inv`` with its low bits (plus ``off``) folded into ``low``, the order key
+    of ``xkey_i`` into ``hi`` and ``lo``.  Returns (c_i, low, hi, lo)."""
+    e = vexp32(np.float64(x[i]) - m)
+    c[i] = e
+    p = c0[i] * inv
+    out[i] = p
+    k = _order_key(xkey[i])
+    return e, min(low, (float_bits(p) + off) & _LOW29), max(hi, k), min(lo, k)
+
+
 @jit
 def _pass32(x, m, c, S, S2, out, c0, inv, off, xk):
     """One sweep of :func:`softmax32_rows`, three rows at once: the exponentials ``c_i =
@@ -268,29 +281,15 @@ def _pass32(x, m, c, S, S2, out, c0, inv, off, xk):
         ob = out[b * L:(b + 1) * L]
         kb = xkey[b * L:(b + 1) * L]
         for j in range(L):
-            e = vexp32(np.float64(xb[j]) - m)
-            cb[j] = e
+            e, low, hi, lo = _entry32(xb, cb, pb, ob, kb, j, m, inv, off, low, hi, lo)
             S[j] += e
-            p = pb[j] * inv
-            low = min(low, (float_bits(p) + off) & _LOW29)
-            ob[j] = p
-            k = _order_key(kb[j])
-            hi = max(hi, k)
-            lo = min(lo, k)
         if b % _GROUP == _GROUP - 1:
             for j in range(L):
                 S2[j] += S[j]
                 S[j] = 0.0
     for i in range(nb * L, n):  # the tail: one more block of the last group
-        e = vexp32(np.float64(x[i]) - m)
-        c[i] = e
+        e, low, hi, lo = _entry32(x, c, c0, out, xkey, i, m, inv, off, low, hi, lo)
         S[i - nb * L] += e
-        p = c0[i] * inv
-        low = min(low, (float_bits(p) + off) & _LOW29)
-        out[i] = p
-        k = _order_key(xkey[i])
-        hi = max(hi, k)
-        lo = min(lo, k)
     for j in range(L):
         S2[j] += S[j]
     w = L
