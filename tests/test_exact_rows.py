@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import entmax_ref as E
@@ -24,16 +24,13 @@ from entmax_ref.testing.oracle import BOUNDARY_ALPHAS, boundary_rows, entmax_cr
 from row_bits import assert_same_row, hexs
 
 ENGINES = ("numpy", "numba")
-#: the engines whose float32 rows are correctly rounded: both, but for the numba engine's
-#: float32 softmax (its own shorter computation, :mod:`entmax_ref.backends.numba.softmax`,
-#: whose support on the boundary rows is not held to the oracle here)
+#: the engines whose float32 rows are correctly rounded: both
 ENGINES32 = ENGINES
 
 
 def _engines32(alphas):
-    """(backend, alpha) pairs of the float32 tests: every engine at every alpha but numba's
-    softmax (:data:`ENGINES32`)."""
-    return [(b, a) for a in alphas for b in ENGINES32 if not (b == "numba" and a == 1.0)]
+    """(backend, alpha) pairs of the float32 tests: every engine at every alpha."""
+    return [(b, a) for a in alphas for b in ENGINES32]
 
 #: the issue row of sparsemax: an entry 2^-54 below 0.5 whose exact probability is
 #: 2 (2^-54) / 3 = 3.7e-17, a normal float64 (support 3, not 2)
@@ -131,7 +128,6 @@ _floats = st.floats(-4.0, 4.0, allow_nan=False, allow_infinity=False, width=64)
        alpha=st.sampled_from([1.0, 1.5, 2.0, 1.25, 1.75, 3.0]))
 def test_hypothesis_rows(backend, dtype, row, alpha):
     """Hypothesis rows, float64 on both engines and float32 on those of :data:`ENGINES32`."""
-    assume(not (backend == "numba" and dtype == np.float32 and alpha == 1.0))  # :data:`ENGINES32`
     x = np.array(row, np.float64)
     if not np.isfinite(x).any():
         x[0] = 0.0
@@ -150,27 +146,6 @@ def test_float32_boundary_rows_sample(backend, alpha):
     for seed in SAMPLE32_SEEDS:
         for name, x in boundary_rows(np.random.default_rng(seed), alpha):
             check_row(x, alpha, backend, f"{name}, seed {seed}", np.float32)
-
-
-@pytest.mark.parametrize("seed", SAMPLE32_SEEDS)
-def test_float32_softmax_boundary_rows_numba(seed):
-    """float32 softmax rows on the numba engine (its own row kernel, :mod:`.numba.softmax`)
-    are correctly rounded too: the boundary rows of the sample, rounded to float32."""
-    for name, x in boundary_rows(np.random.default_rng(seed), 1.0):
-        check_row(x, 1.0, "numba", f"{name}, seed {seed}", np.float32)
-
-
-@pytest.mark.exhaustive
-@pytest.mark.parametrize("offset", [0.0, 2.0 ** 10])
-def test_float32_softmax_boundary_rows_numba_exhaustive(offset):
-    """:func:`test_float32_softmax_boundary_rows_numba` over the exhaustive tier's seeds,
-    lengths and offsets, and long rows."""
-    for seed in range(40, 70):
-        rng = np.random.default_rng(seed)
-        for name, x in boundary_rows(rng, 1.0, n=int(rng.choice([4, 12, 40])), offset=offset):
-            check_row(x, 1.0, "numba", f"{name}, seed {seed}", np.float32)
-    for name, x in boundary_rows(np.random.default_rng(4042), 1.0, n=4096, offset=offset):
-        check_row(x, 1.0, "numba", name, np.float32)
 
 
 @pytest.mark.exhaustive
