@@ -67,6 +67,20 @@ def test_issue_row_has_the_real_number_support(backend):
     check_row(ISSUE_ROW, 2.0, backend, "issue row")
 
 
+#: alpha = 3: the maximum alone leaves the other entry 1.4e-158 above the threshold, where
+#: its p is about that difference (support 2); the oracle needs about 190 digits to see it
+TINY_GAP_ROW = np.array([-0.5, -1.431366025724674e-158])
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_an_entry_a_tiny_difference_above_the_threshold(backend):
+    """The oracle works at the digits the row's differences need (``cr_digits``): at a
+    fixed 90 and 130 digits the entry would sit on the threshold (support 1, p = 0)."""
+    p, _, k = entmax_cr(TINY_GAP_ROW, 3.0)
+    assert k == 2 and p[0] == 1.431366025724674e-158, hexs(p)
+    check_row(TINY_GAP_ROW, 3.0, backend, "tiny gap")
+
+
 #: the default tier's sample: one boundary set per alpha kind (closed forms, the general
 #: solver near 1 and between 1 and 2, the edge solver above 2)
 SAMPLE_ALPHAS = (1.0, 1.5, 2.0, 1.33, 1.0 + 1e-6, 3.0)

@@ -2,8 +2,9 @@
 
 :func:`entmax_mp` solves a row to 50 digits (or ``dps``).  :func:`entmax_cr` is the
 correctly rounded answer the library's float64 rows are held to, 0 ulp: exact rationals for
-alpha = 2; otherwise :func:`entmax_mp` at :data:`CR_DPS` digits and again at
-``CR_DPS + 40``, and each output rounded only where the two agree (the oracle raises
+alpha = 2; otherwise :func:`entmax_mp` at :data:`CR_DPS` digits (or more: enough to hold
+the row's differences exactly, :func:`cr_digits`) and again at 40 digits more, and each
+output rounded only where the two agree (the oracle raises
 where they do not): an entry whose probability shrinks with the precision sits at the
 threshold (p = 0), and a value within ``10^-(CR_DPS - 10)`` of a rounding midpoint is
 taken to be on it (ties to even).  It shares no code with the library's own exact path
@@ -254,11 +255,12 @@ def entmax_cr(x, alpha, dtype=np.float64):
     alpha = float(alpha)
     if alpha == 2.0:
         return _sparsemax_cr(x, dtype)
-    lo_p, lo_T = entmax_mp(x, alpha, dps=CR_DPS)
-    hi_p, hi_T = entmax_mp(x, alpha, dps=CR_DPS + CR_MORE)
+    digits = cr_digits(x, alpha)
+    lo_p, lo_T = entmax_mp(x, alpha, dps=digits)
+    hi_p, hi_T = entmax_mp(x, alpha, dps=digits + CR_MORE)
     p = np.zeros(len(x), dtype)
     support = 0
-    with mp.workdps(CR_DPS + CR_MORE):
+    with mp.workdps(digits + CR_MORE):
         for i, (a, b) in enumerate(zip(lo_p, hi_p)):
             if b == 0 and a == 0:
                 continue
@@ -269,13 +271,26 @@ def entmax_cr(x, alpha, dtype=np.float64):
         a1 = mp.mpf(alpha) - 1
         t_lo, t_hi = (lo_T, hi_T) if alpha == 1.0 else (a1 * lo_T, a1 * hi_T)
         if alpha > 2.0:
-            return p, _edge_tau(x, alpha, lo_p, hi_p, dtype), support
+            return p, _edge_tau(x, alpha, lo_p, hi_p, dtype, digits), support
         # a tau that vanishes with the precision is 0 (a threshold exactly at 0)
         tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, dtype)
     return p, tau, support
 
 
-def _edge_tau(x, alpha: float, lo_p, hi_p, dtype) -> float:
+def cr_digits(x, alpha: float) -> int:
+    """The lower working precision of :func:`entmax_cr` for the float64 row ``x``: at least
+    :data:`CR_DPS` digits, and enough to hold exactly every difference ``y = x - max x``
+    within reach of the support (``y > -1/(alpha - 1) - 1``; ``y > -800`` at alpha = 1),
+    so that an entry a tiny difference above the threshold (``[-0.5, -1.4e-158]`` at
+    alpha = 3: ``p = 1.4e-158``) is not rounded onto it."""
+    fin = x[np.isfinite(x)]
+    top = Fraction(float(fin.max()))
+    reach = 800 if alpha == 1.0 else 1.0 / (alpha - 1.0) + 1.0
+    ys = (Fraction(float(v)) - top for v in fin)
+    return max([CR_DPS] + [int(y.denominator.bit_length() * 0.302) + 30 for y in ys if y > -reach])
+
+
+def _edge_tau(x, alpha: float, lo_p, hi_p, dtype, digits: int = CR_DPS) -> float:
     """tau rounded, at alpha > 2, from its edge form ``tau = a1 c - q^a1`` (``c`` the
     smallest support entry, ``q`` its probability): ``a1 c`` an exact rational and ``q^a1``
     to the oracle's relative precision, however small (1e-297 at alpha = 100), so that a
@@ -285,7 +300,7 @@ def _edge_tau(x, alpha: float, lo_p, hi_p, dtype) -> float:
     ref = min((i for i, b in enumerate(hi_p) if b > 0), key=lambda i: float(x[i]))
     t = a1 * Fraction(float(x[ref]))
     out = []
-    for ps, digits in ((lo_p, CR_DPS), (hi_p, CR_DPS + CR_MORE)):
+    for ps, digits in ((lo_p, digits), (hi_p, digits + CR_MORE)):
         with mp.workdps(digits + 20):
             s = ps[ref] ** (mp.mpf(a1.numerator) / a1.denominator)
             if s > abs(mp.mpf(t.numerator) / t.denominator) * mp.mpf(10) ** -(digits - 10) or t == 0:
