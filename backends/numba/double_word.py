@@ -326,9 +326,9 @@ def round_dw(h, l, err, f32):
 def round_signed(h, l, err):
     """:func:`round_dw` in float64 for a double-word of either sign (tau)."""
     if h < 0.0:
-        c, ok = round_dw(-h, -l, err, False)
+        c, ok = round_dw(-h, -l, err, np.bool_(False))
         return -c, ok
-    return round_dw(h, l, err, False)
+    return round_dw(h, l, err, np.bool_(False))
 
 
 @jit

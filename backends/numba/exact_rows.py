@@ -511,16 +511,16 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     ih, il = dw_div(1.0, 0.0, Sh, Sl)
     rel_p = (eps + rel_s + (_DW_DIV + _DW_MUL) * U2) * SLACK
     if f32:  # two loops: the format is a constant of each, which LLVM then vectorises
-        low, bad = _softmax_out(eh, el, ih, il, rel_p, out, True)
+        low, bad = _softmax_out(eh, el, ih, il, rel_p, out, np.bool_(True))  # bool: no literal twin
     else:
-        low, bad = _softmax_out(eh, el, ih, il, rel_p, out, False)
+        low, bad = _softmax_out(eh, el, ih, il, rel_p, out, np.bool_(False))
     if low:  # entries below the normal range: their own exponent, and their grid
         for i in range(n):
             if eh[i] < NORMAL_MIN and eh[i] > 0.0 or (eh[i] == 0.0 and np.float64(x[i]) - m > -_EXP_MAX):
                 yh, yl = two_sum(np.float64(x[i]), -m)
                 e, h, l = exp_dw(yh, yl) if precise else exp_lean(yh, yl)
                 mh, ml = dw_mul(h, l, ih, il)
-                v, good = round_scaled(e, mh, ml, rel_p * mh, f32)
+                v, good = round_scaled(e, mh, ml, rel_p * mh, np.bool_(f32))
                 out[i] = v
                 bad += not good
     lh, ll = log_dw(Sh, Sl)
@@ -528,7 +528,7 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     err = (_EPS_LOG * abs(lh) + rel_s + _DW_ADD * U2 * (abs(m) + abs(lh))) * SLACK
     if f32:  # tau: the float32 rounding of th (as a float64), decided the same way; theta = th
         sg = -1.0 if th < 0.0 else 1.0
-        tau, good = round_dw(sg * th, sg * tl, err, True)
+        tau, good = round_dw(sg * th, sg * tl, err, np.bool_(True))
         return sg * tau, th, nf, bad == 0 and good
     tau, good = round_signed(th, tl, err)
     return tau, tau, nf, bad == 0 and good

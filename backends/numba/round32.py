@@ -41,7 +41,7 @@ def _div32(num, k):
     ph, pl = two_prod(q, k)
     r = (ph - num) + pl  # ph - num is exact (Sterbenz)
     c = np.float64(np.float32(q))
-    up, dn = half_gaps(abs(c), True)
+    up, dn = half_gaps(abs(c), np.bool_(True))  # a bool, not a literal: one specialization
     d = abs(q) - abs(c)
     if r != 0.0 and (d == up or d == -dn):  # q k < num: the exact value is above q
         q = q + (abs(q) if r < 0.0 else -abs(q)) * 2.0 ** -30
@@ -105,7 +105,7 @@ def sparse32(x, out, theta, c, idx):
             asum += a
             amax = max(amax, a)
             if a > 0.0:
-                g = min(g, 2.0 * half_gaps(a, True)[0])
+                g = min(g, 2.0 * half_gaps(a, np.bool_(True))[0])
     kf = np.float64(ks)
     ok = ks > 0 and kf * amax + asum + 1.0 < 2.0 ** 52 * g and abs(tau0) < 2.0 ** 24
     if not ok:
