@@ -596,3 +596,43 @@ def test_subset_bounds_lie_below_the_thresholds(ref, kind):
                 ratios.append(bound / A)
         if kind == "normal" and alpha >= 1.33:  # the top entries carry most of the mass
             assert np.median(ratios) > 0.9, (alpha, np.median(ratios))
+
+
+def _alive(x, m, lo, a1):
+    """The solvers' gather test (:func:`entmax_ref.backends.numba.candidates.gather_alive`)
+    on float32 entries ``x``, with the kind of ``a1``, in NumPy's float64 arithmetic."""
+    d = (np.asarray(x, np.float32).astype(np.float64) - m) - lo
+    return {1.0: 1.0 + d > 0.0, 0.5: 1.0 + 0.5 * d > 0.0}.get(a1, a1 * d > -1.0)
+
+
+@pytest.mark.parametrize("a1", [1.0, 0.5, 0.25])
+@pytest.mark.parametrize("n", [40, 300])
+def test_float32_rounding_test_takes_the_solvers_candidates_only_where_they_cover_its_cut(a1, n):
+    """The float32 rounding test's candidates are every entry above its cut, in row order,
+    whether it filters the solver's gathered candidates or reads the row: it filters them
+    only where the solver's gather keeps the smallest float32 above the cut.  The row holds
+    the gather's edge ``v`` (its smallest float32 kept) and the float32 below it: a cut at
+    that float32 is covered, a cut an ulp below it is not (the entry there lies above the
+    cut and outside the solver's candidates), nor is any cut of a solver that kept none."""
+    from entmax_ref.backends.numba.round32 import _candidates32
+
+    rng = np.random.default_rng(int(a1 * 8) + n)
+    x = rng.standard_normal(n).astype(np.float32)
+    m, lo = float(x.max()), 0.4 * a1
+    v = np.float32((m + lo) - 1.0 / a1)
+    while not _alive(v, m, lo, a1):
+        v = np.nextafter(v, np.float32(np.inf))
+    while _alive(np.nextafter(v, np.float32(-np.inf)), m, lo, a1):
+        v = np.nextafter(v, np.float32(-np.inf))
+    below = np.nextafter(v, np.float32(-np.inf))
+    x[[3, n - 5]] = [below, v]
+    cols = np.flatnonzero(_alive(x, m, lo, a1))
+    cut_at = float(below)
+    for cut, kept_lo in ((cut_at, lo), (np.nextafter(cut_at, -np.inf), lo), (cut_at, np.inf)):
+        want = np.flatnonzero(x.astype(np.float64) > cut)
+        c, idx = np.full(n, np.nan), np.full(n, -1, np.int64)
+        idx[:cols.size] = cols  # the solver's columns, in the buffer the test fills
+        k, top = _candidates32(x, cut, (idx[:cols.size], m, kept_lo, a1), c, idx)
+        assert k == want.size and top == x[want].max(), (cut, kept_lo)
+        np.testing.assert_array_equal(idx[:k], want)
+        np.testing.assert_array_equal(c[:k], x[want].astype(np.float64))

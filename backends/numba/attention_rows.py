@@ -247,7 +247,7 @@ def fwd_rows(scores, kv, r0, rows, fwd, res, path):
             m, ok = all_keys(g64, n, sc, buf)
         th, cnt = -np.inf, np.int64(0)
         if m > 0 and ok:  # the path's solver, seeded with the row's index in its chunk
-            th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, rc, path)
+            th, cnt, _, _ = solve_on_path(zc[:m], pc[:m], a1, c, aux, aux2, rc, path)[0]
         row_result((r, rows.b, rows.h0 + h, rows.i0 + (rc - h * rows.nc)), (m, ok, th, cnt), (zc, pc, idx),
                    (a1, a2, big), kv.v, scratch, fwd, res)
 

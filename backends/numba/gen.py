@@ -193,9 +193,11 @@ def _newton_gen(cand, k, a1, A, lo, hi, scratch):
     and the compaction move there) Newton steps on phi from it, until one lands where f
     is small (:data:`ROUGH_SWITCH`), leaves the bracket, or the rough f is not clearly
     positive; then the exact safeguarded iteration from there, whose stopping rules give
-    the answer.  Returns (A, evaluations of either kind, converged, k, fresh): ``fresh``
-    when A is the point of the last exact evaluation, whose ``p`` of ``c[:k]`` are then in
-    ``buf[0, :k]`` (``cand = (c, idx)``, ``scratch = (buf, lanes)``)."""
+    the answer.  Returns (A, evaluations of either kind, converged, (k, lo), fresh): the
+    candidates left, ``c[:k]``, are those alive at ``lo`` (:func:`_compact_gen`, the bound
+    of their last filtering); ``fresh`` when A is the point of the last exact evaluation,
+    whose ``p`` of ``c[:k]`` are then in ``buf[0, :k]`` (``cand = (c, idx)``, ``scratch =
+    (buf, lanes)``)."""
     c, idx = cand
     buf, lanes = scratch
     flo = np.inf  # |f| at lo / hi once evaluated there (exactly)
@@ -212,9 +214,9 @@ def _newton_gen(cand, k, a1, A, lo, hi, scratch):
         at = A
         done, A, lo, hi, flo, fhi = newton_step(A, f, fp, f_prev, (lo, hi, flo, fhi), a1, np.bool_(True))
         if done:
-            return A, it, True, k, A == at
+            return A, it, True, (k, last_lo), A == at
         f_prev = f
-    return A, it, False, k, False
+    return A, it, False, (k, last_lo), False
 
 
 @jit
@@ -261,16 +263,19 @@ def subset_bound_gen(x, m, a1, c, idx):
 @jit
 def finish_gen(x, out, m, a1, lo, cand, k, pbuf):
     """:func:`.rows._finish` for ``K_GEN`` from the lower bound ``lo``: Newton on the ``k``
-    candidates ``cand = (c, idx)``, ``c[:k]`` (columns ``idx[:k]``), then the output pass."""
+    candidates ``cand = (c, idx)``, ``c[:k]`` (columns ``idx[:k]``), then the output pass.
+    Returns ((theta, support, evaluations, converged), (k, lo)): the candidates left in
+    ``cand``'s first ``k``, in row order, are those of the row alive at ``lo``
+    (:func:`_newton_gen`)."""
     hi = bound_above(k, a1)
     A0 = lo if lo <= hi else hi
     if hi > lo:
         buf = np.empty((2, k), np.float64)
         lanes = np.empty((3, GL), np.float64)
-        A, it, ok, k, fresh = _newton_gen(cand, k, a1, A0, lo, hi, (buf, lanes))
+        A, it, ok, (k, lo), fresh = _newton_gen(cand, k, a1, A0, lo, hi, (buf, lanes))
         if fresh:
             pbuf = buf[0]
     else:  # a single candidate: the row maximum carries all the mass
         A, it, ok, fresh = lo, 0, True, False
     cnt = _output_gen(x, out, A, a1, cand, k, pbuf, fresh)
-    return m + A, cnt, it, ok
+    return (m + A, cnt, it, ok), (k, lo)

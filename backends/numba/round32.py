@@ -6,7 +6,9 @@ every float32 rounding of the row and its support, the row is rewritten correctl
 scores): sparsemax exactly, in float64 integers of the support's grid (:func:`sparse32`),
 1 < alpha < 2 by the NumPy engine's bound (:func:`alpha32`;
 :func:`entmax_ref.backends.exact_rows.float32_rows`), with the threshold's error bound
-the radius that the row's residual proves.  The rare row it does not decide is finished
+the radius that the row's residual proves.  Its candidates are the solver's own, filtered,
+where they hold every entry within its margin of the threshold (:func:`_candidates32`;
+else a pass over the row).  The rare row it does not decide is finished
 by the NumPy engine's finishing stage on the float32 grid
 (:func:`entmax_ref.backends.exact_rows.finish`), so that both engines return the same bits.
 """
@@ -21,6 +23,7 @@ from .. import double_word as M
 from ..exact_rows import F32_SOLVER_ERR as _D32
 from ._jit import jit
 from .candidates import unpack
+from .elementwise import K_15, K_GEN, K_SPARSE, is_alive
 from .double_word import half_gaps, two_prod, two_sum
 
 SLACK = M.SLACK
@@ -50,31 +53,70 @@ def _div32(num, k):
 
 
 @jit
-def _candidates32(x, cut, c, idx):
-    """The float32 test's candidates of the row ``x``: its entries above ``cut``, their
-    values (float64) in ``c`` and their columns in ``idx``, by a bit mask of the comparison
-    (a loop with no branch that LLVM vectorises) whose set bits are then visited
-    (:func:`.candidates.unpack`).  The callers' cuts lie below every entry that the
-    solver's output can hold (it wrote ``out`` only where ``1 + a1 (x - theta)`` is
-    positive up to its roundings, far less than the cut's margin :data:`_MARGIN32`), so
-    every other entry of ``out`` is 0.  Returns (k, the candidates' maximum)."""
-    n = x.shape[0]
-    cx = x.dtype.type(cut)  # the cut in x's precision, rounded down: the same set or more
+def _above32(x, cut):
+    """The smallest value of x's dtype above ``cut`` (float64): the entries above ``cut`` are
+    those ``>=`` it, a comparison in x's precision."""
+    cx = x.dtype.type(cut)  # the cut in x's precision, rounded down
     if np.float64(cx) > cut:
         cx = np.nextafter(cx, x.dtype.type(-np.inf))
-    words = np.empty(n // 64, np.uint64)
-    for w in range(words.shape[0]):
-        xb = x[64 * w:64 * (w + 1)]
-        b = np.uint64(0)
-        for t in range(64):
-            b |= np.uint64(xb[t] > cx) << np.uint64(t)
-        words[w] = b
-    k = unpack(x, 0.0, words, c, idx)
-    for i in range(64 * words.shape[0], n):
-        if np.float64(x[i]) > cut:
+    return np.nextafter(cx, x.dtype.type(np.inf))
+
+
+@jit
+def _solver_gathered(v, gathered):
+    """Whether the solver's gather (``gathered = (cols, m, lo, a1)``: the test of
+    :func:`.candidates.gather_alive` at ``lo`` with the row's maximum ``m`` and the kind of
+    ``a1``, :func:`.rows.kind_of`) keeps an entry of value ``v``.  The test is nondecreasing
+    in the entry (:func:`.candidates._first_alive`), so it then keeps every entry ``>= v``."""
+    _, m, lo, a1 = gathered
+    d = (np.float64(v) - m) - lo
+    if a1 == 1.0:
+        return is_alive(d, 1.0, K_SPARSE)
+    if a1 == 0.5:
+        return is_alive(d, 0.5, K_15)
+    return is_alive(d, a1, K_GEN)
+
+
+@jit
+def _candidates32(x, cut, gathered, c, idx):
+    """The float32 test's candidates of the row ``x``: its entries above ``cut``, in row
+    order, their values (float64) in ``c`` and their columns in ``idx``.  The callers' cuts
+    lie below every entry that the solver's output can hold (it wrote ``out`` only where
+    ``1 + a1 (x - theta)`` is positive up to its roundings, far less than the cut's margin
+    :data:`_MARGIN32`), so every other entry of ``out`` is 0.
+
+    Where the solver's own candidates hold every entry above ``cut`` (``gathered = (cols,
+    m, lo, a1)``: the columns ``cols``, in row order, of the entries its gather kept, which
+    keeps every entry at least the smallest value above ``cut``, :func:`_solver_gathered`),
+    they are filtered (``cols`` may be ``idx`` itself: each is read before it is written);
+    else the whole row is read, by a bit mask of the comparison in x's precision (a loop
+    with no branch that LLVM vectorises) whose set bits are then visited
+    (:func:`.candidates.unpack`).  The same entries either way.  Returns (k, the
+    candidates' maximum)."""
+    v = _above32(x, cut)
+    cols = gathered[0]
+    k = 0
+    if _solver_gathered(v, gathered):
+        for j in range(cols.shape[0]):
+            i = cols[j]
+            xi = np.float64(x[i])
+            c[k] = xi
+            idx[k] = i
+            k += xi > cut
+    else:
+        n = x.shape[0]
+        words = np.empty(n // 64, np.uint64)
+        for w in range(words.shape[0]):
+            xb = x[64 * w:64 * (w + 1)]
+            b = np.uint64(0)
+            for t in range(64):
+                b |= np.uint64(xb[t] >= v) << np.uint64(t)
+            words[w] = b
+        k = unpack(x, 0.0, words, c, idx)
+        for i in range(64 * words.shape[0], n):
             c[k] = x[i]
             idx[k] = i
-            k += 1
+            k += np.float64(x[i]) > cut
     m = -np.inf
     for j in range(k):
         m = max(m, c[j])
@@ -82,7 +124,7 @@ def _candidates32(x, cut, c, idx):
 
 
 @jit
-def sparse32(x, out, theta, c, idx):
+def sparse32(x, out, theta, gathered, c, idx):
     """The float32 sparsemax row ``x`` exactly, on the support ``S = {x > tau0}`` at the
     solver's threshold ``tau0 = theta - 1``, among the candidates ``x > tau0 - _MARGIN32``
     (:func:`_candidates32`): with ``k = |S|`` and ``N = sum_S x - 1``, where every ``x_i``
@@ -94,7 +136,7 @@ def sparse32(x, out, theta, c, idx):
     ``out`` at the candidates and returns (tau, support, ok): not ok where a condition
     fails (the row is then left to the finishing stage)."""
     tau0 = theta - 1.0
-    k, m = _candidates32(x, tau0 - _MARGIN32, c, idx)
+    k, m = _candidates32(x, tau0 - _MARGIN32, gathered, c, idx)
     ks, s, amax, asum, g = 0, 0.0, 0.0, 0.0, 1.0
     for j in range(k):
         xi = c[j]
@@ -136,7 +178,7 @@ def _p32(d, a1):
 
 
 @jit
-def alpha32(x, out, a1, theta, c, idx, pv):
+def alpha32(x, out, a1, theta, gathered, c, idx, pv):
     """Whether the solver's float64 threshold decides every float32 rounding of the row
     ``x`` at ``1 < alpha = 1 + a1 < 2``: the NumPy engine's test
     (:func:`entmax_ref.backends.exact_rows.float32_rows`), with each probability evaluated
@@ -158,7 +200,7 @@ def alpha32(x, out, a1, theta, c, idx, pv):
     u = _U
     n = x.shape[0]
     # the candidates: 1 + a1 (x - theta) > -_MARGIN32, the row's maximum m among them
-    k, m = _candidates32(x, theta - (1.0 + _MARGIN32) / a1, c, idx)
+    k, m = _candidates32(x, theta - (1.0 + _MARGIN32) / a1, gathered, c, idx)
     ok = a1 * abs(theta) < 2.0 ** 28  # the cut's rounding is far below the margin
     for j in range(k):
         c[j] -= m  # y = x - m, exact: two float32 values
@@ -235,32 +277,35 @@ def alpha32(x, out, a1, theta, c, idx, pv):
 
 
 @jit
-def round32_sparse(x, out, theta, c, aux, aux2):
+def round32_sparse(x, out, theta, gathered, c, aux2):
     """:func:`sparse32` of the float32 row ``x`` that the sparsemax solver has just solved
-    (``theta``, ``out``), with the solvers' scratch ``c``, ``aux2`` (free once the row is
-    solved).  Returns (tau, support, ok); a settled row (NaN or +inf entries, or none
-    finite) keeps the solver's answer, with ``tau = theta``."""
+    (``theta``, ``out``, its candidates ``gathered``), with the solvers' scratch ``c``,
+    ``aux2`` (free once the row is solved).  Returns (tau, support, ok); a settled row (NaN
+    or +inf entries, or none finite) keeps the solver's answer, with ``tau = theta``."""
     if not (theta > -np.inf and theta < np.inf):
         return theta, 0, True
-    return sparse32(x, out, theta, c, aux2.view(np.int64))
+    return sparse32(x, out, theta, gathered, c, aux2.view(np.int64))
 
 
 @jit(inline="always")
-def round32(x, out, a1, theta, c, aux, aux2, path, sparse):
-    """The rounding test of the float32 row ``x`` that its solver has just solved:
-    :func:`round32_sparse` where ``path == sparse`` (constants of the calling kernel's code:
-    numba inlines this function and prunes the other branch), else :func:`round32_alpha`.
-    Returns (tau, theta, support, ok)."""
+def round32(x, out, a1, solved, scratch, path, sparse):
+    """The rounding test of the float32 row ``x`` that its solver has just solved
+    (``solved = (theta, gathered)``: its threshold and candidates, :func:`.rows.solve_on_path`;
+    ``scratch = (c, aux, aux2)``, the solvers'): :func:`round32_sparse` where ``path ==
+    sparse`` (constants of the calling kernel's code: numba inlines this function and prunes
+    the other branch), else :func:`round32_alpha`.  Returns (tau, theta, support, ok)."""
+    theta, gathered = solved
+    c, aux, aux2 = scratch
     if path == sparse:
-        tau, cnt, ok = round32_sparse(x, out, theta, c, aux, aux2)
+        tau, cnt, ok = round32_sparse(x, out, theta, gathered, c, aux2)
         return tau, theta, cnt, ok
-    return round32_alpha(x, out, a1, theta, c, aux, aux2)
+    return round32_alpha(x, out, a1, theta, gathered, c, aux, aux2)
 
 
 @jit
-def round32_alpha(x, out, a1, theta, c, aux, aux2):
+def round32_alpha(x, out, a1, theta, gathered, c, aux, aux2):
     """:func:`alpha32` of the float32 row ``x`` that a solver at ``1 < alpha = 1 + a1 < 2``
     has just solved, as :func:`round32_sparse`.  Returns (tau, theta, support, ok)."""
     if not (theta > -np.inf and theta < np.inf):
         return theta, theta, 0, True
-    return alpha32(x, out, a1, theta, c, aux2.view(np.int64), aux)
+    return alpha32(x, out, a1, theta, gathered, c, aux2.view(np.int64), aux)

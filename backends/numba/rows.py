@@ -197,15 +197,16 @@ def _solve_newton(x, out, a1, c):
 @jit(_nrt=True)  # allocates: also when called from code compiled without NRT
 def solve_sparse(x, out, c, aux, aux2):
     """alpha = 2, ``method=None``: Condat's algorithm (which consumes the candidates),
-    polished by Newton; the output pass visits the candidates' columns."""
+    polished by Newton; the output pass visits the candidates' columns.  Returns the
+    answer and the candidates' columns (:func:`solve_on_path`)."""
+    idx = aux2.view(np.int64)
     m, settled, res = _max_settled(x, out, aux, aux2)
     if settled:
-        return res
-    idx = aux2.view(np.int64)
+        return res, (idx[:0], m, 0.0, 1.0)
     k = gather_alive(x, m, 1.0, K_SPARSE, 0.0, c, idx)
     A0, ns = condat(c, k, aux, c)
     closed = np.bool_(True)
-    return _finish((x, out), m, k, 1.0, K_SPARSE, (A0, closed), aux[:ns], idx)
+    return _finish((x, out), m, k, 1.0, K_SPARSE, (A0, closed), aux[:ns], idx), (idx[:k], m, 0.0, 1.0)
 
 
 @jit(_nrt=True)  # allocates: also when called from code compiled without NRT
@@ -216,23 +217,24 @@ def solve_15(x, out, c, aux, seed):
     the window and filtering it at ``lo`` give.  On long rows ``lo`` is
     :func:`_subset_bound15`'s, which on a normal row of 8192 leaves some 35 candidates
     instead of the 340 alive at A = 0, and is often the answer itself; short rows (the
-    attention's candidates) take ``lo = 0``."""
+    attention's candidates) take ``lo = 0``.  Returns the answer and the candidates'
+    columns (:func:`solve_on_path`)."""
+    idx = aux.view(np.int64)
     m, settled, res = _max_settled(x, out, c, aux)
     if settled:
-        return res
-    idx = aux.view(np.int64)
+        return res, (idx[:0], m, 0.0, 0.5)
     lo = 0.0
     if x.shape[0] >= MASK_MIN:
         A0, s0, k, exact = _subset_bound15(x, m, c, idx, seed)
-        if exact:
-            return _finish((x, out), m, k, 0.5, K_15, (A0, np.bool_(True)), c[s0:k], idx)
+        if exact:  # the candidates of sparsemax's window (y > -1)
+            return _finish((x, out), m, k, 0.5, K_15, (A0, np.bool_(True)), c[s0:k], idx), (idx[:k], m, 0.0, 1.0)
         lo = bound_below(A0)
     k = gather_alive(x, m, 0.5, K_15, lo, c, idx)
     A0, s0 = pivot15(c, k, seed)
     closed = A0 >= 0.0
     if not closed:
         s0 = 0
-    return _finish((x, out), m, k, 0.5, K_15, (A0, closed), c[s0:k], idx)
+    return _finish((x, out), m, k, 0.5, K_15, (A0, closed), c[s0:k], idx), (idx[:k], m, lo, 0.5)
 
 
 @jit
@@ -258,15 +260,16 @@ def solve_gen(x, out, a1, c, aux, aux2, seed):
     candidates above the bound with their columns) instead of gathering the whole window
     ``y > -1/a1`` (a third of a normal row at alpha = 1.33); the sets are those of the
     gather-then-filter steps.  Newton and the output pass then run on the compacted
-    candidates with a vectorised map (:mod:`.gen`)."""
+    candidates with a vectorised map (:mod:`.gen`).  Returns the answer and the columns of
+    the candidates that Newton kept (:func:`solve_on_path`)."""
+    idx = aux2.view(np.int64)
     m, settled, res = _max_settled(x, out, aux, aux2)
     if settled:
-        return res
+        return res, (idx[:0], m, 0.0, a1)
     # a lower bound that prunes the candidates to a thin shell, from a few dozen entries
     # of a normal row: rough Newton steps on alpha's own mass over the entries within
     # 1.25 of the maximum (alpha < 1.5; its evaluations count in n_iter), or the exact
     # sparsemax threshold (1.5 < alpha < 2: e_alpha(d) is nonincreasing in alpha)
-    idx = aux2.view(np.int64)
     it_b = 0
     if a1 < 0.5:
         Ab, it_b = subset_bound_gen(x, m, a1, aux, idx)
@@ -277,8 +280,8 @@ def solve_gen(x, out, a1, c, aux, aux2, seed):
     # the candidates above the bound with their columns; Newton and the output pass work on
     # them alone (:mod:`.gen`: vectorised log1p and exp on a contiguous array)
     k = gather_alive(x, m, a1, K_GEN, lo, c, idx)
-    theta, cnt, it, ok = finish_gen(x, out, m, a1, lo, (c, idx), k, aux)
-    return theta, cnt, it + it_b, ok
+    (theta, cnt, it, ok), (k, last_lo) = finish_gen(x, out, m, a1, lo, (c, idx), k, aux)
+    return (theta, cnt, it + it_b, ok), (idx[:k], m, last_lo, a1)
 
 
 #: The solver paths of the attention kernels, in the order of
@@ -291,21 +294,26 @@ N_PATHS = len(SOLVER_PATHS)
 @jit(inline="always")
 def solve_on_path(x, out, a1, c, aux, aux2, seed, path):
     """The row solver of solver path ``path`` (``PATH_*``), as ``method=None`` takes it:
-    returns (theta, support, n_iter, converged); writes ``out``.  ``path`` is a constant
+    returns ((theta, support, n_iter, converged), gathered); writes ``out``.  ``gathered =
+    (cols, m, lo, a1g)``: the columns, in row order, of the candidates that the solver's
+    last gather kept (:func:`.candidates.gather_alive` at ``lo`` with the row maximum
+    ``m`` and the kind of ``a1g``, :func:`kind_of`), which the float32 rounding test
+    reuses (:func:`.round32.round32`); softmax and alpha > 2 keep none (``lo`` infinite).  ``path`` is a constant
     of the calling kernel's code: numba inlines this function into the kernel and prunes
     the chain to the one branch, so the kernel links that solver alone, at one level of
     calls (numba optimises and emits a callee's code again in every compiled function
     that links it).  The caller guarantees that every row's ``a1`` is of that path
     (:func:`.paths.solver_path`)."""
+    none = (aux2.view(np.int64)[:0], 0.0, np.inf, a1)
     if path == PATH_SOFTMAX:
-        return solve_softmax(x, out, c)
+        return solve_softmax(x, out, c), none
     if path == PATH_SPARSE:
         return solve_sparse(x, out, c, aux, aux2)
     if path == PATH_15:
         return solve_15(x, out, c, aux, seed)
     if path == PATH_GEN:
         return solve_gen(x, out, a1, c, aux, aux2, seed)
-    return solve_big(x, out, a1, c, seed)
+    return solve_big(x, out, a1, c, seed), none
 
 
 @jit(inline="always")
@@ -354,7 +362,7 @@ def _rows_sparse(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = solve_sparse(x[r], out[r], c, aux, aux2)
+        theta[r], support[r], n_iter[r], converged[r] = solve_sparse(x[r], out[r], c, aux, aux2)[0]
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
@@ -363,7 +371,7 @@ def _rows_15(x, alpha, method, res, r0, r1):
     c = np.empty(x.shape[1], np.float64)
     aux = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
-        theta[r], support[r], n_iter[r], converged[r] = solve_15(x[r], out[r], c, aux, r)
+        theta[r], support[r], n_iter[r], converged[r] = solve_15(x[r], out[r], c, aux, r)[0]
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
@@ -371,7 +379,7 @@ def _rows_gen(x, alpha, method, res, r0, r1):
     out, theta, support, n_iter, converged = res
     c, aux, aux2 = solver_scratch(x.shape[1])
     for r in range(r0, r1):
-        th, sup, it, ok = solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)
+        th, sup, it, ok = solve_gen(x[r], out[r], alpha[r] - 1.0, c, aux, aux2, r)[0]
         theta[r], support[r], n_iter[r], converged[r] = th, sup, it, ok
 
 
@@ -428,9 +436,10 @@ def _rows32(path):
         c, aux, aux2 = solver_scratch(x.shape[1])
         for r in range(r0, r1):
             a1 = alpha[r] - 1.0
-            th, sup, it, cv = solve_on_path(x[r], out[r], a1, c, aux, aux2, r, path)
+            (th, sup, it, cv), gathered = solve_on_path(x[r], out[r], a1, c, aux, aux2, r, path)
             n_iter[r], converged[r] = it, cv
-            tau[r], theta[r], support[r], ok[r] = round32(x[r], out[r], a1, th, c, aux, aux2, path, PATH_SPARSE)
+            tau[r], theta[r], support[r], ok[r] = round32(x[r], out[r], a1, (th, gathered), (c, aux, aux2), path,
+                                                          PATH_SPARSE)
             if not ok[r]:
                 theta[r], support[r] = th, sup
 
