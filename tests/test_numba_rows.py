@@ -636,3 +636,25 @@ def test_float32_rounding_test_takes_the_solvers_candidates_only_where_they_cove
         assert k == want.size and top == x[want].max(), (cut, kept_lo)
         np.testing.assert_array_equal(idx[:k], want)
         np.testing.assert_array_equal(c[:k], x[want].astype(np.float64))
+
+
+def test_float32_batch_with_a_few_rows_above_alpha_2():
+    """A float32 batch with a few rows above alpha = 2 among many (solved as float64 rows,
+    for those rows alone) gives the NumPy engine's bits, and each such row's bits alone."""
+    import entmax_ref as E
+
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((300, 257)).astype(np.float32)
+    alpha = np.full(300, 1.5)
+    alpha[100:140] = 2.0
+    big = [7, 150, 299]
+    alpha[big] = [3.0, 2.5, 3.0]
+    p, info = E.entmax(x, alpha=alpha, backend="numba", return_info=True)
+    q, want = E.entmax(x, alpha=alpha, backend="numpy", return_info=True)
+    np.testing.assert_array_equal(p.view(np.int32), q.view(np.int32))
+    np.testing.assert_array_equal(info.tau, want.tau)
+    np.testing.assert_array_equal(info.support_exact, want.support_exact)
+    for r in big:
+        alone, one = E.entmax(x[r:r + 1], alpha=alpha[r], backend="numba", return_info=True)
+        np.testing.assert_array_equal(p[r].view(np.int32), alone[0].view(np.int32))
+        assert info.tau[r] == one.tau[0] and info.support_exact[r] == one.support_exact[0]

@@ -386,7 +386,8 @@ def _rows_gen(x, alpha, method, res, r0, r1):
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_big(x, alpha, method, res, r0, r1):
     """alpha > 2.  Compiled for float64 rows only, as :func:`_rows_any`: float32 rows at
-    alpha > 2 are solved widened (:func:`entmax_rows`)."""
+    alpha > 2 are solved widened
+    (:func:`entmax_ref.backends.numba_backend._rows32`)."""
     out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
@@ -400,7 +401,8 @@ def _rows_any(x, alpha, method, res, r0, r1):
     """``method="bisect"`` (any alphas) and ``method="newton"`` (alphas on both sides of
     2), the solver picked per row.  Compiled for float64 rows only: float32 rows reach it
     widened (exactly; its solvers read every entry as float64) and their p rounded back
-    once (:func:`entmax_rows`), the bits of a float32 kernel without its compile."""
+    once (:func:`entmax_ref.backends.numba_backend._rows32`), the bits of a float32 kernel
+    without its compile."""
     c = np.empty(x.shape[1], np.float64)
     for r in range(r0, r1):
         a1 = alpha[r] - 1.0
@@ -486,51 +488,35 @@ def entmax_rows(x, alpha, method, res, nblk, round32=None):
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`).
 
-    float32 rows with ``method=None`` and every alpha <= 2: sparsemax, 1.5-entmax and
-    1 < alpha < 2 rows are tested right after their solver, while in cache
-    (:data:`_ROUNDED32`), and rewritten correctly rounded where the solver's float64
+    float32 rows take ``method=None`` and alphas <= 2 alone (a ValueError otherwise: the
+    NumPy-level driver, :func:`entmax_ref.backends.numba_backend._rows32`, solves the other
+    float32 rows as float64 rows, exactly widened, allocating for those rows alone).
+    Sparsemax, 1.5-entmax and 1 < alpha < 2 rows are tested right after their solver, while
+    in cache (:data:`_ROUNDED32`), and rewritten correctly rounded where the solver's float64
     threshold decides them; ``round32``, ``(tau, ok)`` (rows,) float64 and bool arrays,
     receives each row's correctly rounded ``tau`` and whether it was decided (False: a row
     for the NumPy engine's finishing stage, whose ``p`` is the float32 rounding of float64
     arithmetic).  Softmax rows keep their kernel's rounding, with ``tau`` its ``theta``
     rounded to float32, except a row the kernel left undecided (``converged`` False), whose
-    ``ok`` is False.  Other float32 rows (another method, or an alpha > 2) are solved
-    as float64 rows, exactly widened (their solvers read every entry as float64), with
-    their row indices (so their pivots' seeds), and their p rounded once to float32: the
-    bits of a float32 kernel without its compile; their ``ok`` is False."""
-    if x.dtype == np.float32 and method != METHOD_DEFAULT:
-        wide = res._replace(p=np.empty(x.shape, np.float64))
-        entmax_rows(x.astype(np.float64), alpha, method, wide, nblk)
-        res.p[...] = wide.p
-        return
-    big = alpha > 2.0
-    if x.dtype == np.float32 and big.any():
-        entmax_rows(x, np.where(big, 2.0, alpha), method, res, nblk, round32)  # the big rows' answers replaced below
-        xw = np.zeros(x.shape)
-        xw[big] = x[big]
-        wide = Solved(np.zeros(x.shape), *(np.empty_like(f) for f in res[1:]))
-        skip = lambda *args: None  # noqa: E731 (the rows of the other paths: done above)
-        runs = [(lo, hi, _rows_big if p == PATH_BIG else skip) for lo, hi, p in row_runs(alpha)]
-        run_blocks(by_runs(runs), (xw, alpha, method, wide), x.shape, nblk)
-        for f, w in zip(res, wide):
-            f[big] = w[big]
-        if round32 is not None:
-            round32[1][big] = False
-        return
+    ``ok`` is False."""
     runs = _runs(alpha, method, x.dtype)
     if not runs:
         return
-    if x.dtype == np.float32:
-        tau, ok = round32 if round32 is not None else (np.empty(x.shape[0]), np.empty(x.shape[0], np.bool_))
-        runs = [(lo, hi, _ROUNDED32.get(d) or _unrounded(d)) for lo, hi, d in runs]
-        run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res, tau, ok), x.shape, nblk)
-        sm = alpha == 1.0
-        with np.errstate(over="ignore"):  # +-inf beyond float32's range, its nearest
-            tau[sm] = res.theta[sm].astype(np.float32)
-        ok[sm] = True
-        if round32 is not None:  # softmax rows its kernel's finishing stage left: finished by the caller
-            und = sm & ~res.converged & (res.n_iter == 0)
-            ok[und] = False
-            res.converged[und] = True
+    if x.dtype != np.float32:
+        run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res), x.shape, nblk)
         return
-    run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res), x.shape, nblk)
+    if method != METHOD_DEFAULT or (alpha > 2.0).any():
+        raise ValueError("float32 rows are solved here with method=None and alpha <= 2 only")
+    tau, ok = round32 if round32 is not None else (np.empty(x.shape[0]), np.empty(x.shape[0], np.bool_))
+    runs = [(lo, hi, _ROUNDED32.get(d) or _unrounded(d)) for lo, hi, d in runs]
+    run_blocks(runs[0][2] if len(runs) == 1 else by_runs(runs), (x, alpha, method, res, tau, ok), x.shape, nblk)
+    sm = alpha == 1.0
+    if not sm.any():
+        return
+    with np.errstate(over="ignore"):  # +-inf beyond float32's range, its nearest
+        tau[sm] = res.theta[sm].astype(np.float32)
+    ok[sm] = True
+    if round32 is not None:  # softmax rows its kernel's finishing stage left: finished by the caller
+        und = sm & ~res.converged & (res.n_iter == 0)
+        ok[und] = False
+        res.converged[und] = True
