@@ -10,6 +10,7 @@ and replay it on numpy and numba.  The readers outside Python are tests/test_cor
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import shutil
 import subprocess
@@ -109,7 +110,7 @@ def test_hex_strings_are_exact_and_in_printf_form():
 
 def test_settle_rounds_correctly_decides_exact_zeros_and_midpoints():
     mp = pytest.importorskip("mpmath")
-    lo_d, hi_d = X.DIGITS
+    lo_d, hi_d = X.base_digits()
     with mp.workdps(lo_d):
         a = mp.mpf(1) + mp.mpf(2) ** -53 * (1 + mp.mpf(10) ** -60)  # just above a midpoint: rounds up
         noise_lo = mp.mpf(10) ** -(lo_d - 2)  # what an exact 0 looks like at each precision
@@ -128,15 +129,36 @@ def test_settle_rounds_correctly_decides_exact_zeros_and_midpoints():
         assert X.to_float(mp.mpf(2) ** -1_000_000) == 0.0  # far below float64: no huge rational
 
 
+def test_settle_rounds_a_midpoint_approached_from_one_side_and_keeps_every_bit():
+    mp = pytest.importorskip("mpmath")
+    lo_d, hi_d = X.base_digits()
+    with mp.workdps(lo_d):
+        mid = mp.mpf(1) + mp.mpf(2) ** -53  # between 1 (even) and 1 + 2^-52
+        above_lo = mid + mp.mpf(10) ** -(lo_d - 2)  # 11^8 (g_3 - sum g / 11) at 1/11 rounded: a midpoint
+        just_above = mp.mpf(1) + mp.mpf(2) ** -24 + mp.mpf(2) ** -60  # 2^-60 above a float32 midpoint
+    with mp.workdps(hi_d):
+        above_hi = mid + mp.mpf(10) ** -(hi_d - 2)
+    # the midpoint itself, approached from above at both precisions (settled at mpmath's default
+    # 15 digits: the values keep their own bits, not rounded to 53 bits first)
+    assert X.settle(above_lo, above_hi) == 1.0
+    from entmax_ref.testing.oracle import round_cr
+
+    assert round_cr(just_above, just_above, np.float32) == np.nextafter(np.float32(1), np.float32(2))
+    with mp.workdps(400):  # an exact 0 held to 350 digits: noise below float64's range, of either sign
+        tiny_lo, tiny_hi = -mp.mpf(10) ** -351, -mp.mpf(10) ** -391
+        negative = -mp.mpf(10) ** -400
+    assert math.copysign(1.0, X.settle(tiny_lo, tiny_hi)) == 1.0
+    assert math.copysign(1.0, X.settle(negative, negative)) == -1.0  # a tiny negative value rounds to -0
+
+
 def test_sparsemax_oracle_is_exact_and_gives_the_real_number_support():
     # the row of the exactness issue: support 3, p = [1/2 - d/3, 0, 2d/3, 1/2 - d/3, 0, 0], d = 2^-54
     x = np.array([0.0, -0.5000000000000001, -0.49999999999999994, 0.0, -0.5, -1.5])
-    p, T_ = X.sparsemax_exact(x)
     d = Fraction(1, 2 ** 54)
-    assert p == [Fraction(1, 2) - d / 3, 0, 2 * d / 3, Fraction(1, 2) - d / 3, 0, 0]
     ans = X.RowOracle().row(x, 2.0)
-    assert ans.support == 3 and ans.p[2] == float(2 * d / 3) > 0 and ans.on.tolist() == [1, 0, 1, 1, 0, 0]
-    assert ans.tau == float(T_) == ans.theta
+    assert ans.p.tolist() == [float(v) for v in (Fraction(1, 2) - d / 3, 0, 2 * d / 3, Fraction(1, 2) - d / 3, 0, 0)]
+    assert ans.support == 3 and ans.p[2] > 0 and ans.on.tolist() == [1, 0, 1, 1, 0, 0]
+    assert ans.tau == float(-Fraction(1, 2) + d / 3) == ans.theta  # (0 + 0 + x[2] - 1) / 3
 
 
 @pytest.mark.parametrize("alpha", [1.0, 1.25, 1.5, 3.0])
@@ -146,6 +168,97 @@ def test_row_oracle_agrees_with_the_reference_and_sums_to_one(alpha):
     p, info = er.entmax(x[None], alpha, backend="numpy", return_info=True)
     assert np.allclose(ans.p, p[0], rtol=0, atol=4e-15) and abs(ans.tau - info.tau[0]) < 1e-13
     assert ans.support == int((p[0] > 0).sum()) and abs(ans.p.sum() - 1) < 1e-15
+
+
+#: rows with an entry a difference of 1e-158 or 5e-324 above the threshold: held exactly only at
+#: more than 160 (330) digits, they sit on the threshold at a fixed 80 or 120.  (x, alpha,
+#: the support, p as the correctly rounded float64 values)
+TINY_DIFFERENCE_ROWS = [
+    # p = [e, 1 - e] exactly (q = e solves (1 - q)^2 = 1 - 2e + q^2), tau = -1 - e^2
+    ([-0.5, -1.431366025724674e-158], 3.0, 2, [1.431366025724674e-158, 1.0]),
+    # sqrt(p) = [u, u + 1 - e/2]: p[0] = (e/2)^2 (1 + O(e)) = 2.5e-317, a subnormal
+    ([-2.0, -1e-158], 1.5, 2, [float(Fraction(1e-158) ** 2 / 4), 1.0]),
+    # the same with e = 2^-1074: p[0] = 2^-2150 (1 + O(e)) rounds to 0, inside the support
+    ([-2.0, -5e-324], 1.5, 2, [0.0, 1.0]),
+]
+
+
+@pytest.mark.parametrize("x, alpha, support, p", TINY_DIFFERENCE_ROWS)
+def test_row_oracle_keeps_an_entry_a_tiny_difference_above_the_threshold(x, alpha, support, p):
+    pytest.importorskip("mpmath")
+    from entmax_ref.testing.oracle import entmax_cr
+
+    ans = X.RowOracle().row(np.array(x), alpha)
+    assert ans.support == support and ans.on.all() and ans.p.tolist() == p and ans.tau == -1.0
+    want = entmax_cr(np.array(x), alpha)
+    assert ans.p.tobytes() == want[0].tobytes() and (ans.tau, ans.support) == want[1:]
+
+
+def test_row_oracle_derived_values_see_a_tiny_support_entry():
+    # u = 1/p = [1/e, 1/(1 - e)] at alpha 3: dx = u (g - <u, g> / sum u) = [g0 - g1, g1 - g0] exactly
+    mp = pytest.importorskip("mpmath")
+    x, g = np.array([-0.5, -1.431366025724674e-158]), [1.0, 0.25]
+    dx = X.RowOracle().derived(x, 3.0, lambda p, T_, d: X.vjp_exact(mp, p, g, 3.0))
+    assert dx.tolist() == [0.75, -0.75]
+
+
+def test_row_oracle_alpha_vjp_keeps_the_difference_of_two_1e133_terms():
+    # alpha = 10, an entry one ulp above the threshold of two equal maxima: p = 2e-17, u = p^-8 =
+    # 4e132; p c and u <p, c> / sum u agree to 133 digits, their difference is O(1).  The
+    # reference sums the unshifted form at 400 digits
+    mp = pytest.importorskip("mpmath")
+    b = -(0.5 ** 9 / 9)
+    x = np.array([0.0, np.nextafter(b, 1.0), b - 1.0, np.nextafter(b, -1.0), b, 0.0])
+    g = [0.5, -1.25, 0.75, 2.0, -0.375, 1.0]
+    with mp.workdps(400):
+        from entmax_ref.testing.oracle import entmax_mp
+
+        p, _ = entmax_mp(x, 10.0, dps=400)
+        ell = [mp.log(e) if e > 0 else mp.mpf(0) for e in p]
+        c = [-li ** 2 * (mp.expm1(-9 * li) - -9 * li) / (-9 * li) ** 2 if li else mp.mpf(0) for li in ell]
+        u = [e ** -8 if e > 0 else mp.mpf(0) for e in p]
+        m = mp.fdot(p, c) / mp.fsum(u)
+        want = float(mp.fsum(gi * (e * ci - ui * m) for gi, e, ci, ui in zip(g, p, c, u)))
+    assert 0 < p[1] < 1e-16 and abs(want) > 0.01
+    assert X.RowOracle().derived(x, 10.0, lambda p, T_, d: X.alpha_vjp_exact(mp, p, g, 10.0)) == want
+
+
+#: c = 1 + 3 2^-50: 9 c = 9 + 13.5 2^-49 is a float64 rounding midpoint (ties to even: up)
+EDGE_C = 1.0 + 3.0 * 2.0 ** -50
+
+
+@pytest.mark.parametrize("gap", [1e-12, 1e-15])
+def test_row_oracle_rounds_a_tau_just_below_a_midpoint_down(gap):
+    # alpha = 10: the edge entry c has p = q (~gap) and tau = 9 c - q^9, q^9 ~ 1e-108 or 1e-135
+    # below the midpoint 9 c: at 80 and 120 digits the two round differently (1e-12) or both
+    # take the midpoint and round it to even (1e-15); tau rounds down to 9 + 13 2^-49
+    pytest.importorskip("mpmath")
+    from entmax_ref.testing.oracle import entmax_cr
+
+    x = np.array([EDGE_C + 1.0 / 9.0 - gap, EDGE_C, EDGE_C - 0.5])
+    ans = X.RowOracle().row(x, 10.0)
+    assert ans.tau == 9.0 + 13.0 * 2.0 ** -49 and ans.theta == EDGE_C
+    assert ans.support == 2 and 0 < ans.p[1] < 2 * gap and ans.p[2] == 0.0
+    want = entmax_cr(x, 10.0)
+    assert ans.p.tobytes() == want[0].tobytes() and (ans.tau, ans.support) == want[1:]
+
+
+def test_normmax_vjp_names_the_normmax_files_p_on_a_tiny_difference_row():
+    # [-2^-600, -1]: the top alone puts tau at -1 - 2^-600, so -1 is 2^-600 above it, p = 4.9e-91
+    # at alpha 3; a 50-digit oracle holds -1 + 2^-600 as -1 and leaves it out
+    pytest.importorskip("mpmath")
+    from entmax_ref.testing.conformance.gen_family import gen_normmax, gen_normmax_vjp
+
+    x = np.array([-(2.0 ** -600), -1.0, -3.0])
+    row = S.Row("huge-offset", "an entry 2^-600 above the threshold", x, dtypes=("float64",))
+    ctx = S.Context("small", 0, X.RowOracle(), rows=[row])
+
+    def mine(gen):
+        return {(c["alpha"], c["dtype"]): c["p"] for c in gen(ctx) if c["kind"] == "huge-offset" and c["n"] == 3}
+
+    p, p_vjp = mine(gen_normmax), mine(gen_normmax_vjp)
+    assert len(p) == 6 and p == p_vjp
+    assert float(p["3.0", "float64"][1]) > 0
 
 
 def test_unmasked_zeros_may_round_to_a_subnormal():

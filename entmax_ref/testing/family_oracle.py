@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .oracle import CR_DPS, CR_MORE, DPS, mp, round_cr  # one mpmath import guard (it names the extra to install)
+from .oracle import CR_DPS, CR_MORE, DPS, CrRow, digits_to_hold, mp, round_cr  # one mpmath import guard (it names the extra to install)
 
 
 def normmax_mp(x, alpha):
@@ -118,20 +118,23 @@ def normmax_cr(x, alpha, dtype=np.float64):
     candidates ``x - max x`` (each held exactly).  Where ``tau = max x + T`` cancels below
     the working precision, the row is solved again with four times the digits (up to
     :data:`_TAU_DIGITS`); a ``tau`` that vanishes with the precision there is 0."""
-    p, tau, on = normmax_cr_support(x, alpha, dtype)
-    return p, tau, int(on.sum())
+    row = normmax_cr_row(x, alpha, dtype)
+    return row.p, row.tau, row.support
 
 
-def normmax_cr_support(x, alpha, dtype=np.float64):
+def normmax_cr_row(x, alpha, dtype=np.float64) -> CrRow:
     """:func:`normmax_cr` with the support as a mask (entries whose exact probability is
-    positive, however small) instead of its size."""
+    positive, however small) and the exact solution at the two working precisions for the
+    values derived from it: p (0 outside the support) and ``t = x - tau`` (held in the
+    max-shifted units, exact however large the offset; None outside the support).  ``theta``
+    is ``tau`` (normmax's threshold is in x's units)."""
     x = np.asarray(x, np.float64)
+    n = len(x)
     if not np.isfinite(x).any():
-        return np.zeros(len(x), dtype), -np.inf, np.zeros(len(x), bool)
-    # enough digits to hold every candidate y = x - max exactly (y is dyadic, |y| < 1)
-    top = Fraction(float(x[np.isfinite(x)].max()))
-    ys = [Fraction(float(v)) - top for v in x if np.isfinite(v)]
-    digits = max([CR_DPS] + [int(y.denominator.bit_length() * 0.302) + 30 for y in ys if y > -1])
+        zero = ([mp.mpf(0)] * n, [None] * n)
+        return CrRow(np.zeros(n, dtype), -np.inf, -np.inf, np.zeros(n, bool), (CR_DPS, CR_DPS + CR_MORE),
+                     (zero, zero))
+    digits = digits_to_hold(x, 1.0)  # every candidate y = x - max x (|y| < 1) held exactly
     while True:
         lo_p, lo_T, top, lo_t = _normmax_solve(x, alpha, digits)
         hi_p, hi_T, _, hi_t = _normmax_solve(x, alpha, digits + CR_MORE)
@@ -142,15 +145,19 @@ def normmax_cr_support(x, alpha, dtype=np.float64):
         digits *= 4  # tau = max + T cancels: more digits, or a tau exactly 0
     p = np.zeros(len(x), dtype)
     on = np.zeros(len(x), bool)
-    with mp.workdps(CR_DPS + CR_MORE):
+    with mp.workdps(digits):
+        t_lo = top + lo_T
+    with mp.workdps(digits + CR_MORE):
         for i, (a, b) in enumerate(zip(lo_t, hi_t)):
             if a is None or b <= 0 or abs(b) < abs(a) * mp.mpf(10) ** -20:
                 continue
             on[i] = True
             p[i] = round_cr(lo_p[i], hi_p[i], dtype)
-        t_lo, t_hi = top + lo_T, top + hi_T
+        t_hi = top + hi_T
         tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, np.float64)
-    return p, tau, on
+    levels = tuple(([v if o else mp.mpf(0) for v, o in zip(ps, on)], [v if o else None for v, o in zip(ts, on)])
+                   for ps, ts in ((lo_p, lo_t), (hi_p, hi_t)))
+    return CrRow(p, tau, tau, on, (digits, digits + CR_MORE), levels)
 
 
 def normmax_edge_rows(rng, alpha: float, n: int = 12, offset: float = 0.0):

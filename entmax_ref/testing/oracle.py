@@ -17,6 +17,7 @@ The test suite (``tests/oracle.py``) and the conformance corpus generator
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -165,12 +166,14 @@ _FMT = {np.dtype(np.float64): (53, -1022, 1024), np.dtype(np.float32): (24, -126
 
 
 def _exact(v) -> Fraction:
-    """An mpf (or float, int, Fraction) as an exact rational."""
+    """An mpf (or float, int, Fraction) as an exact rational (an mpf's own bits, whatever
+    the working precision)."""
     if isinstance(v, Fraction):
         return v
     if isinstance(v, (int, float)):
         return Fraction(v)
-    v = mp.mpf(v)
+    if not isinstance(v, mp.mpf):
+        v = mp.mpf(v)
     man, exp = v.man_exp  # the magnitude's (mpmath keeps the sign apart)
     q = Fraction(man) * Fraction(2) ** exp if man else Fraction(0)
     return -q if v < 0 else q
@@ -199,11 +202,12 @@ def round_cr(v_lo, v_hi, dtype) -> float:
     must round alike (else ValueError); a value within ``10^-(D - 10)`` (relative) of a
     rounding midpoint, ``D`` the digits of its precision, is that midpoint (ties to even).
     A value the lower precision takes for a midpoint and the higher one separates from it
-    (10^-80 away: a threshold just off a midpoint at alpha = 10) is the higher one's."""
+    (10^-80 away: a threshold just off a midpoint at alpha = 10) is the higher one's (one of
+    that midpoint's neighbours).  A value below 2^-1100 rounds to a zero of its sign."""
     out, near = [], []
     for v, digits in ((v_lo, CR_DPS), (v_hi, CR_DPS + CR_MORE)):
         if not isinstance(v, Fraction) and abs(v) < mp.mpf(2) ** -1100:  # rounds to 0 in both formats
-            out.append(0.0)  # (10^-(10^8) at alpha near 1: its exact rational is not formed)
+            out.append(-0.0 if v < 0 else 0.0)  # (10^-(10^8) at alpha near 1: its exact rational is not formed)
             near.append(False)
             continue
         q = _exact(v)
@@ -220,14 +224,87 @@ def round_cr(v_lo, v_hi, dtype) -> float:
         bits, emin, emax = _FMT[np.dtype(dtype)]
         f = float(r) if r < Fraction(2) ** emax else np.inf
         out.append(sign * f)
-    if out[0] != out[1] and not (near[0] and near[1]):
+    if out[0] != out[1] and not (near[0] and near[1] and np.nextafter(out[0], out[1]) == out[1]):
         raise ValueError(f"the oracle's two precisions round differently: {out[0]!r} and {out[1]!r}")
     return out[1]
 
 
-def _sparsemax_cr(x, dtype):
+@dataclass
+class CrRow:
+    """One row solved by a correctly rounding oracle (:func:`entmax_cr_row`,
+    :func:`~entmax_ref.testing.family_oracle.normmax_cr_row`): its outputs correctly rounded,
+    and the exact solution at the oracle's two precisions for the values derived from it
+    (VJPs, losses)."""
+
+    p: np.ndarray  #: in the requested dtype, each entry rounded once from the exact value
+    tau: float  #: the threshold in public units (logsumexp at alpha 1) as a float64; -inf when all masked
+    theta: float  #: the x-space threshold T (p_i = ((alpha-1)(x_i - T))_+^(1/(alpha-1))) as a float64
+    on: np.ndarray  #: bool: the entries whose exact probability is positive, however small
+    digits: tuple  #: the two working precisions (decimal digits), the lower first
+    #: at each of ``digits``: (p as an mpf list, 0 outside the support; T as an mpf), or for
+    #: normmax (p; x - tau as an mpf list)
+    levels: tuple
+
+    @property
+    def support(self) -> int:
+        return int(self.on.sum())
+
+
+def entmax_cr(x, alpha, dtype=np.float64):
+    """The correctly rounded alpha-entmax of the float64 row ``x`` (``-inf`` masked): ``(p``
+    and ``tau`` each rounded once from the exact value in ``dtype`` (``tau`` as a float64),
+    the exact support size ``)`` (module docstring; :func:`entmax_cr_row`)."""
+    row = entmax_cr_row(x, alpha, dtype)
+    return row.p, row.tau, row.support
+
+
+def entmax_cr_row(x, alpha, dtype=np.float64) -> CrRow:
+    """:func:`entmax_cr` with the x-space threshold, the support as a mask and the exact
+    solution at the two working precisions (:func:`cr_digits` and :data:`CR_MORE` more)."""
+    x = np.asarray(x, np.float64)
+    alpha = float(alpha)
+    n = len(x)
+    if not np.isfinite(x).any():
+        zero = ([mp.mpf(0)] * n, mp.mpf("-inf"))
+        return CrRow(np.zeros(n, dtype), -np.inf, -np.inf, np.zeros(n, bool), (CR_DPS, CR_DPS + CR_MORE),
+                     (zero, zero))
+    digits = cr_digits(x, alpha)
+    both = (digits, digits + CR_MORE)
+    if alpha == 2.0:
+        return _sparsemax_cr(x, dtype, both)
+    levels = tuple(entmax_mp(x, alpha, dps=d) for d in both)
+    (lo_p, lo_T), (hi_p, hi_T) = levels
+    p = np.zeros(n, dtype)
+    on = np.zeros(n, bool)
+    with mp.workdps(both[1]):
+        for i, (a, b) in enumerate(zip(lo_p, hi_p)):
+            if b == 0 and a == 0:
+                continue
+            if b < a * mp.mpf(10) ** -20:  # vanishing with the precision: at the threshold
+                continue
+            on[i] = True
+            p[i] = round_cr(a, b, dtype)
+        if alpha > 2.0:
+            a1 = Fraction(alpha) - 1
+            tau, theta = (_edge_tau(x, alpha, lo_p, hi_p, dtype, digits, k) for k in (a1, Fraction(1)))
+        else:
+            theta = _vanishing_or_rounded(lo_T, hi_T, dtype)
+            a1 = mp.mpf(alpha - 1)
+            tau = theta if alpha == 1.0 else _vanishing_or_rounded(a1 * lo_T, a1 * hi_T, dtype)
+    levels = tuple(([v if o else mp.mpf(0) for v, o in zip(ps, on)], T) for ps, T in levels)
+    return CrRow(p, tau, theta, on, both, levels)
+
+
+def _vanishing_or_rounded(lo, hi, dtype) -> float:
+    """A threshold known at the two precisions, rounded in ``dtype``: 0 where it vanishes
+    with the precision (a threshold exactly at 0), else :func:`round_cr`."""
+    return 0.0 if abs(hi) < abs(lo) * mp.mpf(10) ** -20 else round_cr(lo, hi, dtype)
+
+
+def _sparsemax_cr(x, dtype, digits) -> CrRow:
     """alpha = 2 in exact rationals: the support size k is the one whose threshold
-    ``tau_k = (sum of the top k - 1) / k`` the k-th value exceeds and the next does not."""
+    ``tau_k = (sum of the top k - 1) / k`` the k-th value exceeds and the next does not;
+    the levels are the exact values at ``digits``."""
     fin = sorted((Fraction(float(v)) for v in x if np.isfinite(v)), reverse=True)
     cs = Fraction(0)
     tau = None
@@ -237,44 +314,14 @@ def _sparsemax_cr(x, dtype):
         if v > t and (k == len(fin) or fin[k] <= t):
             tau = t
             break
-    p = np.zeros(len(x), dtype)
-    for i, v in enumerate(x):
-        if np.isfinite(v) and Fraction(float(v)) > tau:
-            p[i] = round_cr(Fraction(float(v)) - tau, Fraction(float(v)) - tau, dtype)
-    return p, round_cr(tau, tau, dtype), int(np.count_nonzero([np.isfinite(v) and Fraction(float(v)) > tau
-                                                                   for v in x]))
-
-
-def entmax_cr(x, alpha, dtype=np.float64):
-    """The correctly rounded alpha-entmax of the float64 row ``x`` (``-inf`` masked): ``(p``
-    and ``tau`` each rounded once from the exact value in ``dtype`` (``tau`` as a float64),
-    the exact support size ``)`` (module docstring)."""
-    x = np.asarray(x, np.float64)
-    if not np.isfinite(x).any():
-        return np.zeros(len(x), dtype), -np.inf, 0
-    alpha = float(alpha)
-    if alpha == 2.0:
-        return _sparsemax_cr(x, dtype)
-    digits = cr_digits(x, alpha)
-    lo_p, lo_T = entmax_mp(x, alpha, dps=digits)
-    hi_p, hi_T = entmax_mp(x, alpha, dps=digits + CR_MORE)
-    p = np.zeros(len(x), dtype)
-    support = 0
-    with mp.workdps(digits + CR_MORE):
-        for i, (a, b) in enumerate(zip(lo_p, hi_p)):
-            if b == 0 and a == 0:
-                continue
-            if b < a * mp.mpf(10) ** -20:  # vanishing with the precision: at the threshold
-                continue
-            support += 1
-            p[i] = round_cr(a, b, dtype)
-        a1 = mp.mpf(alpha) - 1
-        t_lo, t_hi = (lo_T, hi_T) if alpha == 1.0 else (a1 * lo_T, a1 * hi_T)
-        if alpha > 2.0:
-            return p, _edge_tau(x, alpha, lo_p, hi_p, dtype, digits), support
-        # a tau that vanishes with the precision is 0 (a threshold exactly at 0)
-        tau = 0.0 if abs(t_hi) < abs(t_lo) * mp.mpf(10) ** -20 else round_cr(t_lo, t_hi, dtype)
-    return p, tau, support
+    exact = [Fraction(float(v)) - tau if np.isfinite(v) and Fraction(float(v)) > tau else Fraction(0) for v in x]
+    p = np.array([round_cr(v, v, dtype) for v in exact], dtype)
+    levels = []
+    for d in digits:
+        with mp.workdps(d):
+            levels.append(([mp.mpf(v.numerator) / v.denominator for v in exact], mp.mpf(tau.numerator) / tau.denominator))
+    t = round_cr(tau, tau, dtype)
+    return CrRow(p, t, t, np.array([v > 0 for v in exact], bool), tuple(digits), tuple(levels))
 
 
 def cr_digits(x, alpha: float) -> int:
@@ -283,26 +330,33 @@ def cr_digits(x, alpha: float) -> int:
     within reach of the support (``y > -1/(alpha - 1) - 1``; ``y > -800`` at alpha = 1),
     so that an entry a tiny difference above the threshold (``[-0.5, -1.4e-158]`` at
     alpha = 3: ``p = 1.4e-158``) is not rounded onto it."""
+    return digits_to_hold(x, 800 if alpha == 1.0 else 1.0 / (alpha - 1.0) + 1.0)
+
+
+def digits_to_hold(x, reach: float) -> int:
+    """At least :data:`CR_DPS` digits, and enough to hold exactly every difference
+    ``y = x - max x`` of the float64 row ``x`` with ``y > -reach`` (30 to spare)."""
     fin = x[np.isfinite(x)]
     top = Fraction(float(fin.max()))
-    reach = 800 if alpha == 1.0 else 1.0 / (alpha - 1.0) + 1.0
     ys = (Fraction(float(v)) - top for v in fin)
     return max([CR_DPS] + [int(y.denominator.bit_length() * 0.302) + 30 for y in ys if y > -reach])
 
 
-def _edge_tau(x, alpha: float, lo_p, hi_p, dtype, digits: int = CR_DPS) -> float:
-    """tau rounded, at alpha > 2, from its edge form ``tau = a1 c - q^a1`` (``c`` the
-    smallest support entry, ``q`` its probability): ``a1 c`` an exact rational and ``q^a1``
-    to the oracle's relative precision, however small (1e-297 at alpha = 100), so that a
-    tau just below a rounding midpoint ``a1 c`` rounds down (its T-form, ``a1 T``, loses
-    ``q^a1`` below the digits of T)."""
+def _edge_tau(x, alpha: float, lo_p, hi_p, dtype, digits: int, k: Fraction) -> float:
+    """``k T`` rounded in ``dtype``, at alpha > 2, from the edge form ``T = c - q^a1 / a1``
+    (``c`` the smallest support entry, ``q`` its probability; ``k = a1`` gives tau, 1 the
+    x-space threshold): ``k c`` an exact rational and ``k q^a1 / a1`` to the oracle's
+    relative precision, however small (1e-297 at alpha = 100), so that a tau just below a
+    rounding midpoint ``a1 c`` rounds down (its T-form, ``a1 T``, loses ``q^a1`` below the
+    digits of T)."""
     a1 = Fraction(alpha) - 1
     ref = min((i for i, b in enumerate(hi_p) if b > 0), key=lambda i: float(x[i]))
-    t = a1 * Fraction(float(x[ref]))
+    t = k * Fraction(float(x[ref]))
+    w = k / a1
     out = []
     for ps, digits in ((lo_p, digits), (hi_p, digits + CR_MORE)):
         with mp.workdps(digits + 20):
-            s = ps[ref] ** (mp.mpf(a1.numerator) / a1.denominator)
+            s = ps[ref] ** (mp.mpf(a1.numerator) / a1.denominator) * w.numerator / w.denominator
             if s > abs(mp.mpf(t.numerator) / t.denominator) * mp.mpf(10) ** -(digits - 10) or t == 0:
                 out.append(mp.mpf(t.numerator) / t.denominator - s)
                 continue

@@ -1,27 +1,24 @@
 """The oracles the corpus's expected values come from: the real-number answer of every row
 operation, correctly rounded to float64.
 
-alpha = 2 (sparsemax) and budget-sparsemax are solved exactly in rational arithmetic
-(:class:`fractions.Fraction`); every other alpha by the mpmath oracle
-(:func:`entmax_ref.testing.oracle.entmax_mp`) at the two precisions of :data:`DIGITS`.  A
-value is written only when both precisions round it to the same float64 (Ziv's test: the
-80-digit value is then the correctly rounded one); a value that the higher precision shrinks
-by many orders of magnitude is an exact zero that rounding noise hid (a gradient that cancels,
-the threshold of a row whose answer is rational).  The support is the real-number support:
-the entries whose exact probability is positive, however small (a subnormal, or a value that
-rounds to 0 in float64).  Nothing here calls the library's solvers.
+An alpha-entmax row's p, tau and support are the test oracle's
+(:func:`entmax_ref.testing.oracle.entmax_cr_row`: exact rationals at alpha = 2, mpmath
+otherwise at :data:`~entmax_ref.testing.oracle.CR_DPS` digits or more, enough to hold the
+row's differences exactly, and 40 more); budget-sparsemax is solved exactly in rational
+arithmetic.  A value derived from a row (a VJP, a loss), the ASEntmax scale and attention are
+computed at the same two precisions and written only when both round them to the same float64
+(Ziv's test: the lower one's value is then the correctly rounded one); a value that the higher
+precision shrinks by many orders of magnitude is an exact zero that rounding noise hid (a
+gradient that cancels).  The support is the real-number support: the entries whose exact
+probability is positive, however small (a subnormal, or a value that rounds to 0 in float64).
+Nothing here calls the library's solvers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
-
-#: the oracle's two precisions (decimal digits): a value is written when both round it to
-#: the same float64
-DIGITS = (80, 120)
 
 
 class OracleError(RuntimeError):
@@ -32,6 +29,13 @@ def _mp():
     from .. import oracle
 
     return oracle.mp
+
+
+def base_digits() -> tuple[int, int]:
+    """The oracle's two precisions (decimal digits) where a row's differences need no more."""
+    from .. import oracle
+
+    return oracle.CR_DPS, oracle.CR_DPS + oracle.CR_MORE
 
 
 def exact_value(v) -> Fraction | float:
@@ -61,22 +65,27 @@ def to_float(v) -> float:
 
 
 def settle(lo, hi) -> float:
-    """The float64 of a real value computed at the two precisions of :data:`DIGITS` (``lo``,
-    ``hi``: mpf, Fraction or float), correctly rounded: both round to the same float64; or
-    the value is an exact zero (``hi`` is smaller than ``lo`` by the precisions' ratio); or it
-    is exactly the midpoint of two floats (both approach it as the precision grows: a
-    difference of two floats, say), rounded to the even one."""
+    """The float64 of a real value computed at the oracle's two precisions (``lo``, ``hi``:
+    mpf, Fraction or float), correctly rounded: an exact zero where ``hi`` is smaller than
+    ``lo`` by the precisions' ratio (a gradient that cancels); else
+    :func:`~entmax_ref.testing.oracle.round_cr` (both round alike; a value within the
+    precision's reach of a rounding midpoint is on it, ties to even: a difference of two
+    floats, or a multiple of one, that the oracle approaches from one side at both
+    precisions).  nan, and values beyond float64's range, as :func:`to_float`."""
+    from ..oracle import CR_MORE, round_cr
+
     a, b = to_float(lo), to_float(hi)
-    if a == b or (np.isnan(a) and np.isnan(b)):
-        return b
-    shrink = 10.0 ** -(DIGITS[1] - DIGITS[0] - 10)
-    if lo == 0 or abs(hi) <= abs(lo) * shrink:
+    if not (np.isfinite(a) and np.isfinite(b)):  # nan, or beyond float64's range
+        if a == b or (np.isnan(a) and np.isnan(b)):
+            return b
+    elif lo == 0 or abs(hi) <= abs(lo) * 10.0 ** -(CR_MORE - 10):
         return 0.0
-    if abs(np.nextafter(a, b) - b) == 0:  # neighbours: is the value their midpoint?
-        mid = (Fraction(a) + Fraction(b)) / 2
-        if abs(exact_value(hi) - mid) <= abs(exact_value(lo) - mid) * shrink:
-            return a if int(np.float64(a).view(np.int64)) % 2 == 0 else b
-    raise OracleError(f"a value rounds differently at {DIGITS[0]} and {DIGITS[1]} digits: {a!r} vs {b!r}")
+    else:
+        try:
+            return round_cr(lo, hi, np.float64)
+        except ValueError:
+            pass
+    raise OracleError(f"a value rounds differently at the oracle's two precisions: {a!r} vs {b!r}")
 
 
 def settle_all(lo, hi) -> np.ndarray:
@@ -86,95 +95,47 @@ def settle_all(lo, hi) -> np.ndarray:
     return np.float64(settle(lo, hi))
 
 
-def at_both(compute):
-    """``compute(dps)`` (a value or nested list of values, evaluated at ``dps`` digits) at
-    both precisions, settled to float64."""
+def at_both(compute, digits=None):
+    """``compute(level)`` (a value or nested list of values) evaluated at each of the two
+    precisions ``digits`` (level 0 the lower; :func:`base_digits` by default), settled to
+    float64."""
+    return settle_all(*_at_levels(compute, digits))
+
+
+def _at_levels(compute, digits=None) -> list:
+    """``[compute(0), compute(1)]``, each at its precision of ``digits``."""
     mp = _mp()
     vals = []
-    for d in DIGITS:
+    for level, d in enumerate(digits or base_digits()):
         with mp.workdps(d):
-            vals.append(compute(d))
-    return settle_all(*vals)
+            vals.append(compute(level))
+    return vals
 
 
 # ----------------------------------------------------------------------------- alpha-entmax rows
 
 
-def sparsemax_exact(x64: np.ndarray):
-    """(p as Fractions, T as a Fraction) of sparsemax(x) exactly: sort, the support is the
-    largest k with 1 + k z_k > z_1 + ... + z_k, T = (z_1 + ... + z_k - 1) / k, p = [x - T]_+."""
-    z = sorted((Fraction(float(v)) for v in x64 if np.isfinite(v)), reverse=True)
-    cum = Fraction(0)
-    k, top = 0, Fraction(0)
-    for j, v in enumerate(z, 1):
-        cum += v
-        if 1 + j * v > cum:
-            k, top = j, cum
-    T = (top - 1) / k
-    return [Fraction(float(v)) - T if np.isfinite(v) and Fraction(float(v)) > T else Fraction(0) for v in x64], T
-
-
-@dataclass
-class RowAnswer:
-    """The exact answer of one alpha-entmax row, correctly rounded."""
-
-    p: np.ndarray  #: float64, correctly rounded
-    tau: float  #: the threshold in public units (logsumexp at alpha 1), correctly rounded; -inf when all masked
-    theta: float  #: the x-space threshold T (p_i = ((alpha-1)(x_i - T))_+^(1/(alpha-1))), correctly rounded
-    support: int  #: entries whose exact probability is positive
-    on: np.ndarray  #: bool, which entries those are
-    levels: dict = field(default_factory=dict)  #: digits -> (p as mpf list, T as mpf) for derived values
-
-
 class RowOracle:
-    """The exact alpha-entmax of each row, memoised on (row bits, alpha)."""
+    """The exact alpha-entmax of each row (:func:`entmax_ref.testing.oracle.entmax_cr_row`:
+    p, tau, the x-space threshold theta and the support correctly rounded to float64, and the
+    exact p and T at its two precisions), memoised on (row bits, alpha)."""
 
     def __init__(self):
         self.cache: dict = {}
 
-    def row(self, x64: np.ndarray, alpha: float) -> RowAnswer:
+    def row(self, x64: np.ndarray, alpha: float):
+        from ..oracle import entmax_cr_row
+
         key = (np.asarray(x64, np.float64).tobytes(), float(alpha))
         if key not in self.cache:
-            self.cache[key] = self._solve(np.asarray(x64, np.float64), float(alpha))
+            self.cache[key] = entmax_cr_row(np.asarray(x64, np.float64), float(alpha))
         return self.cache[key]
-
-    def _solve(self, x64: np.ndarray, alpha: float) -> RowAnswer:
-        from .. import oracle
-
-        mp = oracle.mp
-        n = len(x64)
-        if not np.isfinite(x64).any():  # all masked: p = 0, tau = -inf, support 0 (the contract)
-            zero = [mp.mpf(0)] * n
-            return RowAnswer(np.zeros(n), -np.inf, -np.inf, 0, np.zeros(n, bool),
-                             {d: (zero, mp.mpf("-inf")) for d in DIGITS})
-        a1 = alpha - 1.0
-        if alpha == 2.0:
-            pf, Tf = sparsemax_exact(x64)
-            levels = {}
-            for d in DIGITS:
-                with mp.workdps(d):
-                    levels[d] = ([mp.mpf(v.numerator) / v.denominator for v in pf], mp.mpf(Tf.numerator) / Tf.denominator)
-            on = np.array([v > 0 for v in pf])
-            return RowAnswer(np.array([float(v) for v in pf]), float(Tf), float(Tf), int(on.sum()), on, levels)
-        levels, start = {}, None
-        for d in DIGITS:
-            p, T = oracle.entmax_mp(x64, alpha, start, dps=d)
-            levels[d] = (p, T)
-            start = float(T)
-        (p_lo, T_lo), (p_hi, T_hi) = levels[DIGITS[0]], levels[DIGITS[1]]
-        on = np.array([v > 0 for v in p_hi])
-        if not np.array_equal(on, [v > 0 for v in p_lo]):
-            raise OracleError(f"the support of a row at alpha {alpha!r} differs between {DIGITS} digits")
-        with mp.workdps(DIGITS[1]):
-            tau_lo = T_lo if alpha == 1.0 else mp.mpf(a1) * T_lo
-            tau_hi = T_hi if alpha == 1.0 else mp.mpf(a1) * T_hi
-        return RowAnswer(settle_all(p_lo, p_hi), settle(tau_lo, tau_hi), settle(T_lo, T_hi), int(on.sum()), on, levels)
 
     def derived(self, x64, alpha, compute) -> np.ndarray:
         """``compute(p, T, dps)`` (mpf values from the row's exact p and T at ``dps`` digits)
-        at both precisions, settled to float64."""
+        at the row's two precisions, settled to float64."""
         ans = self.row(x64, alpha)
-        return at_both(lambda d: compute(*ans.levels[d], d))
+        return at_both(lambda level: compute(*ans.levels[level], ans.digits[level]), ans.digits)
 
 
 def _mpf_list(mp, values):
@@ -195,7 +156,13 @@ def vjp_exact(mp, p, g, alpha):
 
 def alpha_vjp_exact(mp, p, g, alpha):
     """dL/dalpha = sum_i g_i (p_i c_i - u_i <p, c> / sum u), c_i = -l_i^2 h(-(alpha-1) l_i),
-    l = log p, h(w) = (e^w - 1 - w) / w^2."""
+    l = log p, h(w) = (e^w - 1 - w) / w^2, u = p^(2 - alpha).
+
+    The sum is unchanged by c_i -> c_i + k p_i^(1-alpha) for any constant k; k =
+    1/(alpha-1)^2 takes out c's exponential part, c_i = (1 - (alpha-1) l_i) / (alpha-1)^2.
+    Of the two forms the one with the smaller largest |c_i| is summed: at a large alpha a tiny
+    p (2e-17 at alpha 10) makes p_i c_i and u_i <p, c> / sum u about 1e133 in the first form,
+    equal to every digit the oracle carries, and its O(1) difference is lost at both precisions."""
     a = mp.mpf(alpha)
     a1 = a - 1
     on = [e > 0 for e in p]
@@ -205,6 +172,10 @@ def alpha_vjp_exact(mp, p, g, alpha):
         return (mp.expm1(w) - w) / w ** 2 if w != 0 else mp.mpf(1) / 2
 
     c = [-li ** 2 * h(-a1 * li) for li in ell]
+    if a1 != 0:
+        shifted = [(1 - a1 * li) / a1 ** 2 if o else mp.mpf(0) for li, o in zip(ell, on)]
+        if max(abs(v) for v in shifted) < max(abs(v) for v in c):
+            c = shifted
     u = [e ** (2 - a) if o else mp.mpf(0) for e, o in zip(p, on)]
     su = mp.fsum(u)
     if su == 0:
@@ -233,19 +204,14 @@ def loss_exact(mp, p, x64, target, alpha):
 
 
 class FamilyOracle:
-    """The normmax (mpmath) and budget-sparsemax (exact rational) oracles, memoised per row."""
+    """The normmax (correctly rounding) and budget-sparsemax (exact rational) oracles,
+    memoised per row."""
 
     def __init__(self):
         from .. import family_oracle
 
         self.fo = family_oracle
         self.cache: dict = {}
-
-    def normmax(self, x64, alpha):
-        key = ("n", x64.tobytes(), alpha)
-        if key not in self.cache:
-            self.cache[key] = self.fo.normmax_mp(x64, alpha)
-        return self.cache[key]
 
     def budget(self, x64, budget):
         key = ("b", x64.tobytes(), budget)
@@ -254,13 +220,13 @@ class FamilyOracle:
         return self.cache[key]
 
 
-def normmax_vjp_exact(mp, x64, tau, p, g, alpha):
+def normmax_vjp_exact(mp, t, p, g, alpha):
     """dx = c - p sum(c), c_i = r_i (g_i - <p, g>), r_i = gg t_i^(gg-1) / sum_j t_j^gg on
-    the support, t = x - tau, gg = 1/(alpha-1) (differentiating the KKT conditions)."""
-    if tau is None:
-        return [mp.mpf(0)] * len(x64)
+    the support, t = x - tau (None outside the support), gg = 1/(alpha-1) (differentiating
+    the KKT conditions)."""
+    if all(ti is None for ti in t):
+        return [mp.mpf(0)] * len(t)
     gg = 1 / (mp.mpf(alpha) - 1)
-    t = [mp.mpf(float(v)) - tau if np.isfinite(v) and mp.mpf(float(v)) > tau else None for v in x64]
     S = mp.fsum(ti ** gg for ti in t if ti is not None)
     r = [gg * ti ** (gg - 1) / S if ti is not None else mp.mpf(0) for ti in t]
     g = _mpf_list(mp, g)
@@ -308,7 +274,7 @@ def attention_exact(oracle: RowOracle, q, k, v, kw: dict, alpha, do=None) -> dic
     slopes = kw.get("alibi_slopes")
     dist = np.abs(np.arange(Nq)[:, None] + Nk - Nq - np.arange(Nk)[None, :])
     shape = (B, Hq, Nq)
-    with mp.workdps(DIGITS[1]):
+    with mp.workdps(base_digits()[1]):
         if kw.get("beta") is None:
             s_mp = np.full(shape, mp.mpf(1), dtype=object)
         else:
@@ -328,10 +294,12 @@ def attention_exact(oracle: RowOracle, q, k, v, kw: dict, alpha, do=None) -> dic
                     zz -= mp.mpf(float(slopes[h])) * int(dist[i, j])
                 z[b, h, i, j] = to_float(zz)
     rows = {idx: oracle.row(z[idx], float(alphas[idx[1]])) for idx in np.ndindex(shape) if seen[idx[0], idx[2]].any()}
+    # the precisions every row's exact p holds at
+    digits = tuple(max([b] + [r.digits[level] for r in rows.values()]) for level, b in enumerate(base_digits()))
 
-    def compute(d):
+    def compute(level):
         sc = {idx: s_mp[idx] * scale for idx in rows}
-        pm = {idx: rows[idx].levels[d][0] for idx in rows}
+        pm = {idx: rows[idx].levels[level][0] for idx in rows}
         zero = mp.mpf(0)
         out = [[[[mp.fdot(pm[b, h, i], v[b, h // rep, :, e]) if (b, h, i) in pm else zero
                   for e in range(v.shape[3])] for i in range(Nq)] for h in range(Hq)] for b in range(B)]
@@ -353,20 +321,13 @@ def attention_exact(oracle: RowOracle, q, k, v, kw: dict, alpha, do=None) -> dic
             dv[b][g] = [[mp.fdot(pj[j], col) for col in docol] for j in range(Nk)]
         return [out, dq, dk, dv]
 
-    result = {"out": at_both(compute)} if do is None else dict(zip(("out", "dq", "dk", "dv"), _settle_parts(compute)))
+    if do is None:
+        result = {"out": at_both(compute, digits)}
+    else:  # several arrays of different shapes, each settled
+        result = dict(zip(("out", "dq", "dk", "dv"), (settle_all(lo, hi) for lo, hi in zip(*_at_levels(compute, digits)))))
     p = np.zeros((B, Hq, Nq, Nk))
     for idx, ans in rows.items():
         p[idx] = ans.p
-    with mp.workdps(DIGITS[1]):
+    with mp.workdps(base_digits()[1]):
         result.update(p=p, s=np.vectorize(float, otypes=[np.float64])(s_mp))
     return result
-
-
-def _settle_parts(compute):
-    """:func:`at_both` of a ``compute`` that returns several arrays of different shapes."""
-    mp = _mp()
-    vals = []
-    for d in DIGITS:
-        with mp.workdps(d):
-            vals.append(compute(d))
-    return [settle_all(lo, hi) for lo, hi in zip(*vals)]

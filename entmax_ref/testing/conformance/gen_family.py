@@ -1,5 +1,5 @@
 """The generators of the normmax and budget-sparsemax files (and their VJPs): expected values
-from the mpmath normmax oracle and the exact rational budget oracle, correctly rounded."""
+from the correctly rounding normmax oracle and the exact rational budget oracle."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .exact import FamilyOracle, normmax_vjp_exact, to_float
+from .exact import FamilyOracle, at_both, normmax_vjp_exact
 from .lines import float64_class
 from .numformat import num, nums
 from .sources import (NORMMAX_ALPHAS, Context, budget_cases, budget_why, case_rng, family_cases, in_dtype,
@@ -20,21 +20,15 @@ def _oracle(ctx: Context) -> FamilyOracle:
     return ctx.family
 
 
-def _normmax(ctx, x, a):
-    """(p, tau (-inf when all masked), the exact p and tau) of one normmax row."""
-    pm, tm = _oracle(ctx).normmax(x, a)
-    return np.array([to_float(v) for v in pm]), (-np.inf if tm is None else to_float(tm)), pm, tm
-
-
 def _normmax_cr(ctx, x, a):
-    """(p, tau (-inf when all masked), the support's mask) of one normmax row, correctly
-    rounded to float64 with the real-number support (the oracle at two precisions,
-    :func:`~entmax_ref.testing.family_oracle.normmax_cr`)."""
-    from ..family_oracle import normmax_cr_support
+    """One normmax row, correctly rounded to float64 with the real-number support, and its
+    exact solution at the oracle's two precisions
+    (:func:`~entmax_ref.testing.family_oracle.normmax_cr_row`)."""
+    from ..family_oracle import normmax_cr_row
 
     key = ("cr", x.tobytes(), a)
     if key not in _oracle(ctx).cache:
-        _oracle(ctx).cache[key] = normmax_cr_support(x, a)
+        _oracle(ctx).cache[key] = normmax_cr_row(x, a)
     return _oracle(ctx).cache[key]
 
 
@@ -59,11 +53,12 @@ def _gradient_case(op, src, prm_name, prm, dt, x, p, g, dx, tol, ill, why) -> di
 
 
 def gen_normmax(ctx: Context):
-    """normmax.jsonl: p, tau and support of alpha-normmax (the mpmath oracle)."""
+    """normmax.jsonl: p, tau and support of alpha-normmax (the correctly rounding oracle)."""
     from ..family_checks import normmax_threshold_tolerance, normmax_tolerance
 
     for src, a, dt, x in family_cases(ctx, NORMMAX_ALPHAS, normmax_boundary_rows):
-        p, tau, on = _normmax_cr(ctx, x, a)
+        row = _normmax_cr(ctx, x, a)
+        p, tau, on = row.p, row.tau, row.on
         tol_p = normmax_tolerance(p[None], [tau], x[None], a, dt)[0]
         tol_tau = float(normmax_threshold_tolerance(x[None], dt)[0]) if np.isfinite(tau) else 0.0
         with np.errstate(invalid="ignore"):
@@ -75,16 +70,17 @@ def gen_normmax(ctx: Context):
 
 
 def gen_normmax_vjp(ctx: Context):
-    """normmax_vjp.jsonl: dx = J^T grad of alpha-normmax at x (the mpmath oracle)."""
+    """normmax_vjp.jsonl: dx = J^T grad of alpha-normmax at x (the correctly rounding oracle's
+    p, and dx from its exact solution at both precisions)."""
     from .. import oracle
     from ..family_checks import normmax_vjp_tolerance
 
-    mp = oracle.mp
     for src, a, dt, x in family_cases(ctx, NORMMAX_ALPHAS, normmax_boundary_rows):
-        p, tau, pm, tm = _normmax(ctx, x, a)
+        row = _normmax_cr(ctx, x, a)
+        p, tau = row.p, row.tau
         g = _grad(x, a, dt)
-        with mp.workdps(oracle.DPS):
-            dx = np.array([to_float(v) for v in normmax_vjp_exact(mp, x, tm, pm, g, a)])
+        dx = at_both(lambda level: normmax_vjp_exact(oracle.mp, row.levels[level][1], row.levels[level][0], g, a),
+                     row.digits)
         tol, _ = normmax_vjp_tolerance(p[None], x[None], [tau], g[None], dx[None], a, dt, ill_posed_inf=False)
         _, ill = normmax_vjp_tolerance(p[None], x[None], [tau], g[None], dx[None], a, dt)
         yield _gradient_case("normmax_vjp", src, "alpha", a, dt, x, p, g, dx, float(tol[0, 0]), bool(ill[0]), src.why)

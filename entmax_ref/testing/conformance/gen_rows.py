@@ -161,7 +161,7 @@ def gen_asentmax_scale(ctx: Context):
             gamma = float(rng.choice([1.0, 0.5, 2.0, float(rng.uniform(0.2, 3))]))
             delta = float(rng.choice([1.0, 0.0, -0.5]))
 
-            def exact(d):
+            def exact(level):
                 L = mp.log(mp.mpf(n) + mp.mpf(c))
                 Lg = L ** mp.mpf(gamma)
                 return [mp.mpf(delta) + mp.mpf(beta) * Lg, Lg, mp.mpf(beta) * Lg * mp.log(L)]

@@ -57,9 +57,9 @@ alpha >= 1), its threshold and support, its gradients and loss, normmax, budget-
 ASEntmax scale and entmax attention (dense and packed, forward and backward), as JSON Lines that
 a program in any language can read. Each expected value is the exact real-number answer,
 correctly rounded to float64: rational arithmetic for sparsemax and budget-sparsemax, mpmath at
-{m['oracle_digits'][0]} and {m['oracle_digits'][1]} digits otherwise (a value is written when both
-precisions round it alike). Each carries a tolerance class that says how close a correct
-implementation must come.
+{m['oracle_digits'][0]} and {m['oracle_digits'][1]} digits otherwise, or more where a row's differences need them held
+exactly (a value is written when both precisions round it alike). Each carries a tolerance
+class that says how close a correct implementation must come.
 
 Written by `{m['generator']}` (seed {m['seed']}, size {m['size']}): {m['row_cases']} row cases and
 {m['attention_cases']} attention cases.

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .exact import DIGITS, RowOracle
+from .exact import RowOracle, base_digits
 from .fields import id_fields, inputs_in_dtype
 from .lines import ERRORS, FLAGS, FORMAT_MAJOR, FORMAT_MINOR, NUMBERS_RULE, TOLERANCE_CLASSES, TOLERANCE_REASONS, \
     VERDICTS, finish_case
@@ -130,7 +130,7 @@ def generate_corpus(out, *, seed: int = 0, size: str = "small", ops=None,
         "generator": generator,
         "seed": int(seed),
         "size": size,
-        "oracle_digits": list(DIGITS),
+        "oracle_digits": list(base_digits()),
         "numbers": NUMBERS_RULE,
         "tolerance_classes": TOLERANCE_CLASSES,
         "tolerances": TOLERANCE_REASONS,
