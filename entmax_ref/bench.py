@@ -205,7 +205,7 @@ def _floors():
     from entmax_ref.backends.numba._jit import jit as njit
     from entmax_ref.backends.numba.vexp import vexp_neg
 
-    @njit(nogil=True)
+    @njit(nogil=True, no_cpython_wrapper=False)
     def exp_rows(x, m, r0, r1):
         e = np.empty(x.shape[1])
         for r in range(r0, r1):
@@ -213,7 +213,7 @@ def _floors():
                 e[i] = vexp_neg(np.float64(x[r, i]) - m[r])
         return e
 
-    @njit(nogil=True, fastmath={"reassoc"})
+    @njit(nogil=True, fastmath={"reassoc"}, no_cpython_wrapper=False)
     def read_rows(a, zero, r0, r1):
         t = zero
         for r in range(r0, r1):
@@ -221,7 +221,7 @@ def _floors():
                 t += a[r, d]
         return t
 
-    @njit(nogil=True, fastmath={"reassoc"})
+    @njit(nogil=True, fastmath={"reassoc"}, no_cpython_wrapper=False)
     def read_write_rows(x, out, r0, r1):
         for r in range(r0, r1):
             t = x.dtype.type(0)

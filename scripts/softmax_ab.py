@@ -22,7 +22,7 @@ from entmax_ref.backends.numba._jit import jit
 from entmax_ref.backends.numba._threads import run_blocks
 from entmax_ref.backends.numba.softmax import LANES, softmax_lanes
 
-@jit(nogil=True)
+@jit(nogil=True, no_cpython_wrapper=False)
 def per_row_softmax(x, alpha, method, res, r0, r1):  # the per-row path on every row
     out, theta, support, n_iter, converged = res
     c = np.empty(x.shape[1], np.float64)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helper_entry import entry
 
 pytestmark = pytest.mark.numba
 
@@ -27,8 +28,8 @@ def _run(fn, g, r, n, qc, kk, scale, s, slope, err, window, use_max, t):
 
 
 def _same(*args):
-    a = _run(nfilter._candidates, *args)
-    b = _run(nfilter.candidates_fast, *args)
+    a = _run(entry(nfilter._candidates), *args)
+    b = _run(entry(nfilter.candidates_fast), *args)
     assert a[0] == b[0] and a[1] == b[1]
     if a[1]:  # the candidates of a finite row (a row with a non-finite score raises in the driver)
         for x, y in zip(a[2:], b[2:]):

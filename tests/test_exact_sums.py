@@ -18,6 +18,7 @@ import pytest
 from entmax_ref.backends import exact_sums as X
 from entmax_ref.backends import unavailable_reason
 from entmax_ref.backends.exact_fallback import round_real
+from helper_entry import entry
 
 _numba_reason = unavailable_reason("numba")
 needs_numba = pytest.mark.skipif(_numba_reason is not None, reason=f"numba backend: {_numba_reason}")
@@ -92,12 +93,13 @@ def test_both_engines_use_the_same_sum_error_bound():
 
     for n in (0, 1, 2, 3, 31, 32, 33, 4096, 10 ** 6, 2 ** 40):
         for absum in (0.0, 2.0 ** -1074, 1e-300, 0.75, 1.0, 3.5, 2.0 ** 600, 1e300):
-            assert N.sum_bound(n, absum) == X.sum_bound(n, absum), (n, absum)
+            assert entry(N.sum_bound)(n, absum) == X.sum_bound(n, absum), (n, absum)
 
 
 @needs_numba
 def test_numba_sums_are_correctly_rounded_where_decided():
     from entmax_ref.backends.numba.exact_sums import dot_rows_array
+    dot_rows_array = entry(dot_rows_array)
 
     x = _hard_sums()
     out, ok = np.empty(len(x)), np.empty(len(x), bool)
@@ -113,6 +115,7 @@ def test_numba_sums_are_correctly_rounded_where_decided():
 @needs_numba
 def test_numba_dot_products_are_correctly_rounded_where_decided():
     from entmax_ref.backends.numba.exact_sums import dot_rows_array
+    dot_rows_array = entry(dot_rows_array)
 
     a, b = _hard_products()
     out, ok = np.empty(len(a)), np.empty(len(a), bool)
@@ -125,6 +128,7 @@ def test_numba_dot_products_are_correctly_rounded_where_decided():
 @needs_numba
 def test_numba_decides_plain_rows():
     from entmax_ref.backends.numba.exact_sums import dot_rows_array
+    dot_rows_array = entry(dot_rows_array)
 
     rng = np.random.default_rng(13)
     a, b = rng.standard_normal((200, 1000)), rng.standard_normal((200, 1000))
@@ -216,6 +220,7 @@ def test_numpy_powers_are_correctly_rounded(a):
 @pytest.mark.parametrize("a", [0.7, 0.5, 1.0 / 3.0, 1e-9])
 def test_numba_powers_are_correctly_rounded_where_decided(a):
     from entmax_ref.backends.numba.exact_sums import pow_array
+    pow_array = entry(pow_array)
 
     p = _pow_cases()
     out, ok = np.empty(len(p)), np.empty(len(p), bool)

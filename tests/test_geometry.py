@@ -9,6 +9,7 @@ import pytest
 
 import entmax_ref as er
 from entmax_ref.backends import constants, geometry
+from helper_entry import entry
 
 
 def _dense_visible(nq, nk, causal, lengths):
@@ -90,8 +91,8 @@ def test_the_causal_rule_and_its_compiled_twin_agree():
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(geometry.visible_counts(positions[:, None], lengths[None, :], causal), want)
         for i, n in itertools.product(positions, lengths):
-            assert rows._visible_count(int(i), int(n), causal) == want[i - positions[0], n]
+            assert entry(rows._visible_count)(int(i), int(n), causal) == want[i - positions[0], n]
             # the row kernels' helper: head 0 of a chunk starting at query 0, offset i
-            assert rows._visible(0, 1, 0, int(i), int(n), causal) == (0, i, want[i - positions[0], n])
+            assert entry(rows._visible)(0, 1, 0, int(i), int(n), causal) == (0, i, want[i - positions[0], n])
         ends = [geometry.visible_keys_end(int(i) + 1, 0, int(n), causal) for i in positions for n in lengths]
         np.testing.assert_array_equal(np.array(ends).reshape(want.shape), want)

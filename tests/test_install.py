@@ -64,7 +64,8 @@ def venv(tmp_path):
 
 
 _USE = ("import entmax_ref as er, numpy as np; print(er.entmax15([1.0]).tolist()); "
-        "from entmax_ref.backends.numba import candidates; candidates._row_max(np.zeros(2)); print(er.__file__)")
+        "from entmax_ref.backends.numba._jit import jit; from entmax_ref.backends.numba.candidates import _row_max; "
+        "jit(no_cpython_wrapper=False)(lambda x: _row_max(x))(np.zeros(2)); print(er.__file__)")
 
 
 def _pip(py: Path, src: Path, env, *args: str) -> None:

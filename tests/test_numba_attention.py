@@ -22,6 +22,7 @@ import entmax_ref as er
 from entmax_ref.backends.numba import paths as engine
 from test_attention import check_against_dense, dense, grad_tols
 from test_attention import problem as _problem
+from helper_entry import entry
 
 pytestmark = pytest.mark.numba
 
@@ -479,14 +480,14 @@ def test_range_pass_extrema_and_nan_count():
     g[4] = -g[4] ** 2 - 1.0  # all negative
     for r in range(5):
         for j0, j1 in [(0, 300), (7, 8), (3, 299), (11, 150)]:
-            lo, hi, nan = nfilter._g_range(g, r, j0, j1)
+            lo, hi, nan = entry(nfilter._g_range)(g, r, j0, j1)
             seg = g[r, j0:j1]
             assert nan == np.isnan(seg).sum()
             if nan == 0:
                 assert (lo, hi) == (seg.min(), seg.max())
-    lo, hi, nan = nfilter._g_range(g, 2, 4, 7)
+    lo, hi, nan = entry(nfilter._g_range)(g, 2, 4, 7)
     assert (lo, hi, nan) == (-1.0, 0.0, 0) and not np.signbit(hi)
-    assert nfilter._g_range(g, 0, 5, 5) == (np.inf, -np.inf, 0)
+    assert entry(nfilter._g_range)(g, 0, 5, 5) == (np.inf, -np.inf, 0)
 
 
 def test_filter_keys_above_the_line():
@@ -503,7 +504,7 @@ def test_filter_keys_above_the_line():
         gc = np.float32(gc)
         for n in (0, 1, 63, 64, MASK_MIN - 1, MASK_MIN, MASK_MIN + 65, g.shape[1]):
             idx = np.full(g.shape[1], -7, np.int64)
-            m = nfilter._above(g, r, n, gc, idx, np.empty(g.shape[1]))
+            m = entry(nfilter._above)(g, r, n, gc, idx, np.empty(g.shape[1]))
             np.testing.assert_array_equal(idx[:m], np.flatnonzero(g[r, :n] > gc))
 
 

@@ -424,3 +424,29 @@ def test_numba_inlines_only_the_dispatching_helpers():
     ir_inlined = {d.py_func.__name__ for d in _jit._ALL if d.targetoptions.get("inline") == "always"}
     assert ir_inlined == {"solve_on_path", "solver_scratch", "_finish_stage", "round32"}
     assert sum(bool(d.targetoptions.get("forceinline")) for d in _jit._ALL) > 50
+
+
+def test_only_the_entry_kernels_have_a_python_entry():
+    """Every compiled function of the package other than an entry kernel is a helper
+    compiled without numba's Python and C wrappers; calling one from Python raises a
+    ``TypeError`` that names it (the compiled code has no Python entry to run), and a
+    compiled caller runs it."""
+    import entmax_ref.backends.numba as package
+    from entmax_ref.backends.numba import _jit
+    from entmax_ref.backends.numba.candidates import _row_max
+    from helper_entry import entry
+
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        importlib.import_module(info.name)
+    kernels = {k.dispatcher for k in _jit.KERNELS}
+    for d in _jit._ALL:
+        name = f"{d.py_func.__module__}.{d.py_func.__qualname__}"
+        if d in kernels:
+            assert not isinstance(d, _jit.Helper) and not d.targetoptions.get("no_cpython_wrapper"), name
+        elif d.py_func.__module__.startswith(package.__name__ + "."):
+            assert isinstance(d, _jit.Helper), name
+            assert d.targetoptions["no_cpython_wrapper"] and d.targetoptions["no_cfunc_wrapper"], name
+    x = np.array([1.0, 3.0, 2.0])
+    with pytest.raises(TypeError, match=r"candidates\._row_max is a compiled helper with no Python entry"):
+        _row_max(x)
+    assert entry(_row_max)(x) == 3.0

@@ -24,6 +24,7 @@ import pytest
 
 from entmax_ref.backends import get_backend, unavailable_reason
 from agreement import rows_agreement_tolerances, rows_agreement_vjp_tolerances
+from helper_entry import entry
 
 _reason = unavailable_reason("numba")
 pytestmark = [
@@ -411,6 +412,7 @@ def test_float32_softmax_fast_path_within_its_rounding_test_width():
     in float64 (entries near 0 under a maximum of 80): the bound the test's decisions rest
     on.  (A polynomial one degree short of :func:`.vexp.vexp32`'s errs by 600 units.)"""
     from entmax_ref.backends.numba.softmax import _lanes, _pass32, _row_test
+    _lanes, _pass32, _row_test = entry(_lanes), entry(_pass32), entry(_row_test)
 
     rng = np.random.default_rng(9)
     rows = [rng.standard_normal(4096) * s for s in (1.0, 6.0, 20.0)]
@@ -461,6 +463,7 @@ def test_float32_softmax_rounding_test_flags_what_it_cannot_decide():
     :func:`.softmax._row_end32` leaves a row undecided when an entry lies in float32's
     subnormal range above 2^-152."""
     from entmax_ref.backends.numba.softmax import _MID29, _pass32, _row_end32
+    _pass32, _row_end32 = entry(_pass32), entry(_row_end32)
 
     T = 100
     rng = np.random.default_rng(5)
@@ -498,6 +501,7 @@ def test_three_way_partition():
     from numba import njit
 
     from entmax_ref.backends.numba.threshold import partition3
+    partition3 = entry(partition3)
 
     part = njit(lambda c, lo, hi, v: partition3(c, lo, hi, v))
     rng = np.random.default_rng(5)
@@ -529,7 +533,7 @@ def test_closed_form_polish_stops_at_working_precision():
     from entmax_ref.backends.numba import candidates as cd, elementwise as ew, rows as rw, threshold as th
     from entmax_ref.backends.numba._jit import jit
 
-    @jit
+    @jit(no_cpython_wrapper=False)
     def polish(z, c, aux, seed):
         m = rw.max_zeroing(z, np.empty_like(z), c, aux)[0]
         k = cd.gather_alive(z, m, 0.5, ew.K_15, 0.0, c, aux.view(np.int64))
@@ -568,7 +572,9 @@ def test_subset_bounds_lie_below_the_thresholds(ref, kind):
     alpha = 1.33 on (nearer 1 the support is wider than the window)."""
     from entmax_ref.backends.numba import candidates as cd
     from entmax_ref.backends.numba.gen import subset_bound_gen
+    subset_bound_gen = entry(subset_bound_gen)
     from entmax_ref.backends.numba.rows import _subset_bound15
+    _subset_bound15 = entry(_subset_bound15)
 
     rng = np.random.default_rng(zlib.crc32(kind.encode()))
     x = _random_rows(rng, 24, 2000, kind)
@@ -577,7 +583,7 @@ def test_subset_bounds_lie_below_the_thresholds(ref, kind):
         want = ref.entmax_forward(x, np.full(len(x), alpha), None).theta
         ratios = []
         for r, row in enumerate(x):
-            m = cd._row_max(row)
+            m = entry(cd._row_max)(row)
             if not np.isfinite(want[r]):
                 continue
             A = want[r] - m  # the row's threshold in the solvers' units

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from entmax_ref.backends import unavailable_reason
+from helper_entry import entry
 
 pytestmark = [pytest.mark.numba,
               pytest.mark.skipif(unavailable_reason("numba") is not None, reason="numba is not installed")]
@@ -28,6 +29,7 @@ def _arrays():
 
 def test_sort_matches_numpy():
     from entmax_ref.backends.numba.sorting import sort
+    sort = entry(sort)
 
     for a in _arrays():
         got = a.copy()
@@ -37,6 +39,7 @@ def test_sort_matches_numpy():
 
 def test_select_matches_numpy_partition_at_every_rank():
     from entmax_ref.backends.numba.sorting import select
+    select = entry(select)
 
     for a in _arrays():
         n = len(a)

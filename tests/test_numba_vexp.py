@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from entmax_ref.backends import unavailable_reason
+from helper_entry import entry
 
 _reason = unavailable_reason("numba")
 pytestmark = [
@@ -29,6 +30,7 @@ NO_COLS = np.empty(0, np.int64)  # a gather without the candidates' columns
 @pytest.fixture(scope="module")
 def vexp_array():
     from entmax_ref.backends.numba.vexp import vexp_array
+    vexp_array = entry(vexp_array)
 
     return vexp_array
 
@@ -85,6 +87,7 @@ def test_vexp_neg_is_vexp_on_its_range():
     """``vexp_neg`` (the softmax pass's exponential) gives vexp's bits on [VEXP_NEG_MIN, 0],
     and below it a normal number that is not exp(d), which the pass recomputes."""
     from entmax_ref.backends.numba.vexp import VEXP_NEG_MIN, vexp_array, vexp_neg_array
+    vexp_array, vexp_neg_array = entry(vexp_array), entry(vexp_neg_array)
 
     rng = np.random.default_rng(7)
     d = -np.concatenate([_sweep(rng, 4000), rng.uniform(-10, 0, 100_000)])
@@ -169,6 +172,7 @@ def test_vexp_special_values_and_float32_input(vexp_array):
 @pytest.mark.parametrize("n", [0, 1, 7, 64, 65, 127, 128, 129, 1000, 8192, 8193])
 def test_lane_maximum_is_exact(dtype, n):
     from entmax_ref.backends.numba.candidates import lane_max, _row_max
+    lane_max, _row_max = entry(lane_max), entry(_row_max)
 
     rng = np.random.default_rng(n)
     M, M2 = np.empty(64), np.empty(64)
@@ -196,6 +200,7 @@ def test_one_pass_gather_is_the_window_then_filter_set(dtype, a1):
     the ones the window gather and the two filters give, also for entries right at the edges
     and for row lengths that are not a multiple of the 8-byte words of the mask."""
     from entmax_ref.backends.numba.candidates import _compact, gather_alive, _max_gather, _refilter
+    _compact, gather_alive, _max_gather, _refilter = entry(_compact), entry(gather_alive), entry(_max_gather), entry(_refilter)
     from entmax_ref.backends.numba.elementwise import K_15, K_GEN, K_SPARSE
 
     rng = np.random.default_rng(int(a1 * 1e6))
@@ -234,6 +239,7 @@ def test_masked_gather_of_the_15_and_sparsemax_windows(dtype, n):
     """alpha = 1.5 and 2 gather their candidates after a vectorised maximum: the same y, in
     the same order, as the one-pass window gather and its filter."""
     from entmax_ref.backends.numba.candidates import gather_alive, _max_gather, max_zeroing, _refilter
+    gather_alive, _max_gather, max_zeroing, _refilter = entry(gather_alive), entry(_max_gather), entry(max_zeroing), entry(_refilter)
     from entmax_ref.backends.numba.elementwise import K_15, K_SPARSE
 
     rng = np.random.default_rng(n)
@@ -263,6 +269,7 @@ def test_vlog1p_below_one_ulp_against_mpmath():
     -1 (log1p large and negative), near 0 (log1p ~ w, the rounding of 1 + w carried), the
     reduction's switch at ``1 + w = sqrt(2)/2`` and ``sqrt(2)``, and powers of two."""
     from entmax_ref.backends.numba.vexp import vlog1p_array
+    vlog1p_array = entry(vlog1p_array)
 
     rng = np.random.default_rng(7)
     s2 = math.sqrt(2.0)
@@ -296,6 +303,7 @@ def test_vlog1p_agrees_with_libm():
     """Against math.log1p on a dense grid of the entmax range (-1, 0]: at most one ulp apart,
     equal on most points."""
     from entmax_ref.backends.numba.vexp import vlog1p_array
+    vlog1p_array = entry(vlog1p_array)
 
     w = np.linspace(-1.0, 0.0, 1_000_003)[1:]
     got = np.empty_like(w)
@@ -315,8 +323,10 @@ def test_gather_with_columns_is_the_output_test_set(dtype, a1):
     maximum far from the edge (the comparison's edge search gives up there and the gather
     tests in float64); compacting at a larger lower bound keeps exactly the ones alive there."""
     from entmax_ref.backends.numba.candidates import gather_alive, max_zeroing
+    gather_alive, max_zeroing = entry(gather_alive), entry(max_zeroing)
     from entmax_ref.backends.numba.elementwise import K_GEN
     from entmax_ref.backends.numba.gen import _compact_gen
+    _compact_gen = entry(_compact_gen)
 
     rng = np.random.default_rng(int(a1 * 1e6) + 1)
     n = 3001
@@ -356,7 +366,9 @@ def test_edge_value_is_the_first_alive_entry(dtype):
     near 0 with a large maximum, so the test's float64 rounding spans many ulps of the
     entry) it says so."""
     from entmax_ref.backends.numba.candidates import _LINE_STEPS, _first_alive
+    _first_alive = entry(_first_alive)
     from entmax_ref.backends.numba.elementwise import K_15, K_GEN, K_SPARSE, is_alive
+    is_alive = entry(is_alive)
 
     rng = np.random.default_rng(11)
     x = np.zeros(1, dtype)
@@ -432,6 +444,7 @@ def test_rough_mass_within_its_bound_of_the_exact_one(a1):
     candidate sets of normal rows at thresholds from the 1.5-entmax bound to past the root:
     f within 4e-8 (1 + |f|) + 1e-15, so that f > ROUGH_F is certainly positive."""
     from entmax_ref.backends.numba.gen import GL, ROUGH_F, _f_gen, _f_gen_rough
+    _f_gen, _f_gen_rough = entry(_f_gen), entry(_f_gen_rough)
 
     rng = np.random.default_rng(int(a1 * 1e6))
     for scale in (0.3, 1.0, 5.0):

@@ -123,25 +123,45 @@ class Dispatcher(TargetDispatcher):
                 _compiling.pop()
 
 
+class Helper(Dispatcher):
+    """A helper compiled for numba callers only: numba's ``no_cpython_wrapper`` and
+    ``no_cfunc_wrapper``: each specialization is lowered, optimised and emitted without the
+    code that unboxes Python arguments.  A call from Python raises :class:`TypeError`: the
+    compiled function has no Python entry to run."""
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.py_func.__module__}.{self.py_func.__qualname__} is a compiled helper with no "
+                        "Python entry: call it from a function compiled with "
+                        "entmax_ref.backends.numba._jit.jit, or call an entry kernel")
+
+
 def _make(fn, options) -> Dispatcher:
     if config.DISABLE_JIT:  # pragma: no cover - NUMBA_DISABLE_JIT: plain Python, as numba does
         return fn
-    disp = Dispatcher(py_func=fn, locals={}, targetoptions={"nopython": True, "boundscheck": None, **options})
+    cls = Helper if options.get("no_cpython_wrapper") else Dispatcher
+    disp = cls(py_func=fn, locals={}, targetoptions={"nopython": True, "boundscheck": None, **options})
     if cached(fn):
         disp.enable_caching()
     _ALL.append(disp)
     return disp
 
 
+#: a helper's options unless it names them: no Python entry (:class:`Helper`)
+HELPER_OPTIONS = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+
+
 def jit(fn=None, **options):
     """``@jit`` or ``@jit(**options)``: a helper of the package (numba's ``njit`` options:
-    ``forceinline``, ``fastmath``, ``_nrt``, ...), cached on disk.
+    ``forceinline``, ``fastmath``, ``_nrt``, ...), cached on disk, called from compiled code
+    only (:class:`Helper`); ``no_cpython_wrapper=False`` gives a function that Python calls
+    too (the bench's floors, a test's entry to a helper).
 
     ``forceinline=True`` marks the helper ``alwaysinline`` for LLVM: it is typed once per
     signature and LLVM inlines it into every caller, before the loop vectoriser runs.
     ``inline="always"`` (numba's own inlining, which copies and types the body again at
     every call site) is kept for the dispatching helpers whose callers pass a constant
     (a solver path, a finishing stage) that numba prunes to one branch."""
+    options = {**HELPER_OPTIONS, **options}
     if fn is not None:
         return _make(fn, options)
     return lambda f: _make(f, options)
@@ -184,7 +204,7 @@ def kernel(signatures: Signature | tuple[Signature, ...], ops: tuple[str, ...], 
     makers = signatures if isinstance(signatures, tuple) else (signatures,)
 
     def wrap(fn):
-        disp = _make(fn, {"nogil": True, **options})
+        disp = _make(fn, {"nogil": True, "no_cfunc_wrapper": True, **options})
         sigs: list[tuple[str, tuple]] = []
         for dt in dtypes:
             for make in makers:
