@@ -621,6 +621,7 @@ def test_float32_rounding_test_takes_the_solvers_candidates_only_where_they_cove
     that float32 is covered, a cut an ulp below it is not (the entry there lies above the
     cut and outside the solver's candidates), nor is any cut of a solver that kept none."""
     from entmax_ref.backends.numba.round32 import _candidates32
+    _candidates32 = entry(_candidates32)
 
     rng = np.random.default_rng(int(a1 * 8) + n)
     x = rng.standard_normal(n).astype(np.float32)
