@@ -98,8 +98,7 @@ def test_both_engines_use_the_same_sum_error_bound():
 
 @needs_numba
 def test_numba_sums_are_correctly_rounded_where_decided():
-    from entmax_ref.backends.numba.exact_sums import dot_rows_array
-    dot_rows_array = entry(dot_rows_array)
+    from numba_arrays import dot_rows_array
 
     x = _hard_sums()
     out, ok = np.empty(len(x)), np.empty(len(x), bool)
@@ -114,8 +113,7 @@ def test_numba_sums_are_correctly_rounded_where_decided():
 
 @needs_numba
 def test_numba_dot_products_are_correctly_rounded_where_decided():
-    from entmax_ref.backends.numba.exact_sums import dot_rows_array
-    dot_rows_array = entry(dot_rows_array)
+    from numba_arrays import dot_rows_array
 
     a, b = _hard_products()
     out, ok = np.empty(len(a)), np.empty(len(a), bool)
@@ -127,8 +125,7 @@ def test_numba_dot_products_are_correctly_rounded_where_decided():
 
 @needs_numba
 def test_numba_decides_plain_rows():
-    from entmax_ref.backends.numba.exact_sums import dot_rows_array
-    dot_rows_array = entry(dot_rows_array)
+    from numba_arrays import dot_rows_array
 
     rng = np.random.default_rng(13)
     a, b = rng.standard_normal((200, 1000)), rng.standard_normal((200, 1000))
@@ -219,8 +216,7 @@ def test_numpy_powers_are_correctly_rounded(a):
 @needs_numba
 @pytest.mark.parametrize("a", [0.7, 0.5, 1.0 / 3.0, 1e-9])
 def test_numba_powers_are_correctly_rounded_where_decided(a):
-    from entmax_ref.backends.numba.exact_sums import pow_array
-    pow_array = entry(pow_array)
+    from numba_arrays import pow_array
 
     p = _pow_cases()
     out, ok = np.empty(len(p)), np.empty(len(p), bool)

@@ -198,28 +198,6 @@ def exp_cr(z):
     return round_scaled(k, hi, lo, _EPS_EXP * abs(hi) * _SLACK, False)
 
 
-@jit
-def dot_rows_array(a, b, out, ok):
-    """``out[r]``: ``a[r] . b[r]`` rounded to nearest as the kernels round it, ``ok[r]``:
-    whether the rounding is proven (``b`` None: ``sum a[r]``); for the tests."""
-    for r in range(a.shape[0]):
-        s, c, A, inexact, bad = 0.0, 0.0, 0.0, np.bool_(False), np.bool_(False)
-        for i in range(a.shape[1]):
-            if b is None:
-                s, c, A, inexact = sum_add(s, c, A, inexact, a[r, i])
-            else:
-                s, c, A, inexact, bad = dot_add(s, c, A, inexact, bad, a[r, i], b[r, i])
-        out[r], good = sum_round(s, c, A, inexact, a.shape[1])
-        ok[r] = good & (not bad)
-
-
-@jit
-def pow_array(p, a, out, ok):
-    """``out[i], ok[i] = skew_cr(p[i], a)`` (for the tests)."""
-    for i in range(p.shape[0]):
-        out[i], ok[i] = skew_cr(p[i], a)
-
-
 @kernel(lambda _: (f64[:, ::1], f64[:, ::1], f64[:, :, ::1], i64, i64), dtypes=ANY,
         ops=("attention_forward", "attention_backward"))
 def add_products(a, b, st, r0, r1):

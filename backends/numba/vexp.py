@@ -32,7 +32,6 @@ that is kept: one multiply-add for the reduction, a degree-10 polynomial, within
 
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -352,24 +351,3 @@ def vlog1p_rough(w):
     r = _atanh_series(s * s, 5)
     hfsq = 0.5 * f * f
     return e * _LN2 + (f - (hfsq - s * (hfsq + r)))
-
-
-@jit
-def vlog1p_array(w, out):
-    """``out[i] = vlog1p(w[i])`` (for the tests and the benchmarks)."""
-    for i in range(w.shape[0]):
-        out[i] = vlog1p(np.float64(w[i]))
-
-
-@jit
-def vexp_array(d, out):
-    """``out[i] = vexp(d[i])`` (for the tests and the benchmarks)."""
-    for i in range(d.shape[0]):
-        out[i] = vexp(np.float64(d[i]))
-
-
-@jit
-def vexp_neg_array(d, out):
-    """``out[i] = vexp_neg(d[i])`` (for the tests)."""
-    for i in range(d.shape[0]):
-        out[i] = vexp_neg(np.float64(d[i]))
