@@ -127,7 +127,12 @@ class Helper(Dispatcher):
     """A helper compiled for numba callers only: numba's ``no_cpython_wrapper`` and
     ``no_cfunc_wrapper``: each specialization is lowered, optimised and emitted without the
     code that unboxes Python arguments.  A call from Python raises :class:`TypeError`: the
-    compiled function has no Python entry to run."""
+    compiled function has no Python entry to run.
+
+    Its own LLVM passes run at level 1: its code runs only as linked into an entry
+    kernel, whose module passes run at numba's level (3) over it again, after inlining."""
+
+    opt = 1
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"{self.py_func.__module__}.{self.py_func.__qualname__} is a compiled helper with no "

@@ -30,6 +30,9 @@ with its own features, as numba does for any callee.
 
 from __future__ import annotations
 
+import contextvars
+
+from numba.core import config
 from numba.core import target_extension as _ext
 from numba.core.codegen import JITCPUCodegen
 from numba.core.cpu import CPUContext
@@ -52,6 +55,14 @@ class WideCodegen(JITCPUCodegen):
 
     def _customize_tm_features(self):
         return full_width(super()._customize_tm_features())
+
+    def _pass_builder(self, **kwargs):
+        # the module and function passes of the function compiling now run at its
+        # dispatcher's level (numba's cheap pre-inlining pass names its own level)
+        level = _opt_level.get()
+        if level is not None and "opt" not in kwargs:
+            kwargs["opt"] = min(level, int(config.OPT))
+        return super()._pass_builder(**kwargs)
 
 
 class WideContext(CPUContext):
@@ -83,14 +94,24 @@ _ext.target_registry[NAME] = WideCPU
 TARGET = WideTarget(NAME)
 
 
+#: the LLVM optimisation level of the dispatcher compiling now (None: numba's, ``NUMBA_OPT``)
+_opt_level: contextvars.ContextVar[int | None] = contextvars.ContextVar("entmax_ref_opt_level", default=None)
+
+
 class TargetDispatcher(CPUDispatcher):
-    """A numba CPU dispatcher that compiles on :data:`TARGET` (module docstring)."""
+    """A numba CPU dispatcher that compiles on :data:`TARGET` (module docstring), its
+    LLVM passes at level :attr:`opt` (at most numba's ``NUMBA_OPT``; None: numba's)."""
 
     targetdescr = TARGET
+    opt: int | None = None
 
     def compile(self, sig):
-        with _ext.target_override(NAME):
-            return super().compile(sig)
+        token = _opt_level.set(self.opt)
+        try:
+            with _ext.target_override(NAME):
+                return super().compile(sig)
+        finally:
+            _opt_level.reset(token)
 
     def add_overload(self, cres):
         super().add_overload(cres)
