@@ -450,3 +450,29 @@ def test_only_the_entry_kernels_have_a_python_entry():
     with pytest.raises(TypeError, match=r"candidates\._row_max is a compiled helper with no Python entry"):
         _row_max(x)
     assert entry(_row_max)(x) == 3.0
+
+
+def test_a_helper_is_ir_that_its_callers_link_with_no_machine_code_of_its_own():
+    """A helper's own library is linked-only: its optimised LLVM IR, which the callers link
+    (and emit as part of their own machine code), saved to the disk cache as that IR; no
+    machine code is emitted for it and its functions have no address.  The caller's
+    library is emitted and runs it."""
+    from llvmlite import binding as ll
+
+    from entmax_ref.backends.numba.candidates import _row_max
+    from helper_entry import entry
+
+    call = entry(_row_max)
+    assert call(np.array([1.0, 3.0, 2.0])) == 3.0
+    assert _row_max.overloads
+    for cres in _row_max.overloads.values():
+        lib, fn = cres.library, cres.fndesc.llvm_func_name
+        assert lib.linked and lib.get_pointer_to_function(fn) == 0
+        state = lib.serialize_using_object_code()
+        assert state[1] == "linked" and ll.parse_bitcode(state[2]).get_function(fn).name == fn
+        again = lib.codegen.unserialize_library(state)  # as a process that loads it from the disk cache
+        assert again.linked and again.get_pointer_to_function(fn) == 0
+        assert again._get_module_for_linking().get_function(fn).name == fn
+    for cres in call.overloads.values():
+        assert not cres.library.linked
+        assert cres.library.get_pointer_to_function(cres.fndesc.llvm_cpython_wrapper_name) != 0

@@ -129,10 +129,12 @@ class Helper(Dispatcher):
     code that unboxes Python arguments.  A call from Python raises :class:`TypeError`: the
     compiled function has no Python entry to run.
 
-    Its own LLVM passes run at level 1: its code runs only as linked into an entry
-    kernel, whose module passes run at numba's level (3) over it again, after inlining."""
+    Its code runs only as linked into its callers, so it is compiled linked-only
+    (:attr:`._target.TargetDispatcher.linked`): optimised at level 1 and kept as LLVM IR,
+    with no machine code of its own; the entry kernels that link it optimise it at
+    numba's level 3 and emit it."""
 
-    opt = 1
+    linked = True
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"{self.py_func.__module__}.{self.py_func.__qualname__} is a compiled helper with no "

@@ -26,15 +26,23 @@ compiled, and lowered, on :data:`TARGET` as well.  Each function the package com
 also made known to numba's own CPU context, so a plain ``numba.njit`` function may call
 a package helper (the tests do): the caller links the helper's code and compiles it
 with its own features, as numba does for any callee.
+
+What is emitted.  numba links each callee's LLVM module into its caller's and optimises
+it there again, so the machine code of a function that is only called from compiled code
+is never run.  A :attr:`TargetDispatcher.linked` function (every helper of the package) is
+compiled linked-only (:class:`LinkedLibrary`): its own passes at level 1, its IR kept for
+the callers, no machine code; the entry kernels that link it optimise it at numba's
+level and emit it.  The kernels compute the same bits either way.
 """
 
 from __future__ import annotations
 
 import contextvars
 
+from llvmlite import binding as ll
 from numba.core import config
 from numba.core import target_extension as _ext
-from numba.core.codegen import JITCPUCodegen
+from numba.core.codegen import JITCodeLibrary, JITCPUCodegen
 from numba.core.cpu import CPUContext
 from numba.core.registry import CPUDispatcher, CPUTarget, cpu_target
 from numba.core.utils import threadsafe_cached_property
@@ -50,19 +58,68 @@ def full_width(features: str) -> str:
     return features + ",-prefer-256-bit" if "+avx512f" in names and "-prefer-256-bit" not in names else features
 
 
+class LinkedLibrary(JITCodeLibrary):
+    """numba's JIT code library.  The library of a :attr:`TargetDispatcher.linked`
+    function (the one numba makes for the function itself, named by its qualified name;
+    not those of the overloads it uses, nor numba's runtime) is *linked-only*: its LLVM
+    module is optimised and kept as IR for its callers to link, and no machine code is
+    emitted for it; its functions have no address (:meth:`get_pointer_to_function` returns
+    0, as numba does for a function a library does not define).  It is saved to the disk
+    cache as that IR (kind ``"linked"``), the form a caller links."""
+
+    def __init__(self, codegen, name, **kwargs):
+        super().__init__(codegen, name, **kwargs)
+        self.linked = name == _linked.get()
+
+    def _finalize_final_module(self):
+        if not self.linked:
+            return super()._finalize_final_module()
+        self._finalize_dynamic_globals()
+        self._verify_declare_only_symbols()
+        self._finalized = True
+
+    def get_pointer_to_function(self, name):
+        if self.linked:
+            self._ensure_finalized()
+            return 0
+        return super().get_pointer_to_function(name)
+
+    def serialize_using_object_code(self):
+        if not self.linked:
+            return super().serialize_using_object_code()
+        return self.name, "linked", self._get_module_for_linking().as_bitcode()
+
+    @classmethod
+    def _unserialize(cls, codegen, state):
+        name, kind, data = state
+        if kind != "linked":
+            return super()._unserialize(codegen, state)
+        self = codegen.create_library(name)
+        self.linked = True
+        self._final_module = self._shared_module = ll.parse_bitcode(data)
+        self._finalize_final_module()
+        return self
+
+
 class WideCodegen(JITCPUCodegen):
-    """numba's JIT code generator with the host's features through :func:`full_width`."""
+    """numba's JIT code generator with the host's features through :func:`full_width`,
+    whose libraries are :class:`LinkedLibrary`."""
+
+    _library_class = LinkedLibrary
 
     def _customize_tm_features(self):
         return full_width(super()._customize_tm_features())
 
     def _pass_builder(self, **kwargs):
-        # the module and function passes of the function compiling now run at its
-        # dispatcher's level (numba's cheap pre-inlining pass names its own level)
-        level = _opt_level.get()
-        if level is not None and "opt" not in kwargs:
-            kwargs["opt"] = min(level, int(config.OPT))
+        # the module and function passes made while a linked function compiles run at
+        # level 1 (numba's cheap pre-inlining pass names its own level)
+        if _linked.get() is not None and "opt" not in kwargs:
+            kwargs["opt"] = min(LINKED_OPT, int(config.OPT))
         return super()._pass_builder(**kwargs)
+
+    def set_env(self, env_name, env):
+        if self._engine.get_global_value_address(env_name):  # none for a linked library's function
+            super().set_env(env_name, env)
 
 
 class WideContext(CPUContext):
@@ -94,24 +151,32 @@ _ext.target_registry[NAME] = WideCPU
 TARGET = WideTarget(NAME)
 
 
-#: the LLVM optimisation level of the dispatcher compiling now (None: numba's, ``NUMBA_OPT``)
-_opt_level: contextvars.ContextVar[int | None] = contextvars.ContextVar("entmax_ref_opt_level", default=None)
+#: the qualified name of the :attr:`TargetDispatcher.linked` function compiling now (None:
+#: the function compiling now is not linked)
+_linked: contextvars.ContextVar[str | None] = contextvars.ContextVar("entmax_ref_linked", default=None)
+#: the LLVM optimisation level of the passes made while a linked function compiles (at
+#: most numba's ``NUMBA_OPT``)
+LINKED_OPT = 1
 
 
 class TargetDispatcher(CPUDispatcher):
-    """A numba CPU dispatcher that compiles on :data:`TARGET` (module docstring), its
-    LLVM passes at level :attr:`opt` (at most numba's ``NUMBA_OPT``; None: numba's)."""
+    """A numba CPU dispatcher that compiles on :data:`TARGET` (module docstring).
+
+    A ``linked`` dispatcher's functions are only called from other compiled functions,
+    which link its code: its libraries are linked-only (:class:`LinkedLibrary`), their own
+    LLVM passes at level :data:`LINKED_OPT`; a caller's passes (numba's level 3)
+    optimise that code again once it is linked in and inlined."""
 
     targetdescr = TARGET
-    opt: int | None = None
+    linked = False
 
     def compile(self, sig):
-        token = _opt_level.set(self.opt)
+        token = _linked.set(self.py_func.__qualname__ if self.linked else None)
         try:
             with _ext.target_override(NAME):
                 return super().compile(sig)
         finally:
-            _opt_level.reset(token)
+            _linked.reset(token)
 
     def add_overload(self, cres):
         super().add_overload(cres)
