@@ -132,17 +132,19 @@ def _row_forward(kernel, x: np.ndarray, alpha: np.ndarray, *options) -> RowSolve
     return RowSolve(*bufs)
 
 
-def _exact_softmax32(x: np.ndarray, alpha: np.ndarray, res: RowSolve) -> None:
-    """The float32 softmax rows that the row kernel's compiled finishing stage left
-    undecided (``converged`` False; an output within about 2^-100 of a float32 rounding
-    boundary), solved exactly (:func:`.exact_rows.entmax_row`) into ``res``, with a
-    ``theta`` whose float32 rounding is their ``tau``."""
+def _exact_softmax32(x: np.ndarray, rows: np.ndarray, res: RowSolve, tau: np.ndarray | None = None) -> None:
+    """The float32 softmax rows ``rows`` that the row kernel's compiled finishing stage left
+    undecided (an output within about 2^-100 of a float32 rounding boundary), solved
+    exactly (:func:`.exact_rows.entmax_row`) into ``res`` (and ``tau``, where given), with
+    a ``theta`` whose float32 rounding is their ``tau``."""
     from .exact_rows import entmax_row
 
-    for r in np.flatnonzero((alpha == 1.0) & ~res.converged & (res.n_iter == 0)):
-        p, tau, theta, k = entmax_row(x[r].astype(np.float64), 1.0, np.float32)
-        theta = theta if np.float32(theta) == np.float32(tau) else tau
+    for r in rows:
+        p, t, theta, k = entmax_row(x[r].astype(np.float64), 1.0, np.float32)
+        theta = theta if np.float32(theta) == np.float32(t) else t
         res.p[r], res.theta[r], res.support[r], res.converged[r] = p, theta, k, True
+        if tau is not None:
+            tau[r] = t
 
 
 def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
@@ -172,9 +174,10 @@ def _rows32(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
     """Correctly rounded float32 rows, with the real-number support and tau, as the NumPy
     engine's (so the same bits).  ``method=None``: the float32 kernels, each row then
     through the rounding test (:func:`.numba.rows.entmax_rows`: the solver's float64 answer
-    is kept where it decides every float32 rounding), the rare undecided row finished as
-    the NumPy engine finishes it (:func:`.exact_rows.finish`); softmax rows alone keep their
-    own kernel's rounding (:mod:`.numba.softmax`).  Rows with an alpha > 2 (where a score
+    is kept where it decides every float32 rounding), the undecided rows finished by the
+    compiled finishing stage on the float32 grid (:func:`_finish32`); softmax rows alone keep
+    their own kernel's rounding (:mod:`.numba.softmax`; the rare row it leaves undecided is
+    solved exactly, :func:`_exact_softmax32`).  Rows with an alpha > 2 (where a score
     difference far below float32's resolution can decide the support) are solved in that
     batch at alpha 2 (so no other row's index, or pivot seed, moves) and replaced by their
     correctly rounded float64 rows, exactly widened, rounded by :func:`_narrow`; other
@@ -184,26 +187,41 @@ def _rows32(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
         return _narrow(x, _entmax_rows(x.astype(np.float64), alpha, method), alpha)
     if bool((alpha == 1.0).all()):
         res = _row_forward(_rows.entmax_rows, x, alpha, method)
-        _exact_softmax32(x, alpha, res)
+        _exact_softmax32(x, np.flatnonzero(~res.converged & (res.n_iter == 0)), res)
         return res
     bufs = _solve_buffers(x)
     tau, ok = np.empty(x.shape[0]), np.empty(x.shape[0], np.bool_)
     _rows.entmax_rows(x, np.where(big, 2.0, alpha), method, _rows.Solved(*bufs), 8 * numba.get_num_threads(),
                       (tau, ok))
     res = ExactRowSolve(*bufs, tau)
-    bad = np.flatnonzero(~ok & ~big)
+    _exact_softmax32(x, np.flatnonzero(~ok & (alpha == 1.0)), res, tau)
+    bad = np.flatnonzero(~ok & ~big & (alpha != 1.0))
     if bad.size:
-        from .exact_rows import finish
-
-        x64 = x[bad].astype(np.float64)
-        A0 = res.theta[bad] - x64.max(axis=1)
-        res.p[bad], tau[bad], res.theta[bad], res.support[bad] = finish(x64, alpha[bad], A0,
-                                                                        res.p[bad].astype(np.float64), np.float32)
+        res.p[bad], tau[bad], res.theta[bad], res.support[bad] = _finish32(x[bad], alpha[bad], res.theta[bad])
     if big.any():
         wide = _narrow(x[big], _entmax_rows(x[big].astype(np.float64), alpha[big], method), alpha[big])
         for f, w in zip((*res, tau), (*wide, wide.tau)):
             f[big] = w
     return res
+
+
+def _finish32(x: np.ndarray, alpha: np.ndarray, theta: np.ndarray):
+    """float32 rows ``x`` at 1 < alpha <= 2 that the rounding test left undecided, from
+    their solver's ``theta``: the compiled finishing stage on the rows exactly widened,
+    rounding to float32 (:func:`.numba.exact_finish.finish_rows` with ``f32``), and the rows
+    it leaves solved exactly (:func:`.exact_rows.entmax_row`), as the NumPy engine finishes
+    them (:func:`.exact_rows.finish`).  Returns (p float32, tau, theta, support)."""
+    from .exact_rows import entmax_row
+
+    x64 = x.astype(np.float64)
+    out = np.zeros(x64.shape)
+    tau, support, ok = np.empty(len(x)), np.empty(len(x), np.int64), np.empty(len(x), np.bool_)
+    _exact.finish_rows(x64, alpha, out, theta, tau, support, ok, 8 * numba.get_num_threads(), True)
+    p = out.astype(np.float32)
+    for r in np.flatnonzero(~ok):
+        hint = float(theta[r]) if np.isfinite(theta[r]) else None
+        p[r], tau[r], theta[r], support[r] = entmax_row(x64[r], alpha[r], np.float32, hint)
+    return p, tau, theta, support
 
 
 def _narrow(x: np.ndarray, wide: ExactRowSolve, alpha: np.ndarray) -> ExactRowSolve:

@@ -439,9 +439,9 @@ def test_float32_softmax_fast_path_within_its_rounding_test_width():
 
 def test_float32_softmax_rows_left_by_the_kernel_are_solved_exactly():
     """A float32 softmax row that the row kernel's compiled finishing stage leaves undecided
-    (``converged`` False) is solved exactly on the Python side: the oracle's p and
-    support, a ``theta`` whose float32 rounding is the oracle's tau; the other rows are
-    left as they are."""
+    is solved exactly on the Python side: the oracle's p, support and tau (where a tau
+    array is given), a ``theta`` whose float32 rounding is the oracle's tau; the other rows
+    are left as they are."""
     from entmax_ref.backends._base import RowSolve
     from entmax_ref.backends.numba_backend import _exact_softmax32
     from entmax_ref.testing.oracle import entmax_cr
@@ -449,11 +449,64 @@ def test_float32_softmax_rows_left_by_the_kernel_are_solved_exactly():
     x = np.random.default_rng(11).standard_normal((3, 9)).astype(np.float32)
     res = RowSolve(np.zeros((3, 9), np.float32), np.zeros(3), np.zeros(3, np.int64), np.zeros(3, np.int64),
                    np.array([True, False, True]))
-    _exact_softmax32(x, np.ones(3), res)
+    taus = np.zeros(3)
+    _exact_softmax32(x, np.array([1]), res, taus)
     p, tau, k = entmax_cr(x[1].astype(np.float64), 1.0, np.float32)
     np.testing.assert_array_equal(res.p[1].view(np.int32), np.asarray(p, np.float32).view(np.int32))
-    assert np.float32(res.theta[1]) == tau and res.support[1] == k and res.converged[1]
-    assert not res.p[[0, 2]].any() and not res.theta[[0, 2]].any()
+    assert np.float32(res.theta[1]) == tau == taus[1] and res.support[1] == k and res.converged[1]
+    assert not res.p[[0, 2]].any() and not res.theta[[0, 2]].any() and not taus[[0, 2]].any()
+
+
+def _undecided32(alpha):
+    """The float32 rows at ``alpha`` that the float32 rounding test leaves undecided, with
+    their solver's theta, among: boundary rows (entries placed at the threshold, whose
+    small probabilities the float64 threshold cannot round), narrow random rows and
+    sparsemax rows with a tiny support entry (no float64 grid holds their sums exactly)."""
+    from entmax_ref.backends.numba import rows as R
+    from entmax_ref.backends.numba_backend import _solve_buffers
+    from entmax_ref.testing.oracle import boundary_rows
+
+    rng = np.random.default_rng(int(alpha * 100))
+    rows = [r for seed in range(40, 70) for _, r in boundary_rows(np.random.default_rng(seed), alpha, n=12)]
+    rows += [np.array([0.5, 2.0 ** -e, -2.0, -0.25 * e]) for e in range(90, 100)]
+    x = np.full((48 + len(rows), 1024), -np.inf, np.float32)
+    x[:48] = rng.standard_normal((48, 1024)) * 0.03
+    for r, row in enumerate(rows):
+        x[48 + r, :len(row)] = row
+    bufs = _solve_buffers(x)
+    tau, ok = np.empty(len(x)), np.empty(len(x), np.bool_)
+    R.entmax_rows(x, np.full(len(x), alpha), R.METHOD_DEFAULT, R.Solved(*bufs), 4, (tau, ok))
+    return x[~ok], bufs[1][~ok]
+
+
+@pytest.mark.parametrize("alpha", [1.33, 1.5, 1.75, 2.0])
+def test_float32_rows_the_rounding_test_leaves_are_finished_compiled(alpha):
+    """float32 rows at 1 < alpha <= 2 that the rounding test leaves undecided go to the
+    compiled finishing stage on the float32 grid (:func:`.exact_finish.finish_rows` with
+    ``f32``): it decides rows itself (those with an entry on the threshold are left to the
+    exact solver), with float32 values of p and tau (not their float64 roundings) that are
+    the NumPy engine's bits, and the public call gives the NumPy engine's bits on every
+    row."""
+    import entmax_ref as E
+    from entmax_ref.backends.numba import exact_finish
+
+    x, theta = _undecided32(alpha)
+    assert len(x) >= 3, len(x)
+    a = np.full(len(x), alpha)
+    x64 = x.astype(np.float64)
+    out, tau = np.zeros(x.shape), np.empty(len(x))
+    support, ok = np.empty(len(x), np.int64), np.empty(len(x), np.bool_)
+    exact_finish.finish_rows(x64, a, out, theta.copy(), tau, support, ok, 4, True)
+    assert ok.sum() >= 3, ok
+    want, info = E.entmax(x[ok], alpha=alpha, backend="numpy", return_info=True)
+    np.testing.assert_array_equal(out[ok], want.astype(np.float64))  # float32 values, the correct ones
+    np.testing.assert_array_equal(tau[ok], info.tau)
+    np.testing.assert_array_equal(support[ok], info.support_exact)
+    got, gi = E.entmax(x, alpha=alpha, backend="numba", return_info=True)
+    want, wi = E.entmax(x, alpha=alpha, backend="numpy", return_info=True)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    np.testing.assert_array_equal(gi.tau, wi.tau)
+    np.testing.assert_array_equal(gi.support_exact, wi.support_exact)
 
 
 def test_float32_softmax_rounding_test_flags_what_it_cannot_decide():

@@ -372,6 +372,29 @@ def sum_sign(t, n, e):
 
 
 @jit
+def tau_alone(a1, m, f32):
+    """``a1 m - 1``, the tau of a row whose maximum ``m`` alone is the support (p = 1
+    there), rounded once to float64, or with ``f32`` to float32 (as a float64).  The FMA's
+    float64 value ``t`` is the float64 rounding; its float32 rounding is the exact value's
+    except where ``t`` is itself a float32 rounding midpoint and not the exact value
+    (``a1`` has more bits than a float32), where the exact sign of ``a1 m - 1 - t``
+    (TwoProd, :func:`sum_sign`) says which way."""
+    t = fma(a1, m, -1.0)
+    if not f32:
+        return t
+    c = np.float64(np.float32(t))
+    up, dn = half_gaps(abs(c), f32)
+    d = abs(t) - abs(c)
+    if d == up or d == -dn:
+        terms = np.empty(4, np.float64)
+        terms[0], terms[1] = two_prod(a1, m)
+        terms[2], terms[3] = -1.0, -t
+        s = sum_sign(terms, np.int64(4), np.empty(4, np.float64))
+        c = np.float64(np.float32(t + s * abs(t) * 2.0 ** -30))  # ties (s = 0): to even
+    return c
+
+
+@jit
 def neighbours(h, l, f32):
     """The two values of the target format around ``h + l`` that a rounding chooses between
     when ``h + l`` is within a hair of their midpoint: (below, above, midpoint as a

@@ -1,6 +1,8 @@
-"""Correctly rounded float64 rows in numba: the finishing stage that runs after the row
-solvers (:mod:`.rows`), as an entry kernel of its own, in double-word arithmetic
-(:mod:`.double_word`).
+"""Correctly rounded rows in numba: the finishing stage that runs after the row solvers
+(:mod:`.rows`), as an entry kernel of its own, in double-word arithmetic
+(:mod:`.double_word`): on float64 rows, and on the float32 rows at 1 < alpha <= 2 that the
+float32 rounding test leaves undecided (exactly widened, from the solver's ``theta``,
+outputs and ``tau`` rounded to float32: the flag ``f32`` at run time).
 
 **The finishing stage**: the NumPy engine's (:mod:`entmax_ref.backends.exact_rows`, whose
 docstring describes it), one row at a time.  The solvers' float64 answer gives the start:
@@ -11,7 +13,7 @@ entry and its probability.  From there: the candidates' probabilities in double-
 error bound each, Newton steps on the threshold until the computed mass is within its own
 error bound of 1, the threshold's radius from the last evaluation, membership decided
 against it, every output and ``tau`` rounded where its error interval holds no rounding
-boundary.  A row left undecided returns ``ok = False``; the Python side then solves it with
+boundary of the target format.  A row left undecided returns ``ok = False``; the Python side then solves it with
 :func:`entmax_ref.backends.exact_rows.entmax_row`.
 
 Its entry kernels, one per stage, are in :mod:`.exact_finish`.
@@ -28,7 +30,7 @@ from ._jit import jit
 from .candidates import gather_alive
 from .double_word import (dw_add, dw_add_fp, dw_div, dw_div_fp, dw_mul, dw_mul_fp, exp_dw, exp_lean, fast_two_sum, fma,
                           half_gaps, log1p_dw, log1p_dw_sel, log_dw, nearest_even, neighbours, pow2, round_dw, round_scaled,
-                          round_signed, scale2, sum_sign, two_prod, two_sum)
+                          round_signed, scale2, sum_sign, tau_alone, two_prod, two_sum)
 from .elementwise import K_GEN
 from .vexp import div
 
@@ -64,7 +66,7 @@ def _sparse_ties(x, idx, inside, k, ks, ph, pl, good, err, th, tl, terr, out, f3
     (ties to even).  ``inside[j]``, ``good[j]`` (1.0 / 0.0): membership and rounding of
     candidate j.  Rewrites ``out``; returns (tau rounded the same way, ok): not ok where an
     error interval holds more than one boundary (the row is left to the exact solver)."""
-    ok = _one_boundary(abs(th), abs(tl), terr, False)
+    ok = _one_boundary(abs(th), abs(tl), terr, f32)
     for j in range(k):
         if inside[j] != 0.0 and good[j] == 0.0:
             ok = ok and _one_boundary(ph[j], pl[j], err[j], f32)
@@ -92,7 +94,7 @@ def _sparse_ties(x, idx, inside, k, ks, ph, pl, good, err, th, tl, terr, out, f3
     # tau = (sigma - 1) / ks: the sign of (sigma - 1 - ks c) is that of -(t sum) - 1 - ks c
     neg = th < 0.0
     h, l = (-th, -tl) if neg else (th, tl)
-    lo, hi, ch, cl = neighbours(h, l, False)
+    lo, hi, ch, cl = neighbours(h, l, f32)
     if neg:  # |tau| = (1 - sigma) / ks: the sign of (1 - sigma - ks c)
         t[nt] = 1.0
     else:
@@ -102,7 +104,7 @@ def _sparse_ties(x, idx, inside, k, ks, ph, pl, good, err, th, tl, terr, out, f3
     a, b = two_prod(kf, ch)
     t[nt + 1], t[nt + 2], t[nt + 3] = -a, -b, -kf * cl
     s = sum_sign(t, nt + 4, e)
-    v = hi if s > 0 else (lo if s < 0 else nearest_even(lo, hi, False))
+    v = hi if s > 0 else (lo if s < 0 else nearest_even(lo, hi, f32))
     return (-v if neg else v), True
 
 
@@ -243,7 +245,8 @@ def _mass(ph, pl, rel, k):
 def cr_alpha(x, out, m, a1, kind, A0, idx, yh, yl, ph, pl, rel, vh, vl, dv, u, f32):
     """The correctly rounded row ``x`` (maximum ``m``) at ``1 < alpha = 1 + a1 <= 2``, from
     the solver's ``A0`` (``theta - m``): writes ``out`` at the candidates (the solver left
-    every other entry 0) and returns (tau, theta, support, ok).  ``idx`` (int64) and the
+    every other entry 0) and returns (tau, theta, support, ok); the outputs and ``tau``
+    rounded to float64, or with ``f32`` to float32.  ``idx`` (int64) and the
     float64 ``yh`` .. ``dv`` are scratch of the row's length."""
     W = 1.0 / a1
     mu = CAND_MARGIN * (1.0 + A0 + W)
@@ -296,14 +299,19 @@ def cr_alpha(x, out, m, a1, kind, A0, idx, yh, yl, ph, pl, rel, vh, vl, dv, u, f
         vl[j] = 1.0 if good else 0.0
     if ok and rounded and cnt == 1:  # the maximum alone: p = 1, A = 0, tau = a1 m - 1 exactly
         out[idx[last]] = 1.0
-        return fma(a1, m, -1.0), m, cnt, ok
+        return tau_alone(a1, m, f32), m, cnt, ok
     # tau = a1 (m + A) - 1; theta = m + A
     Ph, Pl = two_prod(a1, m)
     Qh, Ql = dw_mul_fp(Ah, Al, a1)
     th, tl = dw_add(Ph, Pl, Qh, Ql)
     th, tl = dw_add_fp(th, tl, -1.0)
     err = (a1 * RA + 3.0 * _DW_ADD * U2 * (abs(Ph) + abs(Qh) + 1.0)) * SLACK
-    tau, good = round_signed(th, tl, err)
+    if f32:  # tau on the float32 grid, as the outputs
+        sg = -1.0 if th < 0.0 else 1.0
+        tau, good = round_dw(sg * th, sg * tl, err, f32)
+        tau = sg * tau
+    else:
+        tau, good = round_signed(th, tl, err)
     theta = dw_add_fp(Ah, Al, m)[0]
     if ok and kind == KIND_SPARSE and not (rounded and good):  # rational: exact ties
         tau, ok = _sparse_ties(x, idx, vh, k, cnt, ph, pl, vl, rel, th, tl, err, out, f32)

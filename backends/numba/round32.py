@@ -8,9 +8,10 @@ scores): sparsemax exactly, in float64 integers of the support's grid (:func:`sp
 :func:`entmax_ref.backends.exact_rows.float32_rows`), with the threshold's error bound
 the radius that the row's residual proves.  Its candidates are the solver's own, filtered,
 where they hold every entry within its margin of the threshold (:func:`_candidates32`;
-else a pass over the row).  The rare row it does not decide is finished
-by the NumPy engine's finishing stage on the float32 grid
-(:func:`entmax_ref.backends.exact_rows.finish`), so that both engines return the same bits.
+else a pass over the row).  A row it does not decide is finished by the compiled
+finishing stage on the float32 grid (:mod:`.exact_finish`; the NumPy engine's stage,
+:func:`entmax_ref.backends.exact_rows.finish`, compiled), and the rare row that stage
+leaves by the exact solver, so that both engines return the same bits.
 """
 
 from __future__ import annotations

@@ -495,7 +495,7 @@ def entmax_rows(x, alpha, method, res, nblk, round32=None):
     in cache (:data:`_ROUNDED32`), and rewritten correctly rounded where the solver's float64
     threshold decides them; ``round32``, ``(tau, ok)`` (rows,) float64 and bool arrays,
     receives each row's correctly rounded ``tau`` and whether it was decided (False: a row
-    for the NumPy engine's finishing stage, whose ``p`` is the float32 rounding of float64
+    for the finishing stage, whose ``p`` is the float32 rounding of float64
     arithmetic).  Softmax rows keep their kernel's rounding, with ``tau`` its ``theta``
     rounded to float32, except a row the kernel left undecided (``converged`` False), whose
     ``ok`` is False."""
