@@ -6,7 +6,7 @@ every float32 rounding of the row and its support, the row is rewritten correctl
 scores): sparsemax exactly, in float64 integers of the support's grid (:func:`sparse32`),
 1 < alpha < 2 by the NumPy engine's bound (:func:`alpha32`;
 :func:`entmax_ref.backends.exact_rows.float32_rows`), with the threshold's error bound
-the radius that the row's residual proves.  Its candidates are the solver's own, filtered,
+the radius that the row's residual and the mass's slope prove.  Its candidates are the solver's own, filtered,
 where they hold every entry within its margin of the threshold (:func:`_candidates32`;
 else a pass over the row).  A row it does not decide is finished by the compiled
 finishing stage on the float32 grid (:mod:`.exact_finish`; the NumPy engine's stage,
@@ -25,7 +25,7 @@ from ..exact_rows import F32_SOLVER_ERR as _D32
 from ._jit import jit
 from .candidates import unpack
 from .elementwise import K_15, K_GEN, K_SPARSE, is_alive
-from .double_word import half_gaps, two_prod, two_sum
+from .double_word import half_gaps, tau_alone, two_prod, two_sum
 
 SLACK = M.SLACK
 
@@ -185,13 +185,17 @@ def alpha32(x, out, a1, theta, gathered, c, idx, pv):
     (:func:`entmax_ref.backends.exact_rows.float32_rows`), with each probability evaluated
     here in float64 from ``A = theta - m`` (after one Newton step on the candidates where
     ``theta`` is large enough for its rounding to matter), and the threshold's error bound
-    the radius ``R`` that the row's residual proves (``|sum p - 1|`` with its own error; the
-    mass's slope is at least ``1 - |f|`` in A), at most
-    :data:`~entmax_ref.backends.exact_rows.F32_SOLVER_ERR`.  Each ``p`` is known to ``e =
-    rel p + R s`` (``rel`` its evaluation's relative error, ``s = p^(2 - alpha)`` its
-    sensitivity); the row is decided when every ``p +- e`` rounds to one float32 and stays
-    positive, every other entry is outside the support by more than its error, and ``tau
-    +- e_tau`` rounds to one float32.  The candidates are the entries with ``1 + a1 (x -
+    the radius ``R`` that the row's residual proves (``|sum p - 1|`` with its own error
+    ``E``), at most :data:`~entmax_ref.backends.exact_rows.F32_SOLVER_ERR`: the mass's
+    slope is at least ``1 - |f|`` in A, which gives a first radius ``R0``, and over
+    ``A +- R0`` at least ``sum p / v (1 - c a1 R0 / v)`` on the support (``p / v = v^(1/a1 -
+    1)``, ``c = max(1/a1 - 1, 1)``), taken low: where that exceeds 1 (a support of many
+    entries) it gives the smaller radius.  Each ``p`` is known to ``e = rel p + R s``
+    (``rel`` its evaluation's relative error, ``s = p^(2 - alpha)`` its sensitivity); the
+    row is decided when every ``p +- e`` rounds to one float32 and stays positive, every
+    other entry is outside the support by more than its error, and ``tau +- e_tau`` rounds
+    to one float32; where the maximum alone is proven the support, p = 1 there and ``tau =
+    a1 m - 1`` exactly, rounded once (:func:`.double_word.tau_alone`), ``theta = m``.  The candidates are the entries with ``1 + a1 (x -
     theta) > -_MARGIN32`` (:func:`_candidates32`); every other entry is then outside the
     support whatever the threshold within the margin (one Newton step moves it less than
     a quarter of it, checked).  Writes ``out`` at the candidates (float32 of each p; the
@@ -221,7 +225,7 @@ def alpha32(x, out, a1, theta, gathered, c, idx, pv):
             ok = ok and a1 * abs(A1 - A) < 0.25 * _MARGIN32
             A = A1
     # the residual, from the probabilities and their evaluation errors; c[j] becomes log p
-    sh = sl = absum = relsum = 0.0
+    sh = sl = absum = relsum = s1 = s2 = 0.0
     for j in range(k):
         y = c[j]
         d = y - A
@@ -240,12 +244,28 @@ def alpha32(x, out, a1, theta, gathered, c, idx, pv):
             sl += e
             absum += p
             relsum += rel * p
+            # the slope's terms p / v = v^(1/a1 - 1), low, with v's own error g
+            g = 2.0 * u * (a1 * (abs(y) + abs(d)) + 1.0)
+            if 1.0 + t - g > 0.0:
+                w = p * max(1.0 - rel, 0.0) / (1.0 + t + g)
+                s1 += w
+                s2 += w / (1.0 + t - g)
     F = abs((sh - 1.0) + sl)
     serr = 2.0 * ((k * u) ** 2 * absum + u * F)
     E = (serr + relsum * (1.0 + 4.0 * u) + n * 2.0 ** -1070) * SLACK
     R = (F + E) / (1.0 - F - E) * SLACK
-    ok = ok and R <= _D32
+    ok = ok and F + E < 0.5 and R <= _D32
+    # within R of A the mass's slope is sum v^(1/a1 - 1) >= sum v^(1/a1 - 1) (1 - c a1 R / v)
+    # with c = max(1/a1 - 1, 1) (Bernoulli; a negative term where the entry may leave the
+    # support) over the support at A: at least s1 - c a1 R s2 (each term of s1 low, of s2
+    # high by the sums' and terms' roundings); where that exceeds 1 the radius it proves,
+    # (F + E) / slope, is the smaller one
+    eps = 2.0 * (k + 4.0) * u
+    slope = s1 * (1.0 - eps) / SLACK - max(1.0 / a1 - 1.0, 1.0) * a1 * R * s2 * (1.0 + eps) * SLACK
+    if slope > 1.0:
+        R = min(R, (F + E) / slope * SLACK)
     cnt = 0
+    last = -1
     for j in range(k):
         i = idx[j]
         y = np.float64(x[i]) - m
@@ -256,6 +276,7 @@ def alpha32(x, out, a1, theta, gathered, c, idx, pv):
         p = pv[j]
         if p > 0.0:
             cnt += 1
+            last = i
             vlow = v - 2.0 * a1 * R - gamma
             rel = 2.0 * u * ((ay + 2.0 * ad) / v + 2.0 * abs(c[j]) + 4.0)
             # p^(2 - alpha) = p / v, at most p / vlow exp(w) <= p / vlow / (1 - w) over the
@@ -268,6 +289,9 @@ def alpha32(x, out, a1, theta, gathered, c, idx, pv):
         else:
             ok = ok and v + 2.0 * a1 * R + gamma <= 0.0
             out[i] = 0.0
+    if ok and cnt == 1:  # the maximum alone: p = 1, A = 0, tau = a1 m - 1 exactly
+        out[last] = 1.0
+        return tau_alone(a1, m, np.bool_(True)), m, cnt, ok
     # tau = a1 theta - 1, theta = m + A to R and a few roundings
     th = m + A
     e_theta = R + 4.0 * u * (A + 2.0 / a1 + 1.0) + 2.0 * u * abs(th)
