@@ -65,7 +65,10 @@ class LinkedLibrary(JITCodeLibrary):
     module is optimised and kept as IR for its callers to link, and no machine code is
     emitted for it; its functions have no address (:meth:`get_pointer_to_function` returns
     0, as numba does for a function a library does not define).  It is saved to the disk
-    cache as that IR (kind ``"linked"``), the form a caller links."""
+    cache as that IR (kind ``"linked"``), the form a caller links.  It overrides numba's
+    own library steps (``_finalize_final_module``, ``_unserialize``) as the releases of
+    :data:`~entmax_ref.backends.cache_folder.TESTED_NUMBA` define them; the numba pin in
+    pyproject.toml holds installs to those releases."""
 
     def __init__(self, codegen, name, **kwargs):
         super().__init__(codegen, name, **kwargs)
