@@ -323,12 +323,12 @@ def round_dw(h, l, err, f32):
 
 
 @jit
-def round_signed(h, l, err):
-    """:func:`round_dw` in float64 for a double-word of either sign (tau)."""
+def round_signed(h, l, err, f32):
+    """:func:`round_dw` in float64 (or float32) for a double-word of either sign (tau)."""
     if h < 0.0:
-        c, ok = round_dw(-h, -l, err, np.bool_(False))
+        c, ok = round_dw(-h, -l, err, f32)
         return -c, ok
-    return round_dw(h, l, err, np.bool_(False))
+    return round_dw(h, l, err, f32)
 
 
 @jit

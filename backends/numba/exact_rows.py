@@ -306,12 +306,7 @@ def cr_alpha(x, out, m, a1, kind, A0, idx, yh, yl, ph, pl, rel, vh, vl, dv, u, f
     th, tl = dw_add(Ph, Pl, Qh, Ql)
     th, tl = dw_add_fp(th, tl, -1.0)
     err = (a1 * RA + 3.0 * _DW_ADD * U2 * (abs(Ph) + abs(Qh) + 1.0)) * SLACK
-    if f32:  # tau on the float32 grid, as the outputs
-        sg = -1.0 if th < 0.0 else 1.0
-        tau, good = round_dw(sg * th, sg * tl, err, f32)
-        tau = sg * tau
-    else:
-        tau, good = round_signed(th, tl, err)
+    tau, good = round_signed(th, tl, err, f32)  # on the outputs' grid
     theta = dw_add_fp(Ah, Al, m)[0]
     if ok and kind == KIND_SPARSE and not (rounded and good):  # rational: exact ties
         tau, ok = _sparse_ties(x, idx, vh, k, cnt, ph, pl, vl, rel, th, tl, err, out, f32)
@@ -418,7 +413,7 @@ def cr_edge(x, out, m, a1, cv, q0, idx, dh, dl, ph, pl, rel, vh, vl, dv, f32):
     Ph, Pl = two_prod(a1, xc)
     th, tl = dw_add(Ph, Pl, -sh, -sl)
     err = (ds + 2.0 * _DW_ADD * U2 * (abs(Ph) + abs(sh))) * SLACK
-    tau, good = round_signed(th, tl, err)
+    tau, good = round_signed(th, tl, err, np.bool_(False))
     ok = ok and good and abs(m) < 2.0 ** 990 and abs(xc) < 2.0 ** 990
     return tau, xc + (1.0 - sh) / a1, cnt, ok
 
@@ -535,8 +530,7 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     th, tl = dw_add_fp(lh, ll, m)
     err = (_EPS_LOG * abs(lh) + rel_s + _DW_ADD * U2 * (abs(m) + abs(lh))) * SLACK
     if f32:  # tau: the float32 rounding of th (as a float64), decided the same way; theta = th
-        sg = -1.0 if th < 0.0 else 1.0
-        tau, good = round_dw(sg * th, sg * tl, err, np.bool_(True))
-        return sg * tau, th, nf, bad == 0 and good
-    tau, good = round_signed(th, tl, err)
+        tau, good = round_signed(th, tl, err, np.bool_(True))
+        return tau, th, nf, bad == 0 and good
+    tau, good = round_signed(th, tl, err, np.bool_(False))
     return tau, tau, nf, bad == 0 and good

@@ -73,7 +73,7 @@ def sum_round(s, c, A, inexact, n):
     if not inexact:
         return (s + c) + 0.0, True
     h, l = two_sum(s, c)
-    return round_signed(h, l, sum_bound(n, A))
+    return round_signed(h, l, sum_bound(n, A), np.bool_(False))
 
 
 @jit(forceinline=True)
@@ -181,7 +181,7 @@ def log_cr(p):
     if p == 1.0:
         return 0.0, True
     lh, ll = log_dw(p, 0.0)
-    v, ok = round_signed(lh, ll, _EPS_LOG * abs(lh) * _SLACK)
+    v, ok = round_signed(lh, ll, _EPS_LOG * abs(lh) * _SLACK, np.bool_(False))
     return v, ok & (p >= _TINY)
 
 
