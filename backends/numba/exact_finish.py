@@ -37,10 +37,10 @@ def _finish_softmax(x, out, a1, idx, buf, lanes):
     or +inf); ``out`` rewritten correctly rounded (:func:`cr_softmax`, with the double-word
     exponential where the lean one leaves the row undecided)."""
     m = _row_max(x)[0]
-    res = cr_softmax(x, out, m, buf[0], buf[1], lanes, False, False)
+    res = cr_softmax(x, out, m, buf[0], buf[1], lanes, np.bool_(False), np.bool_(False))
     if res[3]:
         return res
-    return cr_softmax(x, out, m, buf[0], buf[1], lanes, False, True)
+    return cr_softmax(x, out, m, buf[0], buf[1], lanes, np.bool_(False), np.bool_(True))
 
 
 @jit

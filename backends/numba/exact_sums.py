@@ -156,7 +156,7 @@ def pow_cr(p, a):
     zh, zl = dw_mul_fp(lh, ll, a)
     e, hi, lo = exp_dw(zh, zl)
     eps = _EPS_EXP + 1.01 * abs(zh) * _EPS_LOG_MUL
-    v, ok = round_scaled(e, hi, lo, eps * abs(hi) * 1.01, False)
+    v, ok = round_scaled(e, hi, lo, eps * abs(hi) * 1.01, np.bool_(False))
     return v, ok & normal
 
 
@@ -195,7 +195,7 @@ def exp_cr(z):
     if not (z >= EXP_UNDER):
         return (0.0 if z < EXP_UNDER else z), True
     k, hi, lo = exp_dw(z, 0.0)
-    return round_scaled(k, hi, lo, _EPS_EXP * abs(hi) * _SLACK, False)
+    return round_scaled(k, hi, lo, _EPS_EXP * abs(hi) * _SLACK, np.bool_(False))
 
 
 @kernel(lambda _: (f64[:, ::1], f64[:, ::1], f64[:, :, ::1], i64, i64), dtypes=ANY,

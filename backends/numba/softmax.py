@@ -347,9 +347,9 @@ def _exact32(x, out, m):
     eh = np.empty(n, np.float64)
     el = np.empty(n, np.float64)
     lanes = np.empty((3, SM_LANES), np.float64)
-    _, theta, cnt, ok = cr_softmax(x, out, m, eh, el, lanes, True, False)
+    _, theta, cnt, ok = cr_softmax(x, out, m, eh, el, lanes, np.bool_(True), np.bool_(False))
     if not ok:
-        _, theta, cnt, ok = cr_softmax(x, out, m, eh, el, lanes, True, True)
+        _, theta, cnt, ok = cr_softmax(x, out, m, eh, el, lanes, np.bool_(True), np.bool_(True))
     return theta, cnt, ok
 
 
