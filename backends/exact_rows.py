@@ -69,17 +69,27 @@ def round_dw(h, l, err, dtype):
 
 def round_scaled(e, h, l, err, dtype):
     """:func:`round_dw` of ``2^e (h + l)`` with absolute error ``2^e err`` (``h`` near 1),
-    subnormal results of float64 included (then decided on their grid of 2^-1074)."""
+    results below ``NORMAL_MIN`` included (decided on float64's grid there, 2^-1074 for a
+    subnormal result)."""
     v = np.ldexp(h, e)
     normal = np.abs(v) >= NORMAL_MIN
     c, ok = round_dw(v, np.ldexp(l, e), np.ldexp(err, e), dtype)
     if normal.all():
         return c, ok
-    # below the normal range of the low part: float64's grid there is 2^-1074 (scaled: 2^(-1074-e))
-    c64 = np.where(normal, 0.0, v)  # ldexp rounds once, to that grid
-    d = (h - np.ldexp(c64, -e)) + l
-    half = np.ldexp(1.0, -1075 - e)
-    sub_ok = (np.abs(d) + err * SLACK < half / SLACK)
+    # below NORMAL_MIN the low part of a double-word no longer resolves the value: the test
+    # runs in h's units, on float64's grid at c64 (its last place, 2^-1074 for a subnormal)
+    c64 = np.where(normal, 0.0, v)  # ldexp rounds h once, to that grid
+
+    def offset(c):  # h + l - c and half the gaps above and below c, in h's units (exact)
+        with np.errstate(over="ignore"):
+            return ((h - np.ldexp(c, -e)) + l, 0.5 * np.ldexp(np.nextafter(c, np.inf) - c, -e),
+                    0.5 * np.ldexp(c - np.nextafter(c, -np.inf), -e))
+
+    d, up, dn = offset(c64)
+    # h alone on a midpoint of the grid, rounded away from the side l lies on: the neighbour
+    c64 = np.where(d > up, np.nextafter(c64, np.inf), np.where(d < -dn, np.nextafter(c64, -np.inf), c64))
+    d, up, dn = offset(c64)
+    sub_ok = (d + err * SLACK < up / SLACK) & (d - err * SLACK > -dn / SLACK)
     if np.dtype(dtype) == np.float32:  # every value this small is 0 in float32
         c64 = np.zeros_like(c64)
         sub_ok = np.abs(v) < 2.0 ** -200
@@ -164,7 +174,7 @@ def _softmax_rows(x, out: _Rows):
     rel_p = (M.EPS_EXP + rel_s[:, None] + M.DW_DIV * U2) * SLACK
     c, ok = round_scaled(e, mh, ml, rel_p * np.abs(mh), out.p.dtype)
     out.p[:] = np.where(live, c, 0)
-    out.bad |= ~np.where(live, ok, True).all(axis=1)
+    out.bad |= ~np.where(live & ~far, ok, True).all(axis=1)  # a far entry's p is below 2^-1076: 0
     lh, ll = log_dw(sh, sl)
     th, tl = dw_add_fp(lh, ll, m)
     err = (M.EPS_LOG * np.abs(lh) + rel_s + M.DW_ADD * U2 * (np.abs(m) + np.abs(lh))) * SLACK

@@ -249,3 +249,44 @@ def test_rows_without_entries(backend, alpha):
         p, info = E.entmax(np.zeros((3, 0), dtype), alpha, backend=backend, return_info=True)
         assert p.shape == (3, 0) and p.dtype == dtype
         assert (info.tau == -np.inf).all() and (info.support == 0).all() and (info.support_exact == 0).all()
+
+
+def _midpoint_rows(rng, count=40):
+    """Sparsemax rows of four entries on the grid of 2^-55 near 0: the support is all four,
+    ``tau = (sum - 1) / 4`` and each ``p = x - tau`` a multiple of 2^-57 near 1/4 (whose last
+    place is 2^-54), so about one p in eight is an exact float64 rounding midpoint."""
+    return [rng.integers(-64, 64, 4) * 2.0 ** -55 for _ in range(count)]
+
+
+def _tiny_softmax_rows(rng, count=40):
+    """Softmax rows ``[m, m - d, ...]`` (``m`` in [1, 8)) whose small outputs ``exp(-d) / S``
+    lie between 2^-1020 and 2^-960 (normal floats the low part of a double-word no longer
+    resolves) or below the normal range."""
+    return [np.concatenate([[m], m - rng.uniform(666.0, 744.0, 7)]) for m in rng.uniform(1.0, 8.0, count)]
+
+
+@pytest.mark.parametrize("backend, alpha, rows", [("numba", 2.0, _midpoint_rows), ("numpy", 1.0, _tiny_softmax_rows),
+                                                  ("numba", 1.0, _tiny_softmax_rows)])
+def test_midpoints_and_tiny_outputs_are_decided_without_the_exact_solver(backend, alpha, rows, monkeypatch):
+    """Outputs below 2^-960 (rounded on float64's grid where they lie) and, on the numba
+    engine, sparsemax outputs that are exact rounding midpoints (rounded to even from the
+    exact sign of ``p - midpoint``; the NumPy engine leaves such rows to the exact solver)
+    are decided by the finishing stage: no row reaches the exact solver, and every row
+    equals the oracle's."""
+    from entmax_ref.backends import exact_rows
+
+    solver, calls = exact_rows.entmax_row, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return solver(*args, **kwargs)
+
+    monkeypatch.setattr(exact_rows, "entmax_row", counted)
+    xs = rows(np.random.default_rng(3))
+    x = np.array(xs)
+    fn = E.sparsemax if alpha == 2.0 else E.softmax
+    p, info = fn(x, backend=backend, return_info=True)
+    assert not calls, f"{len(calls)} of {len(xs)} rows left to the exact solver, first x = {hexs(calls[0])}"
+    for i, row in enumerate(xs):
+        where = f"{backend}, alpha={alpha!r}, row {i}: x = {hexs(row)}"
+        assert_same_row(where, (p[i], float(info.tau[i]), int(info.support_exact[i])), entmax_cr(row, alpha))

@@ -334,16 +334,30 @@ def round_signed(h, l, err, f32):
 @jit
 def round_scaled(e, h, l, err, f32):
     """:func:`round_dw` of ``2^e (h + l)`` (``h`` near 1, positive) with absolute error ``2^e
-    err``, subnormal float64 results included (decided on their grid of 2^-1074).
-    Returns (value as float64, ok)."""
+    err``, results below ``NORMAL_MIN`` included: there the low part of a double-word no
+    longer resolves the value, so the test runs in ``h``'s units, on float64's grid at
+    ``v`` (its last place, 2^-1074 for a subnormal ``v``).  Returns (value as float64, ok)."""
     v = scale2(h, e)
     if v >= NORMAL_MIN:
         return round_dw(v, scale2(l, e), scale2(err, e), f32)
     if f32:  # every value this small is 0 in float32
         return 0.0, v < 2.0 ** -200
-    d = (h - scale2(v, -e)) + l  # v: h 2^e rounded once to the grid of 2^-1074
-    half = scale2(1.0, -1075 - e)
-    return v, abs(d) + err * SLACK < half / SLACK
+    d, up, dn = _grid_offset(v, e, h, l)  # v: h 2^e rounded once to float64's grid
+    if d > up or d < -dn:  # h alone on a midpoint of the grid, rounded away from l's side
+        v = np.nextafter(v, np.inf if d > 0.0 else -np.inf)
+        d, up, dn = _grid_offset(v, e, h, l)
+    return v, d + err * SLACK < up / SLACK and d - err * SLACK > -dn / SLACK
+
+
+@jit(forceinline=True)
+def _grid_offset(v, e, h, l):
+    """``h + l - v 2^-e`` and half the gaps of float64's grid above and below ``v >= 0``
+    (its last place: 2^-1074 below the normal range), in ``h``'s units (all exact)."""
+    b = float_bits(v)
+    ex = (b >> 52) & 0x7FF
+    up = scale2(1.0, max(ex, 1) - 1076 - e)
+    dn = 0.5 * up if ex > 1 and (b & 0x000FFFFFFFFFFFFF) == 0 else up  # below a power of two: half
+    return (h - scale2(v, -e)) + l, up, dn
 
 
 # ----------------------------------------------------------------------------- exact ties

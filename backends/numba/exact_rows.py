@@ -47,13 +47,23 @@ KIND_15 = 15
 KIND_GEN = 0
 
 
+#: float64 values below this are left to the exact solver by :func:`_one_boundary` (the
+#: gaps of :func:`.double_word.half_gaps` and the exact products of :func:`_sparse_ties`
+#: hold from here on)
+_TIES_MIN = 2.0 ** -960
+
+
 @jit
 def _one_boundary(h, l, err, f32):
     """Whether the error interval ``h + l +- err`` (``h >= 0``) holds at most one rounding
-    boundary of the target format: the one nearest ``h + l``."""
+    boundary of the target format: the one nearest ``h + l`` (:func:`.double_word.neighbours`).
+    With ``c`` the rounding of ``h`` and ``d = h + l - c`` (at most about a half gap), the
+    boundaries next to ``c`` lie ``up`` above and ``dn`` below it and the farther ones at
+    least twice as far, so a radius below both half gaps reaches the nearest boundary at
+    most, wherever ``d`` lies, an exact rounding midpoint included."""
     c = np.float64(np.float32(h)) if f32 else h
     up, dn = half_gaps(c, f32)
-    return (abs((h - c) + l) + err) * SLACK < min(up, dn)
+    return err * SLACK < min(up, dn) and (f32 or c >= _TIES_MIN)
 
 
 @jit
@@ -443,16 +453,17 @@ def _scaled(e, h, l, live):
 @jit(forceinline=True)
 def _softmax_out(eh, el, ih, il, rel_p, out, f32):
     """The output pass of :func:`cr_softmax`: ``p_i = e_i (1/S)`` rounded where its error
-    ``rel_p p_i`` decides it.  Returns (entries below the normal range, left to the
-    caller; entries undecided)."""
+    ``rel_p p_i`` decides it.  Returns (entries whose ``p_i`` lies below ``NORMAL_MIN``
+    redone by the caller with :func:`round_scaled`), left to it; entries undecided)."""
     low = 0
     bad = 0
     for i in range(eh.shape[0]):
         ph, pl = dw_mul(eh[i], el[i], ih, il)
         c, good = round_dw(ph, pl, rel_p * ph, f32)
         out[i] = c
-        low += (eh[i] < NORMAL_MIN) & (eh[i] > 0.0)
-        bad += (~good) & (eh[i] >= NORMAL_MIN)
+        lo = (eh[i] > 0.0) & (eh[i] * ih < NORMAL_MIN)
+        low += lo
+        bad += (~good) & (~lo)
     return low, bad
 
 
@@ -519,7 +530,7 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
         low, bad = _softmax_out(eh, el, ih, il, rel_p, out, np.bool_(False))
     if low:  # entries below the normal range: their own exponent, and their grid
         for i in range(n):
-            if eh[i] < NORMAL_MIN and eh[i] > 0.0 or (eh[i] == 0.0 and np.float64(x[i]) - m > -_EXP_MAX):
+            if eh[i] > 0.0 and eh[i] * ih < NORMAL_MIN or (eh[i] == 0.0 and np.float64(x[i]) - m > -_EXP_MAX):
                 yh, yl = two_sum(np.float64(x[i]), -m)
                 e, h, l = exp_dw(yh, yl) if precise else exp_lean(yh, yl)
                 mh, ml = dw_mul(h, l, ih, il)
