@@ -166,7 +166,8 @@ def _softmax_rows(x, out: _Rows):
     eh, el = np.where(far, 0.0, eh), np.where(far, 0.0, el)
     # the sum of the scaled terms; one below the normal range loses at most 2^-1074 (and a
     # far term is below e^-1400): the sum is at least 1
-    sh, sl, serr = row_sums(np.ldexp(eh, e), np.ldexp(el, e))
+    termh, terml = np.ldexp(eh, e), np.ldexp(el, e)
+    sh, sl, serr = row_sums(termh, terml)
     n = x.shape[1]
     serr = serr + M.EPS_EXP * sh * SLACK + n * 2.0 ** -1070
     rel_s = serr / sh * SLACK  # relative error of S
@@ -178,6 +179,18 @@ def _softmax_rows(x, out: _Rows):
     lh, ll = log_dw(sh, sl)
     th, tl = dw_add_fp(lh, ll, m)
     err = (M.EPS_LOG * np.abs(lh) + rel_s + M.DW_ADD * U2 * (np.abs(m) + np.abs(lh))) * SLACK
+    # tau = m + log1p(s) too, s the sum without one maximum (its term is exactly 1): that
+    # bound is relative to s, and decides a tiny tau (a maximum near 0 far above the rest)
+    top = np.argmax(np.where(live, x, -np.inf), axis=1)
+    rows = np.arange(len(x))
+    termh[rows, top], terml[rows, top] = 0.0, 0.0
+    qh, ql, qerr = row_sums(termh, terml)
+    qerr = (qerr + M.EPS_EXP * qh * SLACK + n * 2.0 ** -1070) * SLACK
+    Lh, Ll = log1p_dw(qh, ql)
+    t2h, t2l = dw_add_fp(Lh, Ll, m)
+    err2 = (M.EPS_LOG * np.abs(Lh) + qerr + M.DW_ADD * U2 * (np.abs(m) + np.abs(Lh))) * SLACK
+    use = err2 < err
+    th, tl, err = np.where(use, t2h, th), np.where(use, t2l, tl), np.where(use, err2, err)
     _tau_round(th, tl, err, out)
     out.theta[:] = out.tau if out.p.dtype == np.float64 else th
     out.support[:] = live.sum(axis=1)

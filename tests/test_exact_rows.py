@@ -265,10 +265,25 @@ def _tiny_softmax_rows(rng, count=40):
     return [np.concatenate([[m], m - rng.uniform(666.0, 744.0, 7)]) for m in rng.uniform(1.0, 8.0, count)]
 
 
+def _dominant_softmax_rows(rng, count=40):
+    """Softmax rows whose maximum (0 or within 1e-20 of it) lies 25 to 600 above every
+    other entry, some masked (-inf) or beyond exp's range: tau = log(sum exp(x)) is tiny,
+    so only a bound relative to the sum without the maximum decides it."""
+    rows = []
+    for i in range(count):
+        top = 0.0 if i % 2 else -float(rng.uniform(0.0, 1e-20))
+        rest = top - rng.uniform(25.0, 600.0, 5)
+        rows.append(np.concatenate([[top], rest, [-np.inf, top - 1e4]]))
+    return rows
+
+
 @pytest.mark.parametrize("backend, alpha, rows", [("numba", 2.0, _midpoint_rows), ("numpy", 1.0, _tiny_softmax_rows),
-                                                  ("numba", 1.0, _tiny_softmax_rows)])
+                                                  ("numba", 1.0, _tiny_softmax_rows),
+                                                  ("numpy", 1.0, _dominant_softmax_rows),
+                                                  ("numba", 1.0, _dominant_softmax_rows)])
 def test_midpoints_and_tiny_outputs_are_decided_without_the_exact_solver(backend, alpha, rows, monkeypatch):
-    """Outputs below 2^-960 (rounded on float64's grid where they lie) and, on the numba
+    """Outputs below 2^-960 (rounded on float64's grid where they lie), a tiny softmax tau
+    (rounded from log1p of the sum without the maximum), masked and far entries and, on the numba
     engine, sparsemax outputs that are exact rounding midpoints (rounded to even from the
     exact sign of ``p - midpoint``; the NumPy engine leaves such rows to the exact solver)
     are decided by the finishing stage: no row reaches the exact solver, and every row

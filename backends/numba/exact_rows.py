@@ -463,7 +463,7 @@ def _softmax_out(eh, el, ih, il, rel_p, out, f32):
         out[i] = c
         lo = (eh[i] > 0.0) & (eh[i] * ih < NORMAL_MIN)
         low += lo
-        bad += (~good) & (~lo)
+        bad += (~good) & (~lo) & (eh[i] > 0.0)  # eh = 0: masked or far (p below 2^-1076): 0
     return low, bad
 
 
@@ -542,6 +542,42 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
     err = (_EPS_LOG * abs(lh) + rel_s + _DW_ADD * U2 * (abs(m) + abs(lh))) * SLACK
     if f32:  # tau: the float32 rounding of th (as a float64), decided the same way; theta = th
         tau, good = round_signed(th, tl, err, np.bool_(True))
+        if not good:
+            th, tl, err = _tau_dominant(x, eh, el, m, eps)
+            tau, good = round_signed(th, tl, err, np.bool_(True))
         return tau, th, nf, bad == 0 and good
     tau, good = round_signed(th, tl, err, np.bool_(False))
+    if not good:
+        th, tl, err = _tau_dominant(x, eh, el, m, eps)
+        tau, good = round_signed(th, tl, err, np.bool_(False))
     return tau, tau, nf, bad == 0 and good
+
+
+@jit
+def _tau_dominant(x, eh, el, m, eps):
+    """``tau = m + log1p(q)`` (double-word) and a bound on its error, ``q`` the sum of the
+    terms ``e_i`` of :func:`cr_softmax` but one maximum's (exactly 1): a bound relative to
+    ``q``, which decides a tiny tau (a maximum near 0 far above the rest) where the bound
+    of ``log(S)`` is absolute.  Terms below ``NORMAL_MIN`` (scaled inexactly) are left out,
+    each counted at that size; ``eps`` bounds each term's relative error."""
+    n = x.shape[0]
+    top = False
+    s = 0.0
+    c = 0.0
+    ab = 0.0
+    small = 0
+    for i in range(n):
+        if not top and np.float64(x[i]) == m:
+            top = True
+            continue
+        if eh[i] < NORMAL_MIN:
+            small += eh[i] > 0.0
+            continue
+        s, e = two_sum(s, eh[i])
+        c += e + el[i]
+        ab += eh[i]
+    qh, ql = fast_two_sum(s, c)
+    qerr = ((2.0 * n + 4.0) * U2 * ab + eps * ab + small * NORMAL_MIN + n * _TINY_ABS) * SLACK * SLACK
+    lh, ll = log1p_dw(qh, ql)
+    th, tl = dw_add_fp(lh, ll, m)
+    return th, tl, (_EPS_LOG * abs(lh) + qerr + _DW_ADD * U2 * (abs(m) + abs(lh))) * SLACK

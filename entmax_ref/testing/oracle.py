@@ -54,8 +54,11 @@ def entmax_mp(x, alpha, start: float | None = None, dps: int = DPS):
         top0 = mp.mpf(float(max(float(v) for v in x if np.isfinite(v))))
         xm = [mp.mpf(float(v)) - top0 if np.isfinite(v) else None for v in x]
         xs = [v for v in xm if v is not None]
-        if float(alpha) == 1.0:
-            lse = mp.log(mp.fsum(mp.e ** v for v in xs))
+        if float(alpha) == 1.0:  # log1p of the sum without one maximum (its term is exactly 1):
+            # a tiny T (a maximum near 0 far above the rest) keeps its digits
+            rest = list(xs)
+            rest.remove(mp.mpf(0))
+            lse = mp.log1p(mp.fsum(mp.e ** v for v in rest))
             return [mp.e ** (v - lse) if v is not None else mp.mpf(0) for v in xm], lse + top0
         a1 = mp.mpf(float(alpha)) - 1
         if float(alpha) > 2.0:
