@@ -47,12 +47,6 @@ KIND_15 = 15
 KIND_GEN = 0
 
 
-#: float64 values below this are left to the exact solver by :func:`_one_boundary` (the
-#: gaps of :func:`.double_word.half_gaps` and the exact products of :func:`_sparse_ties`
-#: hold from here on)
-_TIES_MIN = 2.0 ** -960
-
-
 @jit
 def _one_boundary(h, l, err, f32):
     """Whether the error interval ``h + l +- err`` (``h >= 0``) holds at most one rounding
@@ -60,10 +54,12 @@ def _one_boundary(h, l, err, f32):
     With ``c`` the rounding of ``h`` and ``d = h + l - c`` (at most about a half gap), the
     boundaries next to ``c`` lie ``up`` above and ``dn`` below it and the farther ones at
     least twice as far, so a radius below both half gaps reaches the nearest boundary at
-    most, wherever ``d`` lies, an exact rounding midpoint included."""
+    most, wherever ``d`` lies, an exact rounding midpoint included.  A float64 ``c`` below
+    ``NORMAL_MIN`` is left to the exact solver (:func:`.double_word.half_gaps` and the exact
+    products of :func:`_sparse_ties` hold from there on)."""
     c = np.float64(np.float32(h)) if f32 else h
     up, dn = half_gaps(c, f32)
-    return err * SLACK < min(up, dn) and (f32 or c >= _TIES_MIN)
+    return err * SLACK < min(up, dn) and (f32 or c >= NORMAL_MIN)
 
 
 @jit
