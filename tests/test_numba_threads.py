@@ -95,7 +95,8 @@ def test_attention_compiles_only_the_default_solvers(tmp_path):
 
 def _solve(x, alpha, nblk):
     n = x.shape[0]
-    res = [np.empty_like(x)] + [np.empty(n, t) for t in (np.float64, np.int64, np.int64, np.bool_)]
+    # p zeroed: float64 softmax rows leave it to the finishing stage (rows._rows_softmax64)
+    res = [np.zeros_like(x)] + [np.empty(n, t) for t in (np.float64, np.int64, np.int64, np.bool_)]
     rows.entmax_rows(x, alpha, rows.METHOD_DEFAULT, rows.Solved(*res), nblk)
     return res
 

@@ -72,8 +72,7 @@ def lane_max(x, M, M2):
     lanes alternate between ``M`` and ``M2`` so that each store is unconditional (a store
     kept only where the entry is larger becomes a masked store, microcoded and slow on
     AMD).  The steps are :func:`max_lanes`, :func:`max_block`, :func:`max_into` and
-    :func:`max_end` (the solvers' :func:`max_zeroing` and softmax's exponential pass run
-    them too).  Returns (m, nonfinite)."""
+    :func:`max_end` (the solvers' :func:`max_zeroing` runs them too).  Returns (m, nonfinite)."""
     A, B = max_lanes(x, M, M2)
     L = A.shape[0]
     bad = 0

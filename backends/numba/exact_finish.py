@@ -15,6 +15,7 @@ import numpy as np
 
 from ._jit import ANY, b1, f64, i64, jit, kernel
 from ._threads import run_blocks
+from .candidates import lane_max
 from .exact_rows import KIND_15, KIND_GEN, KIND_SPARSE, SM_LANES, cr_alpha, cr_edge, cr_softmax
 from .paths import by_runs, row_runs
 
@@ -36,7 +37,7 @@ def _finish_softmax(x, out, a1, idx, buf, lanes):
     """(tau, theta, support, ok) of the float64 softmax row ``x`` (a finite entry, none NaN
     or +inf); ``out`` rewritten correctly rounded (:func:`cr_softmax`, with the double-word
     exponential where the lean one leaves the row undecided)."""
-    m = _row_max(x)[0]
+    m = lane_max(x, lanes[0], lanes[1])[0]  # vectorised; no index wanted
     res = cr_softmax(x, out, m, buf[0], buf[1], lanes, np.bool_(False), np.bool_(False))
     if res[3]:
         return res

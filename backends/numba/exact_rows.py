@@ -497,11 +497,11 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
         S[j] = 1.0
         C[j] = 0.0
     for b in range(nb):
-        hb = eh[b * L:(b + 1) * L]
-        lb = el[b * L:(b + 1) * L]
+        o = b * L  # indexed, not sliced: a slice a block takes a reference count a block
         for j in range(L):
-            t = S[j] + hb[j]
-            C[j] += (hb[j] - (t - S[j])) + lb[j]
+            h = eh[o + j]
+            t = S[j] + h
+            C[j] += (h - (t - S[j])) + el[o + j]
             S[j] = t
     s = 0.0
     c = 0.0

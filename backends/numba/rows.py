@@ -26,7 +26,8 @@ driver, :func:`entmax_rows`):
    row's edge value in the input's precision): the same candidates, fewer mispredicted
    branches, and an output pass that visits the candidates alone.  Softmax
    gathers nothing (every finite entry is in its support): a vectorised maximum, then
-   log-sum-exp over the row (:mod:`.softmax`).
+   log-sum-exp over the row (:mod:`.softmax`); a float64 batch stops at the maximum
+   (:func:`_rows_softmax64`: the finishing stage computes those rows).
 2. The threshold, by alpha (``method=None``):
 
    * alpha = 1: ``A = log1p(sum_{i != argmax} exp(y_i))`` (the max term separated out,
@@ -105,7 +106,7 @@ from .elementwise import (K_15, K_EXP, K_GEN, K_SPARSE, METHOD_BISECT,
                           METHOD_DEFAULT, METHOD_NEWTON, bound_above, bound_below, write_output,
                           write_output_at, settled_row, uniform_bound)
 from .gen import finish_gen, subset_bound_gen
-from .softmax import softmax32_rows, softmax_rows_next, solve_softmax
+from .softmax import softmax32_rows, softmax64_rows, solve_softmax
 from .threshold import bisect_row, condat, newton_row, pivot15
 from .round32 import round32
 
@@ -353,8 +354,11 @@ def _rows_softmax(x, alpha, method, res, r0, r1):
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
 def _rows_softmax64(x, alpha, method, res, r0, r1):
+    """Settles the rows that need no solve and marks the others (their maximum as
+    ``theta``) for the finishing stage, which writes their ``p``, ``tau`` and support
+    (:func:`.softmax.softmax64_rows`)."""
     out, theta, support, n_iter, converged = res
-    softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1)
+    softmax64_rows(x, out, theta, support, n_iter, converged, r0, r1)
 
 
 @kernel(_ROWS, ops=("entmax_forward",), dtypes=("float64",))
@@ -487,6 +491,9 @@ def entmax_rows(x, alpha, method, res, nblk, round32=None):
     A row holding NaN or +inf gets p = NaN and ``n_iter = -1`` (the module docstring).
     Rows are processed in ``nblk`` blocks (one scratch allocation per block) on
     ``numba.get_num_threads()`` Python threads (:func:`~._threads.run_blocks`).
+    float64 softmax rows (``method=None``) are only settled or marked here: their ``p`` and
+    ``support`` are the finishing stage's to write (:func:`_rows_softmax64`; the NumPy-level
+    driver finishes every float64 row).
 
     float32 rows take ``method=None`` and alphas <= 2 alone (a ValueError otherwise: the
     NumPy-level driver, :func:`entmax_ref.backends.numba_backend._rows32`, solves the other

@@ -8,9 +8,10 @@ sum of the ``e_i`` in ``L`` independent lanes (one lane per position in a block 
 consecutive entries, each with Knuth's branch-free TwoSum error term, so no loop-carried
 rounding order has to be kept and the lanes are vector registers), and ``p_i = e_i / (1 +
 s)``.  The lanes are merged with Neumaier's step.  The error of the sum is that of a
-compensated sum (``~2 eps |s|`` plus ``n eps^2 |s|``), whatever the order.  In a block
-of float64 rows the maximum of the next row is taken inside this row's exponential pass
-(:func:`_softmax_row_next`), so that row's read from memory overlaps the exponentials.
+compensated sum (``~2 eps |s|`` plus ``n eps^2 |s|``), whatever the order.  That is the
+per-row path (:func:`solve_softmax`); a batch of float64 rows takes only each row's maximum
+here (:func:`softmax64_rows`), since the finishing stage computes every output again,
+correctly rounded.
 
 float32 rows (:func:`softmax32_rows`) are correctly rounded: each output is the exact
 real-number softmax at the float32 entries, rounded once to float32, and so is ``tau``.
@@ -36,7 +37,7 @@ from numba.extending import intrinsic
 
 from ..constants import SOFTMAX_EXP_FLOOR
 from ._jit import jit
-from .candidates import lane_max, max_block, max_end, max_into, max_lanes
+from .candidates import lane_max
 from .compensated import acc, merge_lanes, two_sum
 from .elementwise import settled_row
 from .exact_rows import SM_LANES, cr_softmax
@@ -76,7 +77,7 @@ def _low(n):
 @jit
 def _softmax_finish(x, e, out, m, nlow, lanes):
     """Softmax of row ``x`` with maximum m after its exponential pass left ``e_i = exp(x_i -
-    m)`` in ``e`` (``out`` itself, or scratch) and found entries at or below :func:`_low`
+    m)`` in the scratch ``e`` and found entries at or below :func:`_low`
     (``nlow > 0``): ``A = log(sum exp(x - m))`` computed as ``log1p(s)``, ``s``
     the sum over all but one argmax (the max term separated out, as scipy's logsumexp
     does; further entries equal to m add exactly 1 each) with a compensated sum, and the
@@ -115,16 +116,10 @@ def _softmax_finish(x, e, out, m, nlow, lanes):
     A = math.log1p(s)
     inv = 1.0 / (1.0 + s)
     cnt = 0
-    if e.ctypes.data == out.ctypes.data:  # in place (the float64 pipeline): a loop LLVM
-        for i in range(n):                # vectorises without its overlap check failing
-            p = e[i] * inv
-            e[i] = p
-            cnt += p > 0.0
-    else:
-        for i in range(n):
-            p = e[i] * inv
-            out[i] = p
-            cnt += p > 0.0
+    for i in range(n):
+        p = e[i] * inv
+        out[i] = p
+        cnt += p > 0.0
     if nlow > 0:
         for i in range(n):
             d = (np.float64(x[i]) - m) - A
@@ -145,39 +140,6 @@ def _softmax_row(x, out, m, c, lanes):
     for i in range(x.shape[0]):
         nlow += _exp_entry(x, c, i, m, low)
     return _softmax_finish(x, c, out, m, nlow, lanes)
-
-
-@jit
-def _softmax_row_next(x, out, m, lanes, xn):
-    """:func:`_softmax_row` of a float64 row whose exponential pass also takes the maximum
-    and NaN/+inf count of ``xn``, the next row of the caller's block (x itself when there
-    is none), and keeps ``exp(x - m)`` in ``out``, which the output pass scales in place.
-    The next row's first read from memory and this row's output traffic then overlap the
-    compute-bound exponentials instead of stalling passes of their own (float32 rows:
-    :func:`_pass32`).  Returns (A, support, the maximum of xn, nonzero when xn holds a
-    NaN or +inf)."""
-    n = x.shape[0]
-    L = min(_lanes(n), n)
-    A, B = max_lanes(xn, lanes[2, :L], lanes[3, :L])
-    low = _low(n)
-    nlow = np.int64(0)  # not a literal: see the package docstring
-    bad = 0
-    # blocks of L entries; the last one ends at n and overlaps the one before, whose
-    # exponentials and maxima it redoes (the same values): one loop in the compiled code,
-    # no tail loop.  Its counts are used as "any" only (the ties are counted in the sum)
-    nbt = (n + L - 1) // L
-    for b in range(nbt):
-        s0 = min(b * L, n - L)
-        xb = x[s0:s0 + L]
-        eb = out[s0:s0 + L]
-        nxb = xn[s0:s0 + L]
-        src, dst = max_block(A, B, b)
-        for j in range(L):
-            nlow += _exp_entry(xb, eb, j, m, low)
-            bad += max_into(src, dst, j, nxb[j])
-    m_next, _ = max_end(xn, A, B, nbt)  # the blocks covered every entry: no tail
-    Ax, cnt = _softmax_finish(x, out, out, m, nlow, lanes)
-    return Ax, cnt, m_next, bad
 
 
 #: blocks of a lane's first-level sum in :func:`_pass32` (then added into the second level)
@@ -427,24 +389,19 @@ def softmax32_rows(x, out, theta, support, n_iter, converged, r0, r1):
 
 
 @jit
-def softmax_rows_next(x, out, theta, support, n_iter, converged, r0, r1):
-    """alpha = 1, ``method=None``, float64 rows ``r0 .. r1 - 1``: log-sum-exp,
-    :func:`_softmax_row_next`, each row's maximum taken in the previous row's exponential
-    pass (float32 rows: :func:`softmax32_rows`)."""
-    n = x.shape[1]
-    L = _lanes(n)
-    lanes = np.empty((4, LANES), np.float64)
-    m, bad = lane_max(x[r0], lanes[2, :L], lanes[3, :L])
+def softmax64_rows(x, out, theta, support, n_iter, converged, r0, r1):
+    """alpha = 1, ``method=None``, float64 rows ``r0 .. r1 - 1``: the solver stage of rows
+    whose every output and ``tau`` the finishing stage computes (correctly rounded,
+    :func:`.exact_finish.finish_rows`).  One read of each row: a row holding NaN or +inf, or
+    no entry above -inf, is settled (:func:`.elementwise.settled_row`); any other gets its
+    maximum as ``theta`` (finite: the finishing stage's mark of a row to finish), its
+    ``out`` left to that stage.  A log-sum-exp here would be redone there in double-word
+    arithmetic, its outputs overwritten (float32 rows: :func:`softmax32_rows`)."""
+    L = _lanes(x.shape[1])
+    lanes = np.empty((2, LANES), np.float64)
     for r in range(r0, r1):
-        xn = x[r + 1] if r + 1 < r1 else x[r]  # the last row's pass reads itself again
-        settled, res = settled_row(out[r], m, bad)
-        if settled:
-            theta[r], support[r], n_iter[r], converged[r] = res
-            m, bad = lane_max(xn, lanes[2, :L], lanes[3, :L])
-            continue
-        A, cnt, m_next, bad = _softmax_row_next(x[r], out[r], m, lanes, xn)
-        theta[r], support[r], n_iter[r], converged[r] = m + A, cnt, 0, True
-        m = m_next
+        m, bad = lane_max(x[r], lanes[0, :L], lanes[1, :L])
+        theta[r], support[r], n_iter[r], converged[r] = settled_row(out[r], m, bad)[1]
 
 
 @jit
