@@ -78,10 +78,17 @@ def lane_max(x, M, M2):
     bad = 0
     nb = x.shape[0] // L
     for b in range(nb):
-        xb = x[b * L:(b + 1) * L]  # a slice: its index is provably in range, so no wraparound test
-        src, dst = max_block(A, B, b)
-        for j in range(L):
-            bad += max_into(src, dst, j, xb[j])
+        # the block read at unsigned indices (no wraparound test, which would stop LLVM
+        # vectorising the loop) rather than sliced, and the lanes' roles taken by a branch
+        # rather than a tuple of arrays: a slice or a picked array is a reference count,
+        # an NRT call, a block
+        o = b * L
+        if b % 2 == 0:
+            for j in range(L):
+                bad += max_into(A, B, j, x[np.uint64(o + j)])
+        else:
+            for j in range(L):
+                bad += max_into(B, A, j, x[np.uint64(o + j)])
     m, tail = max_end(x, A, B, nb)
     return m, bad + tail
 
@@ -173,13 +180,16 @@ def max_zeroing(x, out, aux, aux2):
     A, B = max_lanes(x, aux[:L], aux2[:L])
     bad = 0
     nb = n // L
-    for b in range(nb):
-        xb = x[b * L:(b + 1) * L]
-        ob = out[b * L:(b + 1) * L]
-        src, dst = max_block(A, B, b)
-        for j in range(L):
-            ob[j] = 0.0
-            bad += max_into(src, dst, j, xb[j])
+    for b in range(nb):  # unsigned indices, the lanes by a branch: as lane_max
+        o = b * L
+        if b % 2 == 0:
+            for j in range(L):
+                out[np.uint64(o + j)] = 0.0
+                bad += max_into(A, B, j, x[np.uint64(o + j)])
+        else:
+            for j in range(L):
+                out[np.uint64(o + j)] = 0.0
+                bad += max_into(B, A, j, x[np.uint64(o + j)])
     for i in range(nb * L, n):
         out[i] = 0.0
     m, tail = max_end(x, A, B, nb)
@@ -242,14 +252,14 @@ def _mask_alive(x, m, a1, kind, lo, words):
     (:func:`_first_alive`), or, where that search gives up, the float64 test itself."""
     v, found = _first_alive(x, m, a1, kind, lo)
     for w in range(words.shape[0]):
-        xb = x[64 * w:64 * (w + 1)]
+        o = 64 * w  # unsigned indices, not a slice a word: as lane_max
         b = np.uint64(0)
         if found:
             for t in range(64):
-                b |= np.uint64(xb[t] >= v) << np.uint64(t)
+                b |= np.uint64(x[np.uint64(o + t)] >= v) << np.uint64(t)
         else:
             for t in range(64):
-                y = np.float64(xb[t]) - m
+                y = np.float64(x[np.uint64(o + t)]) - m
                 b |= np.uint64(is_alive(y - lo, a1, kind)) << np.uint64(t)
         words[w] = b
 

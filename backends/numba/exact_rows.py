@@ -497,11 +497,12 @@ def cr_softmax(x, out, m, eh, el, lanes, f32, precise):
         S[j] = 1.0
         C[j] = 0.0
     for b in range(nb):
-        o = b * L  # indexed, not sliced: a slice a block takes a reference count a block
+        o = b * L
         for j in range(L):
-            h = eh[o + j]
+            i = np.uint64(o + j)  # unsigned, not a slice a block: see .candidates.lane_max
+            h = eh[i]
             t = S[j] + h
-            C[j] += (h - (t - S[j])) + el[o + j]
+            C[j] += (h - (t - S[j])) + el[i]
             S[j] = t
     s = 0.0
     c = 0.0

@@ -111,17 +111,17 @@ def dot_lanes(u, g, lanes):
     S2, C2, A2, X2, B2 = lanes[4], lanes[5], lanes[6], lanes[7], lanes[8]
     nb = n // L if n >= 2 * L else 0
     for b in range(nb):
-        ub = u[b * L:(b + 1) * L]
-        gb = g[b * L:(b + 1) * L]
+        o = b * L
         for j in range(L):
-            v = ub[j]
+            i = np.uint64(o + j)  # unsigned, not a slice a block: see .candidates.lane_max
+            v = u[i]
             t, q = two_sum(S1[j], v)
             S1[j] = t
             t, r = two_sum(C1[j], q)
             C1[j] = t
             A1[j] += abs(v)
             X1[j] += abs(r)
-            add_product_at(S2, C2, A2, X2, B2, j, v, gb[j])
+            add_product_at(S2, C2, A2, X2, B2, j, v, g[i])
     s1, c1, a1, x1 = 0.0, 0.0, 0.0, np.bool_(False)
     s2, c2, a2, x2 = 0.0, 0.0, 0.0, np.bool_(False)
     bad = False

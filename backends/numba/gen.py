@@ -81,15 +81,15 @@ def _mass(P, Q, k, lanes, exact):
     U = lanes[2]
     nb = k // L
     for b in range(nb):
-        pb = P[b * L:(b + 1) * L]
-        qb = Q[b * L:(b + 1) * L]
+        o = b * L
         for j in range(L):
+            i = np.uint64(o + j)  # unsigned, not a slice a block: see .candidates.lane_max
             if exact:
-                S[j], err = two_sum(S[j], pb[j])
+                S[j], err = two_sum(S[j], P[i])
                 C[j] += err
             else:
-                S[j] += pb[j]
-            U[j] += qb[j]
+                S[j] += P[i]
+            U[j] += Q[i]
     s, comp = merge_lanes(S, C, L)
     su = 0.0
     for j in range(L):

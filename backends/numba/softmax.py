@@ -96,13 +96,13 @@ def _softmax_finish(x, e, out, m, nlow, lanes):
     ties = 0
     nb = n // L
     for b in range(nb):
-        xb = x[b * L:(b + 1) * L]
-        eb = e[b * L:(b + 1) * L]
+        o = b * L
         for j in range(L):
+            i = np.uint64(o + j)  # unsigned, not a slice a block: see .candidates.lane_max
             # the maximum's own terms are left out (counted in ties)
-            tie = np.float64(xb[j]) == m
+            tie = np.float64(x[i]) == m
             ties += tie
-            v = 0.0 if tie else eb[j]
+            v = 0.0 if tie else e[i]
             S[j], err = two_sum(S[j], v)
             C[j] += err
     s, comp = merge_lanes(S, C, L)
@@ -237,20 +237,17 @@ def _pass32(x, m, c, S, S2, out, c0, inv, off, xk):
     nb = n // L
     xkey = xk.view(np.int32)
     for b in range(nb):
-        xb = x[b * L:(b + 1) * L]
-        cb = c[b * L:(b + 1) * L]
-        pb = c0[b * L:(b + 1) * L]
-        ob = out[b * L:(b + 1) * L]
-        kb = xkey[b * L:(b + 1) * L]
+        o = b * L
         for j in range(L):
-            e, low, hi, lo = _entry32(xb, cb, pb, ob, kb, j, m, inv, off, low, hi, lo)
+            # unsigned indices, not five slices a block: see .candidates.lane_max
+            e, low, hi, lo = _entry32(x, c, c0, out, xkey, np.uint64(o + j), m, inv, off, low, hi, lo)
             S[j] += e
         if b % _GROUP == _GROUP - 1:
             for j in range(L):
                 S2[j] += S[j]
                 S[j] = 0.0
     for i in range(nb * L, n):  # the tail: one more block of the last group
-        e, low, hi, lo = _entry32(x, c, c0, out, xkey, i, m, inv, off, low, hi, lo)
+        e, low, hi, lo = _entry32(x, c, c0, out, xkey, np.uint64(i), m, inv, off, low, hi, lo)
         S[i - nb * L] += e
     for j in range(L):
         S2[j] += S[j]
