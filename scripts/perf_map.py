@@ -8,8 +8,8 @@ waits a second and runs the case ``--calls`` times.  The cases (``--case``): ``f
 forward (B=1 H=8 N=4096 D=64 float32, alpha 1.5; ``--n`` sets N); ``decode`` and
 ``decode-unchecked``, 1 query over 65,536 keys (H=8 D=64 float32, alpha 1.5,
 ``check_finite`` on and off); ``rows``, the row transform of ``--alpha`` over 512 x 8192
-rows of ``--dtype`` (``--alpha 1`` is softmax).  Record from ``ready`` on, so that
-compilation is not sampled::
+rows of ``--dtype`` (``--alpha 1`` is softmax) with N(0, ``--scale``^2) scores.  Record
+from ``ready`` on, so that compilation is not sampled::
 
     ENTMAX_REF_NUMBA_CACHE=0 python scripts/perf_map.py --threads 1 > /tmp/pm.out &
     until grep -q ready /tmp/pm.out; do sleep 0.5; done
@@ -101,7 +101,7 @@ def _case(args):
     """The call that ``--case`` profiles, made once (which compiles its kernels)."""
     rng = np.random.default_rng(1)
     if args.case == "rows":
-        x = rng.standard_normal((512, 8192)).astype(args.dtype)
+        x = (rng.standard_normal((512, 8192)) * args.scale).astype(args.dtype)
         call = functools.partial(er.entmax, x, args.alpha, backend="numba")
     elif args.case == "forward":
         q, k, v = (rng.standard_normal((1, 8, args.n, 64)).astype(np.float32) for _ in range(3))
@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4096, help="sequence length of --case forward")
     ap.add_argument("--alpha", type=float, default=1.0, help="alpha of --case rows (1: softmax)")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="dtype of --case rows")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="standard deviation of the scores of --case rows (0.01: supports of thousands)")
     ap.add_argument("--widths", action="store_true",
                     help="print the packed vector instructions of each compiled kernel by width and exit "
                          "(NUMBA_CPU_NAME=sapphirerapids shows the code LLVM makes for an Intel server core)")
