@@ -115,46 +115,39 @@ def _sparse_ties(x, idx, inside, k, ks, ph, pl, good, err, th, tl, terr, out, f3
 
 
 # ----------------------------------------------------------------------------- 1 < alpha <= 2
-@jit
-def _eval_entry(yh, yl, Ah, Al, a1, kind):
-    """One candidate's probability at ``A`` (``exact_rows._eval_a``): returns (ph, pl, rel, u,
-    vh, vl, dv); ``rel`` its relative error bound, ``u = p / v``, ``v = 1 + a1 (y - A)``
-    and ``dv`` its absolute error bound; p = 0 (and rel = u = 0) off the support."""
+@jit(forceinline=True)
+def _v_at(yh, yl, Ah, Al, a1):
+    """A candidate's ``w = a1 (y - A)`` and ``v = 1 + w`` (double-words) at ``A``, as
+    ``exact_rows._eval_a`` forms them: returns (wh, wl, the bound on w's error, vh, vl,
+    ``dv`` the bound on v's, whether v > 0)."""
     dh, dl = dw_add(yh, yl, -Ah, -Al)
     wh, wl = dw_mul_fp(dh, dl, a1)
     dw_err = (_DW_ADD + 2.0) * U2 * abs(wh) * SLACK
     vh, vl = dw_add_fp(wh, wl, 1.0)
     dv = dw_err + _DW_ADD * U2 * abs(vh)
-    if not (vh > 0.0 or (vh == 0.0 and vl > 0.0)):
-        return 0.0, 0.0, 0.0, 0.0, vh, vl, dv
-    if kind == KIND_SPARSE:
-        ph, pl = vh, vl
-        rel = dv / vh
-    elif kind == KIND_15:
-        ph, pl = dw_mul(vh, vl, vh, vl)
-        rel = 2.0 * dv / vh * 1.01 + _DW_MUL * U2
-    else:
-        Lh, Ll = log1p_dw(wh, wl)
-        zh, zl = dw_div_fp(Lh, Ll, a1)
-        if zh < -_EXP_MAX:
-            zh = -_EXP_MAX
-        e, eh, el = exp_dw(zh, zl)
-        ph, pl = scale2(eh, e), scale2(el, e)
-        dz = (dw_err / vh + _EPS_LOG * abs(Lh)) / a1 + 3.0 * U2 * abs(zh)
-        rel = _EPS_EXP + 1.01 * dz
-    return ph, pl, rel * SLACK, ph / vh, vh, vl, dv
+    return wh, wl, dw_err, vh, vl, dv, (vh > 0.0) | ((vh == 0.0) & (vl > 0.0))
+
+
+@jit(forceinline=True)
+def _eval_low(yh, yl, Ah, Al, a1, square):
+    """One candidate's probability at ``A`` for sparsemax (``p = v``) or, with ``square``,
+    1.5-entmax (``p = v^2``), without a branch on the data (the loop of :func:`_eval_all`,
+    which LLVM vectorises): returns (ph, pl, rel, u, vh, vl, dv), ``rel`` the relative
+    error bound of p, ``u = p / v``; p = 0 (and rel = u = 0) off the support."""
+    _, _, _, vh, vl, dv, alive = _v_at(yh, yl, Ah, Al, a1)
+    vpos = vh if alive else 1.0
+    sh, sl = dw_mul(vh, vl, vh, vl)
+    ph = (sh if square else vh) if alive else 0.0
+    pl = (sl if square else vl) if alive else 0.0
+    rel = (div(2.0 * dv, vpos) * 1.01 + _DW_MUL * U2) if square else div(dv, vpos)
+    return ph, pl, (rel * SLACK if alive else 0.0), div(ph, vpos), vh, vl, dv
 
 
 @jit(forceinline=True)
 def _eval_gen(yh, yl, Ah, Al, a1):
-    """:func:`_eval_entry` for ``KIND_GEN`` without a branch on the data (for the loop of
-    :func:`_eval_all`, which LLVM vectorises)."""
-    dh, dl = dw_add(yh, yl, -Ah, -Al)
-    wh, wl = dw_mul_fp(dh, dl, a1)
-    dw_err = (_DW_ADD + 2.0) * U2 * abs(wh) * SLACK
-    vh, vl = dw_add_fp(wh, wl, 1.0)
-    dv = dw_err + _DW_ADD * U2 * abs(vh)
-    alive = (vh > 0.0) | ((vh == 0.0) & (vl > 0.0))
+    """:func:`_eval_low` at any other 1 < alpha < 2 (``p = v^(1/a1)`` in double-word), also
+    without a branch on the data."""
+    wh, wl, dw_err, vh, vl, dv, alive = _v_at(yh, yl, Ah, Al, a1)
     Lh, Ll = log1p_dw_sel(wh if alive else 0.0, wl if alive else 0.0)
     zh, zl = dw_div_fp(Lh, Ll, a1)
     zh = zh if zh > -_EXP_MAX else -_EXP_MAX
@@ -169,16 +162,18 @@ def _eval_gen(yh, yl, Ah, Al, a1):
 
 @jit
 def _eval_all(yh, yl, k, Ah, Al, a1, kind, ph, pl, rel, vh, vl, dv, u):
-    """Every candidate's :func:`_eval_entry` at ``A``; returns ``sum u`` (the Newton step's
-    slope).  The general kind runs a loop of its own, without branches and without a sum
-    (a floating-point sum keeps a loop from being vectorised: ``u`` is summed after), which
-    LLVM vectorises: about six times faster than one candidate at a time."""
+    """Every candidate's probability at ``A`` (:func:`_eval_low`, :func:`_eval_gen`);
+    returns ``sum u`` (the Newton step's slope).  Each kind runs a loop of its own, without
+    branches and without a sum (a floating-point sum keeps a loop from being vectorised:
+    ``u`` is summed after), which LLVM vectorises: several times faster than one candidate
+    at a time."""
     if kind == KIND_GEN:
         for j in range(k):
             ph[j], pl[j], rel[j], u[j], vh[j], vl[j], dv[j] = _eval_gen(yh[j], yl[j], Ah, Al, a1)
     else:
+        square = kind == KIND_15
         for j in range(k):
-            ph[j], pl[j], rel[j], u[j], vh[j], vl[j], dv[j] = _eval_entry(yh[j], yl[j], Ah, Al, a1, kind)
+            ph[j], pl[j], rel[j], u[j], vh[j], vl[j], dv[j] = _eval_low(yh[j], yl[j], Ah, Al, a1, square)
     su = 0.0
     for j in range(k):
         su += u[j]
