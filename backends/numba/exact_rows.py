@@ -279,22 +279,19 @@ def cr_alpha(x, out, m, a1, kind, A0, idx, yh, yl, ph, pl, rel, vh, vl, dv, u, f
     cnt = np.int64(0)  # it reaches _sparse_ties: not a literal (the package docstring)
     last = -1
     rounded = True
-    for j in range(k):
+    for j in range(k):  # no branch on the data: a candidate outside the support is written 0
         slack = (dv[j] + a1 * RA) * SLACK
         vlow = vh[j] - abs(vl[j]) - slack
         inside = vlow > 0.0
-        good = True
-        if inside:
-            cnt += 1
-            last = j
-            tot = (rel[j] + RA / vlow * 1.01) * SLACK
-            c, good = round_dw(ph[j], pl[j], tot * ph[j], f32)
-            out[idx[j]] = c
-            rounded = rounded and good
-            rel[j] = tot * ph[j]  # the absolute error bound, for the ties below
-        else:
-            out[idx[j]] = 0.0
-            ok = ok and vh[j] + abs(vl[j]) + slack <= 0.0
+        tot = (rel[j] + RA / (vlow if inside else 1.0) * 1.01) * SLACK
+        c, good = round_dw(ph[j], pl[j], tot * ph[j], f32)
+        out[idx[j]] = c if inside else 0.0
+        good = good | (not inside)
+        rounded &= good
+        cnt += inside
+        last = j if inside else last
+        rel[j] = tot * ph[j] if inside else rel[j]  # the absolute error bound, for the ties below
+        ok &= inside | (vh[j] + abs(vl[j]) + slack <= 0.0)
         # the membership and the rounding of each candidate, for the ties below
         vh[j] = 1.0 if inside else 0.0
         vl[j] = 1.0 if good else 0.0
