@@ -170,26 +170,26 @@ def _entmax_rows(x: np.ndarray, alpha: np.ndarray, method: int) -> RowSolve:
 
 
 def _finish_left(x: np.ndarray, alpha: np.ndarray, theta: np.ndarray, dtype):
-    """The float64 rows ``x`` that the compiled finishing stage left undecided, correctly
-    rounded to ``dtype`` from the estimate ``theta``: rows at alpha <= 2 with a finite
-    ``theta`` through the NumPy engine's finishing stage (:func:`.exact_rows.finish`, which
-    solves the rows it leaves exactly), the others by the exact solver
-    (:func:`.exact_rows.entmax_row`).  The NumPy stage's vectorised double-word rows decide
-    most of the compiled stage's rare leftovers in milliseconds, where the exact solver takes
-    seconds on a long row with a large support (alpha 1.33, 8192 scores of standard deviation
-    0.01 or 0.1: 8-20 s a row).  Every route gives the correctly rounded row: the same bits.  Returns (p, tau,
-    theta, support)."""
+    """The float64 rows ``x`` (float32 rows exactly widened) that the compiled finishing
+    stage left undecided, correctly rounded to ``dtype`` from the estimate ``theta``: rows at
+    alpha <= 2 with a finite ``theta`` through the NumPy engine's finishing stage
+    (:func:`.exact_rows.finish`, which solves the rows it leaves exactly), the others by the
+    exact solver (:func:`.exact_rows.entmax_row`).  The NumPy stage's vectorised double-word
+    rows decide most of the compiled stage's rare leftovers in milliseconds, where the exact
+    solver takes seconds on a long row with a large support (alpha 1.33, 8192 scores of
+    standard deviation 0.01 or 0.1: 8-20 s a row).  Every route gives the correctly rounded
+    row: the same bits.  Returns (p, tau, theta, support)."""
     from .exact_rows import entmax_row, finish
 
     rows, n = x.shape
     p, tau, th, support = np.zeros((rows, n), dtype), np.empty(rows), theta.copy(), np.empty(rows, np.int64)
-    numpy = (alpha <= 2.0) & np.isfinite(theta)
-    if numpy.any():
-        sel = np.flatnonzero(numpy)
+    staged = (alpha <= 2.0) & np.isfinite(theta)
+    if staged.any():
+        sel = np.flatnonzero(staged)
         xs = x[sel]
         A0 = theta[sel] - xs.max(axis=1)
         p[sel], tau[sel], th[sel], support[sel] = finish(xs, alpha[sel], A0, np.zeros(xs.shape), dtype)
-    for r in np.flatnonzero(~numpy):
+    for r in np.flatnonzero(~staged):
         hint = float(theta[r]) if np.isfinite(theta[r]) else None
         p[r], tau[r], th[r], support[r] = entmax_row(x[r], alpha[r], dtype, hint)
     return p, tau, th, support
