@@ -101,8 +101,9 @@ from entmax_ref.backends.numba_precompile import tasks
 from entmax_ref.backends.numba._jit import Dispatcher
 import entmax_ref.backends.numba as kernels
 
-for t in tasks(["entmax_forward", "budget_forward"]):
-    if t.kernel in ("rows._rows_softmax", "rows._rows_softmax64", "rows._rows_big", "budget._forward_blk"):
+# the attention forward's rows reach softmax's per-row path (_softmax_finish)
+for t in tasks(["entmax_forward", "budget_forward", "attention_forward"]):
+    if t.kernel in ("rows._rows_softmax", "rows._rows_big", "budget._forward_blk", "attention_rows.fwd_rows"):
         t.compile()
 twins, seen, ran = [], set(), set()
 for info in pkgutil.iter_modules(kernels.__path__, kernels.__name__ + "."):
