@@ -331,9 +331,16 @@ class _General:
         for v in self.xq.values():
             counts[v] = counts.get(v, 0) + 1
         self.vals = sorted(counts.items(), reverse=True)  # distinct values, descending, with multiplicities
+        self._signs: dict = {}  # mass_sign's answers
 
     def mass_sign(self, v: Fraction) -> int:
-        """The sign of ``M(v) - 1`` at a rational ``v``, exactly (module docstring)."""
+        """The sign of ``M(v) - 1`` at a rational ``v``, exactly (module docstring), once per
+        ``v`` (the support's search and its tie test may ask twice)."""
+        if v not in self._signs:
+            self._signs[v] = self._mass_sign(v)
+        return self._signs[v]
+
+    def _mass_sign(self, v: Fraction) -> int:
         bases = [(self.a1 * (w - v), c) for w, c in self.vals if w > v]
         if self.g.denominator == 1 and self.g.numerator <= 16:  # a polynomial: exact rationals
             tot = sum(c * b ** self.g.numerator for b, c in bases)
@@ -393,8 +400,7 @@ class _General:
             q = hi
         tol = Decimal(10) ** -(prec - 16)
         for _ in range(8 * prec):
-            lq = ctx.ln(q)
-            s = ctx.exp(ctx.multiply(a1, lq))  # q^a1
+            s = ctx.exp(ctx.multiply(a1, ctx.ln(q)))  # q^a1
             G = dG = _ZERO
             for b, c in ad:
                 v = ctx.add(b, s)
@@ -402,8 +408,10 @@ class _General:
                     continue
                 p = ctx.power(v, ig) if ig is not None else ctx.exp(ctx.multiply(g, ctx.ln(v)))
                 G = ctx.add(G, ctx.multiply(c, p))
-                # dp/dq = (q / p)^(a1 - 1)
-                dG = ctx.add(dG, ctx.multiply(c, ctx.exp(ctx.multiply(a1 - 1, ctx.subtract(lq, ctx.ln(p))))))
+                dG = ctx.add(dG, ctx.multiply(c, ctx.divide(p, v)))
+            # dp/dq = (q / p)^(a1 - 1) = q^(a1 - 1) p / v (p = v^(1/a1)): one division a
+            # term, no logarithm or exponential
+            dG = ctx.multiply(dG, ctx.divide(s, q))
             G = ctx.subtract(G, 1)
             if G > 0:
                 hi = q
