@@ -283,7 +283,7 @@ def cr_alpha(x, out, m, a1, kind, A0, idx, yh, yl, ph, pl, rel, vh, vl, dv, u, f
         slack = (dv[j] + a1 * RA) * SLACK
         vlow = vh[j] - abs(vl[j]) - slack
         inside = vlow > 0.0
-        tot = (rel[j] + RA / (vlow if inside else 1.0) * 1.01) * SLACK
+        tot = (rel[j] + div(RA, vlow if inside else 1.0) * 1.01) * SLACK  # div: no zero-divisor branch
         c, good = round_dw(ph[j], pl[j], tot * ph[j], f32)
         out[idx[j]] = c if inside else 0.0
         good = good | (not inside)
